@@ -1,0 +1,1 @@
+"""The nemotron-droplet Pulumi program: config, catalog and one component per real thing."""

@@ -1,0 +1,153 @@
+"""The one place for facts about DigitalOcean GPU sizes, images, Nemotron models and vLLM.
+
+Every number here comes from ../shared/FACTS.md (DigitalOcean docs and OpenAPI, Hugging Face
+model cards, vllm-project/recipes, NVIDIA release notes). Validation, the droplet, the bootstrap
+and the docs all read from here, so a new size or model is one entry, not a hunt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Vendor = Literal["nvidia", "amd"]
+
+PROJECT = "nemotron-droplet"
+
+# Ports. vLLM only ever listens on loopback; the public entry is the gateway's port.
+SSH_PORT = 22
+API_PORT = 443
+VLLM_PORT = 8000
+
+# The user DigitalOcean images log in as.
+SSH_USER = "root"
+
+
+@dataclass(frozen=True)
+class GpuSize:
+    slug: str
+    gpu_model: str
+    gpu_count: int
+    vram_gb_per_gpu: int
+    vendor: Vendor
+    # List price when the catalog was written; deploys read the live price from the sizes API.
+    list_price_usd_hour: float | None
+
+    @property
+    def total_vram_gb(self) -> int:
+        return self.gpu_count * self.vram_gb_per_gpu
+
+
+_SIZES = (
+    GpuSize("gpu-4000adax1-20gb", "RTX 4000 Ada", 1, 20, "nvidia", 0.76),
+    GpuSize("gpu-6000adax1-48gb", "RTX 6000 Ada", 1, 48, "nvidia", 1.57),
+    GpuSize("gpu-l40sx1-48gb", "L40S", 1, 48, "nvidia", 1.57),
+    GpuSize("gpu-h100x1-80gb", "H100", 1, 80, "nvidia", 3.39),
+    GpuSize("gpu-h100x8-640gb", "H100", 8, 80, "nvidia", 23.92),
+    GpuSize("gpu-h200x1-141gb", "H200", 1, 141, "nvidia", None),
+    GpuSize("gpu-h200x8-1128gb", "H200", 8, 141, "nvidia", None),
+    # AMD sizes are known so that choosing one gets a precise "not supported" instead of "unknown".
+    GpuSize("gpu-mi300x1-192gb", "MI300X", 1, 192, "amd", None),
+    GpuSize("gpu-mi300x8-1536gb", "MI300X", 8, 192, "amd", None),
+)
+# DigitalOcean names every AMD Instinct size gpu-mi<model>x<count>-...; new ones are AMD too.
+AMD_SIZE_PREFIX = "gpu-mi"
+SIZES: dict[str, GpuSize] = {s.slug: s for s in _SIZES}
+NVIDIA_SIZES = tuple(s.slug for s in _SIZES if s.vendor == "nvidia")
+
+
+@dataclass(frozen=True)
+class Image:
+    slug: str
+    # None: boots on any GPU count (a plain OS image without GPU software).
+    gpu_count: int | None
+    vendor: Vendor | None
+    # Whether the image ships an NVIDIA driver. DigitalOcean does not publish which version.
+    ships_nvidia_driver: bool
+
+
+_IMAGES = (
+    # DigitalOcean recommends gpu-h100x1-base for every single-GPU NVIDIA plan.
+    Image("gpu-h100x1-base", 1, "nvidia", True),
+    Image("gpu-h100x8-base", 8, "nvidia", True),
+    Image("gpu-amd-base", None, "amd", False),
+    # Plain Ubuntu boots on GPU sizes with no driver: the driver phase must install one.
+    Image("ubuntu-24-04-x64", None, None, False),
+    Image("ubuntu-22-04-x64", None, None, False),
+)
+IMAGES: dict[str, Image] = {i.slug: i for i in _IMAGES}
+
+
+def default_image(size: GpuSize) -> str:
+    """The GPU base image DigitalOcean pairs with a size's GPU count."""
+    return "gpu-h100x8-base" if size.gpu_count == 8 else "gpu-h100x1-base"
+
+
+@dataclass(frozen=True)
+class Model:
+    repo_id: str
+    # Minimum VRAM to load and serve at a modest context (vllm-project/recipes).
+    vram_gb: int
+    # Size of the weights on disk, for the disk check before download.
+    disk_gb: int
+    max_context: int
+    # Flags the model needs or is meant to be served with (vllm-project/recipes).
+    vllm_flags: tuple[str, ...]
+    min_vllm: str
+
+
+# Nemotron 3 Nano is a hybrid Mamba-2/attention model: remote code for its config, float32 SSM
+# state for best accuracy, its own reasoning parser, and qwen3_coder-style tool calls.
+_NEMOTRON3_FLAGS = (
+    *("--trust-remote-code",),
+    *("--mamba-ssm-cache-dtype", "float32"),
+    *("--reasoning-parser", "nemotron_v3"),
+    *("--enable-auto-tool-choice",),
+    *("--tool-call-parser", "qwen3_coder"),
+)
+_FP8_FLAGS = ("--kv-cache-dtype", "fp8")
+_NEMOTRON3_MIN_VLLM = "0.11.2"
+_NEMOTRON3_CONTEXT = 262_144
+
+
+def _nemotron3(repo_id: str, vram_gb: int, disk_gb: int, fp8: bool) -> Model:
+    return Model(
+        repo_id=repo_id,
+        vram_gb=vram_gb,
+        disk_gb=disk_gb,
+        max_context=_NEMOTRON3_CONTEXT,
+        vllm_flags=_NEMOTRON3_FLAGS + (_FP8_FLAGS if fp8 else ()),
+        min_vllm=_NEMOTRON3_MIN_VLLM,
+    )
+
+
+_MODELS = (
+    _nemotron3("nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16", vram_gb=10, disk_gb=8, fp8=False),
+    _nemotron3("nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8", vram_gb=5, disk_gb=5, fp8=True),
+    _nemotron3("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", vram_gb=72, disk_gb=63, fp8=False),
+    _nemotron3("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8", vram_gb=35, disk_gb=33, fp8=True),
+)
+MODELS: dict[str, Model] = {m.repo_id: m for m in _MODELS}
+DEFAULT_MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
+
+
+# vLLM wheels and the CUDA they bring. Wheels target CUDA 13.0 from vLLM 0.20 on, CUDA 12.9
+# before; a driver branch must be at least the one that CUDA release needs (NVIDIA CUDA 13.0
+# release notes, table 3: 13.0 needs >= 580.65.06, 12.9 needs >= 575.51.03).
+DEFAULT_VLLM_VERSION = "0.33.0"
+CUDA13_FROM_VLLM = (0, 20, 0)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def wheel_cuda(vllm_version: str) -> str:
+    return "13.0" if parse_version(vllm_version) >= CUDA13_FROM_VLLM else "12.9"
+
+
+MIN_DRIVER_BRANCH_FOR_CUDA = {"13.0": 580, "12.9": 575}
+
+
+def min_driver_branch(vllm_version: str) -> int:
+    return MIN_DRIVER_BRANCH_FOR_CUDA[wheel_cuda(vllm_version)]
