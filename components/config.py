@@ -1,0 +1,666 @@
+"""The stack configuration: one typed model, validated before any resource is declared.
+
+Each section is a pydantic model whose fields carry their default and a description; the README's
+configuration reference is generated from them (`python -m components.config`), so the docs and
+the code cannot drift. `load()` reports every bad field at once, each by its path
+(`droplet.size: ...`) with what is accepted, and raises before anything is created or billed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import pulumi
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from . import catalog
+
+NAMESPACE = catalog.PROJECT
+ANYWHERE = ["0.0.0.0/0", "::/0"]
+
+_TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
+_REGION = re.compile(r"^[a-z]{3}[0-9]$")
+_FINGERPRINT = re.compile(r"^([0-9a-f]{2}:){15}[0-9a-f]{2}$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+_SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
+_BRANCH = re.compile(r"^[0-9]{3}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
+
+# Flags the program sets itself: letting extraArgs set them would expose vLLM beyond loopback,
+# put a secret on a command line, or contradict what the catalog and the size decide.
+MANAGED_VLLM_FLAGS = (
+    "--host",
+    "--port",
+    "--api-key",
+    "--model",
+    "--served-model-name",
+    "--revision",
+    "--tensor-parallel-size",
+    "-tp",
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--enforce-eager",
+    "--download-dir",
+    "--hf-token",
+)
+
+
+class ConfigError(pulumi.RunError):
+    """Bad stack configuration. Raised before any resource is declared."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(
+            f"the stack configuration has {len(problems)} problem(s); nothing was created:\n{lines}"
+        )
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+
+def _cidr(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError as err:
+        loose = None
+        with contextlib.suppress(ValueError):
+            loose = ipaddress.ip_network(value, strict=False)
+        hint = f" (did you mean {loose}?)" if loose else ""
+        raise ValueError(
+            f"{value!r} is not a CIDR{hint}: {err}; accepted: an IPv4/IPv6 address or network "
+            "such as 203.0.113.7, 203.0.113.0/24, 0.0.0.0/0, ::/0"
+        ) from None
+    return value
+
+
+class DropletConfig(_Section):
+    size: str = Field(
+        "gpu-h100x1-80gb",
+        description="GPU Droplet size slug (NVIDIA only). Accepted: "
+        + ", ".join(catalog.NVIDIA_SIZES)
+        + ".",
+    )
+    regions: list[str] = Field(
+        default_factory=lambda: ["tor1", "nyc2", "ams3"],
+        description="Region preference list. The first one where DigitalOcean offers the size "
+        "at deploy time is used.",
+    )
+    image: str | None = Field(
+        None,
+        description="Image slug. Unset picks the NVIDIA GPU base image that matches the size's "
+        "GPU count (gpu-h100x1-base or gpu-h100x8-base). Accepted: "
+        + ", ".join(catalog.IMAGES)
+        + ".",
+    )
+    name: str | None = Field(None, description="Droplet name. Unset: `nemotron-<stack>`.")
+    tags: list[str] = Field(
+        default_factory=list,
+        description="Extra Droplet tags (letters, digits, `_`, `-`, `:`). The project and stack "
+        "tags are always added.",
+    )
+    monitoring: bool = Field(True, description="Install the DigitalOcean metrics agent.")
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        known = catalog.SIZES.get(v)
+        if (known and known.vendor == "amd") or v.startswith(catalog.AMD_SIZE_PREFIX):
+            raise ValueError(
+                f"{v!r} is an AMD (ROCm) size; the vLLM install here is CUDA, so only NVIDIA "
+                f"sizes work; accepted: {', '.join(catalog.NVIDIA_SIZES)}"
+            )
+        if known is None:
+            raise ValueError(
+                f"{v!r} is not a known GPU size; accepted: {', '.join(catalog.NVIDIA_SIZES)}"
+            )
+        return v
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("the list is empty; give at least one region slug, e.g. [tor1, nyc2]")
+        bad = [r for r in v if not _REGION.match(r)]
+        if bad:
+            raise ValueError(f"{bad} are not region slugs; accepted: slugs like tor1, nyc2, ams3")
+        if len(set(v)) != len(v):
+            raise ValueError("a region is listed twice")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and v not in catalog.IMAGES:
+            raise ValueError(
+                f"{v!r} is not a known image; accepted: {', '.join(catalog.IMAGES)} "
+                "(or leave it unset)"
+            )
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError(f"{v!r}: accepted: letters, digits, '.', '-', at most 63 characters")
+        return v
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: list[str]) -> list[str]:
+        bad = [t for t in v if not _TAG.match(t)]
+        if bad:
+            raise ValueError(f"{bad}: tags accept letters, digits, '_', '-', ':' (1-255 chars)")
+        return v
+
+
+class AccessConfig(_Section):
+    api_cidrs: list[str] = Field(
+        default_factory=lambda: list(ANYWHERE),
+        description="Who may reach the API port. Every API route requires the key. `[]` closes "
+        "the port (reach the API through an SSH tunnel).",
+    )
+    ssh_cidrs: list[str] = Field(
+        default_factory=lambda: list(ANYWHERE),
+        description="Who may reach SSH (key-only). Must include the machine that runs "
+        "`pulumi up`: the bootstrap runs over SSH.",
+    )
+    ssh_key_fingerprints: list[str] = Field(
+        default_factory=list,
+        description="MD5 fingerprints of SSH keys already in your DigitalOcean account to add "
+        "to the Droplet, besides the key generated for the stack.",
+    )
+
+    @field_validator("api_cidrs", "ssh_cidrs")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        problems = []
+        for item in v:
+            try:
+                _cidr(item)
+            except ValueError as err:
+                problems.append(str(err))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+    @field_validator("ssh_cidrs")
+    @classmethod
+    def _ssh_not_empty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(
+                "the list is empty; the bootstrap runs over SSH from the machine running "
+                "`pulumi up`, so include its address (e.g. 203.0.113.7/32)"
+            )
+        return v
+
+    @field_validator("ssh_key_fingerprints")
+    @classmethod
+    def _fingerprints(cls, v: list[str]) -> list[str]:
+        bad = [f for f in v if not _FINGERPRINT.match(f)]
+        if bad:
+            raise ValueError(
+                f"{bad}: accepted: MD5 fingerprints as DigitalOcean shows them, like "
+                "3b:16:bf:e4:8b:00:8b:b8:59:8c:a9:d3:f0:19:45:fa"
+            )
+        return v
+
+
+class ModelConfig(_Section):
+    id: str = Field(
+        catalog.DEFAULT_MODEL,
+        description="Hugging Face repo id. Known: " + ", ".join(catalog.MODELS) + ".",
+    )
+    served_name: str = Field(
+        "nemotron", description="Model name clients send and `/v1/models` lists."
+    )
+    revision: str = Field("main", description="Branch, tag or commit of the repo to serve.")
+    vram_gb: int | None = Field(
+        None,
+        gt=0,
+        description="VRAM the model needs, in GB. Required for a model not in the catalog; "
+        "overrides the catalog otherwise.",
+    )
+    disk_gb: int | None = Field(
+        None,
+        gt=0,
+        description="Disk the weights need, in GB. Unset: the catalog's value, or vramGb.",
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _REPO_ID.match(v):
+            raise ValueError(f"{v!r}: accepted: a Hugging Face repo id like owner/name")
+        return v
+
+    @field_validator("served_name")
+    @classmethod
+    def _served_name(cls, v: str) -> str:
+        if not _SERVED_NAME.match(v):
+            raise ValueError(f"{v!r}: accepted: letters, digits, '.', '_', ':', '/', '-'")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not _REVISION.match(v):
+            raise ValueError(f"{v!r}: accepted: a branch, tag or commit hash")
+        return v
+
+
+class VllmConfig(_Section):
+    version: str = Field(catalog.DEFAULT_VLLM_VERSION, description="vLLM release to install.")
+    install: Literal["wheel", "source"] = Field(
+        "wheel",
+        description="`wheel`: install the pinned release's wheels (minutes). `source`: build "
+        "it with the CUDA toolkit (much longer).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.90,
+        gt=0,
+        le=1,
+        description="Share of each GPU's memory vLLM may use for weights, activations and KV "
+        "cache; accepted: (0, 1].",
+    )
+    max_model_len: int = Field(
+        32768, gt=0, description="Longest context (prompt + output) served, in tokens."
+    )
+    max_num_seqs: int | None = Field(
+        None, gt=0, description="Most sequences batched at once. Unset: vLLM's default for the GPU."
+    )
+    enforce_eager: bool = Field(
+        False,
+        description="Disable CUDA graphs. Slows decoding 1.7-4.3x; if graph capture runs out of "
+        "memory, lower gpuMemoryUtilization or maxNumSeqs instead.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More `vllm serve` arguments. Flags the program manages are refused: "
+        + ", ".join(MANAGED_VLLM_FLAGS)
+        + ".",
+    )
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not _VERSION.match(v):
+            raise ValueError(
+                f"{v!r}: accepted: a release number like {catalog.DEFAULT_VLLM_VERSION}"
+            )
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str]) -> list[str]:
+        managed = [a for a in v if a.split("=", 1)[0] in MANAGED_VLLM_FLAGS]
+        if managed:
+            raise ValueError(
+                f"{managed} are set by the program (from model, vllm and the size); use the "
+                "matching config field instead"
+            )
+        return v
+
+
+class DriverConfig(_Section):
+    mode: Literal["auto", "preinstalled", "apt", "runfile"] = Field(
+        "auto",
+        description="`auto`: keep the image's driver if it can run the vLLM wheels' CUDA, else "
+        "install `branch` from packages and reboot once. `preinstalled`: check only. `apt`: "
+        "install `branch` from packages. `runfile`: NVIDIA's .run installer.",
+    )
+    branch: str = Field(
+        "580",
+        description="NVIDIA driver branch to install when one is needed. Must be new enough for "
+        "the vLLM wheels' CUDA (CUDA 13: >= 580).",
+    )
+
+    @field_validator("branch")
+    @classmethod
+    def _branch(cls, v: str) -> str:
+        if not _BRANCH.match(v):
+            raise ValueError(f'{v!r}: accepted: a driver branch number like "580"')
+        return v
+
+
+class CgroupConfig(_Section):
+    mode: Literal["unified", "legacy"] = Field(
+        "unified",
+        description="`unified`: verify cgroup v2 with the memory controller (nothing needs v1). "
+        "`legacy`: switch to cgroup v1 and reboot (removed in systemd >= 256).",
+    )
+
+
+class BootstrapConfig(_Section):
+    driver: DriverConfig = Field(default_factory=DriverConfig, description="The driver phase.")
+    cgroup: CgroupConfig = Field(default_factory=CgroupConfig, description="The cgroup phase.")
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "droplet": DropletConfig,
+    "access": AccessConfig,
+    "model": ModelConfig,
+    "vllm": VllmConfig,
+    "bootstrap": BootstrapConfig,
+}
+SECRET_KEYS = ("hfToken",)
+
+
+class StackConfig(BaseModel):
+    """The validated configuration of one stack, with what the catalog says about it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stack: str
+    droplet: DropletConfig
+    access: AccessConfig
+    model: ModelConfig
+    vllm: VllmConfig
+    bootstrap: BootstrapConfig
+
+    @property
+    def size(self) -> catalog.GpuSize:
+        return catalog.SIZES[self.droplet.size]
+
+    @property
+    def image(self) -> str:
+        return self.droplet.image or catalog.default_image(self.size)
+
+    @property
+    def droplet_name(self) -> str:
+        return self.droplet.name or f"nemotron-{_slug(self.stack)}"
+
+    @property
+    def tags(self) -> list[str]:
+        base = [catalog.PROJECT, f"stack:{_slug(self.stack)}"]
+        return base + [t for t in self.droplet.tags if t not in base]
+
+    @property
+    def catalog_model(self) -> catalog.Model | None:
+        return catalog.MODELS.get(self.model.id)
+
+    @property
+    def model_vram_gb(self) -> int:
+        known = self.catalog_model
+        if self.model.vram_gb is not None:
+            return self.model.vram_gb
+        assert known is not None, "validated: unknown models carry vramGb"
+        return known.vram_gb
+
+    @property
+    def model_disk_gb(self) -> int:
+        known = self.catalog_model
+        if self.model.disk_gb is not None:
+            return self.model.disk_gb
+        return known.disk_gb if known else self.model_vram_gb
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", text)
+
+
+# ---- loading and reporting ------------------------------------------------------------------
+
+
+def _path(section: str, loc: tuple[Any, ...]) -> str:
+    return ".".join([section, *(str(p) for p in loc)])
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the field at `loc` (for naming the accepted keys)."""
+    current: type[BaseModel] = model
+    for part in loc:
+        field = next((f for n, f in current.model_fields.items() if part in (n, f.alias)), None)
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ):
+            return None
+        current = field.annotation
+    return current
+
+
+def _accepted_keys(model: type[BaseModel]) -> str:
+    return ", ".join(f.alias or n for n, f in model.model_fields.items())
+
+
+def _section_problems(name: str, model: type[_Section], err: ValidationError) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        if e["type"] == "extra_forbidden":
+            holder = _model_at(model, loc[:-1])
+            accepted = _accepted_keys(holder) if holder else "see the README"
+            problems.append(f"{_path(name, loc)}: unknown key; accepted: {accepted}")
+            continue
+        message = e["msg"].removeprefix("Value error, ")
+        problems.append(f"{_path(name, loc)}: {message}")
+    return problems
+
+
+def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
+    """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
+    value gives one message, not a cascade; the other rules still run."""
+    problems: list[str] = []
+
+    def ok(*paths: str) -> bool:
+        """True when no field read, nor any object holding it, failed validation."""
+        prefixes = {".".join(p.split(".")[:i]) for p in paths for i in range(1, p.count(".") + 2)}
+        return not prefixes & bad
+
+    droplet: DropletConfig = parsed["droplet"]
+    model: ModelConfig = parsed["model"]
+    vllm: VllmConfig = parsed["vllm"]
+    bootstrap: BootstrapConfig = parsed["bootstrap"]
+    size = catalog.SIZES.get(droplet.size)
+    known_model = catalog.MODELS.get(model.id)
+
+    if ok("droplet.size", "droplet.image") and size and droplet.image:
+        image = catalog.IMAGES[droplet.image]
+        if image.vendor == "amd":
+            problems.append(
+                f"droplet.image: {image.slug} is the AMD (ROCm) image; {size.slug} is NVIDIA: "
+                f"use {catalog.default_image(size)} (or leave image unset)"
+            )
+        elif image.gpu_count is not None and image.gpu_count != size.gpu_count:
+            problems.append(
+                f"droplet.image: {image.slug} is the {image.gpu_count}-GPU image and "
+                f"{size.slug} has {size.gpu_count} GPU(s): use {catalog.default_image(size)} "
+                "(or leave image unset)"
+            )
+
+    if ok("model.id", "model.vramGb") and known_model is None and model.vram_gb is None:
+        problems.append(
+            f"model.vramGb: {model.id} is not in the catalog, so set model.vramGb (GB of VRAM "
+            f"it needs) to let the program check that it fits; known models: "
+            f"{', '.join(catalog.MODELS)}"
+        )
+
+    need = model.vram_gb or (known_model.vram_gb if known_model else None)
+    fit_fields = ("model.id", "model.vramGb", "droplet.size", "vllm.gpuMemoryUtilization")
+    if ok(*fit_fields) and size and need:
+        usable = size.total_vram_gb * vllm.gpu_memory_utilization
+        if need > usable:
+            fitting = [
+                s.slug
+                for s in catalog.SIZES.values()
+                if s.vendor == "nvidia" and need <= s.total_vram_gb * vllm.gpu_memory_utilization
+            ]
+            problems.append(
+                f"model.id: {model.id} needs about {need} GB of VRAM; {size.slug} has "
+                f"{size.total_vram_gb} GB, {usable:.0f} GB usable at "
+                f"vllm.gpuMemoryUtilization {vllm.gpu_memory_utilization}; sizes that fit: "
+                f"{', '.join(fitting) or 'none'}"
+            )
+
+    too_long = known_model and vllm.max_model_len > known_model.max_context
+    if ok("model.id", "vllm.maxModelLen") and known_model and too_long:
+        problems.append(
+            f"vllm.maxModelLen: {vllm.max_model_len} is more than {known_model.repo_id} "
+            f"supports; accepted: 1 to {known_model.max_context}"
+        )
+    too_old = known_model and (
+        catalog.parse_version(vllm.version) < catalog.parse_version(known_model.min_vllm)
+    )
+    if ok("model.id", "vllm.version") and known_model and too_old:
+        problems.append(
+            f"vllm.version: {known_model.repo_id} needs vLLM >= {known_model.min_vllm}; "
+            f"got {vllm.version}"
+        )
+
+    if ok("vllm.install", "vllm.version", "bootstrap.driver.branch") and vllm.install == "wheel":
+        need_branch = catalog.min_driver_branch(vllm.version)
+        if int(bootstrap.driver.branch) < need_branch:
+            problems.append(
+                f"bootstrap.driver.branch: vLLM {vllm.version} wheels bring CUDA "
+                f"{catalog.wheel_cuda(vllm.version)}, which needs driver branch >= "
+                f"{need_branch}; got {bootstrap.driver.branch}"
+            )
+
+    preinstalled = bootstrap.driver.mode == "preinstalled"
+    if ok("droplet.size", "droplet.image", "bootstrap.driver.mode") and size and preinstalled:
+        image = catalog.IMAGES[droplet.image or catalog.default_image(size)]
+        if not image.ships_nvidia_driver:
+            problems.append(
+                f"bootstrap.driver.mode: preinstalled needs an image that ships the NVIDIA "
+                f"driver and {image.slug} has none; use auto or apt"
+            )
+    return problems
+
+
+def _validate_section(
+    name: str, model: type[_Section], value: Mapping[str, Any], problems: list[str], bad: set[str]
+) -> _Section:
+    """Validate one section; on errors, record them and return it with the bad fields at their
+    defaults so that the rules which do not read them can still run."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as err:
+        problems.extend(_section_problems(name, model, err))
+        failed = set()
+        for e in err.errors():
+            loc = [str(p) for p in e["loc"]]
+            failed.add(loc[0])
+            bad.add(".".join([name, *loc]))
+            if len(loc) > 1:
+                bad.add(f"{name}.{loc[0]}")
+        kept = {k: v for k, v in value.items() if k not in failed}
+        try:
+            return model.model_validate(kept)
+        except ValidationError:
+            bad.add(name)
+            return model()
+
+
+def parse(
+    raw: Mapping[str, Any], stack: str, secret_keys: frozenset[str] = frozenset()
+) -> StackConfig:
+    """Validate raw config values (already JSON-decoded) and return the stack's config.
+
+    `raw` maps top-level keys without the namespace (`droplet`, `model`, ...) to values.
+    """
+    problems: list[str] = []
+    known = set(SECTIONS) | set(SECRET_KEYS)
+    for key in sorted(set(raw) - known):
+        problems.append(f"{key}: unknown key; accepted: {', '.join([*SECTIONS, *SECRET_KEYS])}")
+    for key in SECRET_KEYS:
+        if key in raw and key not in secret_keys:
+            problems.append(
+                f"{key}: stored in plain text; set it as a secret: "
+                f"pulumi config set --secret {key} <value>"
+            )
+
+    parsed: dict[str, Any] = {}
+    bad: set[str] = set()
+    for name, model in SECTIONS.items():
+        value = raw.get(name, {})
+        if not isinstance(value, Mapping):
+            problems.append(f"{name}: expected an object (a YAML mapping); got {value!r}")
+            bad.add(name)
+            value = {}
+        parsed[name] = _validate_section(name, model, value, problems, bad)
+
+    problems.extend(_cross_check(parsed, bad))
+    if problems:
+        raise ConfigError(problems)
+    return StackConfig(stack=stack, **parsed)
+
+
+def _raw_from_pulumi() -> tuple[dict[str, Any], frozenset[str]]:
+    """Every key of our namespace that the engine passed, decoded like Config.get_object."""
+    prefix = f"{NAMESPACE}:"
+    keys = set(pulumi.runtime.config.CONFIG.get()) | set(pulumi.runtime.get_config_env())
+    raw: dict[str, Any] = {}
+    secret: set[str] = set()
+    env_secret = set(pulumi.runtime.get_config_secret_keys_env())
+    for full_key in sorted(k for k in keys if k.startswith(prefix)):
+        key = full_key[len(prefix) :]
+        text = pulumi.runtime.get_config(full_key)
+        if pulumi.runtime.is_config_secret(full_key) or full_key in env_secret:
+            secret.add(key)
+        if key in SECRET_KEYS:
+            raw[key] = "<secret>"
+            continue
+        try:
+            raw[key] = json.loads(text)
+        except (TypeError, json.JSONDecodeError):
+            raw[key] = text
+    return raw, frozenset(secret)
+
+
+def load() -> StackConfig:
+    """Read and validate this stack's configuration; raise ConfigError on any problem."""
+    raw, secret = _raw_from_pulumi()
+    return parse(raw, pulumi.get_stack(), secret)
+
+
+def hf_token() -> pulumi.Output[str] | None:
+    """The optional Hugging Face token, always as a secret Output."""
+    return pulumi.Config(NAMESPACE).get_secret("hfToken")
+
+
+# ---- the README's configuration reference ---------------------------------------------------
+
+
+def _default_text(field: Any) -> str:
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if isinstance(value, BaseModel):
+        return "see below"
+    return "unset" if value is None else json.dumps(value)
+
+
+def reference_markdown() -> str:
+    """The configuration reference table, generated from the models above."""
+    rows = ["| key | default | what it does |", "| --- | --- | --- |"]
+
+    def walk(prefix: str, model: type[BaseModel]) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}.{field.alias or name}"
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(key, annotation)
+                continue
+            rows.append(f"| `{key}` | `{_default_text(field)}` | {field.description} |")
+
+    for section, model in SECTIONS.items():
+        walk(section, model)
+    rows.append(
+        "| `hfToken` | unset | Hugging Face token for gated models. Secret only: "
+        "`pulumi config set --secret hfToken hf_...`. |"
+    )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(reference_markdown())
