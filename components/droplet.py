@@ -1,0 +1,125 @@
+"""The GPU Droplet: a per-stack SSH key, the Droplet, and a firewall for the given CIDRs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_digitalocean as digitalocean
+import pulumi_tls as tls
+
+from . import catalog
+
+# GPU capacity is scarce and a create can sit in "new" for a long while; DigitalOcean's own API
+# allows 60 minutes. Deleting waits for a graceful shutdown first.
+DROPLET_TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="20m")
+
+_EVERYWHERE = ["0.0.0.0/0", "::/0"]
+
+
+@dataclass(frozen=True)
+class GpuDropletArgs:
+    name: str
+    size: str
+    region: str
+    image: str
+    tags: list[str]
+    monitoring: bool
+    ssh_cidrs: list[str]
+    api_cidrs: list[str]
+    extra_ssh_keys: list[str] = field(default_factory=list)
+    api_port: int = catalog.API_PORT
+
+
+def firewall_inbound_rules(args: GpuDropletArgs) -> list[digitalocean.FirewallInboundRuleArgs]:
+    """SSH from sshCidrs, the API port from apiCidrs, nothing else (vLLM's port never)."""
+    rules = [
+        digitalocean.FirewallInboundRuleArgs(
+            protocol="tcp", port_range=str(catalog.SSH_PORT), source_addresses=args.ssh_cidrs
+        )
+    ]
+    if args.api_cidrs:
+        rules.append(
+            digitalocean.FirewallInboundRuleArgs(
+                protocol="tcp", port_range=str(args.api_port), source_addresses=args.api_cidrs
+            )
+        )
+    return rules
+
+
+def firewall_outbound_rules() -> list[digitalocean.FirewallOutboundRuleArgs]:
+    # The bootstrap downloads packages, wheels and weights; DNS and NTP use UDP.
+    return [
+        digitalocean.FirewallOutboundRuleArgs(
+            protocol=protocol, port_range=ports, destination_addresses=_EVERYWHERE
+        )
+        for protocol, ports in (("tcp", "1-65535"), ("udp", "1-65535"), ("icmp", None))
+    ]
+
+
+class GpuDroplet(pulumi.ComponentResource):
+    """A GPU Droplet reachable by SSH with a key generated for the stack, behind a firewall."""
+
+    ipv4: pulumi.Output[str]
+    droplet_id: pulumi.Output[str]
+    private_key_openssh: pulumi.Output[str]
+    public_key_openssh: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: GpuDropletArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(f"{catalog.PROJECT}:index:GpuDroplet", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        # Ed25519: short, fast, accepted by every OpenSSH the images ship.
+        self.key = tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
+        self.ssh_key = digitalocean.SshKey(
+            f"{name}-ssh",
+            name=f"{args.name}-deploy",
+            public_key=self.key.public_key_openssh,
+            opts=child,
+        )
+
+        self.droplet = digitalocean.Droplet(
+            name,
+            name=args.name,
+            size=args.size,
+            region=args.region,
+            image=args.image,
+            ssh_keys=[self.ssh_key.fingerprint, *args.extra_ssh_keys],
+            tags=args.tags,
+            monitoring=args.monitoring,
+            graceful_shutdown=True,
+            ipv6=False,
+            opts=pulumi.ResourceOptions(parent=self, custom_timeouts=DROPLET_TIMEOUTS),
+        )
+
+        self.firewall = digitalocean.Firewall(
+            f"{name}-fw",
+            name=args.name,
+            droplet_ids=[self.droplet.id.apply(int)],
+            inbound_rules=firewall_inbound_rules(args),
+            outbound_rules=firewall_outbound_rules(),
+            opts=child,
+        )
+
+        self.ipv4 = self.droplet.ipv4_address
+        self.droplet_id = self.droplet.id
+        # The tls provider marks it secret; say so here too so no use of it can drop the mark.
+        self.private_key_openssh = pulumi.Output.secret(self.key.private_key_openssh)
+        self.public_key_openssh = self.key.public_key_openssh
+        self.register_outputs({"ipv4": self.ipv4, "dropletId": self.droplet_id})
+
+
+def key_path(stack: str) -> str:
+    return f"~/.ssh/{catalog.PROJECT}-{stack}"
+
+
+def ssh_command(stack: str, ipv4: str) -> str:
+    """One copy-paste command: write the stack's key (owner-only) and log in with it alone."""
+    path = key_path(stack)
+    return (
+        f"(umask 077 && pulumi stack output --stack {stack} sshPrivateKey --show-secrets > {path})"
+        f" && ssh -i {path} -o IdentitiesOnly=yes -o StrictHostKeyChecking=accept-new"
+        f" {catalog.SSH_USER}@{ipv4}"
+    )
