@@ -1,0 +1,231 @@
+"""Run the real Pulumi program (`__main__.py`) under Pulumi's mocks and record what it declares.
+
+The mock monitor is subclassed to keep what the stock one throws away: each registration's raw
+inputs with their secret markers, its dependencies, parent and custom timeouts, so that tests can
+assert security properties (no secret in a plain input) and edges, not only values.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import settings as pulumi_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "nemotron-droplet"
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+
+# A syntactically real OpenSSH private key body is not needed: any unique marker will do, the
+# tests look for it verbatim wherever it must not be.
+FAKE_PRIVATE_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nFAKE-PRIVATE-KEY-b3BlbnNzaC1rZXktdjEAAAAA\n"
+    "-----END OPENSSH PRIVATE KEY-----\n"
+)
+FAKE_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKEPUBLICKEY nemotron"
+FAKE_FINGERPRINT = "aa:bb:cc:dd:ee:ff:00:11:22:33:44:55:66:77:88:99"
+FAKE_IPV4 = "203.0.113.10"
+FAKE_DROPLET_ID = "424242"
+
+SIZES_TOKEN = "digitalocean:index/getSizes:getSizes"
+
+
+def offer(slug: str, regions: list[str], price: float = 0.76, available: bool = True) -> dict:
+    """One entry of the sizes API as the provider returns it (camelCase, as mocks expect)."""
+    return {
+        "slug": slug,
+        "available": available,
+        "regions": regions,
+        "priceHourly": price,
+        "priceMonthly": round(price * 672, 2),
+        "vcpus": 8,
+        "memory": 32768,
+        "disk": 500,
+        "transfer": 10.0,
+        "gpuInfos": [],
+    }
+
+
+DEFAULT_OFFERS = {
+    "gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", ["nyc2", "tor1"], 0.76),
+    "gpu-h100x1-80gb": offer("gpu-h100x1-80gb", ["nyc2", "tor1", "ams3"], 3.39),
+    "gpu-h100x8-640gb": offer("gpu-h100x8-640gb", ["nyc2"], 23.92),
+    "gpu-l40sx1-48gb": offer("gpu-l40sx1-48gb", ["tor1"], 1.57),
+}
+
+
+@dataclass
+class Registration:
+    type: str
+    name: str
+    urn: str
+    inputs: dict[str, Any]  # plain values, secrets unwrapped
+    raw: dict[str, Any]  # wire form: secrets still wrapped in their marker
+    dependencies: list[str]
+    parent: str
+    custom_timeouts: dict[str, str]
+
+
+class FakeCloud(pulumi_mocks.Mocks):
+    def __init__(self, offers: dict[str, dict]):
+        self.offers = offers
+        self.calls: list[pulumi_mocks.MockCallArgs] = []
+
+    def call(self, args: pulumi_mocks.MockCallArgs):
+        self.calls.append(args)
+        if args.token == SIZES_TOKEN:
+            wanted = {v for f in args.args.get("filters", []) for v in f["values"]}
+            return {"sizes": [o for slug, o in self.offers.items() if slug in wanted]}, []
+        raise AssertionError(f"unexpected invoke {args.token}")
+
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs):
+        outs = dict(args.inputs)
+        if args.typ == "tls:index/privateKey:PrivateKey":
+            outs.update(
+                privateKeyOpenssh=FAKE_PRIVATE_KEY,
+                privateKeyPem=FAKE_PRIVATE_KEY,
+                publicKeyOpenssh=FAKE_PUBLIC_KEY,
+            )
+        elif args.typ == "digitalocean:index/sshKey:SshKey":
+            outs.update(fingerprint=FAKE_FINGERPRINT)
+        elif args.typ == "digitalocean:index/droplet:Droplet":
+            outs.update(ipv4Address=FAKE_IPV4, status="active")
+            return FAKE_DROPLET_ID, outs
+        return f"{args.name}-id", outs
+
+
+class Recorder(pulumi_mocks.MockMonitor):
+    def __init__(self, mocks: pulumi_mocks.Mocks):
+        super().__init__(mocks)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request):  # noqa: N802 (the monitor's gRPC name)
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            raw = json_format.MessageToDict(request.object)
+            self.registrations.append(
+                Registration(
+                    type=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    inputs=_unwrap(raw),
+                    raw=raw,
+                    dependencies=list(request.dependencies),
+                    parent=request.parent,
+                    custom_timeouts={
+                        "create": request.customTimeouts.create,
+                        "update": request.customTimeouts.update,
+                        "delete": request.customTimeouts.delete,
+                    },
+                )
+            )
+        return response
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, dict):
+        if value.get(SECRET_SIG) == "1b47061264138c4ac30d75fd1eb44270":
+            return _unwrap(value.get("value"))
+        return {k: _unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap(v) for v in value]
+    return value
+
+
+def plain_strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """Every string in a wire-form value that is NOT inside a secret marker, with its path."""
+    if isinstance(value, dict):
+        if value.get(SECRET_SIG) == "1b47061264138c4ac30d75fd1eb44270":
+            return
+        for k, v in value.items():
+            yield from plain_strings(v, f"{path}.{k}" if path else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from plain_strings(v, f"{path}[{i}]")
+    elif isinstance(value, str):
+        yield path, value
+
+
+@dataclass
+class Output:
+    value: Any
+    secret: bool
+
+
+@dataclass
+class Run:
+    registrations: list[Registration]
+    outputs: dict[str, Output]
+    cloud: FakeCloud
+    error: BaseException | None = None
+    by_type: dict[str, list[Registration]] = field(default_factory=dict)
+
+    def one(self, type_: str) -> Registration:
+        found = [r for r in self.registrations if r.type == type_]
+        assert len(found) == 1, f"expected one {type_}, found {len(found)}"
+        return found[0]
+
+
+def stack_config(stack: str) -> dict[str, Any]:
+    """The config of a shipped stack file, keys without the namespace."""
+    data = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())
+    prefix = f"{PROJECT}:"
+    return {k[len(prefix) :]: v for k, v in data["config"].items() if k.startswith(prefix)}
+
+
+def run_program(
+    config: dict[str, Any],
+    *,
+    stack: str = "dev",
+    secrets: dict[str, str] | None = None,
+    offers: dict[str, dict] | None = None,
+) -> Run:
+    """Run __main__.py with `config` (keys without namespace; plain values JSON-encoded the way
+    the engine passes structured config) and `secrets` (marked secret)."""
+    cloud = FakeCloud(DEFAULT_OFFERS if offers is None else offers)
+    monitor = Recorder(cloud)
+    pulumi_settings.ROOT.set(None)
+    pulumi.runtime.set_mocks(cloud, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    all_config = {
+        f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in config.items()
+    }
+    secrets = secrets or {}
+    all_config.update({f"{PROJECT}:{k}": v for k, v in secrets.items()})
+    pulumi.runtime.set_all_config(all_config, [f"{PROJECT}:{k}" for k in secrets])
+
+    result = Run(registrations=monitor.registrations, outputs={}, cloud=cloud)
+
+    @pulumi.runtime.test
+    def program():
+        runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+        stack_resource = pulumi_settings.get_root_resource()
+        exported: dict[str, Any] = getattr(stack_resource, "outputs", {})
+        names = list(exported)
+
+        def collect(_: Any) -> None:
+            return None
+
+        outs = [pulumi.Output.from_input(exported[n]) for n in names]
+
+        async def resolve() -> None:
+            for n, o in zip(names, outs, strict=True):
+                value = await o.future(with_unknowns=True)
+                secret = await o.is_secret()
+                result.outputs[n] = Output(value=value, secret=bool(secret))
+
+        return pulumi.Output.from_input(resolve()).apply(collect)
+
+    try:
+        program()
+    except BaseException as err:  # noqa: BLE001 (tests assert on it)
+        result.error = err
+    return result

@@ -1,0 +1,45 @@
+"""The README and the project file say what the code does."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from pulumi_harness import ROOT
+
+from components import config
+
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def test_readme_configuration_reference_is_generated_from_the_model() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(START, 1)[1].split(END, 1)[0].strip()
+    assert block == config.reference_markdown(), (
+        "README is stale: replace the config-reference block with `python -m components.config`"
+    )
+
+
+def test_every_config_field_is_documented_with_a_description() -> None:
+    for name, model in config.SECTIONS.items():
+        for field_name, field in model.model_fields.items():
+            assert field.description, f"{name}.{field_name} has no description"
+
+
+def test_project_file_contract() -> None:
+    project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    assert project["name"] == "nemotron-droplet"
+    assert project["stackConfigDir"] == "stacks"
+    assert project["runtime"] == {
+        "name": "python",
+        "options": {"toolchain": "pip", "virtualenv": "venv"},
+    }
+    assert project["backend"]["url"].startswith("file://")
+
+
+def test_readme_outputs_table_lists_every_export() -> None:
+    main = (ROOT / "__main__.py").read_text()
+    exported = set(re.findall(r'pulumi\.export\("(\w+)"', main))
+    readme = (ROOT / "README.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.MULTILINE))
+    assert exported <= documented, f"undocumented outputs: {exported - documented}"

@@ -1,0 +1,394 @@
+"""The Pulumi program under mocks: shipped stacks, validation, region choice, secrets."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from pulumi_harness import (
+    FAKE_DROPLET_ID,
+    FAKE_FINGERPRINT,
+    FAKE_IPV4,
+    FAKE_PRIVATE_KEY,
+    FAKE_PUBLIC_KEY,
+    SIZES_TOKEN,
+    offer,
+    plain_strings,
+    run_program,
+    stack_config,
+)
+
+from components import catalog
+from components.config import ConfigError
+
+DROPLET = "digitalocean:index/droplet:Droplet"
+FIREWALL = "digitalocean:index/firewall:Firewall"
+SSH_KEY = "digitalocean:index/sshKey:SshKey"
+TLS_KEY = "tls:index/privateKey:PrivateKey"
+EVERYWHERE = ["0.0.0.0/0", "::/0"]
+
+
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def dev(**override: Any) -> dict[str, Any]:
+    return merged(stack_config("dev"), override)
+
+
+# ---- the shipped stacks --------------------------------------------------------------------
+
+EXPECTED = {
+    "dev": {
+        "droplet": {
+            "name": "nemotron-dev",
+            "size": "gpu-4000adax1-20gb",
+            "region": "tor1",
+            "image": "gpu-h100x1-base",
+            "tags": ["nemotron-droplet", "stack:dev", "env:dev"],
+            "monitoring": True,
+            "gracefulShutdown": True,
+            "ipv6": False,
+            "sshKeys": [FAKE_FINGERPRINT],
+        },
+        "inbound": [
+            {"protocol": "tcp", "portRange": "22", "sourceAddresses": EVERYWHERE},
+            {"protocol": "tcp", "portRange": "443", "sourceAddresses": EVERYWHERE},
+        ],
+        "price": 0.76,
+    },
+    "prod": {
+        "droplet": {
+            "name": "nemotron-prod",
+            "size": "gpu-h100x1-80gb",
+            "region": "nyc2",
+            "image": "gpu-h100x1-base",
+            "tags": ["nemotron-droplet", "stack:prod", "env:prod"],
+            "monitoring": True,
+            "gracefulShutdown": True,
+            "ipv6": False,
+            "sshKeys": [FAKE_FINGERPRINT],
+        },
+        "inbound": [
+            {"protocol": "tcp", "portRange": "22", "sourceAddresses": ["198.51.100.0/24"]},
+            {"protocol": "tcp", "portRange": "443", "sourceAddresses": ["203.0.113.0/24"]},
+        ],
+        "price": 3.39,
+    },
+}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
+    run = run_program(stack_config(stack), stack=stack)
+    assert run.error is None, run.error
+    expected = EXPECTED[stack]
+
+    key = run.one(TLS_KEY)
+    assert key.inputs == {"algorithm": "ED25519"}
+    ssh_key = run.one(SSH_KEY)
+    assert ssh_key.inputs["publicKey"] == FAKE_PUBLIC_KEY
+
+    droplet = run.one(DROPLET)
+    assert droplet.inputs == expected["droplet"]
+    assert droplet.custom_timeouts == {"create": "60m", "update": "60m", "delete": "20m"}
+    assert ssh_key.urn in droplet.dependencies
+
+    firewall = run.one(FIREWALL)
+    assert firewall.inputs["dropletIds"] == [int(FAKE_DROPLET_ID)]
+    assert firewall.inputs["inboundRules"] == expected["inbound"]
+    assert firewall.inputs["outboundRules"] == [
+        {"protocol": "tcp", "portRange": "1-65535", "destinationAddresses": EVERYWHERE},
+        {"protocol": "udp", "portRange": "1-65535", "destinationAddresses": EVERYWHERE},
+        {"protocol": "icmp", "destinationAddresses": EVERYWHERE},
+    ]
+    assert droplet.urn in firewall.dependencies
+
+    outputs = {name: out.value for name, out in run.outputs.items()}
+    assert outputs["ipv4"] == FAKE_IPV4
+    assert outputs["hourlyPriceUsd"] == expected["price"]
+    assert outputs["servedModelName"] == "nemotron"
+    assert outputs["region"] == expected["droplet"]["region"]
+    assert outputs["sshCommand"] == (
+        f"(umask 077 && pulumi stack output --stack {stack} sshPrivateKey --show-secrets"
+        f" > ~/.ssh/nemotron-droplet-{stack}) && ssh -i ~/.ssh/nemotron-droplet-{stack}"
+        f" -o IdentitiesOnly=yes -o StrictHostKeyChecking=accept-new root@{FAKE_IPV4}"
+    )
+
+
+def test_every_resource_is_a_child_of_the_component() -> None:
+    run = run_program(stack_config("dev"))
+    component = run.one("nemotron-droplet:index:GpuDroplet")
+    for reg in run.registrations:
+        if reg is not component:
+            assert reg.parent == component.urn, reg.type
+
+
+def test_no_firewall_rule_ever_opens_the_vllm_port() -> None:
+    for stack in ("dev", "prod"):
+        run = run_program(stack_config(stack), stack=stack)
+        ports = [rule["portRange"] for rule in run.one(FIREWALL).inputs["inboundRules"]]
+        assert str(catalog.VLLM_PORT) not in ports
+        assert all("-" not in p for p in ports), "no inbound port ranges"
+
+
+def test_empty_api_cidrs_close_the_api_port() -> None:
+    run = run_program(dev(access={"apiCidrs": []}))
+    assert run.error is None, run.error
+    assert [r["portRange"] for r in run.one(FIREWALL).inputs["inboundRules"]] == ["22"]
+
+
+def test_user_key_fingerprints_are_added_after_the_stack_key() -> None:
+    mine = "3b:16:bf:e4:8b:00:8b:b8:59:8c:a9:d3:f0:19:45:fa"
+    run = run_program(dev(access={"sshKeyFingerprints": [mine]}))
+    assert run.one(DROPLET).inputs["sshKeys"] == [FAKE_FINGERPRINT, mine]
+
+
+def test_image_defaults_to_the_base_image_for_the_gpu_count() -> None:
+    eight = dev(droplet={"size": "gpu-h100x8-640gb", "regions": ["nyc2"]})
+    run = run_program(eight)
+    assert run.error is None, run.error
+    assert run.one(DROPLET).inputs["image"] == "gpu-h100x8-base"
+
+
+# ---- validation: every rejected input names its field, and nothing is declared -------------
+
+REJECTED = [
+    (
+        {"droplet": {"size": "gpu-b300x1-999gb"}},
+        "droplet.size: 'gpu-b300x1-999gb' is not a known GPU size; accepted: gpu-4000adax1-20gb",
+    ),
+    (
+        {"droplet": {"size": "gpu-mi300x1-192gb"}},
+        "droplet.size: 'gpu-mi300x1-192gb' is an AMD (ROCm) size",
+    ),
+    (
+        {"droplet": {"size": "gpu-mi325x8-2048gb"}},
+        "droplet.size: 'gpu-mi325x8-2048gb' is an AMD (ROCm) size",
+    ),
+    (
+        {"droplet": {"size": "gpu-h100x1-80gb", "image": "gpu-h100x8-base"}},
+        "droplet.image: gpu-h100x8-base is the 8-GPU image and gpu-h100x1-80gb has 1 GPU(s): use gpu-h100x1-base",
+    ),
+    (
+        {"droplet": {"size": "gpu-h100x8-640gb", "image": "gpu-h100x1-base"}},
+        "droplet.image: gpu-h100x1-base is the 1-GPU image and gpu-h100x8-640gb has 8 GPU(s): use gpu-h100x8-base",
+    ),
+    ({"droplet": {"image": "gpu-amd-base"}}, "droplet.image: gpu-amd-base is the AMD (ROCm) image"),
+    (
+        {"droplet": {"image": "windows-11"}},
+        "droplet.image: 'windows-11' is not a known image; accepted:",
+    ),
+    ({"droplet": {"regions": []}}, "droplet.regions: the list is empty"),
+    ({"droplet": {"regions": ["Toronto"]}}, "droplet.regions: ['Toronto'] are not region slugs"),
+    ({"droplet": {"tags": ["has space"]}}, "droplet.tags: ['has space']: tags accept"),
+    (
+        {"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"}},
+        "model.id: nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 needs about 72 GB of VRAM; gpu-4000adax1-20gb has 20 GB, 18 GB usable",
+    ),
+    (
+        {"model": {"id": "someone/other-model"}},
+        "model.vramGb: someone/other-model is not in the catalog, so set model.vramGb",
+    ),
+    ({"model": {"id": "not a repo"}}, "model.id: 'not a repo': accepted: a Hugging Face repo id"),
+    ({"access": {"apiCidrs": ["10.0.0.300/24"]}}, "access.apiCidrs: '10.0.0.300/24' is not a CIDR"),
+    (
+        {"access": {"sshCidrs": ["10.1.2.3/8"]}},
+        "access.sshCidrs: '10.1.2.3/8' is not a CIDR (did you mean 10.0.0.0/8?)",
+    ),
+    ({"access": {"sshCidrs": []}}, "access.sshCidrs: the list is empty"),
+    (
+        {"access": {"sshKeyFingerprints": ["abc"]}},
+        "access.sshKeyFingerprints: ['abc']: accepted: MD5 fingerprints",
+    ),
+    (
+        {"vllm": {"gpuMemoryUtilization": 0}},
+        "vllm.gpuMemoryUtilization: Input should be greater than 0",
+    ),
+    (
+        {"vllm": {"gpuMemoryUtilization": 1.2}},
+        "vllm.gpuMemoryUtilization: Input should be less than or equal to 1",
+    ),
+    (
+        {"vllm": {"maxModelLen": 1_000_000}},
+        "vllm.maxModelLen: 1000000 is more than nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16 supports; accepted: 1 to 262144",
+    ),
+    (
+        {"vllm": {"version": "0.10.0"}},
+        "vllm.version: nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16 needs vLLM >= 0.11.2",
+    ),
+    ({"vllm": {"version": "latest"}}, "vllm.version: 'latest': accepted: a release number"),
+    ({"vllm": {"install": "conda"}}, "vllm.install: Input should be 'wheel' or 'source'"),
+    (
+        {"vllm": {"extraArgs": ["--host", "0.0.0.0"]}},
+        "vllm.extraArgs: ['--host'] are set by the program",
+    ),
+    (
+        {"vllm": {"extraArgs": ["--api-key=abc"]}},
+        "vllm.extraArgs: ['--api-key=abc'] are set by the program",
+    ),
+    (
+        {"bootstrap": {"driver": {"branch": "535"}}},
+        "bootstrap.driver.branch: vLLM 0.33.0 wheels bring CUDA 13.0, which needs driver branch >= 580; got 535",
+    ),
+    (
+        {"bootstrap": {"driver": {"mode": "magic"}}},
+        "bootstrap.driver.mode: Input should be 'auto', 'preinstalled', 'apt' or 'runfile'",
+    ),
+    (
+        {
+            "bootstrap": {"driver": {"mode": "preinstalled"}},
+            "droplet": {"image": "ubuntu-24-04-x64"},
+        },
+        "bootstrap.driver.mode: preinstalled needs an image that ships the NVIDIA driver and ubuntu-24-04-x64 has none",
+    ),
+    (
+        {"bootstrap": {"cgroup": {"mode": "v1"}}},
+        "bootstrap.cgroup.mode: Input should be 'unified' or 'legacy'",
+    ),
+    (
+        {"droplet": {"sizee": "gpu-h100x1-80gb"}},
+        "droplet.sizee: unknown key; accepted: size, regions, image, name, tags, monitoring",
+    ),
+    (
+        {"bootstrap": {"driver": {"brnach": "580"}}},
+        "bootstrap.driver.brnach: unknown key; accepted: mode, branch",
+    ),
+    (
+        {"dropet": {"size": "gpu-h100x1-80gb"}},
+        "dropet: unknown key; accepted: droplet, access, model, vllm, bootstrap, hfToken",
+    ),
+    ({"droplet": "gpu-h100x1-80gb"}, "droplet: expected an object (a YAML mapping)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    REJECTED,
+    ids=[m.split(":")[0] + "-" + str(i) for i, (_, m) in enumerate(REJECTED)],
+)
+def test_bad_input_is_rejected_before_anything_is_declared(override: dict, message: str) -> None:
+    run = run_program(dev(**override))
+    assert isinstance(run.error, ConfigError), run.error
+    assert any(p.startswith(message) for p in run.error.problems), run.error.problems
+    assert run.registrations == []
+    assert run.cloud.calls == [], "no cloud lookup before the config is valid"
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    run = run_program(
+        dev(
+            droplet={"size": "gpu-mi300x1-192gb"},
+            access={"sshCidrs": ["nope"]},
+            vllm={"gpuMemoryUtilization": 2},
+            bootstrap={"driver": {"branch": "470"}},
+        )
+    )
+    assert isinstance(run.error, ConfigError)
+    fields = sorted(p.split(":")[0] for p in run.error.problems)
+    assert fields == [
+        "access.sshCidrs",
+        "bootstrap.driver.branch",
+        "droplet.size",
+        "vllm.gpuMemoryUtilization",
+    ]
+    text = str(run.error)
+    assert "4 problem(s); nothing was created" in text
+
+
+def test_unknown_model_with_vram_is_accepted() -> None:
+    run = run_program(dev(model={"id": "someone/other-model", "vramGb": 12}))
+    assert run.error is None, run.error
+
+
+def test_model_too_big_for_the_usable_share_of_vram() -> None:
+    # 30B FP8 needs ~35 GB: fits a 48 GB L40S at 0.9 (43 GB), not at 0.7 (34 GB).
+    big = {
+        "droplet": {"size": "gpu-l40sx1-48gb"},
+        "model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"},
+    }
+    assert run_program(dev(**big)).error is None
+    run = run_program(dev(**big, vllm={"gpuMemoryUtilization": 0.7}))
+    assert isinstance(run.error, ConfigError)
+    assert "sizes that fit: gpu-h100x1-80gb" in run.error.problems[0]
+
+
+# ---- region choice -------------------------------------------------------------------------
+
+
+def test_region_is_the_first_preferred_one_that_offers_the_size() -> None:
+    offers = {"gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", ["ams3", "atl1", "nyc2"])}
+    run = run_program(dev(droplet={"regions": ["tor1", "nyc2", "atl1"]}), offers=offers)
+    assert run.error is None, run.error
+    assert run.one(DROPLET).inputs["region"] == "nyc2"
+    assert [c.token for c in run.cloud.calls] == [SIZES_TOKEN]
+    assert run.cloud.calls[0].args["filters"] == [{"key": "slug", "values": ["gpu-4000adax1-20gb"]}]
+
+
+def test_no_preferred_region_lists_where_the_size_is_offered() -> None:
+    offers = {"gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", ["sfo3", "atl1"])}
+    run = run_program(dev(droplet={"regions": ["tor1", "nyc2"]}), offers=offers)
+    assert isinstance(run.error, ConfigError)
+    assert run.error.problems == [
+        "droplet.regions: gpu-4000adax1-20gb is not offered in tor1, nyc2; it is offered in: "
+        "atl1, sfo3. Add one of these to droplet.regions"
+    ]
+    assert run.registrations == []
+
+
+@pytest.mark.parametrize(
+    "offers",
+    [
+        {},
+        {"gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", [])},
+        {"gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", ["tor1"], available=False)},
+    ],
+)
+def test_size_offered_nowhere_fails_before_anything_is_declared(offers: dict) -> None:
+    run = run_program(dev(), offers=offers)
+    assert isinstance(run.error, ConfigError)
+    assert run.error.problems[0].startswith("droplet.size: ")
+    assert run.registrations == []
+
+
+# ---- secrets -------------------------------------------------------------------------------
+
+HF_TOKEN = "hf_FAKEtokenDoNotLeak1234567890"
+
+
+def _assert_nowhere_plain(run: Any, secret: str) -> None:
+    for reg in run.registrations:
+        for path, text in plain_strings(reg.raw):
+            assert secret not in text, f"{reg.type} {reg.name}: plain input {path} holds a secret"
+    for name, out in run.outputs.items():
+        if secret in str(out.value):
+            assert out.secret, f"output {name} holds a secret but is not marked secret"
+
+
+def test_private_key_is_exported_only_as_a_secret_and_never_a_plain_input() -> None:
+    run = run_program(stack_config("dev"), secrets={"hfToken": HF_TOKEN})
+    assert run.error is None, run.error
+    assert run.outputs["sshPrivateKey"].secret
+    assert run.outputs["sshPrivateKey"].value == FAKE_PRIVATE_KEY
+    _assert_nowhere_plain(run, FAKE_PRIVATE_KEY)
+    _assert_nowhere_plain(run, "FAKE-PRIVATE-KEY")
+    _assert_nowhere_plain(run, HF_TOKEN)
+    for name, out in run.outputs.items():
+        if name != "sshPrivateKey":
+            assert not out.secret, f"{name} should stay readable"
+
+
+def test_hf_token_in_plain_text_is_refused() -> None:
+    run = run_program(dev(hfToken=HF_TOKEN))
+    assert isinstance(run.error, ConfigError)
+    assert run.error.problems == [
+        "hfToken: stored in plain text; set it as a secret: pulumi config set --secret hfToken <value>"
+    ]
+    assert HF_TOKEN not in str(run.error)
