@@ -22,6 +22,9 @@ VLLM_PORT = 8000
 # The user DigitalOcean images log in as.
 SSH_USER = "root"
 
+# The systemd unit that runs vLLM on the Droplet (the logs tool follows its journal).
+VLLM_UNIT = "vllm.service"
+
 
 @dataclass(frozen=True)
 class GpuSize:

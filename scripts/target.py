@@ -1,0 +1,91 @@
+"""Which endpoint, key and model a tool talks to: flags, else a stack's outputs, else the env.
+
+Shared by smoke.py, bench.py and logs.py so that all three find a deployment the same way.
+The key is best passed through OPENAI_API_KEY or --stack: a --api-key flag is visible in the
+process list of the machine that runs the tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+class TargetError(SystemExit):
+    """A tool cannot find what to talk to; exits 2 with one line that says how to fix it."""
+
+    def __init__(self, message: str) -> None:
+        print(f"error: {message}", file=sys.stderr)
+        super().__init__(2)
+
+
+@dataclass(frozen=True)
+class Target:
+    endpoint: str  # base URL ending in /v1
+    api_key: str
+    model: str | None
+
+    def url(self, path: str) -> str:
+        return f"{self.endpoint.rstrip('/')}/{path.lstrip('/')}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint", help="base URL ending in /v1 (env: OPENAI_BASE_URL)")
+    parser.add_argument("--api-key", help="API key (env: OPENAI_API_KEY; prefer env or --stack)")
+    parser.add_argument(
+        "--model", help="served model name (default: the stack's, else the first one listed)"
+    )
+    parser.add_argument("--stack", help="read endpoint, key and model from this Pulumi stack")
+
+
+def stack_outputs(stack: str) -> dict[str, Any]:
+    """`pulumi stack output --json --show-secrets` for `stack` (run in the project directory)."""
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        raise TargetError("--stack needs the Pulumi CLI on PATH")
+    project_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(  # noqa: S603 (fixed argv, no shell)
+        [pulumi, "stack", "output", "--json", "--show-secrets", "--stack", stack],
+        cwd=project_dir,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise TargetError(f"pulumi stack output --stack {stack} failed: {proc.stderr.strip()}")
+    outputs: dict[str, Any] = json.loads(proc.stdout or "{}")
+    return outputs
+
+
+def resolve(args: argparse.Namespace) -> Target:
+    endpoint, api_key, model = args.endpoint, args.api_key, args.model
+    if args.stack:
+        outputs = stack_outputs(args.stack)
+        missing = [k for k in ("endpoint", "apiKey") if not outputs.get(k)]
+        if missing and not (endpoint and api_key):
+            raise TargetError(
+                f"stack {args.stack} has no {', '.join(missing)} output yet: "
+                "run `pulumi up` for it first"
+            )
+        endpoint = endpoint or outputs.get("endpoint")
+        api_key = api_key or outputs.get("apiKey")
+        model = model or outputs.get("servedModelName")
+    endpoint = endpoint or os.environ.get("OPENAI_BASE_URL")
+    api_key = api_key or os.environ.get("OPENAI_API_KEY")
+    if not endpoint:
+        raise TargetError("no endpoint: pass --endpoint URL, --stack NAME or set OPENAI_BASE_URL")
+    if not api_key:
+        raise TargetError("no API key: pass --stack NAME, set OPENAI_API_KEY or pass --api-key")
+    if not endpoint.rstrip("/").endswith("/v1"):
+        raise TargetError(f"--endpoint {endpoint!r} should end in /v1")
+    return Target(endpoint=endpoint, api_key=api_key, model=model)
