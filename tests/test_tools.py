@@ -1,0 +1,481 @@
+"""The tools users run (smoke, bench, logs) against real local servers on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+FAKE = Path(__file__).resolve().parent / "fake_openai.py"
+KEY = "sk-test-0123456789"
+
+
+@contextmanager
+def fake_server(*args: str) -> Iterator[str]:
+    """Start tests/fake_openai.py in its own process; yield its /v1 base URL."""
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE), "--api-key", KEY, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        yield line.split()[-1] + "/v1"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def stats(base: str) -> dict[str, Any]:
+    return requests.get(base.removesuffix("/v1") + "/_stats", timeout=5).json()
+
+
+def run_tool(
+    name: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        check=False,
+    )
+
+
+def bench(base: str, tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    out = tmp_path / "bench.json"
+    proc = run_tool(
+        "bench.py",
+        "--endpoint",
+        base,
+        "--api-key",
+        KEY,
+        "--model",
+        "nemotron",
+        "--no-progress",
+        "--json",
+        str(out),
+        *args,
+    )
+    assert proc.returncode == 0, proc.stderr
+    reports: list[dict[str, Any]] = json.loads(out.read_text())
+    return reports
+
+
+# ---- the fake speaks the protocol -----------------------------------------------------------
+
+
+def test_fake_server_passes_with_the_official_openai_client() -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.005", "--tokens", "5") as base:
+        client = openai.OpenAI(base_url=base, api_key=KEY)
+        assert [m.id for m in client.models.list()] == ["nemotron"]
+        reply = client.chat.completions.create(
+            model="nemotron", messages=[{"role": "user", "content": "hi there"}], max_tokens=5
+        )
+        assert reply.choices[0].message.content == " tok" * 5
+        assert reply.usage is not None and reply.usage.completion_tokens == 5
+        chunks = list(
+            client.chat.completions.create(
+                model="nemotron",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=5,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == " tok" * 5
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong").models.list()
+
+
+# ---- bench -----------------------------------------------------------------------------------
+
+
+def test_bench_reads_the_injected_ttft_and_itl_within_ten_percent(tmp_path: Path) -> None:
+    ttft, itl, tokens = 0.200, 0.030, 12
+    with fake_server("--ttft", str(ttft), "--itl", str(itl), "--tokens", "64") as base:
+        reports = bench(
+            base,
+            tmp_path,
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "8",
+            "--input-tokens",
+            "40",
+            "--max-tokens",
+            str(tokens),
+        )
+    assert [r["concurrency"] for r in reports] == [1, 4]
+    for r in reports:
+        assert r["requests"] == 8 and r["errors"] == 0
+        assert r["ttft_ms"]["mean"] == pytest.approx(ttft * 1000, rel=0.10)
+        assert r["itl_ms"]["mean"] == pytest.approx(itl * 1000, rel=0.10)
+        assert r["tpot_ms"]["p50"] == pytest.approx(itl * 1000, rel=0.10)
+        assert r["e2e_ms"]["mean"] == pytest.approx((ttft + itl * (tokens - 1)) * 1000, rel=0.10)
+        # Token counts are the server's usage: the fake counts prompt words, and sends max_tokens.
+        assert r["mean_output_tokens"] == tokens
+        assert r["mean_prompt_tokens"] == 40
+        assert r["output_tokens_per_s"] == pytest.approx(8 * tokens / r["duration_s"])
+        assert r["total_tokens_per_s"] == pytest.approx(8 * (tokens + 40) / r["duration_s"])
+        for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            assert set(r[key]) == {"mean", "p50", "p90", "p99"}
+        assert r["requests_per_s"] == pytest.approx(8 / r["duration_s"])
+
+
+def test_bench_counts_tokens_from_usage_not_chunks(tmp_path: Path) -> None:
+    with fake_server("--mode", "one-chunk", "--tokens", "64", "--ttft", "0.01") as base:
+        [r] = bench(
+            base,
+            tmp_path,
+            "--concurrency",
+            "2",
+            "--requests",
+            "4",
+            "--max-tokens",
+            "20",
+            "--input-tokens",
+            "10",
+        )
+    assert r["errors"] == 0
+    assert r["mean_output_tokens"] == 20
+    assert r["itl_ms"]["mean"] is None  # one chunk: no gap between chunks to measure
+
+
+def test_bench_counts_injected_failures_and_timeouts_without_crashing(tmp_path: Path) -> None:
+    with fake_server("--fail-every", "4", "--ttft", "0.01", "--itl", "0.001") as base:
+        [r] = bench(
+            base,
+            tmp_path,
+            "--concurrency",
+            "1",
+            "--requests",
+            "16",
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "4",
+            "--input-tokens",
+            "8",
+        )
+    assert r["requests"] == 16
+    assert r["errors"] == 4
+    assert r["errors_by_kind"] == {"http_500": 4}
+    assert r["mean_output_tokens"] == 4
+
+    with fake_server("--stall-every", "3", "--ttft", "0.01", "--itl", "0.001") as base:
+        [r] = bench(
+            base,
+            tmp_path,
+            "--concurrency",
+            "2",
+            "--requests",
+            "6",
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "4",
+            "--input-tokens",
+            "8",
+            "--timeout",
+            "1",
+        )
+    assert r["errors_by_kind"] == {"timeout": 2}
+    assert r["requests"] == 6
+
+
+def test_bench_keeps_256_streams_in_flight_from_one_process(tmp_path: Path) -> None:
+    with fake_server("--ttft", "0.3", "--itl", "0.02", "--tokens", "32") as base:
+        [r] = bench(
+            base,
+            tmp_path,
+            "--concurrency",
+            "256",
+            "--requests",
+            "256",
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "32",
+            "--input-tokens",
+            "64",
+        )
+        seen = stats(base)
+    assert r["errors"] == 0, r["errors_by_kind"]
+    assert seen["max_in_flight"] == 256
+
+
+def test_bench_plots_throughput_and_ttft(tmp_path: Path) -> None:
+    png = tmp_path / "bench.png"
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        bench(
+            base,
+            tmp_path,
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "4",
+            "--input-tokens",
+            "8",
+            "--plot",
+            str(png),
+        )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_bad_levels() -> None:
+    proc = run_tool(
+        "bench.py", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, "--concurrency", "1,x"
+    )
+    assert proc.returncode == 2
+    assert "accepted: a list like 1,8,32" in proc.stderr
+
+
+# ---- smoke -----------------------------------------------------------------------------------
+
+
+def smoke(
+    base: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return run_tool("smoke.py", "--endpoint", base, *args, env=env)
+
+
+def test_smoke_passes_against_a_healthy_endpoint_reading_the_key_from_env() -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        proc = smoke(base, env={"OPENAI_API_KEY": KEY})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[:2] for line in lines[:4]] == [
+        ["PASS", "models"],
+        ["PASS", "chat"],
+        ["PASS", "stream"],
+        ["PASS", "auth"],
+    ]
+    assert all(" ms " in line for line in lines[:4])
+    assert KEY not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("server_args", "smoke_args", "failed", "reason"),
+    [
+        (["--mode", "empty-deltas"], [], "stream", "the stream carried 0 non-empty delta(s)"),
+        ([], ["--model", "not-served"], "models", "not the served model 'not-served'"),
+        (["--mode", "no-auth"], [], "auth", "a wrong key got HTTP 200"),
+    ],
+)
+def test_smoke_fails_naming_the_check(
+    server_args: list[str], smoke_args: list[str], failed: str, reason: str
+) -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001", *server_args) as base:
+        proc = smoke(base, "--api-key", KEY, *smoke_args)
+    assert proc.returncode == 1
+    fails = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert fails and fails[0].split()[1] == failed, proc.stdout
+    assert reason in fails[0]
+
+
+def test_tools_explain_a_missing_endpoint() -> None:
+    proc = run_tool("smoke.py", "--api-key", KEY)
+    assert proc.returncode == 2
+    assert "no endpoint: pass --endpoint URL, --stack NAME or set OPENAI_BASE_URL" in proc.stderr
+
+
+# ---- --stack: outputs read through the Pulumi CLI (a fake here: the CLI is not installable) ---
+
+
+def fake_pulumi(bin_dir: Path, outputs: dict[str, Any]) -> dict[str, str]:
+    """A `pulumi` on PATH that answers `stack output --json --show-secrets --stack S`."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "outputs.json").write_text(json.dumps(outputs))
+    script = bin_dir / "pulumi"
+    script.write_text(
+        textwrap.dedent(f"""\
+        #!/usr/bin/env bash
+        set -euo pipefail
+        [[ "$*" == "stack output --json --show-secrets --stack dev" ]] || {{ echo "unexpected: $*" >&2; exit 3; }}
+        cat {bin_dir / "outputs.json"}
+    """)
+    )
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_smoke_reads_endpoint_key_and_model_from_the_stack(tmp_path: Path) -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001", "--model", "nemo-x") as base:
+        env = fake_pulumi(
+            tmp_path / "bin", {"endpoint": base, "apiKey": KEY, "servedModelName": "nemo-x"}
+        )
+        proc = run_tool("smoke.py", "--stack", "dev", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "lists nemo-x" in proc.stdout
+
+
+def test_stack_without_an_endpoint_says_to_deploy_first(tmp_path: Path) -> None:
+    env = fake_pulumi(tmp_path / "bin", {"ipv4": "203.0.113.10"})
+    proc = run_tool("bench.py", "--stack", "dev", env=env)
+    assert proc.returncode == 2
+    assert (
+        "stack dev has no endpoint, apiKey output yet: run `pulumi up` for it first" in proc.stderr
+    )
+
+
+# ---- logs: a real OpenSSH server on loopback -------------------------------------------------
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """sshd on 127.0.0.1 with its own host key; every session runs the client's command through
+    a recorder with a fake `journalctl` first on PATH, so nothing touches this machine's journal."""
+    if not os.path.exists(SSHD):
+        pytest.skip("openssh-server is not installed (./check installs it)")
+    d = tmp_path / "sshd"
+    (d / "bin").mkdir(parents=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host")], check=True
+    )
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client")], check=True
+    )
+    (d / "authorized_keys").write_text((d / "client.pub").read_text())
+    (d / "bin" / "journalctl").write_text(
+        '#!/bin/sh\necho "2026-12-02T10:00:00+0000 droplet vllm[42]: INFO Started server process"\n'
+        'echo "2026-12-02T10:00:01+0000 droplet vllm[42]: INFO Application startup complete."\n'
+    )
+    (d / "bin" / "journalctl").chmod(0o755)
+    recorder = d / "session.sh"
+    recorder.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$SSH_ORIGINAL_COMMAND" > {d}/command\n'
+        f'PATH={d}/bin:/usr/bin:/bin exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
+    )
+    recorder.chmod(0o755)
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        textwrap.dedent(f"""\
+        ListenAddress 127.0.0.1
+        Port {port}
+        HostKey {d}/host
+        AuthorizedKeysFile {d}/authorized_keys
+        PasswordAuthentication no
+        KbdInteractiveAuthentication no
+        PermitRootLogin prohibit-password
+        StrictModes no
+        UsePAM no
+        PidFile none
+        ForceCommand {recorder}
+    """)
+    )
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    proc = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    try:
+        yield {
+            "port": port,
+            "dir": d,
+            "client_key": (d / "client").read_text(),
+            "host_pub": " ".join((d / "host.pub").read_text().split()[:2]),
+        }
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def run_logs(
+    tmp_path: Path, sshd: dict[str, Any], outputs: dict[str, Any], *args: str
+) -> subprocess.CompletedProcess[str]:
+    env = fake_pulumi(tmp_path / "bin", outputs)
+    env["HOME"] = str(tmp_path / "home")
+    return run_tool(
+        "logs.py", "--stack", "dev", "--port", str(sshd["port"]), *args, env=env, timeout=60
+    )
+
+
+def test_logs_reads_the_journal_over_ssh_with_the_stack_key_and_pinned_host_key(
+    tmp_path: Path, sshd: dict[str, Any]
+) -> None:
+    outputs = {
+        "ipv4": "127.0.0.1",
+        "sshPrivateKey": sshd["client_key"],
+        "sshHostPublicKey": sshd["host_pub"],
+    }
+    proc = run_logs(tmp_path, sshd, outputs, "-n", "50")
+    assert proc.returncode == 0, proc.stderr
+    assert "Application startup complete." in proc.stdout
+    command = (sshd["dir"] / "command").read_text().strip()
+    assert (
+        command
+        == "journalctl --unit vllm.service --lines 50 --no-pager --output short-iso --follow"
+    )
+    leftovers = list(Path(tempfile.gettempdir()).glob("nemotron-logs-*"))
+    assert not [p for p in leftovers if (p / "id").exists()], "the key file is removed on exit"
+
+
+def test_logs_refuses_a_host_whose_key_is_not_the_pinned_one(
+    tmp_path: Path, sshd: dict[str, Any]
+) -> None:
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    outputs = {
+        "ipv4": "127.0.0.1",
+        "sshPrivateKey": sshd["client_key"],
+        "sshHostPublicKey": " ".join(other.with_suffix(".pub").read_text().split()[:2]),
+    }
+    proc = run_logs(tmp_path, sshd, outputs, "--no-follow")
+    assert proc.returncode == 255
+    assert "Host key verification failed" in proc.stderr
+    assert not (sshd["dir"] / "command").exists(), "no command ran on an unverified host"
+
+
+def test_logs_remembers_the_first_host_key_when_the_stack_exports_none(
+    tmp_path: Path, sshd: dict[str, Any]
+) -> None:
+    outputs = {"ipv4": "127.0.0.1", "sshPrivateKey": sshd["client_key"]}
+    proc = run_logs(tmp_path, sshd, outputs, "--no-follow")
+    assert proc.returncode == 0, proc.stderr
+    known = (tmp_path / "home" / ".ssh" / "nemotron-droplet-dev.known_hosts").read_text()
+    assert sshd["host_pub"].split()[1] in known
+    assert "--follow" not in (sshd["dir"] / "command").read_text()
