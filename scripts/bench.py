@@ -88,10 +88,6 @@ def summary_ms(seconds: list[float]) -> dict[str, float | None]:
     }
 
 
-def _has_text(delta: dict[str, Any]) -> bool:
-    return any(delta.get(k) for k in ("content", "reasoning_content", "reasoning"))
-
-
 async def _read_stream(
     response: aiohttp.ClientResponse, record: Record, start: float
 ) -> dict[str, Any] | None:
@@ -107,7 +103,7 @@ async def _read_stream(
             break
         event = json.loads(data)
         usage = event.get("usage") or usage
-        if any(_has_text(c.get("delta") or {}) for c in event.get("choices") or ()):
+        if any(target_mod.text_of(c.get("delta") or {}) for c in event.get("choices") or ()):
             now = time.perf_counter()
             if record.ttft is None:
                 record.ttft = now - start
@@ -154,14 +150,7 @@ async def one_request(
 
 
 def request_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = target_mod.chat_body(model, prompt, max_tokens, stream=True)
     if ignore_eos:
         # vLLM extension: generate exactly max_tokens, as `vllm bench serve` does.
         body["ignore_eos"] = True

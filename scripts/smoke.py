@@ -36,24 +36,6 @@ class Result:
     detail: str
 
 
-def _text(message: dict[str, Any]) -> str:
-    """Answer text; a reasoning model may put its first tokens in reasoning_content/reasoning."""
-    return "".join(str(message.get(k) or "") for k in ("content", "reasoning_content", "reasoning"))
-
-
-def _chat_body(model: str, stream: bool, max_tokens: int) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": stream,
-    }
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
 def _sse_events(response: requests.Response) -> Iterator[dict[str, Any]]:
     for raw in response.iter_lines(decode_unicode=True):
         if not raw or not raw.startswith("data:"):
@@ -92,13 +74,13 @@ class Smoke:
         r = requests.post(
             self.target.url("chat/completions"),
             headers=self.target.headers,
-            json=_chat_body(self._model(), False, 32),
+            json=target_mod.chat_body(self._model(), PROMPT, 32, stream=False),
             timeout=self.timeout,
         )
         self._check(r, "POST /v1/chat/completions")
         body = r.json()
         choices = body.get("choices") or []
-        text = _text(choices[0].get("message", {})) if choices else ""
+        text = target_mod.text_of(choices[0].get("message", {})) if choices else ""
         if not text.strip():
             raise CheckError("the chat completion returned no text")
         tokens = (body.get("usage") or {}).get("completion_tokens")
@@ -108,7 +90,7 @@ class Smoke:
         with requests.post(
             self.target.url("chat/completions"),
             headers=self.target.headers,
-            json=_chat_body(self._model(), True, 32),
+            json=target_mod.chat_body(self._model(), PROMPT, 32, stream=True),
             timeout=self.timeout,
             stream=True,
         ) as r:
@@ -116,7 +98,7 @@ class Smoke:
             deltas, usage = 0, None
             for event in _sse_events(r):
                 for choice in event.get("choices") or []:
-                    if _text(choice.get("delta") or {}):
+                    if target_mod.text_of(choice.get("delta") or {}):
                         deltas += 1
                 usage = event.get("usage") or usage
         if deltas < 2:

@@ -39,6 +39,29 @@ class Target:
         return {"Authorization": f"Bearer {self.api_key}"}
 
 
+# Where a chat message or stream delta carries text: a reasoning model (Nemotron with vLLM's
+# reasoning parser) puts its first tokens in reasoning_content (newer vLLM: reasoning).
+TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
+
+
+def text_of(message: dict[str, Any]) -> str:
+    return "".join(str(message.get(k) or "") for k in TEXT_FIELDS)
+
+
+def chat_body(model: str, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    """A chat completion request; streamed ones ask for the usage chunk at the end."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", help="base URL ending in /v1 (env: OPENAI_BASE_URL)")
     parser.add_argument("--api-key", help="API key (env: OPENAI_API_KEY; prefer env or --stack)")

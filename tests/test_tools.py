@@ -64,7 +64,9 @@ def run_tool(
     )
 
 
-def bench(base: str, tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+def bench(base: str, tmp_path: Path, **flags: object) -> list[dict[str, Any]]:
+    """Run bench.py; `max_tokens=4` becomes `--max-tokens 4`."""
+    args = [a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     out = tmp_path / "bench.json"
     proc = run_tool(
         "bench.py",
@@ -119,16 +121,7 @@ def test_bench_reads_the_injected_ttft_and_itl_within_ten_percent(tmp_path: Path
     ttft, itl, tokens = 0.200, 0.030, 12
     with fake_server("--ttft", str(ttft), "--itl", str(itl), "--tokens", "64") as base:
         reports = bench(
-            base,
-            tmp_path,
-            "--concurrency",
-            "1,4",
-            "--requests",
-            "8",
-            "--input-tokens",
-            "40",
-            "--max-tokens",
-            str(tokens),
+            base, tmp_path, concurrency="1,4", requests=8, input_tokens=40, max_tokens=str(tokens)
         )
     assert [r["concurrency"] for r in reports] == [1, 4]
     for r in reports:
@@ -149,18 +142,7 @@ def test_bench_reads_the_injected_ttft_and_itl_within_ten_percent(tmp_path: Path
 
 def test_bench_counts_tokens_from_usage_not_chunks(tmp_path: Path) -> None:
     with fake_server("--mode", "one-chunk", "--tokens", "64", "--ttft", "0.01") as base:
-        [r] = bench(
-            base,
-            tmp_path,
-            "--concurrency",
-            "2",
-            "--requests",
-            "4",
-            "--max-tokens",
-            "20",
-            "--input-tokens",
-            "10",
-        )
+        [r] = bench(base, tmp_path, concurrency=2, requests=4, max_tokens=20, input_tokens=10)
     assert r["errors"] == 0
     assert r["mean_output_tokens"] == 20
     assert r["itl_ms"]["mean"] is None  # one chunk: no gap between chunks to measure
@@ -169,18 +151,7 @@ def test_bench_counts_tokens_from_usage_not_chunks(tmp_path: Path) -> None:
 def test_bench_counts_injected_failures_and_timeouts_without_crashing(tmp_path: Path) -> None:
     with fake_server("--fail-every", "4", "--ttft", "0.01", "--itl", "0.001") as base:
         [r] = bench(
-            base,
-            tmp_path,
-            "--concurrency",
-            "1",
-            "--requests",
-            "16",
-            "--warmup",
-            "0",
-            "--max-tokens",
-            "4",
-            "--input-tokens",
-            "8",
+            base, tmp_path, concurrency=1, requests=16, warmup=0, max_tokens=4, input_tokens=8
         )
     assert r["requests"] == 16
     assert r["errors"] == 4
@@ -191,18 +162,12 @@ def test_bench_counts_injected_failures_and_timeouts_without_crashing(tmp_path: 
         [r] = bench(
             base,
             tmp_path,
-            "--concurrency",
-            "2",
-            "--requests",
-            "6",
-            "--warmup",
-            "0",
-            "--max-tokens",
-            "4",
-            "--input-tokens",
-            "8",
-            "--timeout",
-            "1",
+            concurrency=2,
+            requests=6,
+            warmup=0,
+            max_tokens=4,
+            input_tokens=8,
+            timeout=1,
         )
     assert r["errors_by_kind"] == {"timeout": 2}
     assert r["requests"] == 6
@@ -211,18 +176,7 @@ def test_bench_counts_injected_failures_and_timeouts_without_crashing(tmp_path: 
 def test_bench_keeps_256_streams_in_flight_from_one_process(tmp_path: Path) -> None:
     with fake_server("--ttft", "0.3", "--itl", "0.02", "--tokens", "32") as base:
         [r] = bench(
-            base,
-            tmp_path,
-            "--concurrency",
-            "256",
-            "--requests",
-            "256",
-            "--warmup",
-            "0",
-            "--max-tokens",
-            "32",
-            "--input-tokens",
-            "64",
+            base, tmp_path, concurrency=256, requests=256, warmup=0, max_tokens=32, input_tokens=64
         )
         seen = stats(base)
     assert r["errors"] == 0, r["errors_by_kind"]
@@ -235,16 +189,11 @@ def test_bench_plots_throughput_and_ttft(tmp_path: Path) -> None:
         bench(
             base,
             tmp_path,
-            "--concurrency",
-            "1,2",
-            "--requests",
-            "2",
-            "--max-tokens",
-            "4",
-            "--input-tokens",
-            "8",
-            "--plot",
-            str(png),
+            concurrency="1,2",
+            requests=2,
+            max_tokens=4,
+            input_tokens=8,
+            plot=str(png),
         )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
