@@ -1,0 +1,80 @@
+"""The policy pack's rules as plain functions of a resource's inputs, so tests can call them.
+
+Each returns the violation messages for one resource (empty: compliant). Sizes and list prices
+come from the program's catalog, the one place that holds them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from components import catalog  # after the path is set
+
+DROPLET = "digitalocean:index/droplet:Droplet"
+FIREWALL = "digitalocean:index/firewall:Firewall"
+ANYWHERE = ("0.0.0.0/0", "::/0")
+
+
+def stack_of(urn: str) -> str:
+    """urn:pulumi:<stack>::<project>::<type>::<name>"""
+    prefix = "urn:pulumi:"
+    return urn[len(prefix) :].split("::", 1)[0] if urn.startswith(prefix) else ""
+
+
+def _ports(port_range: str | None) -> range:
+    if not port_range or port_range == "all":
+        return range(1, 65536)
+    low, _, high = port_range.partition("-")
+    return range(int(low), int(high or low) + 1)
+
+
+def vllm_port_exposed(props: Mapping[str, Any]) -> list[str]:
+    return [
+        f"inbound rule {rule.get('protocol')} {rule.get('portRange')} from "
+        f"{rule.get('sourceAddresses')} reaches vLLM's internal port {catalog.VLLM_PORT}; "
+        "vLLM must stay on loopback behind the gateway"
+        for rule in props.get("inboundRules") or []
+        if rule.get("protocol") in ("tcp", None)
+        and catalog.VLLM_PORT in _ports(rule.get("portRange"))
+    ]
+
+
+def missing_tags(props: Mapping[str, Any], urn: str) -> list[str]:
+    tags: Sequence[str] = props.get("tags") or []
+    wanted = [catalog.PROJECT, f"stack:{stack_of(urn)}"]
+    missing = [t for t in wanted if t not in tags]
+    return (
+        [f"droplet lacks the tag(s) {missing}; every droplet carries {wanted}"] if missing else []
+    )
+
+
+def size_outside_budget(props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    size = str(props.get("size"))
+    allowed: Sequence[str] = config.get("allowedSizes") or catalog.NVIDIA_SIZES
+    ceiling = config.get("maxHourlyPriceUsd")
+    problems = []
+    if size not in allowed:
+        problems.append(f"size {size} is not in the allowlist {list(allowed)}")
+    if ceiling is not None:
+        known = catalog.SIZES.get(size)
+        price = known.list_price_usd_hour if known else None
+        if price is None:
+            problems.append(f"size {size} has no known list price to compare with ${ceiling}/h")
+        elif price > float(ceiling):
+            problems.append(f"size {size} lists at ${price}/h, above the ceiling ${ceiling}/h")
+    return problems
+
+
+def open_to_anywhere_in_prod(props: Mapping[str, Any], urn: str) -> list[str]:
+    if stack_of(urn) != "prod":
+        return []
+    return [
+        f"port {rule.get('portRange')} is open to anywhere ({', '.join(open_)}) in prod; "
+        "narrow access.sshCidrs / access.apiCidrs"
+        for rule in props.get("inboundRules") or []
+        if (open_ := [a for a in rule.get("sourceAddresses") or [] if a in ANYWHERE])
+    ]

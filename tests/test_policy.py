@@ -1,0 +1,146 @@
+"""The policy pack's rules on resources that pass and resources that violate, and on the
+program's own resources for both shipped stacks."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from typing import Any
+
+import pytest
+from pulumi_harness import ROOT, run_program, stack_config
+from pulumi_policy import EnforcementLevel, ResourceValidationArgs, ResourceValidationPolicy
+
+sys.path.insert(0, str(ROOT / "policy"))
+_spec = importlib.util.spec_from_file_location("policy_pack", ROOT / "policy" / "__main__.py")
+assert _spec and _spec.loader
+pack = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pack)  # the guard keeps it from serving
+size_outside_budget = pack.rules.size_outside_budget
+POLICIES: dict[str, ResourceValidationPolicy] = {p.name: p for p in pack.POLICIES}
+CONFIG = json.loads((ROOT / "policy" / "config.json").read_text())
+
+DROPLET = "digitalocean:index/droplet:Droplet"
+FIREWALL = "digitalocean:index/firewall:Firewall"
+
+
+def urn(stack: str, type_: str) -> str:
+    return f"urn:pulumi:{stack}::nemotron-droplet::{type_}::gpu"
+
+
+def check(policy: str, type_: str, props: dict[str, Any], resource_urn: str) -> list[str]:
+    """Run one policy of the real pack on one resource; return what it reported."""
+    found: list[str] = []
+    args = ResourceValidationArgs(
+        type_,
+        props,
+        resource_urn,
+        "gpu",
+        None,
+        None,  # type: ignore[arg-type]
+        config=CONFIG.get(policy, {}),
+    )
+    validate = POLICIES[policy].validate
+    for fn in validate if isinstance(validate, list) else [validate]:
+        fn(args, lambda message, _urn=None: found.append(message))
+    return found
+
+
+def violations(policy: str, type_: str, props: dict[str, Any], stack: str = "dev") -> list[str]:
+    return check(policy, type_, props, urn(stack, type_))
+
+
+def rule(port: str, sources: list[str]) -> dict[str, Any]:
+    return {"protocol": "tcp", "portRange": port, "sourceAddresses": sources}
+
+
+def test_enforcement_levels() -> None:
+    assert {n: p.enforcement_level for n, p in POLICIES.items()} == {
+        "no-public-vllm-port": EnforcementLevel.MANDATORY,
+        "droplet-project-and-stack-tags": EnforcementLevel.MANDATORY,
+        "droplet-size-within-budget": EnforcementLevel.MANDATORY,
+        "prod-access-not-open-to-anywhere": EnforcementLevel.ADVISORY,
+    }
+
+
+@pytest.mark.parametrize(
+    ("rules", "bad"),
+    [
+        ([rule("22", ["0.0.0.0/0"]), rule("443", ["0.0.0.0/0"])], False),
+        ([rule("8000", ["10.0.0.0/8"])], True),
+        ([rule("7000-9000", ["0.0.0.0/0"])], True),
+        ([{"protocol": "tcp", "portRange": "all", "sourceAddresses": ["0.0.0.0/0"]}], True),
+        ([{"protocol": "udp", "portRange": "8000", "sourceAddresses": ["0.0.0.0/0"]}], False),
+    ],
+)
+def test_no_public_vllm_port(rules: list[dict[str, Any]], bad: bool) -> None:
+    found = violations("no-public-vllm-port", FIREWALL, {"inboundRules": rules})
+    assert bool(found) is bad, found
+    if bad:
+        assert "vLLM's internal port 8000" in found[0]
+
+
+def test_droplet_tags() -> None:
+    assert (
+        violations(
+            "droplet-project-and-stack-tags",
+            DROPLET,
+            {"tags": ["nemotron-droplet", "stack:dev", "env:dev"]},
+        )
+        == []
+    )
+    found = violations(
+        "droplet-project-and-stack-tags",
+        DROPLET,
+        {"tags": ["nemotron-droplet", "stack:prod"]},
+        stack="dev",
+    )
+    assert found == [
+        "droplet lacks the tag(s) ['stack:dev']; every droplet carries "
+        "['nemotron-droplet', 'stack:dev']"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("size", "problem"),
+    [
+        ("gpu-h100x1-80gb", None),
+        ("gpu-h100x8-640gb", "is not in the allowlist"),
+        ("gpu-h200x1-141gb", "is not in the allowlist"),
+    ],
+)
+def test_size_allowlist_and_price_ceiling(size: str, problem: str | None) -> None:
+    found = violations("droplet-size-within-budget", DROPLET, {"size": size})
+    assert (found == []) if problem is None else any(problem in f for f in found), found
+
+
+def test_price_ceiling_alone() -> None:
+    assert size_outside_budget(
+        {"size": "gpu-h100x8-640gb"},
+        {"allowedSizes": ["gpu-h100x8-640gb"], "maxHourlyPriceUsd": 10},
+    ) == ["size gpu-h100x8-640gb lists at $23.92/h, above the ceiling $10/h"]
+    assert size_outside_budget(
+        {"size": "gpu-h200x1-141gb"},
+        {"allowedSizes": ["gpu-h200x1-141gb"], "maxHourlyPriceUsd": 10},
+    ) == ["size gpu-h200x1-141gb has no known list price to compare with $10/h"]
+
+
+def test_open_access_is_advised_against_only_in_prod() -> None:
+    props = {"inboundRules": [rule("22", ["0.0.0.0/0", "::/0"]), rule("443", ["203.0.113.0/24"])]}
+    assert violations("prod-access-not-open-to-anywhere", FIREWALL, props, stack="dev") == []
+    found = violations("prod-access-not-open-to-anywhere", FIREWALL, props, stack="prod")
+    assert found == [
+        "port 22 is open to anywhere (0.0.0.0/0, ::/0) in prod; narrow "
+        "access.sshCidrs / access.apiCidrs"
+    ]
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_programs_own_resources_pass_every_policy(stack: str) -> None:
+    run = run_program(stack_config(stack), stack=stack)
+    assert run.error is None
+    for reg in run.registrations:
+        for name in POLICIES:
+            found = check(name, reg.type, reg.inputs, reg.urn)
+            assert found == [], (stack, reg.type, name, found)
