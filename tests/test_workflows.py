@@ -1,0 +1,115 @@
+"""The GitHub workflows: actionlint (with shellcheck on run: blocks) and the properties we rely on."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pulumi_harness import ROOT
+
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+BIN = Path(sys.executable).parent
+
+
+def actionlint(*files: Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("actionlint", path=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    assert exe, "actionlint is installed by requirements-dev.txt"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}  # shellcheck too
+    return subprocess.run(
+        [exe, *map(str, files)], cwd=cwd, env=env, capture_output=True, text=True, check=False
+    )
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+    return data
+
+
+def test_actionlint_passes_on_every_workflow() -> None:
+    assert [w.name for w in WORKFLOWS] == ["deploy.yml", "preview.yml"]
+    proc = actionlint(*WORKFLOWS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("break_it", "complaint"),
+    [
+        (
+            lambda s: s.replace("matrix.stack }}", "matrix.stak }}"),
+            'property "stak" is not defined',
+        ),
+        (
+            lambda s: s.replace("backend: ${{ vars", "backnd: ${{ vars"),
+            'input "backnd" is not defined',
+        ),
+        (lambda s: s.replace('echo "names=$names"', "echo names=$names"), "SC2086"),
+    ],
+)
+def test_actionlint_catches_a_broken_workflow(
+    tmp_path: Path, break_it: Any, complaint: str
+) -> None:
+    shutil.copytree(ROOT / ".github", tmp_path / ".github")
+    # actionlint resolves local actions from the repository root it finds.
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    broken = tmp_path / ".github" / "workflows" / "preview.yml"
+    text = broken.read_text()
+    broken.write_text(break_it(text))
+    assert broken.read_text() != text
+    proc = actionlint(broken, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert complaint in proc.stdout
+
+
+def test_least_privilege_permissions() -> None:
+    for name in ("preview.yml", "deploy.yml"):
+        wf = load(name)
+        assert wf["permissions"] == {"contents": "read"}, name
+        for job_name, job in wf["jobs"].items():
+            extra = job.get("permissions", {})
+            allowed = (
+                {"contents": "read", "pull-requests": "write"} if job_name == "preview" else {}
+            )
+            assert extra in ({}, allowed), (name, job_name, extra)
+
+
+def test_preview_runs_for_each_stack_with_the_policy_pack_and_comments() -> None:
+    wf = load("preview.yml")
+    assert wf[True] == {"pull_request": {"branches": ["main"]}}  # YAML reads `on:` as True
+    assert wf["concurrency"]["group"] == "preview-${{ github.event.pull_request.number }}"
+    job = wf["jobs"]["preview"]
+    assert job["needs"] == ["test", "stacks"]
+    assert job["strategy"]["matrix"]["stack"] == "${{ fromJSON(needs.stacks.outputs.names) }}"
+    [pulumi] = [s for s in job["steps"] if str(s.get("uses", "")).startswith("pulumi/actions@")]
+    assert pulumi["uses"] == "pulumi/actions@v7"
+    assert pulumi["with"]["command"] == "preview"
+    assert pulumi["with"]["comment-on-pr"] is True
+    assert pulumi["with"]["policyPacks"] == "policy"
+    test_steps = wf["jobs"]["test"]["steps"]
+    assert any(s.get("run") == "./check" for s in test_steps)
+
+
+def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment() -> None:
+    wf = load("deploy.yml")
+    shipped = sorted(p.name.split(".")[1] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
+    inputs = wf[True]["workflow_dispatch"]["inputs"]
+    assert sorted(inputs["stack"]["options"]) == shipped
+    assert inputs["command"]["options"] == ["up", "destroy"]
+    assert wf[True]["push"] == {"branches": ["main"]}
+    job = wf["jobs"]["deploy"]
+    assert job["environment"] == "${{ inputs.stack || 'dev' }}"
+    assert wf["concurrency"]["cancel-in-progress"] is False
+
+
+def test_secrets_only_reach_steps_through_env_or_inputs_never_a_run_line() -> None:
+    files = [*WORKFLOWS, ROOT / ".github" / "actions" / "pulumi-setup" / "action.yml"]
+    for path in files:
+        for line in path.read_text().splitlines():
+            if re.search(r"\$\{\{\s*(secrets|inputs|vars)\.", line):
+                assert not line.strip().startswith(("run:", "echo", "- run:")), (path.name, line)
