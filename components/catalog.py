@@ -22,8 +22,39 @@ VLLM_PORT = 8000
 # The user DigitalOcean images log in as.
 SSH_USER = "root"
 
-# The systemd unit that runs vLLM on the Droplet (the logs tool follows its journal).
+# ---- paths on the Droplet --------------------------------------------------------------------
+# The systemd unit that runs vLLM (the logs tool follows its journal).
 VLLM_UNIT = "vllm.service"
+VLLM_USER = "vllm"
+# Root-only file with the service's environment (secrets included, never a command line).
+VLLM_ENV_FILE = "/etc/nemotron/vllm.env"
+STATE_DIR = "/var/lib/nemotron"
+CONDA_PREFIX = "/opt/conda"
+VLLM_ENV = "/opt/conda/envs/vllm"
+# huggingface_hub lives in an env of its own so the model download can run while uv rewrites
+# the vLLM env.
+HF_ENV = "/opt/conda/envs/hf"
+HF_HOME = "/var/lib/nemotron/hf"
+LOCKS_DIR = "/var/lib/nemotron/locks"
+
+# Ubuntu releases the phases are written for (DigitalOcean's GPU images are Ubuntu).
+OS_RELEASES = ("22.04", "24.04")
+# Disk the vLLM env takes (torch, CUDA wheels, vLLM: about 9 GB measured, with headroom).
+VLLM_ENV_DISK_GB = 20
+
+# Miniforge (conda-forge only, no Anaconda channel licence terms); the checksum is the release's.
+MINIFORGE_VERSION = "25.3.1-0"
+MINIFORGE_URL = (
+    "https://github.com/conda-forge/miniforge/releases/download/"
+    f"{MINIFORGE_VERSION}/Miniforge3-{MINIFORGE_VERSION}-Linux-x86_64.sh"
+)
+MINIFORGE_SHA256 = "376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768"
+PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+DEFAULT_PYTHON = "3.12"
+
+VLLM_GIT_URL = "https://github.com/vllm-project/vllm.git"
+# NVIDIA's apt repository key package, for the CUDA toolkit a source build needs.
+CUDA_KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/cuda-keyring_1.1-1_all.deb"
 
 
 @dataclass(frozen=True)
@@ -154,3 +185,12 @@ MIN_DRIVER_BRANCH_FOR_CUDA = {"13.0": 580, "12.9": 575}
 
 def min_driver_branch(vllm_version: str) -> int:
     return MIN_DRIVER_BRANCH_FOR_CUDA[wheel_cuda(vllm_version)]
+
+
+# The committed lock files: exact versions and hashes of vLLM and everything it installs, for
+# linux x86_64 and one Python. scripts/lock-vllm.sh VERSION PYTHON writes a new one.
+LOCKS_PATH = "locks"
+
+
+def lock_name(vllm_version: str, python: str) -> str:
+    return f"vllm-{vllm_version}-py{python}.txt"

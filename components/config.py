@@ -12,7 +12,8 @@ import contextlib
 import ipaddress
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import pulumi
@@ -22,6 +23,7 @@ from pydantic.alias_generators import to_camel
 from . import catalog
 
 NAMESPACE = catalog.PROJECT
+LOCKS_DIR = Path(__file__).resolve().parent.parent / catalog.LOCKS_PATH
 ANYWHERE = ["0.0.0.0/0", "::/0"]
 
 _TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
@@ -286,6 +288,10 @@ class VllmConfig(_Section):
         description="Disable CUDA graphs. Slows decoding 1.7-4.3x; if graph capture runs out of "
         "memory, lower gpuMemoryUtilization or maxNumSeqs instead.",
     )
+    git_ref: str | None = Field(
+        None,
+        description="`source` only: the git ref of vLLM to build. Unset: `v<version>`.",
+    )
     extra_args: list[str] = Field(
         default_factory=list,
         description="More `vllm serve` arguments. Flags the program manages are refused: "
@@ -300,6 +306,13 @@ class VllmConfig(_Section):
             raise ValueError(
                 f"{v!r}: accepted: a release number like {catalog.DEFAULT_VLLM_VERSION}"
             )
+        return v
+
+    @field_validator("git_ref")
+    @classmethod
+    def _git_ref(cls, v: str | None) -> str | None:
+        if v is not None and not _REVISION.match(v):
+            raise ValueError(f"{v!r}: accepted: a git branch, tag or commit")
         return v
 
     @field_validator("extra_args")
@@ -327,11 +340,34 @@ class DriverConfig(_Section):
         "the vLLM wheels' CUDA (CUDA 13: >= 580).",
     )
 
+    runfile_url: str | None = Field(
+        None,
+        description="`runfile` only: URL of NVIDIA's `NVIDIA-Linux-x86_64-<version>.run` for "
+        "`branch`.",
+    )
+    runfile_sha256: str | None = Field(
+        None, description="`runfile` only: SHA-256 of that file; the install refuses any other."
+    )
+
     @field_validator("branch")
     @classmethod
     def _branch(cls, v: str) -> str:
         if not _BRANCH.match(v):
             raise ValueError(f'{v!r}: accepted: a driver branch number like "580"')
+        return v
+
+    @field_validator("runfile_url")
+    @classmethod
+    def _runfile_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://\S+\.run$", v):
+            raise ValueError(f"{v!r}: accepted: an http(s) URL ending in .run")
+        return v
+
+    @field_validator("runfile_sha256")
+    @classmethod
+    def _runfile_sha256(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[0-9a-f]{64}$", v):
+            raise ValueError(f"{v!r}: accepted: 64 lowercase hex digits")
         return v
 
 
@@ -346,6 +382,16 @@ class CgroupConfig(_Section):
 class BootstrapConfig(_Section):
     driver: DriverConfig = Field(default_factory=DriverConfig, description="The driver phase.")
     cgroup: CgroupConfig = Field(default_factory=CgroupConfig, description="The cgroup phase.")
+    python: Literal["3.10", "3.11", "3.12", "3.13"] = Field(
+        "3.12", description="Python of the conda env vLLM runs in."
+    )
+    ready_timeout_minutes: int = Field(
+        30,
+        ge=1,
+        le=240,
+        description="How long the ready phase waits for a 1-token chat completion (model load "
+        "and CUDA graph capture included).",
+    )
 
 
 SECTIONS: dict[str, type[_Section]] = {
@@ -386,6 +432,14 @@ class StackConfig(BaseModel):
     def tags(self) -> list[str]:
         base = [catalog.PROJECT, f"stack:{_slug(self.stack)}"]
         return base + [t for t in self.droplet.tags if t not in base]
+
+    @property
+    def lock_file(self) -> Path:
+        return LOCKS_DIR / catalog.lock_name(self.vllm.version, self.bootstrap.python)
+
+    @property
+    def vllm_git_ref(self) -> str:
+        return self.vllm.git_ref or f"v{self.vllm.version}"
 
     @property
     def catalog_model(self) -> catalog.Model | None:
@@ -449,22 +503,14 @@ def _section_problems(name: str, model: type[_Section], err: ValidationError) ->
     return problems
 
 
-def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
-    """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
-    value gives one message, not a cascade; the other rules still run."""
-    problems: list[str] = []
-
-    def ok(*paths: str) -> bool:
-        """True when no field read, nor any object holding it, failed validation."""
-        prefixes = {".".join(p.split(".")[:i]) for p in paths for i in range(1, p.count(".") + 2)}
-        return not prefixes & bad
-
+def _hardware_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
+    """Image against size, model against VRAM."""
     droplet: DropletConfig = parsed["droplet"]
     model: ModelConfig = parsed["model"]
     vllm: VllmConfig = parsed["vllm"]
-    bootstrap: BootstrapConfig = parsed["bootstrap"]
     size = catalog.SIZES.get(droplet.size)
     known_model = catalog.MODELS.get(model.id)
+    problems: list[str] = []
 
     if ok("droplet.size", "droplet.image") and size and droplet.image:
         image = catalog.IMAGES[droplet.image]
@@ -503,6 +549,16 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
                 f"vllm.gpuMemoryUtilization {vllm.gpu_memory_utilization}; sizes that fit: "
                 f"{', '.join(fitting) or 'none'}"
             )
+    return problems
+
+
+def _version_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
+    """Context length, vLLM version, driver branch."""
+    model: ModelConfig = parsed["model"]
+    vllm: VllmConfig = parsed["vllm"]
+    bootstrap: BootstrapConfig = parsed["bootstrap"]
+    known_model = catalog.MODELS.get(model.id)
+    problems: list[str] = []
 
     too_long = known_model and vllm.max_model_len > known_model.max_context
     if ok("model.id", "vllm.maxModelLen") and known_model and too_long:
@@ -527,6 +583,36 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
                 f"{catalog.wheel_cuda(vllm.version)}, which needs driver branch >= "
                 f"{need_branch}; got {bootstrap.driver.branch}"
             )
+    return problems
+
+
+def _install_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
+    """What the driver and vLLM installs need."""
+    droplet: DropletConfig = parsed["droplet"]
+    vllm: VllmConfig = parsed["vllm"]
+    bootstrap: BootstrapConfig = parsed["bootstrap"]
+    size = catalog.SIZES.get(droplet.size)
+    problems: list[str] = []
+
+    runfile = bootstrap.driver.mode == "runfile"
+    if (
+        ok("bootstrap.driver")
+        and runfile
+        and not (bootstrap.driver.runfile_url and bootstrap.driver.runfile_sha256)
+    ):
+        problems.append(
+            "bootstrap.driver.mode: runfile needs bootstrap.driver.runfileUrl and "
+            "bootstrap.driver.runfileSha256 (NVIDIA publishes both for each driver release)"
+        )
+
+    wheel = vllm.install == "wheel"
+    lock = LOCKS_DIR / catalog.lock_name(vllm.version, bootstrap.python)
+    if ok("vllm.version", "vllm.install", "bootstrap.python") and wheel and not lock.exists():
+        problems.append(
+            f"vllm.version: no lock file for vLLM {vllm.version} on Python {bootstrap.python} "
+            f"({catalog.LOCKS_PATH}/{lock.name}); write it with "
+            f"`scripts/lock-vllm.sh {vllm.version} {bootstrap.python}` and commit it"
+        )
 
     preinstalled = bootstrap.driver.mode == "preinstalled"
     if ok("droplet.size", "droplet.image", "bootstrap.driver.mode") and size and preinstalled:
@@ -537,6 +623,19 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
                 f"driver and {image.slug} has none; use auto or apt"
             )
     return problems
+
+
+def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
+    """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
+    value gives one message, not a cascade; the other rules still run."""
+
+    def ok(*paths: str) -> bool:
+        """True when no field read, nor any object holding it, failed validation."""
+        prefixes = {".".join(p.split(".")[:i]) for p in paths for i in range(1, p.count(".") + 2)}
+        return not prefixes & bad
+
+    rules = (_hardware_rules, _version_rules, _install_rules)
+    return [problem for rule in rules for problem in rule(parsed, ok)]
 
 
 def _validate_section(
