@@ -1,0 +1,141 @@
+# shellcheck shell=bash
+# lib.sh: what every phase shares. The program sends, on stdin to `bash -s`, the settings
+# (NEMO_* variables, shell-quoted), then this file, then the phase's own script.
+#
+# Conventions: stdout carries exactly one line, the phase's JSON result, printed last; every log
+# line goes to stderr as `[phase] ...`. A failure names the phase, the step and the fix.
+
+set -Eeuo pipefail
+umask 022
+# sshd passes almost no environment: set what the phases rely on.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export LC_ALL=C.UTF-8 DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a
+
+: "${PHASE:?the settings must name the phase}"
+STEP=start
+CHANGED=false
+PHASE_STARTED=$(date +%s%N)
+STATE_DIR=/var/lib/nemotron
+# Reboot requests live under /run, which the reboot itself empties.
+REBOOT_DIR=/run/nemotron/reboot-required.d
+
+log() { printf '[%s] %s\n' "$PHASE" "$*" >&2; }
+
+# step NAME [what it does]
+step() {
+  STEP=$1
+  shift
+  log "step ${STEP}${1:+: $*}"
+}
+
+changed() { CHANGED=true; }
+
+# fail WHAT FIX: stop the phase with a message that says what went wrong and what to do.
+fail() {
+  trap - ERR
+  printf '[%s] FAILED at step %s: %s\n' "$PHASE" "$STEP" "$1" >&2
+  printf '[%s] fix: %s\n' "$PHASE" "$2" >&2
+  exit 1
+}
+
+on_error() {
+  local code=$1 command=$2
+  trap - ERR
+  printf '[%s] FAILED at step %s: "%s" exited %s\n' "$PHASE" "$STEP" "$command" "$code" >&2
+  printf '[%s] fix: read the lines above; the phases are idempotent, so pulumi up again resumes here\n' "$PHASE" >&2
+  exit "$code"
+}
+trap 'on_error $? "$BASH_COMMAND"' ERR
+
+boot_id() { cat /proc/sys/kernel/random/boot_id; }
+
+# finish [extra JSON members]: the phase's result, the last line of stdout. `run` makes every
+# result unique, so a phase that ran again always changes what the next phases depend on.
+finish() {
+  local now seconds extra=${1:-}
+  now=$(date +%s%N)
+  seconds=$(( (now - PHASE_STARTED) / 1000000 ))
+  printf '{"phase":"%s","changed":%s,"seconds":%d.%03d,"boot_id":"%s","run":"%s"%s}\n' \
+    "$PHASE" "$CHANGED" $((seconds / 1000)) $((seconds % 1000)) "$(boot_id)" "$now" \
+    "${extra:+,$extra}"
+  exit 0
+}
+
+# retry ATTEMPTS COMMAND...: run COMMAND until it succeeds, waiting 2, 4, 8... seconds between
+# tries (NEMO_RETRY_DELAY scales the first wait).
+retry() {
+  local attempts=$1 try=1 delay=${NEMO_RETRY_DELAY:-2}
+  shift
+  until "$@"; do
+    if (( try >= attempts )); then
+      log "gave up after ${attempts} attempts: $1"
+      return 1
+    fi
+    log "attempt ${try}/${attempts} failed: $1; retrying in ${delay}s"
+    sleep "$delay"
+    try=$((try + 1))
+    delay=$((delay * 2))
+  done
+}
+
+# download URL DEST SHA256: fetch with retries and bounded time, then verify the checksum
+# (an empty SHA256 trusts the HTTPS server alone, and says so).
+download() {
+  local url=$1 dest=$2 sha=$3 got
+  mkdir -p "$(dirname "$dest")"
+  if [[ -n $sha && -f $dest ]] && [[ $(sha256sum "$dest" | cut -d' ' -f1) == "$sha" ]]; then
+    log "already downloaded: $dest"
+    return 0
+  fi
+  retry 4 curl --fail --silent --show-error --location --connect-timeout 20 --max-time 1800 \
+    --output "$dest.part" "$url" \
+    || fail "downloading $url failed 4 times" \
+         "check the Droplet's outbound network (firewall egress, DNS) and that the URL exists"
+  got=$(sha256sum "$dest.part" | cut -d' ' -f1)
+  if [[ -z $sha ]]; then
+    log "no checksum pinned for $url (sha256 ${got}); trusting its HTTPS server"
+  elif [[ $got != "$sha" ]]; then
+    rm -f "$dest.part"
+    fail "checksum mismatch for $url: got $got, expected $sha" \
+         "the file changed upstream or was corrupted; pin the release whose checksum you trust"
+  fi
+  mv "$dest.part" "$dest"
+}
+
+# install_file PATH MODE: write stdin to PATH if its content differs; say whether it changed.
+install_file() {
+  local path=$1 mode=$2 tmp
+  tmp=$(mktemp "${path}.XXXXXX")
+  cat > "$tmp"
+  chmod "$mode" "$tmp"
+  if [[ -f $path ]] && cmp -s "$tmp" "$path" && [[ $(stat -c %a "$path") == "$mode" ]]; then
+    rm -f "$tmp"
+    return 1
+  fi
+  mv "$tmp" "$path"
+  return 0
+}
+
+request_reboot() {
+  mkdir -p "$REBOOT_DIR"
+  printf '%s\n' "$1" > "$REBOOT_DIR/$PHASE"
+  log "asked for a reboot: $1"
+}
+
+# driver_status: "ok VERSION", "old VERSION" or "none MESSAGE", for NEMO_MIN_DRIVER_BRANCH.
+driver_status() {
+  local out version
+  if ! out=$(timeout 60 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1); then
+    printf 'none %s\n' "$(printf '%s' "$out" | head -n 1)"
+    return 0
+  fi
+  version=$(printf '%s\n' "$out" | head -n 1 | tr -d ' ')
+  if (( ${version%%.*} >= NEMO_MIN_DRIVER_BRANCH )); then
+    printf 'ok %s\n' "$version"
+  else
+    printf 'old %s\n' "$version"
+  fi
+}
+
+mkdir -p "$STATE_DIR"
+log "started on $(hostname) (boot $(boot_id))"

@@ -1,0 +1,63 @@
+# shellcheck shell=bash
+# model: download the weights into the cache the service reads (HF_HOME), after a disk check.
+# Runs beside the vllm phase, from its own env. A gated model without a token, or a wrong id,
+# fails here with a message that says so.
+# Settings: NEMO_MODEL_ID NEMO_MODEL_REVISION NEMO_MODEL_DISK_GB NEMO_HF_ENV NEMO_HF_HOME
+#           NEMO_HF_TOKEN (secret, may be empty) NEMO_HF_ENDPOINT (may be empty)
+
+export HF_HOME=$NEMO_HF_HOME HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_ETAG_TIMEOUT=60 HF_HUB_DOWNLOAD_TIMEOUT=120
+[[ -n ${NEMO_HF_ENDPOINT:-} ]] && export HF_ENDPOINT=$NEMO_HF_ENDPOINT
+# The token reaches hf through the environment of this root-owned process, never its arguments.
+if [[ -n ${NEMO_HF_TOKEN:-} ]]; then
+  export HF_TOKEN=$NEMO_HF_TOKEN
+fi
+unset NEMO_HF_TOKEN
+marker=$STATE_DIR/model.done
+want="${NEMO_MODEL_ID}@${NEMO_MODEL_REVISION}"
+snapshot_root=$HF_HOME/hub/models--${NEMO_MODEL_ID//\//--}/snapshots
+
+step cached "is ${want} already complete in ${HF_HOME}?"
+if [[ -f $marker && $(<"$marker") == "$want" && -d $snapshot_root ]]; then
+  log "already downloaded: ${want}"
+  finish "\"model\":\"${want}\""
+fi
+
+step disk "free disk for about ${NEMO_MODEL_DISK_GB} GB of weights"
+mkdir -p "$HF_HOME"
+free_gb=$(df --output=avail -BG "$HF_HOME" | tail -n 1 | tr -dc '0-9')
+if (( free_gb < NEMO_MODEL_DISK_GB + 2 )); then
+  fail "${free_gb} GB free in ${HF_HOME}, the weights need about ${NEMO_MODEL_DISK_GB} GB" \
+       "choose a size with a larger disk or a smaller model (model.id)"
+fi
+
+step download "hf download ${want}"
+rm -f "$marker"
+errors=$(mktemp)
+attempt=1
+until timeout 7200 "$NEMO_HF_ENV/bin/hf" download "$NEMO_MODEL_ID" --revision "$NEMO_MODEL_REVISION" >/dev/null 2>"$errors"; do
+  tail -n 5 "$errors" | sed "s/^/[$PHASE] hf: /" >&2
+  if grep -qiE 'gated|restricted|awaiting a review|401|403' "$errors"; then
+    if [[ -n ${HF_TOKEN:-} ]]; then
+      fail "${NEMO_MODEL_ID} is gated and the token was refused" \
+           "accept the model's licence on its Hugging Face page with the token's account, or set a token that can read it (pulumi config set --secret hfToken ...)"
+    fi
+    fail "${NEMO_MODEL_ID} is gated: Hugging Face wants a token" \
+         "accept its licence on the model page, then: pulumi config set --secret hfToken hf_..."
+  fi
+  if grep -qiE 'RepositoryNotFound|Repository Not Found|RevisionNotFound|404' "$errors"; then
+    fail "Hugging Face has no ${NEMO_MODEL_ID} at revision ${NEMO_MODEL_REVISION}" \
+         "check model.id and model.revision (the repo id is case-sensitive)"
+  fi
+  if (( attempt >= 3 )); then
+    fail "the download failed 3 times" "check the Droplet's outbound network; pulumi up again resumes the download"
+  fi
+  log "attempt ${attempt}/3 failed; retrying in $(( ${NEMO_RETRY_DELAY:-2} << attempt ))s"
+  sleep $(( ${NEMO_RETRY_DELAY:-2} << attempt ))
+  attempt=$((attempt + 1))
+done
+rm -f "$errors"
+size=$(du -sh "$HF_HOME/hub/models--${NEMO_MODEL_ID//\//--}" | cut -f1)
+printf '%s\n' "$want" > "$marker"
+changed
+log "downloaded ${want} (${size})"
+finish "\"model\":\"${want}\""

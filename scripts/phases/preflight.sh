@@ -1,0 +1,90 @@
+# shellcheck shell=bash
+# preflight: is this host ready for the rest? Waits for first-boot work, then checks the OS,
+# free disk, the GPU on the PCI bus and Secure Boot. Changes nothing.
+# Settings: NEMO_OS_RELEASES NEMO_DISK_NEED_GB NEMO_GPU_COUNT NEMO_WAIT_SECONDS
+
+step cloud-init "wait for first-boot configuration to finish (at most ${NEMO_WAIT_SECONDS}s)"
+if command -v cloud-init >/dev/null; then
+  # 0: done; 2: done with recoverable errors. Either way it no longer holds apt.
+  status=0
+  timeout "$NEMO_WAIT_SECONDS" cloud-init status --wait >/dev/null 2>&1 || status=$?
+  case $status in
+    0|2) log "cloud-init is done" ;;
+    124) fail "cloud-init still running after ${NEMO_WAIT_SECONDS}s" \
+              "look at /var/log/cloud-init-output.log on the Droplet, then pulumi up again" ;;
+    *) log "cloud-init status exited ${status}; going on" ;;
+  esac
+else
+  log "no cloud-init on this image"
+fi
+
+step apt-locks "wait until no apt/dpkg process holds the package locks"
+deadline=$((SECONDS + NEMO_WAIT_SECONDS))
+locks=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
+while fuser "${locks[@]}" >/dev/null 2>&1; do
+  if (( SECONDS >= deadline )); then
+    fail "the package locks are still held after ${NEMO_WAIT_SECONDS}s (unattended-upgrades?)" \
+         "wait for it to finish (systemctl status unattended-upgrades) and pulumi up again"
+  fi
+  sleep 5
+done
+log "package locks are free"
+
+step os "check the OS release"
+# shellcheck source=/dev/null
+. /etc/os-release
+if [[ ${ID:-} != ubuntu ]] || [[ " ${NEMO_OS_RELEASES} " != *" ${VERSION_ID:-} "* ]]; then
+  fail "this is ${PRETTY_NAME:-an unknown OS}; the phases support Ubuntu ${NEMO_OS_RELEASES}" \
+       "use a GPU base image (droplet.image: gpu-h100x1-base) or an Ubuntu ${NEMO_OS_RELEASES// / or } image"
+fi
+log "OS: ${PRETTY_NAME}"
+
+step disk "check free disk for the vLLM env and the model (${NEMO_DISK_NEED_GB} GB)"
+free_gb=$(df --output=avail -BG /var/lib | tail -n 1 | tr -dc '0-9')
+if (( free_gb < NEMO_DISK_NEED_GB )); then
+  fail "${free_gb} GB free on /var/lib, ${NEMO_DISK_NEED_GB} GB needed for the vLLM env and the weights" \
+       "choose a size with a larger disk, or a smaller model (model.id)"
+fi
+log "disk: ${free_gb} GB free"
+
+step gpu "look for NVIDIA GPUs on the PCI bus"
+gpus=0
+for dev in /sys/bus/pci/devices/*; do
+  [[ -r $dev/vendor && -r $dev/class ]] || continue
+  # vendor 0x10de (NVIDIA), class 0x03xxxx (display/3D controller)
+  if [[ $(<"$dev/vendor") == 0x10de && $(<"$dev/class") == 0x03* ]]; then
+    gpus=$((gpus + 1))
+  fi
+done
+if (( gpus == 0 )); then
+  fail "no NVIDIA GPU on the PCI bus" \
+       "the Droplet is not a GPU size or its GPU is not attached: pulumi destroy, then pulumi up (droplet.size must be a GPU size)"
+fi
+if (( gpus < NEMO_GPU_COUNT )); then
+  fail "${gpus} NVIDIA GPU(s) on the PCI bus, the size has ${NEMO_GPU_COUNT}" \
+       "a GPU is missing from the Droplet: recreate it (pulumi up --replace on the droplet)"
+fi
+log "GPUs on the PCI bus: ${gpus}"
+
+step secure-boot "read the Secure Boot state"
+sb=unknown
+if command -v mokutil >/dev/null; then
+  case $(mokutil --sb-state 2>&1) in
+    *"SecureBoot enabled"*) sb=enabled ;;
+    *"SecureBoot disabled"*) sb=disabled ;;
+    *"not supported"*) sb=unsupported ;;
+  esac
+else
+  vars=(/sys/firmware/efi/efivars/SecureBoot-*)
+  var=${vars[0]}
+  if [[ -e $var ]]; then
+    # The last byte of the variable is 1 when Secure Boot is on.
+    [[ $(od -An -t u1 "$var" | awk '{print $NF}') == 1 ]] && sb=enabled || sb=disabled
+  elif [[ ! -d /sys/firmware/efi ]]; then
+    sb=unsupported
+  fi
+fi
+printf '%s\n' "$sb" > "$STATE_DIR/secure-boot"
+log "Secure Boot: ${sb} (unsigned kernel modules load only when it is not enabled)"
+
+finish "\"gpus\":${gpus},\"disk_free_gb\":${free_gb},\"secure_boot\":\"${sb}\""
