@@ -7,6 +7,7 @@ build the components, export what a user needs.
 import pulumi
 
 from components import config, region
+from components.bootstrap import Bootstrap, BootstrapArgs
 from components.droplet import GpuDroplet, GpuDropletArgs, ssh_command
 
 cfg = config.load()
@@ -27,6 +28,16 @@ gpu = GpuDroplet(
     ),
 )
 
+bootstrap = Bootstrap(
+    "bootstrap",
+    BootstrapArgs(
+        config=cfg,
+        host=gpu.ipv4,
+        private_key=gpu.private_key_openssh,
+        hf_token=config.hf_token(),
+    ),
+)
+
 pulumi.export("ipv4", gpu.ipv4)
 pulumi.export("region", placement.region)
 pulumi.export("size", cfg.droplet.size)
@@ -34,3 +45,4 @@ pulumi.export("hourlyPriceUsd", placement.offer.price_hourly)
 pulumi.export("servedModelName", cfg.model.served_name)
 pulumi.export("sshCommand", gpu.ipv4.apply(lambda ip: ssh_command(cfg.stack, ip)))
 pulumi.export("sshPrivateKey", gpu.private_key_openssh)
+pulumi.export("bootstrapSeconds", bootstrap.seconds)

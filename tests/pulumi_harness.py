@@ -39,6 +39,20 @@ FAKE_DROPLET_ID = "424242"
 SIZES_TOKEN = "digitalocean:index/getSizes:getSizes"
 
 
+def fake_stdout(phase: str) -> str:
+    """What a bootstrap phase prints last, as the mocked remote Command returns it."""
+    return json.dumps(
+        {
+            "phase": phase,
+            "changed": True,
+            "seconds": 1.5,
+            "boot_id": "b00t",
+            "run": f"run-{phase}",
+            "rebooting": False,
+        }
+    )
+
+
 def offer(slug: str, regions: list[str], price: float = 0.76, available: bool = True) -> dict:
     """One entry of the sizes API as the provider returns it (camelCase, as mocks expect)."""
     return {
@@ -97,6 +111,10 @@ class FakeCloud(pulumi_mocks.Mocks):
             )
         elif args.typ == "digitalocean:index/sshKey:SshKey":
             outs.update(fingerprint=FAKE_FINGERPRINT)
+        elif args.typ == "command:remote:Command":
+            phase = args.name.split("-", 1)[1]
+            outs["stdout"] = fake_stdout(phase)
+            outs["stderr"] = f"[{phase}] done"
         elif args.typ == "digitalocean:index/droplet:Droplet":
             outs.update(ipv4Address=FAKE_IPV4, status="active")
             return FAKE_DROPLET_ID, outs

@@ -123,12 +123,15 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     )
 
 
-def test_every_resource_is_a_child_of_the_component() -> None:
+def test_every_resource_is_a_child_of_its_component() -> None:
     run = run_program(stack_config("dev"))
-    component = run.one("nemotron-droplet:index:GpuDroplet")
+    gpu = run.one("nemotron-droplet:index:GpuDroplet")
+    boot = run.one("nemotron-droplet:index:Bootstrap")
     for reg in run.registrations:
-        if reg is not component:
-            assert reg.parent == component.urn, reg.type
+        if reg in (gpu, boot):
+            continue
+        expected = boot if reg.type.startswith("command:") else gpu
+        assert reg.parent == expected.urn, reg.type
 
 
 def test_no_firewall_rule_ever_opens_the_vllm_port() -> None:

@@ -1,0 +1,362 @@
+"""The bootstrap: one remote Command per phase turns the Droplet into a running vLLM service.
+
+Each phase is a script under scripts/phases/. What runs is `bash -s` (fixed, so no secret and no
+setting ever shows in a command line or in the provider's error text); the script travels on
+stdin as: the phase's settings (shell-quoted), scripts/phases/lib.sh, the phase's own script.
+`render()` builds that text, and `python -m components.render` writes it out for review.
+
+Re-runs follow the data: a phase's inputs are its own script and settings plus the results of
+the phases it builds on (their stdout, unique per run), so a changed input re-runs that phase and
+the ones after it, and no earlier one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_command as command
+
+from . import catalog
+from .config import StackConfig
+
+PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
+RUNNER = "bash -s"
+SECRET_PLACEHOLDER = "<secret: set at deploy time>"  # noqa: S105 (a placeholder)
+
+Setting = str | int | bool | Sequence[str]
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    after: tuple[str, ...]
+    # Bound on the whole command (custom_timeouts) and on its long steps (remote `timeout`).
+    minutes: int
+    # Dial until SSH answers (first boot, reboot), bounded by `minutes`.
+    wait_for_ssh: bool = False
+
+
+PHASES: tuple[Phase, ...] = (
+    Phase("preflight", (), 30, wait_for_ssh=True),
+    Phase("driver", ("preflight",), 45),
+    Phase("cgroup", ("driver",), 15),
+    Phase("reboot", ("cgroup",), 5),
+    Phase("reboot-wait", ("reboot",), 20, wait_for_ssh=True),
+    Phase("conda", ("reboot-wait",), 30),
+    Phase("vllm", ("conda", "lock"), 90),
+    Phase("model", ("conda",), 150),
+    Phase("service", ("vllm", "model"), 15),
+    Phase("ready", ("service",), 0),  # its minutes come from bootstrap.readyTimeoutMinutes
+)
+PHASE_NAMES = tuple(p.name for p in PHASES)
+SOURCE_BUILD_MINUTES = 300
+
+
+def shell_value(value: Setting) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return "(" + " ".join(shlex.quote(v) for v in value) + ")"
+
+
+def render(phase: str, settings: Mapping[str, Setting]) -> str:
+    """The exact text sent on stdin to `bash -s` for a phase."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# nemotron-droplet bootstrap, phase {phase}: sent on stdin to `{RUNNER}`.",
+        f"PHASE={shlex.quote(phase)}",
+        *(f"{key}={shell_value(value)}" for key, value in settings.items()),
+        "",
+        (PHASES_DIR / "lib.sh").read_text(),
+        (PHASES_DIR / f"{phase}.sh").read_text(),
+    ]
+    return "\n".join(lines)
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart argument: `$` and `%` are special to systemd, whitespace needs quotes."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if escaped and not any(c in escaped for c in " \t\"\\'"):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def vllm_serve_args(cfg: StackConfig) -> list[str]:
+    """`vllm serve` arguments, from the config and the catalog: one place for each flag."""
+    args = [
+        "serve", cfg.model.id,
+        "--revision", cfg.model.revision,
+        "--served-model-name", cfg.model.served_name,
+        "--host", "127.0.0.1",
+        "--port", str(catalog.VLLM_PORT),
+        "--tensor-parallel-size", str(cfg.size.gpu_count),
+        "--max-model-len", str(cfg.vllm.max_model_len),
+        "--gpu-memory-utilization", str(cfg.vllm.gpu_memory_utilization),
+    ]  # fmt: skip
+    if cfg.vllm.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(cfg.vllm.max_num_seqs)]
+    if cfg.vllm.enforce_eager:
+        args.append("--enforce-eager")
+    known = cfg.catalog_model
+    if known is not None:
+        args += list(known.vllm_flags)
+    return args + list(cfg.vllm.extra_args)
+
+
+def unit_text(cfg: StackConfig) -> str:
+    exec_start = " ".join(
+        systemd_quote(a) for a in [f"{catalog.VLLM_ENV}/bin/vllm", *vllm_serve_args(cfg)]
+    )
+    return f"""[Unit]
+Description=vLLM OpenAI-compatible server for {cfg.model.id} (nemotron-droplet)
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User={catalog.VLLM_USER}
+Group={catalog.VLLM_USER}
+WorkingDirectory=/var/lib/{catalog.VLLM_USER}
+# Secrets and settings live in a root-only file, never on this command line.
+EnvironmentFile={catalog.VLLM_ENV_FILE}
+ExecStart={exec_start}
+Restart=on-failure
+RestartSec=10
+# vLLM's ZMQ sockets run out of descriptors under load with the default limit.
+LimitNOFILE=1048576
+# Type=simple is "started" at once; the ready phase waits for the model, this bounds a stop.
+TimeoutStartSec=30min
+TimeoutStopSec=120
+
+[Install]
+WantedBy=multi-user.target"""
+
+
+def env_text() -> str:
+    return "\n".join([
+        f"HF_HOME={catalog.HF_HOME}",
+        # The weights were downloaded by the model phase: never reach the Hub at run time.
+        "HF_HUB_OFFLINE=1",
+        "VLLM_NO_USAGE_STATS=1",
+        "DO_NOT_TRACK=1",
+    ])  # fmt: skip
+
+
+def lock_sha256(cfg: StackConfig) -> str:
+    return hashlib.sha256(cfg.lock_file.read_bytes()).hexdigest()
+
+
+def remote_lock_path(cfg: StackConfig) -> str:
+    return f"{catalog.LOCKS_DIR}/{cfg.lock_file.name}"
+
+
+def settings(
+    cfg: StackConfig,
+    phase: str,
+    *,
+    hf_token: str = "",
+    reboot_result: Mapping[str, Any] | None = None,
+) -> dict[str, Setting]:
+    """The NEMO_* settings each phase script reads (see the header of each script)."""
+    min_branch = catalog.min_driver_branch(cfg.vllm.version)
+    cuda = catalog.wheel_cuda(cfg.vllm.version)
+    common: dict[str, dict[str, Setting]] = {
+        "preflight": {
+            "NEMO_OS_RELEASES": " ".join(catalog.OS_RELEASES),
+            "NEMO_DISK_NEED_GB": catalog.VLLM_ENV_DISK_GB + preflight_model_disk_gb(cfg),
+            "NEMO_GPU_COUNT": cfg.size.gpu_count,
+            "NEMO_WAIT_SECONDS": 600,
+        },
+        "driver": {
+            "NEMO_DRIVER_MODE": cfg.bootstrap.driver.mode,
+            "NEMO_DRIVER_BRANCH": cfg.bootstrap.driver.branch,
+            "NEMO_MIN_DRIVER_BRANCH": min_branch,
+            "NEMO_CUDA": cuda,
+            # Ada and Hopper run NVIDIA's open kernel modules (the default since R560).
+            "NEMO_DRIVER_OPEN": True,
+            "NEMO_RUNFILE_URL": cfg.bootstrap.driver.runfile_url or "",
+            "NEMO_RUNFILE_SHA256": cfg.bootstrap.driver.runfile_sha256 or "",
+        },
+        "cgroup": {"NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode},
+        "reboot": {"NEMO_REBOOT_DELAY": 5},
+        "reboot-wait": {
+            "NEMO_REBOOTING": bool((reboot_result or {}).get("rebooting", False)),
+            "NEMO_PREVIOUS_BOOT_ID": str((reboot_result or {}).get("boot_id", "")),
+            "NEMO_MIN_DRIVER_BRANCH": min_branch,
+            "NEMO_CUDA": cuda,
+            "NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode,
+        },
+        "conda": {
+            "NEMO_CONDA_PREFIX": catalog.CONDA_PREFIX,
+            "NEMO_MINIFORGE_URL": catalog.MINIFORGE_URL,
+            "NEMO_MINIFORGE_SHA256": catalog.MINIFORGE_SHA256,
+            "NEMO_PYTHON": cfg.bootstrap.python,
+            "NEMO_VLLM_ENV": catalog.VLLM_ENV,
+            "NEMO_HF_ENV": catalog.HF_ENV,
+        },
+        "vllm": {
+            "NEMO_VLLM_INSTALL": cfg.vllm.install,
+            "NEMO_VLLM_VERSION": cfg.vllm.version,
+            "NEMO_VLLM_ENV": catalog.VLLM_ENV,
+            "NEMO_LOCK_FILE": remote_lock_path(cfg),
+            "NEMO_LOCK_SHA256": lock_sha256(cfg),
+            "NEMO_VLLM_GIT_URL": catalog.VLLM_GIT_URL,
+            "NEMO_VLLM_GIT_REF": cfg.vllm_git_ref,
+            "NEMO_CUDA": cuda,
+            "NEMO_CUDA_KEYRING_URL": catalog.CUDA_KEYRING_URL.format(distro="ubuntu2404"),
+            "NEMO_CUDA_KEYRING_SHA256": "",
+        },
+        "model": {
+            "NEMO_MODEL_ID": cfg.model.id,
+            "NEMO_MODEL_REVISION": cfg.model.revision,
+            "NEMO_MODEL_DISK_GB": cfg.model_disk_gb,
+            "NEMO_HF_ENV": catalog.HF_ENV,
+            "NEMO_HF_HOME": catalog.HF_HOME,
+            "NEMO_HF_ENDPOINT": "",
+            "NEMO_HF_TOKEN": hf_token,
+        },
+        "service": {
+            "NEMO_VLLM_USER": catalog.VLLM_USER,
+            "NEMO_HF_HOME": catalog.HF_HOME,
+            "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
+            "NEMO_UNIT": catalog.VLLM_UNIT,
+            "NEMO_UNIT_TEXT": unit_text(cfg),
+            "NEMO_ENV_TEXT": env_text(),
+        },
+        "ready": {
+            "NEMO_VLLM_PORT": catalog.VLLM_PORT,
+            "NEMO_SERVED_NAME": cfg.model.served_name,
+            "NEMO_UNIT": catalog.VLLM_UNIT,
+            "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
+            "NEMO_READY_TIMEOUT": cfg.bootstrap.ready_timeout_minutes * 60,
+        },
+    }
+    return common[phase]
+
+
+def preflight_model_disk_gb(cfg: StackConfig) -> int:
+    """Disk preflight reserves for weights: the largest catalog model this size can serve (or
+    the configured one, if larger). Sized by the droplet, not the model id, so that changing the
+    model re-runs model, service and ready only; the model phase checks its own need again."""
+    fitting = [m.disk_gb for m in catalog.MODELS.values() if m.vram_gb <= cfg.size.total_vram_gb]
+    return max([*fitting, cfg.model_disk_gb])
+
+
+def phase_minutes(cfg: StackConfig, phase: Phase) -> int:
+    if phase.name == "ready":
+        return cfg.bootstrap.ready_timeout_minutes + 5
+    if phase.name == "vllm" and cfg.vllm.install == "source":
+        return SOURCE_BUILD_MINUTES
+    return phase.minutes
+
+
+def parse_result(stdout: str) -> dict[str, Any]:
+    """The JSON line a phase prints last."""
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            result: dict[str, Any] = json.loads(line)
+            return result
+    raise ValueError(f"no JSON result line in: {stdout[-500:]!r}")
+
+
+@dataclass(frozen=True)
+class BootstrapArgs:
+    config: StackConfig
+    host: pulumi.Input[str]
+    private_key: pulumi.Input[str]
+    hf_token: pulumi.Output[str] | None = None
+    prefix: str = "bootstrap"
+
+
+class Bootstrap(pulumi.ComponentResource):
+    """The phases as ordered remote Commands on the Droplet."""
+
+    commands: dict[str, command.remote.Command]
+    seconds: pulumi.Output[dict[str, float]]
+
+    def __init__(
+        self, name: str, args: BootstrapArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(f"{catalog.PROJECT}:index:Bootstrap", name, None, opts)
+        cfg = args.config
+        self.commands = {}
+        for phase in PHASES:
+            if phase.name == "conda":
+                # The lock file goes over SFTP once SSH is back after any reboot; the vllm
+                # phase checks its hash, and a new lock re-runs it.
+                self.lock = command.remote.CopyToRemote(
+                    f"{args.prefix}-lock",
+                    connection=self._connection(args, wait=False),
+                    source=pulumi.FileAsset(str(cfg.lock_file)),
+                    remote_path=remote_lock_path(cfg),
+                    triggers=[lock_sha256(cfg)],
+                    opts=pulumi.ResourceOptions(
+                        parent=self, depends_on=[self.commands["reboot-wait"]]
+                    ),
+                )
+            upstream: list[pulumi.Resource] = []
+            results: list[pulumi.Output[str]] = []
+            for name_ in phase.after:
+                if name_ == "lock":
+                    upstream.append(self.lock)
+                else:
+                    upstream.append(self.commands[name_])
+                    results.append(self.commands[name_].stdout)
+            stdin = self._stdin(cfg, phase.name, args)
+            minutes = phase_minutes(cfg, phase)
+            self.commands[phase.name] = command.remote.Command(
+                f"{args.prefix}-{phase.name}",
+                connection=self._connection(args, wait=phase.wait_for_ssh),
+                create=RUNNER,
+                stdin=stdin,
+                # Upstream results are unique per run: when one re-ran, this one re-runs too.
+                triggers=results,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=upstream,
+                    custom_timeouts=pulumi.CustomTimeouts(
+                        create=f"{minutes}m", update=f"{minutes}m", delete="5m"
+                    ),
+                ),
+            )
+
+        stdouts = [self.commands[p].stdout for p in PHASE_NAMES]
+        self.seconds = pulumi.Output.all(*stdouts).apply(
+            lambda outs: {
+                name: float(parse_result(out)["seconds"])
+                for name, out in zip(PHASE_NAMES, outs, strict=True)
+            }
+        )
+        self.register_outputs({"bootstrapSeconds": self.seconds})
+
+    def _stdin(self, cfg: StackConfig, phase: str, args: BootstrapArgs) -> pulumi.Input[str]:
+        if phase == "model" and args.hf_token is not None:
+            return args.hf_token.apply(
+                lambda token: render(phase, settings(cfg, phase, hf_token=token))
+            )
+        if phase == "reboot-wait":
+            return self.commands["reboot"].stdout.apply(
+                lambda out: render(phase, settings(cfg, phase, reboot_result=parse_result(out)))
+            )
+        return render(phase, settings(cfg, phase))
+
+    @staticmethod
+    def _connection(args: BootstrapArgs, wait: bool) -> command.remote.ConnectionArgs:
+        return command.remote.ConnectionArgs(
+            host=args.host,
+            user=catalog.SSH_USER,
+            private_key=args.private_key,
+            # -1: dial until SSH answers, bounded by the command's custom timeout.
+            dial_error_limit=-1 if wait else 10,
+            per_dial_timeout=15,
+        )

@@ -1,0 +1,78 @@
+"""Write, for a stack, the exact script each bootstrap phase will run, without a cloud account.
+
+    python -m components.render --stack dev            # into ./rendered/dev/
+    python -m components.render --stack prod --out /tmp/prod
+
+Each file is what `pulumi up` sends on stdin to `bash -s` for that phase, except two values only
+known at deploy time: the HF token (a placeholder) and, for reboot-wait, the boot id the reboot
+phase reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import bootstrap, config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def stack_raw(stack: str) -> tuple[dict[str, Any], frozenset[str]]:
+    """A stack file's config under our namespace, and which keys are secrets."""
+    path = ROOT / "stacks" / f"Pulumi.{stack}.yaml"
+    if not path.exists():
+        raise SystemExit(f"error: no stack file {path.relative_to(ROOT)}")
+    data = yaml.safe_load(path.read_text()) or {}
+    prefix = f"{config.NAMESPACE}:"
+    raw: dict[str, Any] = {}
+    secret: set[str] = set()
+    for key, value in (data.get("config") or {}).items():
+        if key.startswith(prefix):
+            name = key[len(prefix) :]
+            raw[name] = value
+            if isinstance(value, dict) and "secure" in value:
+                secret.add(name)
+    return raw, frozenset(secret)
+
+
+def render_stack(stack: str, out: Path) -> list[Path]:
+    raw, secret = stack_raw(stack)
+    cfg = config.parse(raw, stack, secret)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for index, name in enumerate(bootstrap.PHASE_NAMES, start=1):
+        extra: dict[str, Any] = {}
+        if name == "model":
+            extra["hf_token"] = bootstrap.SECRET_PLACEHOLDER if "hfToken" in raw else ""
+        if name == "reboot-wait":
+            extra["reboot_result"] = {"rebooting": True, "boot_id": "<boot id before the reboot>"}
+        path = out / f"{index:02d}-{name}.sh"
+        path.write_text(bootstrap.render(name, bootstrap.settings(cfg, name, **extra)))
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--stack", required=True, help="stack name: stacks/Pulumi.<stack>.yaml")
+    parser.add_argument("--out", type=Path, help="folder to write into (default rendered/<stack>)")
+    args = parser.parse_args(argv)
+    try:
+        written = render_stack(args.stack, args.out or ROOT / "rendered" / args.stack)
+    except config.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

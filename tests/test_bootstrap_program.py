@@ -1,0 +1,185 @@
+"""The bootstrap Commands under mocks: names, edges, runner, timeouts, re-run rule, secrets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pulumi_harness import SECRET_SIG, Run, fake_stdout, run_program, stack_config
+from test_program import HF_TOKEN, dev
+
+from components import bootstrap
+
+COMMAND = "command:remote:Command"
+EDGES = {
+    "preflight": set(),
+    "driver": {"preflight"},
+    "cgroup": {"driver"},
+    "reboot": {"cgroup"},
+    "reboot-wait": {"reboot"},
+    "conda": {"reboot-wait"},
+    "vllm": {"conda"},
+    "model": {"conda"},
+    "service": {"vllm", "model"},
+    "ready": {"service"},
+}
+
+
+def commands(run: Run) -> dict[str, Any]:
+    return {r.name.removeprefix("bootstrap-"): r for r in run.registrations if r.type == COMMAND}
+
+
+def test_one_command_per_phase_with_the_documented_edges() -> None:
+    run = run_program(stack_config("dev"))
+    assert run.error is None, run.error
+    cmds = commands(run)
+    assert set(cmds) == set(EDGES)
+    by_urn = {r.urn: name for name, r in cmds.items()}
+    lock = run.one("command:remote:CopyToRemote")
+    for name, reg in cmds.items():
+        upstream = {by_urn[u] for u in reg.dependencies if u in by_urn}
+        assert upstream == EDGES[name], name
+        # The cascade: a phase's triggers are exactly its parents' results.
+        parents = sorted(EDGES[name], key=list(EDGES).index)
+        assert reg.inputs.get("triggers", []) == [fake_stdout(p) for p in parents], name
+    assert lock.urn in cmds["vllm"].dependencies
+    assert cmds["reboot-wait"].urn in lock.dependencies
+
+
+def test_fixed_runner_script_on_stdin_no_environment_and_bounded_time() -> None:
+    run = run_program(stack_config("dev"))
+    for name, reg in commands(run).items():
+        assert reg.inputs["create"] == "bash -s"
+        assert "environment" not in reg.inputs
+        assert reg.inputs["stdin"].startswith(
+            "#!/usr/bin/env bash\n# nemotron-droplet bootstrap, phase"
+        )
+        assert f"PHASE={name}\n" in reg.inputs["stdin"]
+        minutes = (
+            35 if name == "ready" else next(p.minutes for p in bootstrap.PHASES if p.name == name)
+        )
+        assert reg.custom_timeouts["create"] == f"{minutes}m", name
+        wait = reg.inputs["connection"]["dialErrorLimit"]
+        assert wait == (-1 if name in ("preflight", "reboot-wait") else 10), name
+
+
+def test_bootstrap_seconds_are_exported_per_phase() -> None:
+    run = run_program(stack_config("dev"))
+    assert run.outputs["bootstrapSeconds"].value == {name: 1.5 for name in EDGES}
+
+
+def reruns(before: Run, after: Run) -> set[str]:
+    """Phases whose own inputs changed, plus everything downstream of them (the triggers)."""
+    a, b = commands(before), commands(after)
+    changed = {n for n in EDGES if a[n].inputs["stdin"] != b[n].inputs["stdin"]}
+    lock_changed = (
+        before.one("command:remote:CopyToRemote").inputs
+        != after.one("command:remote:CopyToRemote").inputs
+    )
+    if lock_changed:
+        changed.add("vllm")
+    grew = True
+    while grew:
+        more = {n for n, parents in EDGES.items() if parents & changed} - changed
+        changed |= more
+        grew = bool(more)
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ({"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}}, {"model", "service", "ready"}),
+        ({"model": {"servedName": "nemo"}}, {"service", "ready"}),
+        ({"vllm": {"maxModelLen": 16384}}, {"service", "ready"}),
+        ({"vllm": {"gpuMemoryUtilization": 0.8}}, {"service", "ready"}),
+        ({"bootstrap": {"readyTimeoutMinutes": 60}}, {"ready"}),
+        (
+            {"bootstrap": {"python": "3.12", "driver": {"branch": "590"}}},
+            set(EDGES) - {"preflight"},
+        ),
+        ({"bootstrap": {"cgroup": {"mode": "legacy"}}}, set(EDGES) - {"preflight", "driver"}),
+        ({"vllm": {"install": "source"}}, {"vllm", "service", "ready"}),
+    ],
+)
+def test_a_changed_input_reruns_that_phase_and_later_ones_only(
+    override: dict, expected: set[str]
+) -> None:
+    before = run_program(stack_config("dev"))
+    after = run_program(dev(**override))
+    assert after.error is None, after.error
+    assert reruns(before, after) == expected
+
+
+def test_the_hf_token_travels_only_in_the_model_phase_stdin_as_a_secret() -> None:
+    run = run_program(stack_config("dev"), secrets={"hfToken": HF_TOKEN})
+    cmds = commands(run)
+    assert cmds["model"].raw["stdin"][SECRET_SIG]
+    assert f"NEMO_HF_TOKEN={HF_TOKEN}" in cmds["model"].inputs["stdin"]
+    for name, reg in cmds.items():
+        if name != "model":
+            assert HF_TOKEN not in str(reg.inputs), name
+    # The connection's private key is a secret everywhere.
+    for reg in cmds.values():
+        assert reg.raw["connection"][SECRET_SIG]
+
+
+def test_service_unit_runs_vllm_on_loopback_with_flags_from_config_and_catalog() -> None:
+    run = run_program(
+        dev(
+            vllm={"maxNumSeqs": 64, "extraArgs": ["--enable-prefix-caching"]},
+            droplet={"size": "gpu-h100x8-640gb", "regions": ["nyc2"]},
+        )
+    )
+    stdin = commands(run)["service"].inputs["stdin"]
+    exec_start = next(line for line in stdin.splitlines() if line.startswith("ExecStart="))
+    assert exec_start == (
+        "ExecStart=/opt/conda/envs/vllm/bin/vllm serve nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
+        " --revision main --served-model-name nemotron --host 127.0.0.1 --port 8000"
+        " --tensor-parallel-size 8 --max-model-len 32768 --gpu-memory-utilization 0.9"
+        " --max-num-seqs 64 --trust-remote-code --mamba-ssm-cache-dtype float32"
+        " --reasoning-parser nemotron_v3 --enable-auto-tool-choice --tool-call-parser qwen3_coder"
+        " --enable-prefix-caching"
+    )
+    assert "--enforce-eager" not in exec_start
+    for line in (
+        "Restart=on-failure",
+        "LimitNOFILE=1048576",
+        "User=vllm",
+        "EnvironmentFile=/etc/nemotron/vllm.env",
+    ):
+        assert f"\n{line}\n" in stdin
+
+
+def test_fp8_model_gets_its_kv_cache_flag_and_eager_only_when_asked() -> None:
+    run = run_program(
+        dev(model={"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}, vllm={"enforceEager": True})
+    )
+    exec_start = next(
+        line
+        for line in commands(run)["service"].inputs["stdin"].splitlines()
+        if line.startswith("ExecStart=")
+    )
+    assert exec_start.endswith("--kv-cache-dtype fp8")
+    assert " --enforce-eager " in exec_start
+
+
+@pytest.mark.parametrize(
+    ("arg", "quoted"),
+    [
+        ("plain", "plain"),
+        ("has space", '"has space"'),
+        ("$HOME", "$$HOME"),
+        ("100%", "100%%"),
+        ('{"a": 1}', '"{\\"a\\": 1}"'),
+    ],
+)
+def test_systemd_quoting(arg: str, quoted: str) -> None:
+    assert bootstrap.systemd_quote(arg) == quoted
+
+
+def test_missing_lock_is_a_config_error_naming_the_command_to_write_it() -> None:
+    run = run_program(dev(bootstrap={"python": "3.11"}))
+    assert run.error is not None
+    assert any("scripts/lock-vllm.sh 0.33.0 3.11" in p for p in run.error.problems)  # type: ignore[attr-defined]
+    assert run.registrations == []
