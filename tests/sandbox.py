@@ -1,0 +1,263 @@
+"""A sandboxed "droplet" for running the phase scripts for real under bash.
+
+Each run enters a new mount namespace (`unshare --mount`) where /etc, /usr, /var, /opt, /root,
+/home and /srv are overlays whose upper layers live under the sandbox folder (the "disk": it
+persists from run to run, and this machine's own files never change), /run is a folder of the
+sandbox that a reboot empties, and the hardware is a set of fakes:
+
+- /sys/bus/pci/devices, /proc/cmdline and /proc/sys/kernel/random/boot_id are bind mounts of
+  files the harness writes; /sys/fs/cgroup is a real cgroup2 mount whose controller list is the
+  fixture host's (or a tmpfs, for a host without cgroup v2);
+- nvidia-smi, apt-get, dpkg, dpkg-query, systemctl, systemd-run, update-grub, cloud-init,
+  mokutil and journalctl are the fakes in tests/fakes, first on PATH (/usr/local/bin); the fake
+  nvidia-smi answers like the real one on the fixture host (shared/fixtures);
+- downloads (Miniforge, the driver runfile, model files) come from a local HTTP server, and the
+  fake Miniforge brings a fake conda, whose envs bring a fake uv and hf; uv installs a fake vllm
+  that serves tests/fake_openai.py.
+
+The phases see what sshd would give them: `env -i` with a fixed PATH, the script on stdin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKES = Path(__file__).resolve().parent / "fakes"
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200-ubuntu2404"
+OVERLAID = ("etc", "usr", "var", "opt", "root", "home", "srv")
+SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+UBUNTU_2404 = """PRETTY_NAME="Ubuntu 24.04.3 LTS"
+NAME="Ubuntu"
+VERSION_ID="24.04"
+VERSION="24.04.3 LTS (Noble Numbat)"
+VERSION_CODENAME=noble
+ID=ubuntu
+ID_LIKE=debian
+UBUNTU_CODENAME=noble
+"""
+FIXTURE_CONTROLLERS = "cpuset cpu io memory hugetlb pids"
+CMDLINE = "BOOT_IMAGE=/boot/vmlinuz-6.8.0-79-generic root=LABEL=cloudimg-rootfs ro console=tty1 console=ttyS0"
+
+
+class Downloads:
+    """A local HTTP server for what the phases download; paths in `failing` answer 500."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.failing: set[str] = set()
+        self.requests: list[str] = []
+        downloads = self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def do_GET(self) -> None:
+                downloads.requests.append(self.path)
+                if self.path in downloads.failing:
+                    self.send_error(500, "injected failure")
+                    return
+                super().do_GET()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def add(self, path: str, content: bytes) -> str:
+        target = self.root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        return f"{self.url}/{path.lstrip('/')}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class PhaseRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def result(self) -> dict[str, Any]:
+        lines = self.stdout.strip().splitlines()
+        assert len(lines) == 1, f"stdout must be exactly the JSON line, got: {self.stdout!r}"
+        data: dict[str, Any] = json.loads(lines[0])
+        return data
+
+    @property
+    def failure(self) -> str:
+        """The `FAILED at step ...` and `fix:` lines."""
+        return "\n".join(
+            line
+            for line in self.stderr.splitlines()
+            if "FAILED at step" in line or "] fix:" in line
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Sandbox:
+    def __init__(self, base: Path, *, cgroup: str = "v2") -> None:
+        self.base = base
+        self.cgroup = cgroup
+        self.upper, self.work = base / "upper", base / "work"
+        self.run_dir, self.host = base / "run", base / "host"
+        for d in OVERLAID:
+            (self.upper / d).mkdir(parents=True, exist_ok=True)
+            (self.work / d).mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.host / "pci").mkdir(parents=True, exist_ok=True)
+        self.boot_id = str(uuid.uuid4())
+        (self.host / "boot_id").write_text(self.boot_id + "\n")
+        (self.host / "cmdline").write_text(CMDLINE + "\n")
+        (self.host / "cgroup.controllers").write_text(FIXTURE_CONTROLLERS + "\n")
+        self.vllm_port = free_port()
+        self._install_fakes()
+        self.set_gpus(1)
+        self.hw("driver", "580.159.04")
+        self.hw("secure_boot", "disabled")
+
+    # ---- the fake machine -------------------------------------------------------------------
+    def file(self, path: str, content: str | None = None, mode: int = 0o644) -> Path:
+        """A file of the sandbox's disk (upper layer); write it when content is given."""
+        target = self.upper / path.lstrip("/")
+        if content is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+            target.chmod(mode)
+        return target
+
+    def hw(self, name: str, value: str | None = None) -> str:
+        """Fake hardware state (/var/lib/fakehw/NAME); None reads it."""
+        path = self.file(f"/var/lib/fakehw/{name}")
+        if value is not None:
+            self.file(f"/var/lib/fakehw/{name}", value + "\n")
+        return path.read_text().strip() if path.exists() else ""
+
+    def set_gpus(self, count: int) -> None:
+        pci = self.host / "pci"
+        shutil.rmtree(pci)
+        pci.mkdir()
+        bridge = pci / "0000:00:01.0"  # a non-GPU device, as on every host
+        bridge.mkdir()
+        (bridge / "vendor").write_text("0x8086\n")
+        (bridge / "class").write_text("0x060100\n")
+        for i in range(count):
+            dev = pci / f"0000:00:{6 + i:02x}.0"
+            dev.mkdir()
+            (dev / "vendor").write_text("0x10de\n")
+            (dev / "class").write_text("0x030200\n")
+        self.hw("gpu_count", str(count))
+
+    def _install_fakes(self) -> None:
+        bin_dir = self.upper / "usr" / "local" / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        for fake in FAKES.iterdir():
+            if fake.is_file():
+                shutil.copy(fake, bin_dir / fake.name)
+                (bin_dir / fake.name).chmod(0o755)
+        self.file("/etc/os-release", UBUNTU_2404)
+        self.file("/etc/fake-packages", str(FAKES / "pkg") + "\n")
+        self.file(
+            "/etc/fake-vllm.conf",
+            f"FAKE_PYTHON={sys.executable}\nFAKE_OPENAI={ROOT / 'tests' / 'fake_openai.py'}\n",
+        )
+        self.file("/root/.bashrc", "")  # what a fresh Ubuntu root has that matters here: nothing
+        self.file("/var/lib/fakehw/nvidia-smi.txt", (FIXTURES / "nvidia-smi.txt").read_text())
+
+    # ---- entering it ------------------------------------------------------------------------
+    def mounts(self) -> str:
+        lines = ["set -e"]
+        for d in OVERLAID:
+            lines.append(
+                f"mount -t overlay overlay -o lowerdir=/{d},upperdir={self.upper / d},"
+                f"workdir={self.work / d} /{d}"
+            )
+        lines += [
+            f"mkdir -p {self.run_dir}/sshd && mount --bind {self.run_dir} /run",
+            f"mount --bind {self.host / 'boot_id'} /proc/sys/kernel/random/boot_id",
+            f"mount --bind {self.host / 'cmdline'} /proc/cmdline",
+            f"mount --bind {self.host / 'pci'} /sys/bus/pci/devices",
+        ]
+        if self.cgroup == "v2":
+            lines += [
+                "mount -t cgroup2 none /sys/fs/cgroup",
+                f"mount --bind {self.host / 'cgroup.controllers'} /sys/fs/cgroup/cgroup.controllers",
+            ]
+        else:
+            lines.append("mount -t tmpfs tmpfs /sys/fs/cgroup")
+        return "\n".join(lines)
+
+    def command(self, inner: str) -> list[str]:
+        """argv that runs `inner` (bash) inside the sandbox with sshd's bare environment."""
+        script = f"{self.mounts()}\nexec env -i PATH={SSHD_PATH} HOME=/root LANG=C.UTF-8 {inner}"
+        return ["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", script]
+
+    def run(self, stdin: str, inner: str = "bash -s", timeout: float = 180) -> PhaseRun:
+        proc = subprocess.run(
+            self.command(inner),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return PhaseRun(proc.returncode, proc.stdout, proc.stderr)
+
+    # ---- events -----------------------------------------------------------------------------
+    def reboot_requested(self) -> bool:
+        return bool(self.hw("reboot_requested"))
+
+    def reboot(self) -> None:
+        """What a reboot does to this machine: services stop, /run empties, a new boot id, a
+        staged driver loads, the GRUB drop-in's flags reach the kernel command line, enabled
+        services start again."""
+        self.stop_services()
+        shutil.rmtree(self.run_dir)
+        self.run_dir.mkdir()
+        self.boot_id = str(uuid.uuid4())
+        (self.host / "boot_id").write_text(self.boot_id + "\n")
+        pending = self.hw("driver_pending")
+        if pending:
+            self.hw("driver", pending)
+            self.file("/var/lib/fakehw/driver_pending").unlink()
+        dropin = self.file("/etc/default/grub.d/90-nemotron-cgroup.cfg")
+        if dropin.exists() and "systemd.unified_cgroup_hierarchy=0" in dropin.read_text():
+            (self.host / "cmdline").write_text(CMDLINE + " systemd.unified_cgroup_hierarchy=0\n")
+        self.file("/var/lib/fakehw/reboot_requested").unlink(missing_ok=True)
+        enabled = self.file("/var/lib/fake-systemd/enabled")
+        for unit in sorted(enabled.iterdir()) if enabled.exists() else []:
+            self.run("", inner=f"systemctl start {unit.name}")
+
+    def stop_services(self) -> None:
+        pids = self.file("/var/lib/fake-systemd/pid")
+        for f in pids.iterdir() if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(int(f.read_text()), signal.SIGTERM)
+            f.unlink()
