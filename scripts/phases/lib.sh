@@ -64,14 +64,16 @@ finish() {
 # retry ATTEMPTS COMMAND...: run COMMAND until it succeeds, waiting 2, 4, 8... seconds between
 # tries (NEMO_RETRY_DELAY scales the first wait).
 retry() {
-  local attempts=$1 try=1 delay=${NEMO_RETRY_DELAY:-2}
+  local attempts=$1 try=1 delay=${NEMO_RETRY_DELAY:-2} what
   shift
+  what=$1
+  [[ $what == timeout ]] && what=$3  # timeout SECONDS COMMAND...
   until "$@"; do
     if (( try >= attempts )); then
-      log "gave up after ${attempts} attempts: $1"
+      log "gave up after ${attempts} attempts: ${what}"
       return 1
     fi
-    log "attempt ${try}/${attempts} failed: $1; retrying in ${delay}s"
+    log "attempt ${try}/${attempts} failed: ${what}; retrying in ${delay}s"
     sleep "$delay"
     try=$((try + 1))
     delay=$((delay * 2))

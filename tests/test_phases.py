@@ -1,0 +1,499 @@
+"""Every phase script, run for real under bash in the sandbox: a fresh host gets the change, a
+second run changes nothing, a broken host fails naming the phase, the step and the fix."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pulumi_harness import stack_config
+from sandbox import FAKES, Downloads, PhaseRun, Sandbox
+
+from components import bootstrap, catalog, config
+from components.render import render_stack
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="the sandbox needs root and unshare (CI and the dev machines have both)",
+)
+
+MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
+
+
+@pytest.fixture
+def downloads(tmp_path: Path) -> Iterator[Downloads]:
+    d = Downloads(tmp_path / "www")
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Sandbox]:
+    s = Sandbox(tmp_path / "droplet")
+    yield s
+    s.stop_services()
+
+
+class Phases:
+    """Runs phases in a sandbox with the dev stack's settings, pointed at local downloads."""
+
+    def __init__(self, box: Sandbox, downloads: Downloads, **overrides: Any) -> None:
+        self.box, self.downloads = box, downloads
+        raw = stack_config("dev")
+        for section, values in overrides.items():
+            raw[section] = {**raw.get(section, {}), **values}
+        self.cfg = config.parse(raw, "dev")
+        installer = (FAKES / "pkg" / "miniforge.sh").read_bytes()
+        self.miniforge_url = downloads.add("/miniforge/Miniforge3-Linux-x86_64.sh", installer)
+        self.miniforge_sha = hashlib.sha256(installer).hexdigest()
+        downloads.add(
+            f"/{MODEL}/resolve/main/config.json", b'{"architectures": ["NemotronHForCausalLM"]}'
+        )
+        # The lock arrives by SFTP before the vllm phase (CopyToRemote); here, on the disk.
+        box.file(bootstrap.remote_lock_path(self.cfg), self.cfg.lock_file.read_text())
+        self.extra: dict[str, dict[str, Any]] = {}
+
+    def settings(self, phase: str, **kwargs: Any) -> dict[str, Any]:
+        s = dict(bootstrap.settings(self.cfg, phase, **kwargs))
+        s["NEMO_RETRY_DELAY"] = 0
+        test_values = {
+            "preflight": {"NEMO_WAIT_SECONDS": 5},
+            "conda": {
+                "NEMO_MINIFORGE_URL": self.miniforge_url,
+                "NEMO_MINIFORGE_SHA256": self.miniforge_sha,
+            },
+            "model": {"NEMO_HF_ENDPOINT": self.downloads.url},
+            "ready": {"NEMO_VLLM_PORT": self.box.vllm_port, "NEMO_READY_TIMEOUT": 20},
+        }
+        s.update(test_values.get(phase, {}))
+        if phase == "service":
+            s["NEMO_UNIT_TEXT"] = str(s["NEMO_UNIT_TEXT"]).replace(
+                f"--port {catalog.VLLM_PORT}", f"--port {self.box.vllm_port}"
+            )
+        s.update(self.extra.get(phase, {}))
+        return s
+
+    def run(self, phase: str, **kwargs: Any) -> PhaseRun:
+        return self.box.run(bootstrap.render(phase, self.settings(phase, **kwargs)))
+
+    def ok(self, phase: str, **kwargs: Any) -> dict[str, Any]:
+        run = self.run(phase, **kwargs)
+        assert run.returncode == 0, run.stderr
+        result = run.result
+        assert result["phase"] == phase
+        assert isinstance(result["seconds"], float)
+        return result
+
+    def failed(self, phase: str, step: str, fix: str, **kwargs: Any) -> PhaseRun:
+        run = self.run(phase, **kwargs)
+        assert run.returncode != 0, run.stderr
+        assert f"[{phase}] FAILED at step {step}:" in run.stderr, run.stderr
+        assert f"[{phase}] fix: " in run.stderr and fix in run.failure, run.stderr
+        assert run.stdout == "", "no result line from a failed phase"
+        return run
+
+
+# ---- preflight -------------------------------------------------------------------------------
+
+
+def test_preflight_reports_a_ready_host_and_changes_nothing(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = Phases(box, downloads)
+    result = p.ok("preflight")
+    assert result["changed"] is False
+    assert result["gpus"] == 1 and result["secure_boot"] == "disabled"
+    assert result["boot_id"] == box.boot_id
+    assert box.file("/var/lib/nemotron/secure-boot").read_text() == "disabled\n"
+    run = p.run("preflight")
+    for step in ("cloud-init", "apt-locks", "os", "disk", "gpu", "secure-boot"):
+        assert f"[preflight] step {step}" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("breakage", "step", "fix"),
+    [
+        ("no-gpu", "gpu", "not a GPU size"),
+        ("os", "os", "use a GPU base image"),
+        ("disk", "disk", "choose a size with a larger disk"),
+    ],
+)
+def test_preflight_fails_on_a_broken_host(
+    box: Sandbox, downloads: Downloads, breakage: str, step: str, fix: str
+) -> None:
+    p = Phases(box, downloads)
+    if breakage == "no-gpu":
+        box.set_gpus(0)
+    elif breakage == "os":
+        box.file(
+            "/etc/os-release",
+            'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n',
+        )
+    else:
+        p.extra["preflight"] = {"NEMO_DISK_NEED_GB": 10**7}
+    p.failed("preflight", step, fix)
+
+
+def test_preflight_reads_secure_boot_from_mokutil(box: Sandbox, downloads: Downloads) -> None:
+    box.hw("secure_boot", "enabled")
+    assert Phases(box, downloads).ok("preflight")["secure_boot"] == "enabled"
+
+
+# ---- driver ----------------------------------------------------------------------------------
+
+
+def test_driver_new_enough_changes_nothing(box: Sandbox, downloads: Downloads) -> None:
+    p = Phases(box, downloads)
+    result = p.ok("driver")
+    assert result["changed"] is False and result["driver"] == "580.159.04"
+    assert not box.file("/var/lib/fakeapt/log").exists(), "no package tool ran"
+    assert not box.file("/run/nemotron").exists() and not (box.run_dir / "nemotron").exists()
+
+
+@pytest.mark.parametrize("before", ["575.57.08", ""])
+def test_driver_auto_installs_the_branch_once_and_asks_for_one_reboot(
+    box: Sandbox, downloads: Downloads, before: str
+) -> None:
+    box.hw("driver", before)
+    p = Phases(box, downloads)
+    p.ok("preflight")
+    first = p.ok("driver")
+    assert first["changed"] is True
+    assert (box.file("/var/lib/fakeapt/nvidia-driver-580-server-open")).exists()
+    assert (box.run_dir / "nemotron" / "reboot-required.d" / "driver").exists()
+    installs = box.file("/var/lib/fakeapt/log").read_text().count("install")
+    second = p.ok("driver")  # before the reboot: installed, not loaded
+    assert second["changed"] is False
+    assert box.file("/var/lib/fakeapt/log").read_text().count("install") == installs, (
+        "no second install"
+    )
+    box.reboot()
+    third = p.ok("driver")
+    assert third["changed"] is False and third["driver"] == "580.159.04"
+
+
+def test_driver_preinstalled_too_old_says_the_fix(box: Sandbox, downloads: Downloads) -> None:
+    box.hw("driver", "570.172.08")
+    p = Phases(box, downloads, bootstrap={"driver": {"mode": "preinstalled"}})
+    p.failed("driver", "check", "set bootstrap.driver.mode to auto")
+
+
+def test_driver_install_under_secure_boot_fails_with_the_reason(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    box.hw("driver", "")
+    box.hw("secure_boot", "enabled")
+    p = Phases(box, downloads)
+    p.ok("preflight")
+    p.failed("driver", "secure-boot", "bootstrap.driver.mode: preinstalled")
+
+
+def test_driver_apt_failure_names_the_step(box: Sandbox, downloads: Downloads) -> None:
+    box.hw("driver", "")
+    box.hw("apt_broken", "1")
+    p = Phases(box, downloads)
+    p.ok("preflight")
+    p.failed("driver", "apt-install", "outbound network")
+
+
+def test_driver_runfile_is_checksum_verified_and_installed(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    runfile = b"#!/bin/sh\necho 580.159.04 > /var/lib/fakehw/driver_pending\n"
+    url = downloads.add("/drivers/NVIDIA-Linux-x86_64-580.159.04.run", runfile)
+    sha = hashlib.sha256(runfile).hexdigest()
+    box.hw("driver", "")
+    p = Phases(
+        box,
+        downloads,
+        bootstrap={"driver": {"mode": "runfile", "runfileUrl": url, "runfileSha256": sha}},
+    )
+    p.ok("preflight")
+    assert p.ok("driver")["changed"] is True
+    assert box.hw("driver_pending") == "580.159.04"
+    assert p.ok("driver")["changed"] is False  # pending reboot: not reinstalled
+    box.reboot()
+    assert p.ok("driver")["driver"] == "580.159.04"
+
+    other = Sandbox(box.base.parent / "other")
+    other.hw("driver", "")
+    bad = Phases(
+        other,
+        downloads,
+        bootstrap={"driver": {"mode": "runfile", "runfileUrl": url, "runfileSha256": "0" * 64}},
+    )
+    bad.ok("preflight")
+    bad.failed("driver", "runfile-download", "pin the release whose checksum you trust")
+
+
+# ---- cgroup ----------------------------------------------------------------------------------
+
+
+def test_cgroup_unified_verifies_and_changes_nothing(box: Sandbox, downloads: Downloads) -> None:
+    result = Phases(box, downloads).ok("cgroup")
+    assert result["changed"] is False and result["cgroup"] == "v2"
+
+
+def test_cgroup_unified_fails_without_cgroup_v2(tmp_path: Path, downloads: Downloads) -> None:
+    v1 = Sandbox(tmp_path / "v1", cgroup="v1")
+    Phases(v1, downloads).failed("cgroup", "verify", "remove systemd.unified_cgroup_hierarchy=0")
+
+
+def test_cgroup_legacy_applies_the_switch_once_then_sees_it_booted(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = Phases(box, downloads, bootstrap={"cgroup": {"mode": "legacy"}})
+    assert p.ok("cgroup")["changed"] is True
+    dropin = box.file("/etc/default/grub.d/90-nemotron-cgroup.cfg").read_text()
+    assert (
+        dropin == 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} systemd.unified_cgroup_hierarchy=0"\n'
+    )
+    assert box.hw("update-grub.log") == "update-grub"
+    assert p.ok("cgroup")["changed"] is False  # drop-in in place, still waiting for the reboot
+    assert box.hw("update-grub.log") == "update-grub"
+    box.reboot()
+    assert p.ok("cgroup")["cgroup"] == "v1"
+
+
+# ---- reboot and reboot-wait ------------------------------------------------------------------
+
+
+def test_reboot_only_when_asked_and_reboot_wait_proves_a_new_boot(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = Phases(box, downloads)
+    quiet = p.ok("reboot")
+    assert quiet["rebooting"] is False and quiet["changed"] is False
+    assert not box.reboot_requested()
+    p.ok("reboot-wait", reboot_result=quiet)
+
+    box.hw("driver", "")
+    p.ok("preflight")
+    p.ok("driver")
+    asked = p.ok("reboot")
+    assert asked["rebooting"] is True and asked["boot_id"] == box.boot_id
+    assert (
+        box.hw("reboot_requested")
+        == "--quiet --unit=nemotron-reboot --on-active=5 systemctl reboot"
+    )
+    assert "stop ssh.socket ssh.service" in box.file("/var/lib/fake-systemd/log").read_text()
+    # Not rebooted (yet): reboot-wait refuses to go on.
+    p.failed("reboot-wait", "boot-id", "did not reboot", reboot_result=asked)
+    box.reboot()
+    after = p.ok("reboot-wait", reboot_result=asked)
+    assert after["boot_id"] != asked["boot_id"] and after["driver"] == "580.159.04"
+    # One reboot at most: nothing asks for another.
+    assert p.ok("reboot")["rebooting"] is False
+
+
+def test_reboot_wait_fails_when_the_driver_did_not_load(box: Sandbox, downloads: Downloads) -> None:
+    p = Phases(box, downloads)
+    box.hw("driver", "")
+    p.ok("preflight")
+    asked = (p.ok("driver"), p.ok("reboot"))[1]
+    box.file("/var/lib/fakehw/driver_pending").unlink()  # the module failed to build
+    box.reboot()
+    p.failed("reboot-wait", "driver", "dmesg", reboot_result=asked)
+
+
+# ---- conda, vllm, model ----------------------------------------------------------------------
+
+
+def test_conda_installs_verified_miniforge_and_both_envs_once(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = Phases(box, downloads)
+    assert p.ok("conda")["changed"] is True
+    for tool in ("opt/conda/bin/conda", "opt/conda/envs/vllm/bin/uv", "opt/conda/envs/hf/bin/hf"):
+        assert (box.upper / tool).exists(), tool
+    fetched = len(downloads.requests)
+    assert p.ok("conda")["changed"] is False
+    assert len(downloads.requests) == fetched, "nothing downloaded on the second run"
+
+
+def test_conda_refuses_a_tampered_installer_and_a_failing_download(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = Phases(box, downloads)
+    p.extra["conda"] = {"NEMO_MINIFORGE_SHA256": "f" * 64}
+    p.failed("conda", "miniforge", "pin the release whose checksum you trust")
+    p.extra["conda"] = {}
+    downloads.failing.add("/miniforge/Miniforge3-Linux-x86_64.sh")
+    run = p.failed("conda", "miniforge", "outbound network")
+    assert "attempt 3/4 failed" in run.stderr
+
+
+def test_vllm_installs_from_the_lock_with_hashes_once(box: Sandbox, downloads: Downloads) -> None:
+    p = Phases(box, downloads)
+    p.ok("conda")
+    first = p.ok("vllm")
+    assert first["changed"] is True and first["vllm"] == "0.33.0"
+    assert p.ok("vllm")["changed"] is False
+
+
+def test_vllm_refuses_a_lock_that_did_not_arrive_intact(box: Sandbox, downloads: Downloads) -> None:
+    p = Phases(box, downloads)
+    p.ok("conda")
+    box.file(bootstrap.remote_lock_path(p.cfg), "vllm==0.33.0\n")
+    p.failed("vllm", "lock", "the lock file is copied before this phase")
+
+
+def test_vllm_source_build_clones_the_ref_and_sizes_max_jobs(
+    box: Sandbox, downloads: Downloads, tmp_path: Path
+) -> None:
+    repo = tmp_path / "vllm.git"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "v",
+        ],
+        check=True,
+    )
+    subprocess.run(["git", "-C", str(repo), "tag", "v0.33.0"], check=True)
+    box.file(
+        "/usr/local/cuda/bin/nvcc",
+        "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n",
+        mode=0o755,
+    )
+    p = Phases(box, downloads, vllm={"install": "source"})
+    p.extra["vllm"] = {"NEMO_VLLM_GIT_URL": str(repo)}
+    p.ok("conda")
+    run = p.run("vllm")
+    assert run.returncode == 0, run.stderr
+    assert "[vllm] MAX_JOBS=" in run.stderr
+    assert p.ok("vllm")["changed"] is False
+    p.extra["vllm"]["NEMO_VLLM_GIT_REF"] = "v9.9.9"
+    p.failed("vllm", "source", "set vllm.gitRef")
+
+
+def test_model_downloads_once_into_the_service_cache(box: Sandbox, downloads: Downloads) -> None:
+    p = Phases(box, downloads)
+    p.ok("conda")
+    first = p.ok("model")
+    assert first["changed"] is True and first["model"] == f"{MODEL}@main"
+    snapshot = (
+        box.upper
+        / "var/lib/nemotron/hf/hub/models--nvidia--NVIDIA-Nemotron-3-Nano-4B-BF16/snapshots/main/config.json"
+    )
+    assert snapshot.exists()
+    assert p.ok("model")["changed"] is False
+
+
+def test_model_gated_without_token_says_to_set_hf_token(box: Sandbox, downloads: Downloads) -> None:
+    p = Phases(box, downloads, model={"id": "nvidia/gated-model", "vramGb": 8})
+    p.ok("conda")
+    p.failed("model", "download", "pulumi config set --secret hfToken")
+    # With a token it goes through, and the token is in no log line.
+    downloads.add("/nvidia/gated-model/resolve/main/config.json", b"{}")
+    token = "hf_SECRETtokenValue123"
+    run = p.run("model", hf_token=token)
+    assert run.returncode == 0, run.stderr
+    assert token not in run.stderr + run.stdout
+
+
+def test_model_wrong_id_and_failing_download(box: Sandbox, downloads: Downloads) -> None:
+    p = Phases(box, downloads, model={"id": "nvidia/missing-model", "vramGb": 8})
+    p.ok("conda")
+    p.failed("model", "download", "check model.id and model.revision")
+    q = Phases(box, downloads)
+    downloads.failing.add(f"/{MODEL}/resolve/main/config.json")
+    q.failed("model", "download", "pulumi up again resumes the download")
+
+
+def test_model_disk_check(box: Sandbox, downloads: Downloads) -> None:
+    p = Phases(box, downloads)
+    p.ok("conda")
+    p.extra["model"] = {"NEMO_MODEL_DISK_GB": 10**7}
+    p.failed("model", "disk", "larger disk")
+
+
+# ---- service and ready -----------------------------------------------------------------------
+
+
+def prepared(box: Sandbox, downloads: Downloads, **overrides: Any) -> Phases:
+    p = Phases(box, downloads, **overrides)
+    for phase in ("conda", "vllm", "model"):
+        p.ok(phase)
+    return p
+
+
+def test_service_installs_user_env_file_and_unit_then_ready_answers(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = prepared(box, downloads)
+    first = p.ok("service")
+    assert first["changed"] is True
+    env_file = box.file("/etc/nemotron/vllm.env")
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    assert oct(box.file("/etc/nemotron").stat().st_mode & 0o777) == "0o700"
+    assert "vllm:x:" in box.file("/etc/passwd").read_text()
+    unit = box.file("/etc/systemd/system/vllm.service").read_text()
+    assert "--host 127.0.0.1" in unit and "User=vllm" in unit
+    assert box.file("/var/lib/fake-systemd/user").read_text() == "vllm"
+    ready = p.ok("ready")
+    assert ready["changed"] is False and ready["ready_seconds"] >= 0
+    second = p.ok("service")
+    assert second["changed"] is False, "same config: no restart"
+    log = box.file("/var/lib/fake-systemd/log").read_text()
+    assert log.count("restart vllm.service") == 1
+
+
+def test_service_restarts_when_its_config_changes(box: Sandbox, downloads: Downloads) -> None:
+    p = prepared(box, downloads)
+    p.ok("service")
+    p2 = Phases(box, downloads, vllm={"maxModelLen": 8192})
+    assert p2.ok("service")["changed"] is True
+    assert "--max-model-len 8192" in box.file("/etc/systemd/system/vllm.service").read_text()
+    p2.ok("ready")
+
+
+def test_ready_prints_the_journal_when_the_service_fails(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = prepared(box, downloads, vllm={"extraArgs": ["--fail-to-load"]})
+    p.ok("service")
+    run = p.failed("ready", "wait", "out of GPU memory")
+    assert "[ready] journal: ERROR torch.OutOfMemoryError: CUDA out of memory." in run.stderr
+
+
+def test_ready_times_out_with_the_journal(box: Sandbox, downloads: Downloads) -> None:
+    p = prepared(box, downloads)
+    p.ok("service")
+    p.extra["ready"] = {"NEMO_VLLM_PORT": 9, "NEMO_READY_TIMEOUT": 3}
+    run = p.failed("ready", "wait", "bootstrap.readyTimeoutMinutes")
+    assert "[ready] journal:" in run.stderr
+
+
+# ---- every rendered script passes shellcheck ---------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_shellcheck_passes_on_every_rendered_phase(stack: str, tmp_path: Path) -> None:
+    files = render_stack(stack, tmp_path)
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    # SC2329: lib.sh defines helpers a given phase does not call.
+    proc = subprocess.run(
+        [shellcheck, "--shell=bash", "--exclude=SC2329", *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout
