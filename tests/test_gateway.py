@@ -1,0 +1,230 @@
+"""The gateway configuration the program renders, run in the real Caddy (Debian's package) in
+front of the fake OpenAI-compatible upstream: key, route allowlist, streaming, body limit, TLS."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import openai
+import pytest
+import requests
+from pulumi_harness import stack_config
+from sandbox import free_port
+from test_tools import fake_server
+
+from components import config, gateway
+
+KEY = "sk-test-0123456789"  # fake_server's key: the upstream checks it too (defence in depth)
+CADDY = shutil.which("caddy") or "/usr/bin/caddy"
+pytestmark = pytest.mark.skipif(not os.path.exists(CADDY), reason="caddy is installed by ./check")
+
+
+class Gateway:
+    def __init__(self, base: str, url: str, ca: Path | None, log: Path) -> None:
+        self.base, self.url, self.ca, self.log = base, url, ca, log
+
+    def get(self, path: str, key: str | None = KEY, **kw: Any) -> requests.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return requests.get(
+            self.url + path,
+            headers=headers,
+            verify=str(self.ca) if self.ca else True,
+            timeout=10,
+            **kw,
+        )
+
+    def post(self, path: str, key: str | None = KEY, **kw: Any) -> requests.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return requests.post(
+            self.url + path,
+            headers=headers,
+            verify=str(self.ca) if self.ca else True,
+            timeout=30,
+            **kw,
+        )
+
+
+def start_gateway(tmp_path: Path, upstream: str, https: bool) -> Iterator[Gateway]:
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "https": https}
+    cfg = config.parse(raw, "dev")
+    upstream_port = int(upstream.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
+    http_port, https_port = free_port(), free_port()
+    conf = tmp_path / "Caddyfile"
+    # "localhost" makes Caddy use its own local CA instead of a public one: same config path.
+    conf.write_text(
+        gateway.caddyfile(
+            cfg,
+            "localhost",
+            upstream_port=upstream_port,
+            http_port=http_port,
+            https_port=https_port,
+        )
+    )
+    data = tmp_path / "data"
+    log = tmp_path / "caddy.log"
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "XDG_DATA_HOME": str(data),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        gateway.API_KEY_ENV: KEY,
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [CADDY, "run", "--config", str(conf), "--adapter", "caddyfile"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"https://localhost:{https_port}" if https else f"http://127.0.0.1:{http_port}"
+    ca = data / "caddy" / "pki" / "authorities" / "local" / "root.crt" if https else None
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                requests.get(
+                    url + "/health", verify=str(ca) if ca and ca.exists() else False, timeout=2
+                )
+                if ca is None or ca.exists():
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        yield Gateway(url + "/v1", url, ca, log)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(params=[True, False], ids=["https", "http"])
+def gw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
+    with fake_server("--ttft", "0.05", "--itl", "0.15", "--tokens", "6") as upstream:
+        yield from start_gateway(tmp_path, upstream, https=request.param)
+
+
+def test_no_key_and_wrong_key_get_401(gw: Gateway) -> None:
+    for key in (None, "wrong-key"):
+        assert gw.get("/v1/models", key=key).status_code == 401
+        r = gw.post("/v1/chat/completions", key=key, json={"model": "nemotron", "messages": []})
+        assert r.status_code == 401
+        assert r.headers.get("WWW-Authenticate") == "Bearer"
+
+
+def test_the_right_key_gets_through(gw: Gateway) -> None:
+    assert gw.get("/v1/models").status_code == 200
+    r = gw.post(
+        "/v1/chat/completions",
+        json={
+            "model": "nemotron",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
+    assert r.status_code == 200 and r.json()["choices"]
+
+
+def test_health_needs_no_key(gw: Gateway) -> None:
+    assert gw.get("/health", key=None).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/invocations",
+        "/tokenize",
+        "/detokenize",
+        "/pause",
+        "/resume",
+        "/update_weights",
+        "/metrics",
+        "/v2/models",
+        "/inference/v1/generate",
+        "/v1/../invocations",
+        "/V1/models",
+    ],
+)
+def test_routes_outside_v1_are_refused_even_with_the_key(gw: Gateway, path: str) -> None:
+    r = requests.post(
+        gw.url + path,
+        headers={"Authorization": f"Bearer {KEY}"},
+        verify=str(gw.ca) if gw.ca else True,
+        timeout=10,
+        json={},
+    )
+    assert r.status_code in (401, 404), (path, r.status_code)
+    assert "choices" not in r.text
+
+
+def test_a_stream_arrives_chunk_by_chunk_at_the_upstream_pace(gw: Gateway) -> None:
+    body = {
+        "model": "nemotron",
+        "max_tokens": 6,
+        "stream": True,
+        "messages": [{"role": "user", "content": "count"}],
+    }
+    arrivals = []
+    start = time.perf_counter()
+    with requests.post(
+        gw.base + "/chat/completions",
+        json=body,
+        stream=True,
+        timeout=30,
+        headers={"Authorization": f"Bearer {KEY}"},
+        verify=str(gw.ca) if gw.ca else True,
+    ) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith(b"data: {") and b'" tok"' in line:
+                arrivals.append(time.perf_counter() - start)
+    assert len(arrivals) == 6
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    # The upstream sends a token every 150 ms: buffered, they would arrive together at the end.
+    assert all(0.10 < g < 0.30 for g in gaps), gaps
+
+
+def test_request_bodies_are_size_limited(gw: Gateway) -> None:
+    big = b"x" * (17 * 1024 * 1024)
+    r = requests.post(
+        gw.base + "/chat/completions",
+        data=big,
+        timeout=30,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        verify=str(gw.ca) if gw.ca else True,
+    )
+    assert r.status_code == 413
+
+
+def test_the_official_openai_client_works_through_the_gateway(gw: Gateway) -> None:
+    http_client = (
+        httpx.Client(verify=ssl.create_default_context(cafile=str(gw.ca))) if gw.ca else None
+    )
+    client = openai.OpenAI(base_url=gw.base, api_key=KEY, http_client=http_client)
+    assert [m.id for m in client.models.list()] == ["nemotron"]
+    chunks = list(
+        client.chat.completions.create(
+            model="nemotron",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == " tok" * 3
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gw.base, api_key="nope", http_client=http_client).models.list()
+
+
+def test_the_key_is_in_no_gateway_log_line(gw: Gateway) -> None:
+    gw.get("/v1/models")
+    gw.get("/v1/models", key="wrong")
+    assert KEY not in gw.log.read_text()
