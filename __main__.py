@@ -5,8 +5,9 @@ build the components, export what a user needs.
 """
 
 import pulumi
+import pulumi_random as random
 
-from components import config, region
+from components import config, gateway, region
 from components.bootstrap import Bootstrap, BootstrapArgs
 from components.droplet import GpuDroplet, GpuDropletArgs, ssh_command
 
@@ -24,25 +25,45 @@ gpu = GpuDroplet(
         monitoring=cfg.droplet.monitoring,
         ssh_cidrs=cfg.access.ssh_cidrs,
         api_cidrs=cfg.access.api_cidrs,
+        api_port=gateway.api_port(cfg),
+        acme_port=gateway.HTTP_PORT if cfg.access.https else None,
         extra_ssh_keys=cfg.access.ssh_key_fingerprints,
     ),
 )
+
+# The key every request needs: given as a secret, or made once per stack.
+api_key: pulumi.Output[str] = pulumi.Output.secret(
+    config.api_key() or random.RandomPassword("api-key", length=48, special=False).result
+)
+hostname = gpu.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
 
 bootstrap = Bootstrap(
     "bootstrap",
     BootstrapArgs(
         config=cfg,
-        host=gpu.ipv4,
+        ipv4=gpu.ipv4,
         private_key=gpu.private_key_openssh,
+        host_public_key=gpu.host_public_key,
+        api_key=api_key,
+        hostname=hostname,
         hf_token=config.hf_token(),
     ),
 )
 
+pulumi.export("endpoint", hostname.apply(lambda host: gateway.endpoint(cfg, host)))
+pulumi.export("endpointTls", cfg.access.https)
+pulumi.export("apiKey", api_key)
+pulumi.export("servedModelName", cfg.model.served_name)
 pulumi.export("ipv4", gpu.ipv4)
 pulumi.export("region", placement.region)
 pulumi.export("size", cfg.droplet.size)
 pulumi.export("hourlyPriceUsd", placement.offer.price_hourly)
-pulumi.export("servedModelName", cfg.model.served_name)
-pulumi.export("sshCommand", gpu.ipv4.apply(lambda ip: ssh_command(cfg.stack, ip)))
+pulumi.export(
+    "sshCommand",
+    pulumi.Output.all(gpu.ipv4, gpu.host_public_key).apply(
+        lambda v: ssh_command(cfg.stack, v[0], v[1])
+    ),
+)
+pulumi.export("sshHostPublicKey", gpu.host_public_key)
 pulumi.export("sshPrivateKey", gpu.private_key_openssh)
 pulumi.export("bootstrapSeconds", bootstrap.seconds)

@@ -14,9 +14,8 @@ Vendor = Literal["nvidia", "amd"]
 
 PROJECT = "nemotron-droplet"
 
-# Ports. vLLM only ever listens on loopback; the public entry is the gateway's port.
+# Ports. vLLM only ever listens on loopback; the public entry is the gateway (gateway.py).
 SSH_PORT = 22
-API_PORT = 443
 VLLM_PORT = 8000
 
 # The user DigitalOcean images log in as.
@@ -53,6 +52,9 @@ PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 DEFAULT_PYTHON = "3.12"
 
 VLLM_GIT_URL = "https://github.com/vllm-project/vllm.git"
+# Caddy's own apt repository, for Ubuntu releases whose archive has no caddy (22.04).
+CADDY_APT_KEY_URL = "https://dl.cloudsmith.io/public/caddy/stable/gpg.key"
+CADDY_APT_REPO = "https://dl.cloudsmith.io/public/caddy/stable/deb/debian"
 # NVIDIA's apt repository key package, for the CUDA toolkit a source build needs.
 CUDA_KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/cuda-keyring_1.1-1_all.deb"
 

@@ -184,6 +184,38 @@ class AccessConfig(_Section):
         description="MD5 fingerprints of SSH keys already in your DigitalOcean account to add "
         "to the Droplet, besides the key generated for the stack.",
     )
+    https: bool = Field(
+        True,
+        description="Serve the API over HTTPS with a certificate from a public ACME CA (port "
+        "443; port 80 stays open to anyone for the CA's challenge and redirects). `false`: "
+        "plain HTTP on port 80 (the key then crosses the network in clear text).",
+    )
+    domain: str | None = Field(
+        None,
+        description="Hostname for the certificate; point its DNS A record at the Droplet. "
+        "Unset: `<ip-with-dashes>.sslip.io`, which resolves to the Droplet with no DNS setup.",
+    )
+    acme_email: str | None = Field(
+        None, description="Email the ACME CA may write to about the certificate."
+    )
+    max_request_body_mb: int = Field(
+        16, ge=1, le=1024, description="Largest request body the gateway accepts, in MB."
+    )
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, v: str | None) -> str | None:
+        label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+        if v is not None and not re.fullmatch(rf"({label}\.)+[a-z]{{2,63}}", v):
+            raise ValueError(f"{v!r}: accepted: a lowercase DNS name like api.example.com")
+        return v
+
+    @field_validator("acme_email")
+    @classmethod
+    def _email(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", v):
+            raise ValueError(f"{v!r}: accepted: an email address")
+        return v
 
     @field_validator("api_cidrs", "ssh_cidrs")
     @classmethod
@@ -401,7 +433,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "vllm": VllmConfig,
     "bootstrap": BootstrapConfig,
 }
-SECRET_KEYS = ("hfToken",)
+SECRET_KEYS = ("hfToken", "apiKey")
 
 
 class StackConfig(BaseModel):
@@ -729,6 +761,11 @@ def hf_token() -> pulumi.Output[str] | None:
     return pulumi.Config(NAMESPACE).get_secret("hfToken")
 
 
+def api_key() -> pulumi.Output[str] | None:
+    """The API key given in the config (secret), or None to generate one."""
+    return pulumi.Config(NAMESPACE).get_secret("apiKey")
+
+
 # ---- the README's configuration reference ---------------------------------------------------
 
 
@@ -757,6 +794,11 @@ def reference_markdown() -> str:
     rows.append(
         "| `hfToken` | unset | Hugging Face token for gated models. Secret only: "
         "`pulumi config set --secret hfToken hf_...`. |"
+    )
+    rows.append(
+        "| `apiKey` | generated | The key every API request must carry. Unset: 48 random "
+        "characters made once per stack. Secret only: `pulumi config set --secret apiKey ...`; "
+        "a new value and one `pulumi up` rotate it. |"
     )
     return "\n".join(rows)
 

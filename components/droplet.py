@@ -27,12 +27,16 @@ class GpuDropletArgs:
     monitoring: bool
     ssh_cidrs: list[str]
     api_cidrs: list[str]
+    api_port: int
+    # Port 80 open to anyone while HTTPS is on: the ACME CA validates from the internet, and
+    # the gateway only answers its challenges and redirects there.
+    acme_port: int | None
     extra_ssh_keys: list[str] = field(default_factory=list)
-    api_port: int = catalog.API_PORT
 
 
 def firewall_inbound_rules(args: GpuDropletArgs) -> list[digitalocean.FirewallInboundRuleArgs]:
-    """SSH from sshCidrs, the API port from apiCidrs, nothing else (vLLM's port never)."""
+    """SSH from sshCidrs, the API port from apiCidrs, the ACME port from anywhere, nothing else
+    (vLLM's port never)."""
     rules = [
         digitalocean.FirewallInboundRuleArgs(
             protocol="tcp", port_range=str(catalog.SSH_PORT), source_addresses=args.ssh_cidrs
@@ -42,6 +46,12 @@ def firewall_inbound_rules(args: GpuDropletArgs) -> list[digitalocean.FirewallIn
         rules.append(
             digitalocean.FirewallInboundRuleArgs(
                 protocol="tcp", port_range=str(args.api_port), source_addresses=args.api_cidrs
+            )
+        )
+    if args.acme_port is not None:
+        rules.append(
+            digitalocean.FirewallInboundRuleArgs(
+                protocol="tcp", port_range=str(args.acme_port), source_addresses=_EVERYWHERE
             )
         )
     return rules
@@ -55,6 +65,20 @@ def firewall_outbound_rules() -> list[digitalocean.FirewallOutboundRuleArgs]:
         )
         for protocol, ports in (("tcp", "1-65535"), ("udp", "1-65535"), ("icmp", None))
     ]
+
+
+def cloud_config(host_private_key: str, host_public_key: str) -> str:
+    """First-boot settings: the stack's host key as the only one, no password logins."""
+    indented = "\n".join(f"    {line}" for line in host_private_key.strip().splitlines())
+    return f"""#cloud-config
+ssh_pwauth: false
+ssh_deletekeys: true
+ssh_genkeytypes: []
+ssh_keys:
+  ed25519_private: |
+{indented}
+  ed25519_public: {host_public_key.strip()}
+"""
 
 
 class GpuDroplet(pulumi.ComponentResource):
@@ -73,6 +97,14 @@ class GpuDroplet(pulumi.ComponentResource):
 
         # Ed25519: short, fast, accepted by every OpenSSH the images ship.
         self.key = tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
+        # The Droplet's SSH host key, made here so that every connection can pin it from the
+        # first dial: cloud-init installs it at first boot and removes the generated ones.
+        self.host_key = tls.PrivateKey(f"{name}-host-key", algorithm="ED25519", opts=child)
+        user_data: pulumi.Output[str] = pulumi.Output.secret(
+            pulumi.Output.all(
+                self.host_key.private_key_openssh, self.host_key.public_key_openssh
+            ).apply(lambda keys: cloud_config(keys[0], keys[1]))
+        )
         self.ssh_key = digitalocean.SshKey(
             f"{name}-ssh",
             name=f"{args.name}-deploy",
@@ -91,6 +123,7 @@ class GpuDroplet(pulumi.ComponentResource):
             monitoring=args.monitoring,
             graceful_shutdown=True,
             ipv6=False,
+            user_data=user_data,
             opts=pulumi.ResourceOptions(parent=self, custom_timeouts=DROPLET_TIMEOUTS),
         )
 
@@ -108,6 +141,9 @@ class GpuDroplet(pulumi.ComponentResource):
         # The tls provider marks it secret; say so here too so no use of it can drop the mark.
         self.private_key_openssh = pulumi.Output.secret(self.key.private_key_openssh)
         self.public_key_openssh = self.key.public_key_openssh
+        self.host_public_key = self.host_key.public_key_openssh.apply(
+            lambda k: " ".join(k.split()[:2])
+        )
         self.register_outputs({"ipv4": self.ipv4, "dropletId": self.droplet_id})
 
 
@@ -115,11 +151,13 @@ def key_path(stack: str) -> str:
     return f"~/.ssh/{catalog.PROJECT}-{stack}"
 
 
-def ssh_command(stack: str, ipv4: str) -> str:
-    """One copy-paste command: write the stack's key (owner-only) and log in with it alone."""
+def ssh_command(stack: str, ipv4: str, host_public_key: str) -> str:
+    """One copy-paste command: write the stack's key (owner-only) and the pinned host key, and
+    log in with that key alone, to that host key alone."""
     path = key_path(stack)
     return (
-        f"(umask 077 && pulumi stack output --stack {stack} sshPrivateKey --show-secrets > {path})"
-        f" && ssh -i {path} -o IdentitiesOnly=yes -o StrictHostKeyChecking=accept-new"
-        f" {catalog.SSH_USER}@{ipv4}"
+        f"(umask 077 && pulumi stack output --stack {stack} sshPrivateKey --show-secrets > {path}"
+        f" && echo '{ipv4} {host_public_key}' > {path}.known_hosts)"
+        f" && ssh -i {path} -o IdentitiesOnly=yes -o UserKnownHostsFile={path}.known_hosts"
+        f" -o StrictHostKeyChecking=yes {catalog.SSH_USER}@{ipv4}"
     )

@@ -3,9 +3,9 @@
     python -m components.render --stack dev            # into ./rendered/dev/
     python -m components.render --stack prod --out /tmp/prod
 
-Each file is what `pulumi up` sends on stdin to `bash -s` for that phase, except two values only
-known at deploy time: the HF token (a placeholder) and, for reboot-wait, the boot id the reboot
-phase reports.
+Each file is what `pulumi up` sends on stdin to `bash -s` for that phase, except what is known
+only at deploy time: the secrets (placeholders), the Droplet's address (203.0.113.10, so the
+gateway's name reads 203-0-113-10.sslip.io) and, for reboot-wait, the boot id before the reboot.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from typing import Any
 
 import yaml
 
-from . import bootstrap, config
+from . import bootstrap, config, gateway
 
 ROOT = Path(__file__).resolve().parent.parent
+# The Droplet's address is known only once it exists; renders name the gateway for this one.
+HOST_PLACEHOLDER_IP = "203.0.113.10"
 
 
 def stack_raw(stack: str) -> tuple[dict[str, Any], frozenset[str]]:
@@ -49,6 +51,10 @@ def render_stack(stack: str, out: Path) -> list[Path]:
         extra: dict[str, Any] = {}
         if name == "model":
             extra["hf_token"] = bootstrap.SECRET_PLACEHOLDER if "hfToken" in raw else ""
+        if name in ("service", "gateway"):
+            extra["api_key"] = bootstrap.SECRET_PLACEHOLDER
+        if name in ("gateway", "ready"):
+            extra["host"] = gateway.hostname(cfg, HOST_PLACEHOLDER_IP)
         if name == "reboot-wait":
             extra["reboot_result"] = {"rebooting": True, "boot_id": "<boot id before the reboot>"}
         path = out / f"{index:02d}-{name}.sh"
