@@ -23,7 +23,7 @@ from typing import Any
 import pulumi
 import pulumi_command as command
 
-from . import catalog
+from . import catalog, gateway
 from .config import StackConfig
 
 PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
@@ -53,7 +53,8 @@ PHASES: tuple[Phase, ...] = (
     Phase("vllm", ("conda", "lock"), 90),
     Phase("model", ("conda",), 150),
     Phase("service", ("vllm", "model"), 15),
-    Phase("ready", ("service",), 0),  # its minutes come from bootstrap.readyTimeoutMinutes
+    Phase("gateway", ("service",), 20),
+    Phase("ready", ("gateway",), 0),  # its minutes come from bootstrap.readyTimeoutMinutes
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)
 SOURCE_BUILD_MINUTES = 300
@@ -142,8 +143,10 @@ TimeoutStopSec=120
 WantedBy=multi-user.target"""
 
 
-def env_text() -> str:
+def env_text(api_key: str) -> str:
     return "\n".join([
+        # vLLM checks the key too (defence in depth behind the gateway).
+        f"VLLM_API_KEY={api_key}",
         f"HF_HOME={catalog.HF_HOME}",
         # The weights were downloaded by the model phase: never reach the Hub at run time.
         "HF_HUB_OFFLINE=1",
@@ -166,6 +169,8 @@ def settings(
     *,
     hf_token: str = "",
     reboot_result: Mapping[str, Any] | None = None,
+    api_key: str = "",
+    host: str = "",
 ) -> dict[str, Setting]:
     """The NEMO_* settings each phase script reads (see the header of each script)."""
     min_branch = catalog.min_driver_branch(cfg.vllm.version)
@@ -231,10 +236,22 @@ def settings(
             "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
             "NEMO_UNIT": catalog.VLLM_UNIT,
             "NEMO_UNIT_TEXT": unit_text(cfg),
-            "NEMO_ENV_TEXT": env_text(),
+            "NEMO_ENV_TEXT": env_text(api_key),
+        },
+        "gateway": {
+            "NEMO_HOST": host,
+            "NEMO_CADDYFILE": gateway.caddyfile(cfg, host),
+            "NEMO_CADDY_DROPIN": gateway.caddy_dropin(),
+            "NEMO_GATEWAY_ENV_FILE": gateway.GATEWAY_ENV_FILE,
+            "NEMO_GATEWAY_ENV_TEXT": f"{gateway.API_KEY_ENV}={api_key}",
+            "NEMO_CADDY_APT_KEY_URL": catalog.CADDY_APT_KEY_URL,
+            "NEMO_CADDY_APT_REPO": catalog.CADDY_APT_REPO,
         },
         "ready": {
-            "NEMO_VLLM_PORT": catalog.VLLM_PORT,
+            # Through the gateway, on the Droplet: its real TLS and routes, no DNS needed.
+            "NEMO_PROBE_URL": f"{gateway.endpoint(cfg, host)}/chat/completions",
+            "NEMO_PROBE_RESOLVE": f"{host}:{gateway.api_port(cfg)}:127.0.0.1",
+            "NEMO_PROBE_CA": "",
             "NEMO_SERVED_NAME": cfg.model.served_name,
             "NEMO_UNIT": catalog.VLLM_UNIT,
             "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
@@ -272,10 +289,25 @@ def parse_result(stdout: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class BootstrapArgs:
     config: StackConfig
-    host: pulumi.Input[str]
+    ipv4: pulumi.Input[str]
     private_key: pulumi.Input[str]
+    # Every connection requires exactly this host key (installed at first boot).
+    host_public_key: pulumi.Input[str]
+    api_key: pulumi.Output[str]
+    # The name the gateway serves and holds a certificate for.
+    hostname: pulumi.Input[str]
     hf_token: pulumi.Output[str] | None = None
     prefix: str = "bootstrap"
+
+
+# The values only known at deploy time that each phase's settings need.
+RUNTIME_INPUTS = {
+    "model": ("hf_token",),
+    "reboot-wait": ("reboot_result",),
+    "service": ("api_key",),
+    "gateway": ("api_key", "host"),
+    "ready": ("host",),
+}
 
 
 class Bootstrap(pulumi.ComponentResource):
@@ -340,22 +372,28 @@ class Bootstrap(pulumi.ComponentResource):
         self.register_outputs({"bootstrapSeconds": self.seconds})
 
     def _stdin(self, cfg: StackConfig, phase: str, args: BootstrapArgs) -> pulumi.Input[str]:
-        if phase == "model" and args.hf_token is not None:
-            return args.hf_token.apply(
-                lambda token: render(phase, settings(cfg, phase, hf_token=token))
-            )
+        available: dict[str, pulumi.Input[Any]] = {
+            "hf_token": args.hf_token if args.hf_token is not None else "",
+            "api_key": args.api_key,
+            "host": args.hostname,
+        }
         if phase == "reboot-wait":
-            return self.commands["reboot"].stdout.apply(
-                lambda out: render(phase, settings(cfg, phase, reboot_result=parse_result(out)))
-            )
-        return render(phase, settings(cfg, phase))
+            available["reboot_result"] = self.commands["reboot"].stdout.apply(parse_result)
+        needed = {name: available[name] for name in RUNTIME_INPUTS.get(phase, ())}
+        if not needed:
+            return render(phase, settings(cfg, phase))
+        # Secrets stay secret: an Output built from a secret is a secret.
+        return pulumi.Output.all(**needed).apply(
+            lambda values: render(phase, settings(cfg, phase, **values))
+        )
 
     @staticmethod
     def _connection(args: BootstrapArgs, wait: bool) -> command.remote.ConnectionArgs:
         return command.remote.ConnectionArgs(
-            host=args.host,
+            host=args.ipv4,
             user=catalog.SSH_USER,
             private_key=args.private_key,
+            host_key=args.host_public_key,
             # -1: dial until SSH answers, bounded by the command's custom timeout.
             dial_error_limit=-1 if wait else 10,
             per_dial_timeout=15,
