@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -137,7 +138,7 @@ class Sandbox:
         (self.host / "boot_id").write_text(self.boot_id + "\n")
         (self.host / "cmdline").write_text(CMDLINE + "\n")
         (self.host / "cgroup.controllers").write_text(FIXTURE_CONTROLLERS + "\n")
-        self.vllm_port = free_port()
+        self.vllm_port, self.http_port, self.https_port = free_port(), free_port(), free_port()
         self._install_fakes()
         self.set_gpus(1)
         self.hw("driver", "580.159.04")
@@ -190,6 +191,17 @@ class Sandbox:
         )
         self.file("/root/.bashrc", "")  # what a fresh Ubuntu root has that matters here: nothing
         self.file("/var/lib/fakehw/nvidia-smi.txt", (FIXTURES / "nvidia-smi.txt").read_text())
+        # A fresh image has no Caddy: hide this machine's (an overlay whiteout) and let the fake
+        # apt-get install a copy of it.
+        caddy = shutil.which("caddy")
+        if caddy:
+            package = self.base / "packages" / "caddy"
+            package.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(caddy, package)
+            self.file("/etc/fake-caddy", f"{package}\n")
+            whiteout = self.upper / "usr" / "bin" / "caddy"
+            whiteout.parent.mkdir(parents=True, exist_ok=True)
+            os.mknod(whiteout, stat.S_IFCHR | 0o000, os.makedev(0, 0))
 
     # ---- entering it ------------------------------------------------------------------------
     def mounts(self) -> str:

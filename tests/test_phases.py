@@ -16,7 +16,7 @@ import pytest
 from pulumi_harness import stack_config
 from sandbox import FAKES, Downloads, PhaseRun, Sandbox
 
-from components import bootstrap, catalog, config
+from components import bootstrap, catalog, config, gateway
 from components.render import render_stack
 
 pytestmark = pytest.mark.skipif(
@@ -25,6 +25,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
+API_KEY = "sk-sandbox-0123456789abcdef"
+# Where Caddy keeps its local CA when it serves "localhost" (it runs as the caddy user).
+CADDY_ROOT_CA = "/var/lib/caddy/.local/share/caddy/pki/authorities/local/root.crt"
 
 
 @pytest.fixture
@@ -61,6 +64,10 @@ class Phases:
         self.extra: dict[str, dict[str, Any]] = {}
 
     def settings(self, phase: str, **kwargs: Any) -> dict[str, Any]:
+        if phase in ("service", "gateway"):
+            kwargs.setdefault("api_key", API_KEY)
+        if phase in ("gateway", "ready"):
+            kwargs.setdefault("host", "localhost")
         s = dict(bootstrap.settings(self.cfg, phase, **kwargs))
         s["NEMO_RETRY_DELAY"] = 0
         test_values = {
@@ -70,7 +77,24 @@ class Phases:
                 "NEMO_MINIFORGE_SHA256": self.miniforge_sha,
             },
             "model": {"NEMO_HF_ENDPOINT": self.downloads.url},
-            "ready": {"NEMO_VLLM_PORT": self.box.vllm_port, "NEMO_READY_TIMEOUT": 20},
+            # The gateway on free ports, for "localhost" (Caddy's own CA instead of a public one).
+            "gateway": {
+                "NEMO_CADDYFILE": gateway.caddyfile(
+                    self.cfg,
+                    "localhost",
+                    upstream_port=self.box.vllm_port,
+                    http_port=self.box.http_port,
+                    https_port=self.box.https_port,
+                ),
+                "NEMO_CADDY_APT_KEY_URL": self.downloads.url + "/caddy/gpg.key",
+                "NEMO_CADDY_APT_REPO": self.downloads.url + "/caddy/deb",
+            },
+            "ready": {
+                "NEMO_PROBE_URL": f"https://localhost:{self.box.https_port}/v1/chat/completions",
+                "NEMO_PROBE_RESOLVE": f"localhost:{self.box.https_port}:127.0.0.1",
+                "NEMO_PROBE_CA": CADDY_ROOT_CA,
+                "NEMO_READY_TIMEOUT": 20,
+            },
         }
         s.update(test_values.get(phase, {}))
         if phase == "service":
@@ -435,30 +459,72 @@ def prepared(box: Sandbox, downloads: Downloads, **overrides: Any) -> Phases:
     return p
 
 
-def test_service_installs_user_env_file_and_unit_then_ready_answers(
-    box: Sandbox, downloads: Downloads
-) -> None:
+def test_service_installs_user_env_file_and_unit_once(box: Sandbox, downloads: Downloads) -> None:
     p = prepared(box, downloads)
     first = p.ok("service")
     assert first["changed"] is True
     env_file = box.file("/etc/nemotron/vllm.env")
     assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    assert f"VLLM_API_KEY={API_KEY}\n" in env_file.read_text()
     assert oct(box.file("/etc/nemotron").stat().st_mode & 0o777) == "0o700"
     assert "vllm:x:" in box.file("/etc/passwd").read_text()
     unit = box.file("/etc/systemd/system/vllm.service").read_text()
-    assert "--host 127.0.0.1" in unit and "User=vllm" in unit
-    assert box.file("/var/lib/fake-systemd/user").read_text() == "vllm"
-    ready = p.ok("ready")
-    assert ready["changed"] is False and ready["ready_seconds"] >= 0
+    assert "--host 127.0.0.1" in unit and "User=vllm" in unit and API_KEY not in unit
+    assert box.file("/var/lib/fake-systemd/user-vllm.service").read_text() == "vllm"
     second = p.ok("service")
     assert second["changed"] is False, "same config: no restart"
     log = box.file("/var/lib/fake-systemd/log").read_text()
     assert log.count("restart vllm.service") == 1
 
 
+def test_gateway_installs_caddy_with_the_key_in_a_root_only_file_then_ready_answers_through_it(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = prepared(box, downloads)
+    p.ok("service")
+    first = p.ok("gateway")
+    assert first["changed"] is True and first["host"] == "localhost"
+    assert (
+        "install -y -q --no-install-recommends caddy"
+        in box.file("/var/lib/fakeapt/log").read_text()
+    )
+    env_file = box.file("/etc/nemotron/gateway.env")
+    assert env_file.read_text() == f"NEMO_API_KEY={API_KEY}\n"
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    caddyfile = box.file("/etc/caddy/Caddyfile").read_text()
+    assert API_KEY not in caddyfile and "{env.NEMO_API_KEY}" in caddyfile
+    dropin = box.file("/etc/systemd/system/caddy.service.d/nemotron.conf").read_text()
+    assert "--environ" not in dropin.split("ExecStart=\n", 1)[1]
+    rules = box.hw("iptables").splitlines()
+    assert rules == [
+        f"OUTPUT -d 169.254.169.254 -m owner --uid-owner {u} -j REJECT" for u in ("vllm", "caddy")
+    ]
+    ready = p.ok("ready")
+    assert ready["changed"] is False and ready["ready_seconds"] >= 0
+    assert p.ok("gateway")["changed"] is False
+    assert box.hw("iptables").splitlines() == rules, "the guard adds each rule once"
+    assert API_KEY not in box.file("/var/log/fake-caddy.log").read_text()
+
+
+def test_gateway_adds_caddys_repository_where_the_release_has_no_package(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    downloads.add("/caddy/gpg.key", b"-----BEGIN PGP PUBLIC KEY BLOCK-----\nfake\n")
+    box.hw("caddy_not_packaged", "1")
+    p = prepared(box, downloads)
+    p.ok("service")
+    run = p.run("gateway")
+    assert run.returncode == 0, run.stderr
+    assert "no checksum pinned" in run.stderr and "trusting its HTTPS server" in run.stderr
+    sources = box.file("/etc/apt/sources.list.d/caddy-stable.list").read_text()
+    assert f"{downloads.url}/caddy/deb any-version main" in sources
+    assert box.file("/usr/share/keyrings/caddy-stable-archive-keyring.gpg").exists()
+
+
 def test_service_restarts_when_its_config_changes(box: Sandbox, downloads: Downloads) -> None:
     p = prepared(box, downloads)
     p.ok("service")
+    p.ok("gateway")
     p2 = Phases(box, downloads, vllm={"maxModelLen": 8192})
     assert p2.ok("service")["changed"] is True
     assert "--max-model-len 8192" in box.file("/etc/systemd/system/vllm.service").read_text()
@@ -470,6 +536,7 @@ def test_ready_prints_the_journal_when_the_service_fails(
 ) -> None:
     p = prepared(box, downloads, vllm={"extraArgs": ["--fail-to-load"]})
     p.ok("service")
+    p.ok("gateway")
     run = p.failed("ready", "wait", "out of GPU memory")
     assert "[ready] journal: ERROR torch.OutOfMemoryError: CUDA out of memory." in run.stderr
 
@@ -477,9 +544,22 @@ def test_ready_prints_the_journal_when_the_service_fails(
 def test_ready_times_out_with_the_journal(box: Sandbox, downloads: Downloads) -> None:
     p = prepared(box, downloads)
     p.ok("service")
-    p.extra["ready"] = {"NEMO_VLLM_PORT": 9, "NEMO_READY_TIMEOUT": 3}
+    p.ok("gateway")
+    p.extra["ready"] = {
+        "NEMO_PROBE_URL": "https://localhost:9/v1/chat/completions",
+        "NEMO_PROBE_RESOLVE": "localhost:9:127.0.0.1",
+        "NEMO_READY_TIMEOUT": 3,
+    }
     run = p.failed("ready", "wait", "bootstrap.readyTimeoutMinutes")
     assert "[ready] journal:" in run.stderr
+
+
+def test_ready_with_a_wrong_key_never_passes(box: Sandbox, downloads: Downloads) -> None:
+    p = prepared(box, downloads)
+    p.ok("service")
+    p.ok("gateway", api_key="another-key-entirely-0000")
+    p.extra["ready"] = {"NEMO_READY_TIMEOUT": 4}
+    p.failed("ready", "wait", "bootstrap.readyTimeoutMinutes")
 
 
 # ---- every rendered script passes shellcheck ---------------------------------------------------
