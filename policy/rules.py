@@ -72,9 +72,14 @@ def size_outside_budget(props: Mapping[str, Any], config: Mapping[str, Any]) -> 
 def open_to_anywhere_in_prod(props: Mapping[str, Any], urn: str) -> list[str]:
     if stack_of(urn) != "prod":
         return []
+    rules = props.get("inboundRules") or []
+    https = any(rule.get("portRange") == "443" for rule in rules)
     return [
         f"port {rule.get('portRange')} is open to anywhere ({', '.join(open_)}) in prod; "
         "narrow access.sshCidrs / access.apiCidrs"
-        for rule in props.get("inboundRules") or []
+        for rule in rules
         if (open_ := [a for a in rule.get("sourceAddresses") or [] if a in ANYWHERE])
+        # Beside HTTPS, port 80 only answers the ACME CA's challenges (from anywhere) and
+        # redirects: it carries no API.
+        and not (https and rule.get("portRange") == "80")
     ]

@@ -32,6 +32,12 @@ FAKE_PRIVATE_KEY = (
     "-----END OPENSSH PRIVATE KEY-----\n"
 )
 FAKE_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKEPUBLICKEY nemotron"
+FAKE_HOST_PRIVATE_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nFAKE-HOST-KEY-aG9zdGtleWhvc3RrZXk\n"
+    "-----END OPENSSH PRIVATE KEY-----\n"
+)
+FAKE_HOST_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKEHOSTKEY"
+FAKE_API_KEY = "FAKEgeneratedApiKey0123456789abcdefghijklmnopqrs"
 FAKE_FINGERPRINT = "aa:bb:cc:dd:ee:ff:00:11:22:33:44:55:66:77:88:99"
 FAKE_IPV4 = "203.0.113.10"
 FAKE_DROPLET_ID = "424242"
@@ -103,12 +109,20 @@ class FakeCloud(pulumi_mocks.Mocks):
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         outs = dict(args.inputs)
-        if args.typ == "tls:index/privateKey:PrivateKey":
+        if args.typ == "tls:index/privateKey:PrivateKey" and args.name.endswith("host-key"):
+            outs.update(
+                privateKeyOpenssh=FAKE_HOST_PRIVATE_KEY,
+                privateKeyPem=FAKE_HOST_PRIVATE_KEY,
+                publicKeyOpenssh=FAKE_HOST_PUBLIC_KEY + "\n",
+            )
+        elif args.typ == "tls:index/privateKey:PrivateKey":
             outs.update(
                 privateKeyOpenssh=FAKE_PRIVATE_KEY,
                 privateKeyPem=FAKE_PRIVATE_KEY,
                 publicKeyOpenssh=FAKE_PUBLIC_KEY,
             )
+        elif args.typ == "random:index/randomPassword:RandomPassword":
+            outs.update(result=FAKE_API_KEY, bcryptHash="$2a$10$fake")
         elif args.typ == "digitalocean:index/sshKey:SshKey":
             outs.update(fingerprint=FAKE_FINGERPRINT)
         elif args.typ == "command:remote:Command":
@@ -187,8 +201,8 @@ class Run:
     error: BaseException | None = None
     by_type: dict[str, list[Registration]] = field(default_factory=dict)
 
-    def one(self, type_: str) -> Registration:
-        found = [r for r in self.registrations if r.type == type_]
+    def one(self, type_: str, name: str | None = None) -> Registration:
+        found = [r for r in self.registrations if r.type == type_ and name in (None, r.name)]
         assert len(found) == 1, f"expected one {type_}, found {len(found)}"
         return found[0]
 

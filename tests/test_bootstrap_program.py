@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pulumi_harness import SECRET_SIG, Run, fake_stdout, run_program, stack_config
+from pulumi_harness import FAKE_API_KEY, SECRET_SIG, Run, fake_stdout, run_program, stack_config
 from test_program import HF_TOKEN, dev
 
 from components import bootstrap
@@ -21,7 +21,8 @@ EDGES = {
     "vllm": {"conda"},
     "model": {"conda"},
     "service": {"vllm", "model"},
-    "ready": {"service"},
+    "gateway": {"service"},
+    "ready": {"gateway"},
 }
 
 
@@ -89,17 +90,22 @@ def reruns(before: Run, after: Run) -> set[str]:
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ({"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}}, {"model", "service", "ready"}),
-        ({"model": {"servedName": "nemo"}}, {"service", "ready"}),
-        ({"vllm": {"maxModelLen": 16384}}, {"service", "ready"}),
-        ({"vllm": {"gpuMemoryUtilization": 0.8}}, {"service", "ready"}),
+        (
+            {"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}},
+            {"model", "service", "gateway", "ready"},
+        ),
+        ({"model": {"servedName": "nemo"}}, {"service", "gateway", "ready"}),
+        ({"vllm": {"maxModelLen": 16384}}, {"service", "gateway", "ready"}),
+        ({"vllm": {"gpuMemoryUtilization": 0.8}}, {"service", "gateway", "ready"}),
+        ({"access": {"domain": "llm.example.com"}}, {"gateway", "ready"}),
+        ({"access": {"maxRequestBodyMb": 64}}, {"gateway", "ready"}),
         ({"bootstrap": {"readyTimeoutMinutes": 60}}, {"ready"}),
         (
             {"bootstrap": {"python": "3.12", "driver": {"branch": "590"}}},
             set(EDGES) - {"preflight"},
         ),
         ({"bootstrap": {"cgroup": {"mode": "legacy"}}}, set(EDGES) - {"preflight", "driver"}),
-        ({"vllm": {"install": "source"}}, {"vllm", "service", "ready"}),
+        ({"vllm": {"install": "source"}}, {"vllm", "service", "gateway", "ready"}),
     ],
 )
 def test_a_changed_input_reruns_that_phase_and_later_ones_only(
@@ -109,6 +115,24 @@ def test_a_changed_input_reruns_that_phase_and_later_ones_only(
     after = run_program(dev(**override))
     assert after.error is None, after.error
     assert reruns(before, after) == expected
+
+
+def test_the_api_key_reaches_vllm_and_the_gateway_as_a_secret_and_nothing_else() -> None:
+    run = run_program(stack_config("dev"))
+    cmds = commands(run)
+    assert f"VLLM_API_KEY={FAKE_API_KEY}" in cmds["service"].inputs["stdin"]
+    assert f"NEMO_API_KEY={FAKE_API_KEY}" in cmds["gateway"].inputs["stdin"]
+    for name in ("service", "gateway"):
+        assert cmds[name].raw["stdin"][SECRET_SIG], name
+    for name, reg in cmds.items():
+        if name not in ("service", "gateway"):
+            assert FAKE_API_KEY not in str(reg.inputs), name
+    gateway_stdin = cmds["gateway"].inputs["stdin"]
+    assert "NEMO_HOST=203-0-113-10.sslip.io" in gateway_stdin
+    assert "\n203-0-113-10.sslip.io {\n" in gateway_stdin
+    ready_stdin = cmds["ready"].inputs["stdin"]
+    assert "NEMO_PROBE_URL=https://203-0-113-10.sslip.io/v1/chat/completions" in ready_stdin
+    assert "NEMO_PROBE_RESOLVE=203-0-113-10.sslip.io:443:127.0.0.1" in ready_stdin
 
 
 def test_the_hf_token_travels_only_in_the_model_phase_stdin_as_a_secret() -> None:

@@ -126,6 +126,13 @@ def test_price_ceiling_alone() -> None:
     ) == ["size gpu-h200x1-141gb has no known list price to compare with $10/h"]
 
 
+def test_port_80_beside_https_is_the_acme_port_not_the_api() -> None:
+    acme = {"inboundRules": [rule("443", ["203.0.113.0/24"]), rule("80", ["0.0.0.0/0"])]}
+    assert violations("prod-access-not-open-to-anywhere", FIREWALL, acme, stack="prod") == []
+    plain = {"inboundRules": [rule("80", ["0.0.0.0/0"])]}
+    assert violations("prod-access-not-open-to-anywhere", FIREWALL, plain, stack="prod") != []
+
+
 def test_open_access_is_advised_against_only_in_prod() -> None:
     props = {"inboundRules": [rule("22", ["0.0.0.0/0", "::/0"]), rule("443", ["203.0.113.0/24"])]}
     assert violations("prod-access-not-open-to-anywhere", FIREWALL, props, stack="dev") == []

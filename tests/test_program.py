@@ -7,11 +7,14 @@ from typing import Any
 
 import pytest
 from pulumi_harness import (
+    FAKE_API_KEY,
     FAKE_DROPLET_ID,
     FAKE_FINGERPRINT,
+    FAKE_HOST_PUBLIC_KEY,
     FAKE_IPV4,
     FAKE_PRIVATE_KEY,
     FAKE_PUBLIC_KEY,
+    SECRET_SIG,
     SIZES_TOKEN,
     offer,
     plain_strings,
@@ -61,6 +64,7 @@ EXPECTED = {
         "inbound": [
             {"protocol": "tcp", "portRange": "22", "sourceAddresses": EVERYWHERE},
             {"protocol": "tcp", "portRange": "443", "sourceAddresses": EVERYWHERE},
+            {"protocol": "tcp", "portRange": "80", "sourceAddresses": EVERYWHERE},
         ],
         "price": 0.76,
     },
@@ -79,6 +83,8 @@ EXPECTED = {
         "inbound": [
             {"protocol": "tcp", "portRange": "22", "sourceAddresses": ["198.51.100.0/24"]},
             {"protocol": "tcp", "portRange": "443", "sourceAddresses": ["203.0.113.0/24"]},
+            # The ACME CA validates from the internet: port 80 stays open with narrowed access.
+            {"protocol": "tcp", "portRange": "80", "sourceAddresses": EVERYWHERE},
         ],
         "price": 3.39,
     },
@@ -91,13 +97,19 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     assert run.error is None, run.error
     expected = EXPECTED[stack]
 
-    key = run.one(TLS_KEY)
+    key = run.one(TLS_KEY, "gpu-ssh")
     assert key.inputs == {"algorithm": "ED25519"}
+    assert run.one(TLS_KEY, "gpu-host-key").inputs == {"algorithm": "ED25519"}
     ssh_key = run.one(SSH_KEY)
     assert ssh_key.inputs["publicKey"] == FAKE_PUBLIC_KEY
 
     droplet = run.one(DROPLET)
+    user_data = droplet.inputs.pop("userData")
     assert droplet.inputs == expected["droplet"]
+    assert droplet.raw["userData"][SECRET_SIG], "user data holds the host private key: secret"
+    assert user_data.startswith("#cloud-config\nssh_pwauth: false\nssh_deletekeys: true\n")
+    assert "    FAKE-HOST-KEY-aG9zdGtleWhvc3RrZXk\n" in user_data
+    assert f"  ed25519_public: {FAKE_HOST_PUBLIC_KEY}\n" in user_data
     assert droplet.custom_timeouts == {"create": "60m", "update": "60m", "delete": "20m"}
     assert ssh_key.urn in droplet.dependencies
 
@@ -116,11 +128,17 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     assert outputs["hourlyPriceUsd"] == expected["price"]
     assert outputs["servedModelName"] == "nemotron"
     assert outputs["region"] == expected["droplet"]["region"]
+    key_file = f"~/.ssh/nemotron-droplet-{stack}"
     assert outputs["sshCommand"] == (
         f"(umask 077 && pulumi stack output --stack {stack} sshPrivateKey --show-secrets"
-        f" > ~/.ssh/nemotron-droplet-{stack}) && ssh -i ~/.ssh/nemotron-droplet-{stack}"
-        f" -o IdentitiesOnly=yes -o StrictHostKeyChecking=accept-new root@{FAKE_IPV4}"
+        f" > {key_file} && echo '{FAKE_IPV4} {FAKE_HOST_PUBLIC_KEY}' > {key_file}.known_hosts)"
+        f" && ssh -i {key_file} -o IdentitiesOnly=yes -o UserKnownHostsFile={key_file}.known_hosts"
+        f" -o StrictHostKeyChecking=yes root@{FAKE_IPV4}"
     )
+    assert outputs["sshHostPublicKey"] == FAKE_HOST_PUBLIC_KEY
+    assert outputs["endpoint"] == "https://203-0-113-10.sslip.io/v1"
+    assert outputs["endpointTls"] is True
+    assert outputs["apiKey"] == FAKE_API_KEY and run.outputs["apiKey"].secret
 
 
 def test_every_resource_is_a_child_of_its_component() -> None:
@@ -129,6 +147,9 @@ def test_every_resource_is_a_child_of_its_component() -> None:
     boot = run.one("nemotron-droplet:index:Bootstrap")
     for reg in run.registrations:
         if reg in (gpu, boot):
+            continue
+        if reg.type.startswith("random:"):
+            assert reg.parent.endswith("::nemotron-droplet-dev"), "the API key is the stack's"
             continue
         expected = boot if reg.type.startswith("command:") else gpu
         assert reg.parent == expected.urn, reg.type
@@ -145,7 +166,22 @@ def test_no_firewall_rule_ever_opens_the_vllm_port() -> None:
 def test_empty_api_cidrs_close_the_api_port() -> None:
     run = run_program(dev(access={"apiCidrs": []}))
     assert run.error is None, run.error
-    assert [r["portRange"] for r in run.one(FIREWALL).inputs["inboundRules"]] == ["22"]
+    assert [r["portRange"] for r in run.one(FIREWALL).inputs["inboundRules"]] == ["22", "80"]
+
+
+def test_plain_http_opt_out_serves_port_80_to_api_cidrs_and_says_so() -> None:
+    run = run_program(dev(access={"https": False, "apiCidrs": ["203.0.113.0/24"]}))
+    assert run.error is None, run.error
+    assert run.one(FIREWALL).inputs["inboundRules"][1:] == [
+        {"protocol": "tcp", "portRange": "80", "sourceAddresses": ["203.0.113.0/24"]}
+    ]
+    assert run.outputs["endpoint"].value == "http://203-0-113-10.sslip.io/v1"
+    assert run.outputs["endpointTls"].value is False
+
+
+def test_own_domain_names_the_endpoint() -> None:
+    run = run_program(dev(access={"domain": "llm.example.com"}))
+    assert run.outputs["endpoint"].value == "https://llm.example.com/v1"
 
 
 def test_user_key_fingerprints_are_added_after_the_stack_key() -> None:
@@ -375,17 +411,36 @@ def _assert_nowhere_plain(run: Any, secret: str) -> None:
             assert out.secret, f"output {name} holds a secret but is not marked secret"
 
 
-def test_private_key_is_exported_only_as_a_secret_and_never_a_plain_input() -> None:
-    run = run_program(stack_config("dev"), secrets={"hfToken": HF_TOKEN})
+GIVEN_API_KEY = "given-api-key-FAKE-0123456789abcdefghijklmnop"
+
+
+@pytest.mark.parametrize("given_key", [False, True], ids=["generated-key", "given-key"])
+def test_secrets_appear_only_as_secrets(given_key: bool) -> None:
+    """The SSH private key, the host private key, the API key and the HF token: in no plain
+    resource input and no plain output; exported only as secrets."""
+    secrets = {"hfToken": HF_TOKEN, **({"apiKey": GIVEN_API_KEY} if given_key else {})}
+    run = run_program(stack_config("dev"), secrets=secrets)
     assert run.error is None, run.error
-    assert run.outputs["sshPrivateKey"].secret
+    api_key = GIVEN_API_KEY if given_key else FAKE_API_KEY
+    assert run.outputs["apiKey"].value == api_key
     assert run.outputs["sshPrivateKey"].value == FAKE_PRIVATE_KEY
-    _assert_nowhere_plain(run, FAKE_PRIVATE_KEY)
-    _assert_nowhere_plain(run, "FAKE-PRIVATE-KEY")
-    _assert_nowhere_plain(run, HF_TOKEN)
-    for name, out in run.outputs.items():
-        if name != "sshPrivateKey":
-            assert not out.secret, f"{name} should stay readable"
+    for secret in (FAKE_PRIVATE_KEY, "FAKE-PRIVATE-KEY", "FAKE-HOST-KEY", HF_TOKEN, api_key):
+        _assert_nowhere_plain(run, secret)
+    assert {n for n, out in run.outputs.items() if out.secret} == {"sshPrivateKey", "apiKey"}
+    generated = [
+        r for r in run.registrations if r.type == "random:index/randomPassword:RandomPassword"
+    ]
+    assert [r.inputs for r in generated] == (
+        [] if given_key else [{"length": 48, "special": False}]
+    )
+
+
+def test_every_remote_connection_pins_the_host_key() -> None:
+    run = run_program(stack_config("dev"))
+    remote = [r for r in run.registrations if r.type.startswith("command:remote:")]
+    assert len(remote) == 12
+    for reg in remote:
+        assert reg.inputs["connection"]["hostKey"] == FAKE_HOST_PUBLIC_KEY, reg.name
 
 
 def test_hf_token_in_plain_text_is_refused() -> None:
@@ -395,3 +450,11 @@ def test_hf_token_in_plain_text_is_refused() -> None:
         "hfToken: stored in plain text; set it as a secret: pulumi config set --secret hfToken <value>"
     ]
     assert HF_TOKEN not in str(run.error)
+
+
+def test_api_key_in_plain_text_is_refused() -> None:
+    run = run_program(dev(apiKey=GIVEN_API_KEY))
+    assert isinstance(run.error, ConfigError)
+    assert run.error.problems == [
+        "apiKey: stored in plain text; set it as a secret: pulumi config set --secret apiKey <value>"
+    ]
