@@ -47,6 +47,9 @@ def caddyfile(
     email = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
     site = host if cfg.access.https else f"http://:{http_port}"
     upstream = f"127.0.0.1:{upstream_port}"
+    length = "{http.request.header.Content-Length}"
+    max_body = cfg.access.max_request_body_mb * 1024 * 1024
+    too_big = f"`{length}.matches('^[0-9]+$') && int({length}) > {max_body}`"
     return f"""# nemotron-droplet gateway: written by the gateway phase; edits are overwritten.
 {{
 	# No admin API: nothing on the Droplet may reconfigure the gateway but this file.
@@ -62,6 +65,11 @@ def caddyfile(
 }}
 
 {site} {{
+	# A declared length over the limit is refused up front; a chunked body is cut at the limit.
+	@too_big expression {too_big}
+	handle @too_big {{
+		respond "request body over {cfg.access.max_request_body_mb} MB" 413
+	}}
 	request_body {{
 		max_size {cfg.access.max_request_body_mb}MB
 	}}

@@ -3,6 +3,7 @@ front of the fake OpenAI-compatible upstream: key, route allowlist, streaming, b
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import os
 import shutil
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2 as httpx
 import openai
@@ -190,19 +192,47 @@ def test_a_stream_arrives_chunk_by_chunk_at_the_upstream_pace(gw: Gateway) -> No
     assert len(arrivals) == 6
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     # The upstream sends a token every 150 ms: buffered, they would arrive together at the end.
-    assert all(0.10 < g < 0.30 for g in gaps), gaps
+    assert all(0.07 < g < 0.40 for g in gaps), gaps
 
 
-def test_request_bodies_are_size_limited(gw: Gateway) -> None:
-    big = b"x" * (17 * 1024 * 1024)
-    r = requests.post(
-        gw.base + "/chat/completions",
-        data=big,
-        timeout=30,
-        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
-        verify=str(gw.ca) if gw.ca else True,
-    )
-    assert r.status_code == 413
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(gw: Gateway) -> None:
+    url = urlsplit(gw.url)
+    conn: http.client.HTTPConnection
+    if gw.ca:
+        context = ssl.create_default_context(cafile=str(gw.ca))
+        conn = http.client.HTTPSConnection(
+            url.hostname or "", url.port, context=context, timeout=10
+        )
+    else:
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
+    conn.putrequest("POST", "/v1/chat/completions")
+    conn.putheader("Authorization", f"Bearer {KEY}")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(17 * 1024 * 1024))
+    conn.endheaders()  # headers only: the gateway answers without waiting for the body
+    response = conn.getresponse()
+    assert response.status == 413
+    assert b"request body over 16 MB" in response.read()
+    conn.close()
+
+
+def test_a_chunked_body_over_the_limit_is_cut(gw: Gateway) -> None:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(17):
+            yield b"x" * (1024 * 1024)
+
+    try:
+        r = requests.post(
+            gw.base + "/chat/completions",
+            data=chunks(),
+            timeout=30,
+            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+            verify=str(gw.ca) if gw.ca else True,
+        )
+        outcome: int | str = r.status_code
+    except requests.ConnectionError:
+        outcome = "closed while sending"  # the gateway stopped reading at the limit
+    assert outcome in (413, 502, "closed while sending"), outcome
 
 
 def test_the_official_openai_client_works_through_the_gateway(gw: Gateway) -> None:
