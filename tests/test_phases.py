@@ -52,7 +52,7 @@ class Phases:
         raw = stack_config("dev")
         for section, values in overrides.items():
             raw[section] = {**raw.get(section, {}), **values}
-        self.cfg = config.parse(raw, "dev")
+        self.cfg = config.parse(raw, "dev", frozenset({"autodown"}))
         installer = (FAKES / "pkg" / "miniforge.sh").read_bytes()
         self.miniforge_url = downloads.add("/miniforge/Miniforge3-Linux-x86_64.sh", installer)
         self.miniforge_sha = hashlib.sha256(installer).hexdigest()
@@ -577,3 +577,38 @@ def test_shellcheck_passes_on_every_rendered_phase(stack: str, tmp_path: Path) -
         check=False,
     )
     assert proc.returncode == 0, proc.stdout
+
+
+# ---- autodown --------------------------------------------------------------------------------
+
+
+def test_autodown_installs_its_timer_once_with_the_token_root_only_then_removes_it_when_off(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    token = "dop_v1_SANDBOXtoken0123"
+    on = Phases(box, downloads, autodown={"idleMinutes": 30, "maxHours": 8, "token": token})
+    run = on.run("autodown")
+    assert run.returncode == 0, run.stderr
+    assert run.result["changed"] is True and run.result["autodown"] == "delete"
+    assert token not in run.stderr
+    env_file = box.file("/etc/nemotron/autodown.env")
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    assert f"AUTODOWN_TOKEN={token}\n" in env_file.read_text()
+    assert (
+        "OnUnitActiveSec=1min"
+        in box.file("/etc/systemd/system/nemotron-autodown.timer").read_text()
+    )
+    assert box.file("/var/lib/fake-systemd/enabled/nemotron-autodown.timer").exists()
+    assert on.ok("autodown")["changed"] is False
+    # The service the timer runs works on this host: vLLM is not up, so it counts as busy.
+    check = box.run("", inner="systemctl start nemotron-autodown.service")
+    assert check.returncode == 0, check.stderr
+    assert "autodown: keep: metrics unreadable, counted as busy" in check.stdout
+    assert token not in check.stdout + check.stderr
+
+    off = Phases(box, downloads, autodown={"idleMinutes": None, "maxHours": None})
+    result = off.ok("autodown")
+    assert result["changed"] is True and result["autodown"] == "off"
+    assert not box.file("/etc/systemd/system/nemotron-autodown.timer").exists()
+    assert not env_file.exists()
+    assert off.ok("autodown")["changed"] is False
