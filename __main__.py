@@ -67,3 +67,16 @@ pulumi.export(
 pulumi.export("sshHostPublicKey", gpu.host_public_key)
 pulumi.export("sshPrivateKey", gpu.private_key_openssh)
 pulumi.export("bootstrapSeconds", bootstrap.seconds)
+pulumi.export(
+    "autodown",
+    {
+        "mode": cfg.autodown.mode,
+        "idleMinutes": cfg.autodown.idle_minutes,
+        "maxHours": cfg.autodown.max_hours,
+    },
+)
+if cfg.autodown.enabled and cfg.autodown.token is None:
+    pulumi.log.warn(
+        "autodown runs as a dry run (logs only) until it has a token that may delete Droplets: "
+        "pulumi config set --secret --path autodown.token dop_v1_..."
+    )

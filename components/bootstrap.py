@@ -54,6 +54,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("model", ("conda",), 150),
     Phase("service", ("vllm", "model"), 15),
     Phase("gateway", ("service",), 20),
+    Phase("autodown", ("service",), 10),
     Phase("ready", ("gateway",), 0),  # its minutes come from bootstrap.readyTimeoutMinutes
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)
@@ -155,6 +156,21 @@ def env_text(api_key: str) -> str:
     ])  # fmt: skip
 
 
+def autodown_env_text(cfg: StackConfig) -> str:
+    rule = cfg.autodown
+    token = rule.token.get_secret_value() if rule.token is not None else ""
+    return "\n".join([
+        f"AUTODOWN_TOKEN={token}",
+        f"AUTODOWN_IDLE_MINUTES={'' if rule.idle_minutes is None else rule.idle_minutes}",
+        f"AUTODOWN_MAX_HOURS={'' if rule.max_hours is None else rule.max_hours}",
+        f"AUTODOWN_DRY_RUN={'true' if rule.mode == 'dry-run' else 'false'}",
+        f"AUTODOWN_METRICS_URL=http://127.0.0.1:{catalog.VLLM_PORT}/metrics",
+        f"AUTODOWN_METADATA_URL={catalog.METADATA_URL}/id",
+        f"AUTODOWN_API_URL={catalog.DO_API_URL}",
+        f"AUTODOWN_STATE={catalog.STATE_DIR}/autodown.json",
+    ])  # fmt: skip
+
+
 def lock_sha256(cfg: StackConfig) -> str:
     return hashlib.sha256(cfg.lock_file.read_bytes()).hexdigest()
 
@@ -246,6 +262,11 @@ def settings(
             "NEMO_GATEWAY_ENV_TEXT": f"{gateway.API_KEY_ENV}={api_key}",
             "NEMO_CADDY_APT_KEY_URL": catalog.CADDY_APT_KEY_URL,
             "NEMO_CADDY_APT_REPO": catalog.CADDY_APT_REPO,
+        },
+        "autodown": {
+            "NEMO_AUTODOWN_MODE": cfg.autodown.mode,
+            "NEMO_AUTODOWN_ENV_TEXT": autodown_env_text(cfg),
+            "NEMO_AUTODOWN_PY": (PHASES_DIR / "autodown.py").read_text(),
         },
         "ready": {
             # Through the gateway, on the Droplet: its real TLS and routes, no DNS needed.
@@ -380,6 +401,9 @@ class Bootstrap(pulumi.ComponentResource):
         if phase == "reboot-wait":
             available["reboot_result"] = self.commands["reboot"].stdout.apply(parse_result)
         needed = {name: available[name] for name in RUNTIME_INPUTS.get(phase, ())}
+        if phase == "autodown" and cfg.autodown.token is not None:
+            # The token is in the config model, not an Output: mark the script secret here.
+            return pulumi.Output.secret(render(phase, settings(cfg, phase)))
         if not needed:
             return render(phase, settings(cfg, phase))
         # Secrets stay secret: an Output built from a secret is a secret.

@@ -28,6 +28,9 @@ VLLM_USER = "vllm"
 # Root-only file with the service's environment (secrets included, never a command line).
 VLLM_ENV_FILE = "/etc/nemotron/vllm.env"
 STATE_DIR = "/var/lib/nemotron"
+# The Droplet's own metadata service, and the API autodown calls to delete the Droplet.
+METADATA_URL = "http://169.254.169.254/metadata/v1"
+DO_API_URL = "https://api.digitalocean.com"
 CONDA_PREFIX = "/opt/conda"
 VLLM_ENV = "/opt/conda/envs/vllm"
 # huggingface_hub lives in an env of its own so the model download can run while uv rewrites

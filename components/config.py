@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pulumi
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from . import catalog
@@ -426,12 +426,47 @@ class BootstrapConfig(_Section):
     )
 
 
+class AutodownConfig(_Section):
+    idle_minutes: int | None = Field(
+        None,
+        ge=5,
+        le=10080,
+        description="Delete the Droplet after this many minutes with no request running, "
+        "waiting or finishing. Unset: no idle rule.",
+    )
+    max_hours: float | None = Field(
+        None,
+        gt=0,
+        le=720,
+        description="Delete the Droplet this many hours after the bootstrap first ran, busy or "
+        "not. Unset: no ceiling.",
+    )
+    token: SecretStr | None = Field(
+        None,
+        description="DigitalOcean token that may delete Droplets, set as a secret: "
+        "`pulumi config set --secret --path autodown.token dop_v1_...`. Unset while a rule is "
+        "on: the rule runs as a dry run (logs only) and `pulumi up` warns.",
+    )
+    dry_run: bool = Field(False, description="Log what the rule would do; delete nothing.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.idle_minutes is not None or self.max_hours is not None
+
+    @property
+    def mode(self) -> str:
+        if not self.enabled:
+            return "off"
+        return "dry-run" if self.dry_run or self.token is None else "delete"
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "droplet": DropletConfig,
     "access": AccessConfig,
     "model": ModelConfig,
     "vllm": VllmConfig,
     "bootstrap": BootstrapConfig,
+    "autodown": AutodownConfig,
 }
 SECRET_KEYS = ("hfToken", "apiKey")
 
@@ -447,6 +482,7 @@ class StackConfig(BaseModel):
     model: ModelConfig
     vllm: VllmConfig
     bootstrap: BootstrapConfig
+    autodown: AutodownConfig
 
     @property
     def size(self) -> catalog.GpuSize:
@@ -705,6 +741,12 @@ def parse(
     known = set(SECTIONS) | set(SECRET_KEYS)
     for key in sorted(set(raw) - known):
         problems.append(f"{key}: unknown key; accepted: {', '.join([*SECTIONS, *SECRET_KEYS])}")
+    autodown = raw.get("autodown")
+    if isinstance(autodown, Mapping) and "token" in autodown and "autodown" not in secret_keys:
+        problems.append(
+            "autodown.token: stored in plain text; set it as a secret: "
+            "pulumi config set --secret --path autodown.token <value>"
+        )
     for key in SECRET_KEYS:
         if key in raw and key not in secret_keys:
             problems.append(

@@ -36,10 +36,20 @@ def stack_raw(stack: str) -> tuple[dict[str, Any], frozenset[str]]:
     for key, value in (data.get("config") or {}).items():
         if key.startswith(prefix):
             name = key[len(prefix) :]
-            raw[name] = value
-            if isinstance(value, dict) and "secure" in value:
+            raw[name], hidden = _without_secrets(value)
+            if hidden:
                 secret.add(name)
     return raw, frozenset(secret)
+
+
+def _without_secrets(value: Any) -> tuple[Any, bool]:
+    """Replace encrypted values (`secure: ...`, at any depth) with a placeholder."""
+    if isinstance(value, dict):
+        if set(value) == {"secure"}:
+            return bootstrap.SECRET_PLACEHOLDER, True
+        items = {k: _without_secrets(v) for k, v in value.items()}
+        return {k: v for k, (v, _) in items.items()}, any(h for _, h in items.values())
+    return value, False
 
 
 def render_stack(stack: str, out: Path) -> list[Path]:

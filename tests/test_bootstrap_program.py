@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
-from pulumi_harness import FAKE_API_KEY, SECRET_SIG, Run, fake_stdout, run_program, stack_config
+from pulumi_harness import (
+    FAKE_API_KEY,
+    SECRET_SIG,
+    Run,
+    fake_stdout,
+    plain_strings,
+    run_program,
+    stack_config,
+)
 from test_program import HF_TOKEN, dev
 
 from components import bootstrap
@@ -22,6 +31,7 @@ EDGES = {
     "model": {"conda"},
     "service": {"vllm", "model"},
     "gateway": {"service"},
+    "autodown": {"service"},
     "ready": {"gateway"},
 }
 
@@ -87,27 +97,23 @@ def reruns(before: Run, after: Run) -> set[str]:
     return changed
 
 
-@pytest.mark.parametrize(
-    ("override", "expected"),
-    [
-        (
-            {"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}},
-            {"model", "service", "gateway", "ready"},
-        ),
-        ({"model": {"servedName": "nemo"}}, {"service", "gateway", "ready"}),
-        ({"vllm": {"maxModelLen": 16384}}, {"service", "gateway", "ready"}),
-        ({"vllm": {"gpuMemoryUtilization": 0.8}}, {"service", "gateway", "ready"}),
-        ({"access": {"domain": "llm.example.com"}}, {"gateway", "ready"}),
-        ({"access": {"maxRequestBodyMb": 64}}, {"gateway", "ready"}),
-        ({"bootstrap": {"readyTimeoutMinutes": 60}}, {"ready"}),
-        (
-            {"bootstrap": {"python": "3.12", "driver": {"branch": "590"}}},
-            set(EDGES) - {"preflight"},
-        ),
-        ({"bootstrap": {"cgroup": {"mode": "legacy"}}}, set(EDGES) - {"preflight", "driver"}),
-        ({"vllm": {"install": "source"}}, {"vllm", "service", "gateway", "ready"}),
-    ],
-)
+AFTER_SERVICE = {"service", "gateway", "autodown", "ready"}
+RERUNS = [
+    ({"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}}, {"model", *AFTER_SERVICE}),
+    ({"model": {"servedName": "nemo"}}, AFTER_SERVICE),
+    ({"vllm": {"maxModelLen": 16384}}, AFTER_SERVICE),
+    ({"vllm": {"gpuMemoryUtilization": 0.8}}, AFTER_SERVICE),
+    ({"access": {"domain": "llm.example.com"}}, {"gateway", "ready"}),
+    ({"access": {"maxRequestBodyMb": 64}}, {"gateway", "ready"}),
+    ({"autodown": {"idleMinutes": 45}}, {"autodown"}),
+    ({"bootstrap": {"readyTimeoutMinutes": 60}}, {"ready"}),
+    ({"bootstrap": {"driver": {"branch": "590"}}}, set(EDGES) - {"preflight"}),
+    ({"bootstrap": {"cgroup": {"mode": "legacy"}}}, set(EDGES) - {"preflight", "driver"}),
+    ({"vllm": {"install": "source"}}, {"vllm", *AFTER_SERVICE}),
+]
+
+
+@pytest.mark.parametrize(("override", "expected"), RERUNS)
 def test_a_changed_input_reruns_that_phase_and_later_ones_only(
     override: dict, expected: set[str]
 ) -> None:
@@ -207,3 +213,41 @@ def test_missing_lock_is_a_config_error_naming_the_command_to_write_it() -> None
     assert run.error is not None
     assert any("scripts/lock-vllm.sh 0.33.0 3.11" in p for p in run.error.problems)  # type: ignore[attr-defined]
     assert run.registrations == []
+
+
+AUTODOWN_TOKEN = "dop_v1_FAKEprogramTOKEN000111222333"
+
+
+def test_autodown_phase_follows_service_and_its_token_is_secret() -> None:
+    rule = {"idleMinutes": 30, "maxHours": 8, "token": AUTODOWN_TOKEN}
+    raw = stack_config("dev")
+    raw.pop("autodown", None)
+    run = run_program(raw, secrets={"autodown": json.dumps(rule)})
+    assert run.error is None, run.error
+    cmds = commands(run)
+    assert cmds["service"].urn in cmds["autodown"].dependencies
+    assert cmds["autodown"].raw["stdin"][SECRET_SIG]
+    assert f"AUTODOWN_TOKEN={AUTODOWN_TOKEN}" in cmds["autodown"].inputs["stdin"]
+    for reg in run.registrations:
+        for path, text in plain_strings(reg.raw):
+            assert AUTODOWN_TOKEN not in text, (reg.name, path)
+    assert run.outputs["autodown"].value == {"mode": "delete", "idleMinutes": 30, "maxHours": 8.0}
+    assert AUTODOWN_TOKEN not in str(run.outputs)
+
+
+def test_autodown_without_a_token_is_a_dry_run_and_off_by_default() -> None:
+    run = run_program(stack_config("dev"))
+    assert run.outputs["autodown"].value == {"mode": "dry-run", "idleMinutes": 30, "maxHours": 8.0}
+    assert "NEMO_AUTODOWN_MODE=dry-run" in commands(run)["autodown"].inputs["stdin"]
+    prod = run_program(stack_config("prod"), stack="prod")
+    assert prod.outputs["autodown"].value == {"mode": "off", "idleMinutes": None, "maxHours": None}
+
+
+def test_autodown_token_in_plain_text_is_refused() -> None:
+    run = run_program(dev(autodown={"idleMinutes": 30, "token": AUTODOWN_TOKEN}))
+    assert run.error is not None
+    assert run.error.problems == [  # type: ignore[attr-defined]
+        "autodown.token: stored in plain text; set it as a secret: "
+        "pulumi config set --secret --path autodown.token <value>"
+    ]
+    assert AUTODOWN_TOKEN not in str(run.error)

@@ -181,6 +181,7 @@ def run_bootstrap(droplet: Droplet, p: Phases) -> dict[str, dict[str, Any]]:
             future.result()
     phase("service")
     phase("gateway")
+    phase("autodown")
     phase("ready")
     return results
 
@@ -198,7 +199,7 @@ def test_the_whole_bootstrap_over_ssh_with_one_reboot_then_a_second_up_changes_n
         assert first["rebooted"]["done"] is True
         assert first["reboot-wait"]["boot_id"] != first["reboot"]["boot_id"]
         assert first["reboot-wait"]["driver"] == "580.159.04"
-        for name in ("conda", "vllm", "model", "service", "gateway"):
+        for name in ("conda", "vllm", "model", "service", "gateway", "autodown"):
             assert first[name]["changed"] is True, name
         assert first["ready"]["ready_seconds"] >= 0
         boot = droplet.box.boot_id

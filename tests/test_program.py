@@ -22,7 +22,7 @@ from pulumi_harness import (
     stack_config,
 )
 
-from components import catalog
+from components import bootstrap, catalog
 from components.config import ConfigError
 
 DROPLET = "digitalocean:index/droplet:Droplet"
@@ -302,7 +302,7 @@ REJECTED = [
     ),
     (
         {"dropet": {"size": "gpu-h100x1-80gb"}},
-        "dropet: unknown key; accepted: droplet, access, model, vllm, bootstrap, hfToken",
+        "dropet: unknown key; accepted: droplet, access, model, vllm, bootstrap, autodown, hfToken, apiKey",
     ),
     ({"droplet": "gpu-h100x1-80gb"}, "droplet: expected an object (a YAML mapping)"),
 ]
@@ -438,7 +438,7 @@ def test_secrets_appear_only_as_secrets(given_key: bool) -> None:
 def test_every_remote_connection_pins_the_host_key() -> None:
     run = run_program(stack_config("dev"))
     remote = [r for r in run.registrations if r.type.startswith("command:remote:")]
-    assert len(remote) == 12
+    assert len(remote) == len(bootstrap.PHASES) + 1  # the phases and the lock copy
     for reg in remote:
         assert reg.inputs["connection"]["hostKey"] == FAKE_HOST_PUBLIC_KEY, reg.name
 
