@@ -29,9 +29,7 @@ mkdir -p "$(dirname "$lib")"
 if printf '%s\n' "$NEMO_AUTODOWN_PY" | install_file "$lib" 755; then changed; fi
 
 step env-file "root-only ${env_file}"
-mkdir -p "$(dirname "$env_file")"
-chmod 700 "$(dirname "$env_file")"
-if printf '%s\n' "$NEMO_AUTODOWN_ENV_TEXT" | install_file "$env_file" 600; then changed; fi
+if printf '%s\n' "$NEMO_AUTODOWN_ENV_TEXT" | install_secret "$env_file"; then changed; fi
 
 step units "nemotron-autodown.service and .timer (every minute)"
 if printf '%s\n' '[Unit]' 'Description=Delete this Droplet when idle or up too long (nemotron-droplet)' \

@@ -27,9 +27,7 @@ else
 fi
 
 step env-file "root-only ${NEMO_GATEWAY_ENV_FILE} with the key"
-mkdir -p "$(dirname "$NEMO_GATEWAY_ENV_FILE")"
-chmod 700 "$(dirname "$NEMO_GATEWAY_ENV_FILE")"
-if printf '%s\n' "$NEMO_GATEWAY_ENV_TEXT" | install_file "$NEMO_GATEWAY_ENV_FILE" 600; then
+if printf '%s\n' "$NEMO_GATEWAY_ENV_TEXT" | install_secret "$NEMO_GATEWAY_ENV_FILE"; then
   changed
   restart=true
 fi

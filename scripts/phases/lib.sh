@@ -118,6 +118,14 @@ install_file() {
   return 0
 }
 
+# install_secret PATH: install_file for secrets: stdin to PATH, mode 600, in a folder only root
+# may enter; says whether it changed.
+install_secret() {
+  mkdir -p "$(dirname "$1")"
+  chmod 700 "$(dirname "$1")"
+  install_file "$1" 600
+}
+
 request_reboot() {
   mkdir -p "$REBOOT_DIR"
   printf '%s\n' "$1" > "$REBOOT_DIR/$PHASE"

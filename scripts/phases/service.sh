@@ -17,9 +17,7 @@ chown -R "$NEMO_VLLM_USER:" "$NEMO_HF_HOME" "/var/lib/${NEMO_VLLM_USER}"
 
 restart=false
 step env-file "root-only ${NEMO_ENV_FILE}"
-mkdir -p "$(dirname "$NEMO_ENV_FILE")"
-chmod 700 "$(dirname "$NEMO_ENV_FILE")"
-if printf '%s\n' "$NEMO_ENV_TEXT" | install_file "$NEMO_ENV_FILE" 600; then
+if printf '%s\n' "$NEMO_ENV_TEXT" | install_secret "$NEMO_ENV_FILE"; then
   changed
   restart=true
 fi
