@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import runpy
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from pulumi.runtime import settings as pulumi_settings
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "nemotron-droplet"
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
-UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 
 # A syntactically real OpenSSH private key body is not needed: any unique marker will do, the
 # tests look for it verbatim wherever it must not be.
@@ -199,7 +198,6 @@ class Run:
     outputs: dict[str, Output]
     cloud: FakeCloud
     error: BaseException | None = None
-    by_type: dict[str, list[Registration]] = field(default_factory=dict)
 
     def one(self, type_: str, name: str | None = None) -> Registration:
         found = [r for r in self.registrations if r.type == type_ and name in (None, r.name)]
@@ -243,9 +241,6 @@ def run_program(
         exported: dict[str, Any] = getattr(stack_resource, "outputs", {})
         names = list(exported)
 
-        def collect(_: Any) -> None:
-            return None
-
         outs = [pulumi.Output.from_input(exported[n]) for n in names]
 
         async def resolve() -> None:
@@ -254,7 +249,7 @@ def run_program(
                 secret = await o.is_secret()
                 result.outputs[n] = Output(value=value, secret=bool(secret))
 
-        return pulumi.Output.from_input(resolve()).apply(collect)
+        return pulumi.Output.from_input(resolve())
 
     try:
         program()

@@ -5,7 +5,6 @@ a restart of the server under a new boot id, and the next phase dials until SSH 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import textwrap
@@ -232,4 +231,3 @@ def test_the_client_environment_does_not_reach_the_phase(droplet: Droplet) -> No
     proc = droplet.run_phase("env\n")
     assert proc.returncode == 0, proc.stderr
     assert "NEMO_FROM_CLIENT" not in proc.stdout
-    assert shutil.which("ssh")
