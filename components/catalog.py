@@ -17,6 +17,8 @@ PROJECT = "nemotron-droplet"
 # Ports. vLLM only ever listens on loopback; the public entry is the gateway (gateway.py).
 SSH_PORT = 22
 VLLM_PORT = 8000
+# Every IPv4 and IPv6 address: the default access lists, egress, the ACME port.
+ANYWHERE = ("0.0.0.0/0", "::/0")
 
 # The user DigitalOcean images log in as.
 SSH_USER = "root"
@@ -51,8 +53,6 @@ MINIFORGE_URL = (
     f"{MINIFORGE_VERSION}/Miniforge3-{MINIFORGE_VERSION}-Linux-x86_64.sh"
 )
 MINIFORGE_SHA256 = "376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768"
-PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
-DEFAULT_PYTHON = "3.12"
 
 VLLM_GIT_URL = "https://github.com/vllm-project/vllm.git"
 # Caddy's own apt repository, for Ubuntu releases whose archive has no caddy (22.04).

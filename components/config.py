@@ -24,7 +24,6 @@ from . import catalog
 
 NAMESPACE = catalog.PROJECT
 LOCKS_DIR = Path(__file__).resolve().parent.parent / catalog.LOCKS_PATH
-ANYWHERE = ["0.0.0.0/0", "::/0"]
 
 _TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
 _REGION = re.compile(r"^[a-z]{3}[0-9]$")
@@ -170,12 +169,12 @@ class DropletConfig(_Section):
 
 class AccessConfig(_Section):
     api_cidrs: list[str] = Field(
-        default_factory=lambda: list(ANYWHERE),
+        default_factory=lambda: list(catalog.ANYWHERE),
         description="Who may reach the API port. Every API route requires the key. `[]` closes "
         "the port (reach the API through an SSH tunnel).",
     )
     ssh_cidrs: list[str] = Field(
-        default_factory=lambda: list(ANYWHERE),
+        default_factory=lambda: list(catalog.ANYWHERE),
         description="Who may reach SSH (key-only). Must include the machine that runs "
         "`pulumi up`: the bootstrap runs over SSH.",
     )

@@ -14,8 +14,6 @@ from . import catalog
 # allows 60 minutes. Deleting waits for a graceful shutdown first.
 DROPLET_TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="20m")
 
-_EVERYWHERE = ["0.0.0.0/0", "::/0"]
-
 
 @dataclass(frozen=True)
 class GpuDropletArgs:
@@ -51,7 +49,9 @@ def firewall_inbound_rules(args: GpuDropletArgs) -> list[digitalocean.FirewallIn
     if args.acme_port is not None:
         rules.append(
             digitalocean.FirewallInboundRuleArgs(
-                protocol="tcp", port_range=str(args.acme_port), source_addresses=_EVERYWHERE
+                protocol="tcp",
+                port_range=str(args.acme_port),
+                source_addresses=list(catalog.ANYWHERE),
             )
         )
     return rules
@@ -61,7 +61,7 @@ def firewall_outbound_rules() -> list[digitalocean.FirewallOutboundRuleArgs]:
     # The bootstrap downloads packages, wheels and weights; DNS and NTP use UDP.
     return [
         digitalocean.FirewallOutboundRuleArgs(
-            protocol=protocol, port_range=ports, destination_addresses=_EVERYWHERE
+            protocol=protocol, port_range=ports, destination_addresses=list(catalog.ANYWHERE)
         )
         for protocol, ports in (("tcp", "1-65535"), ("udp", "1-65535"), ("icmp", None))
     ]

@@ -15,7 +15,6 @@ from .config import StackConfig
 # The key reaches Caddy from a root-only EnvironmentFile, read by systemd, never the Caddyfile.
 API_KEY_ENV = "NEMO_API_KEY"
 GATEWAY_ENV_FILE = "/etc/nemotron/gateway.env"
-CADDY_DROPIN = "/etc/systemd/system/caddy.service.d/nemotron.conf"
 HTTP_PORT = 80
 HTTPS_PORT = 443
 SSLIP_SUFFIX = "sslip.io"

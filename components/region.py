@@ -22,9 +22,6 @@ class Offer:
     available: bool
     regions: tuple[str, ...]
     price_hourly: float
-    vcpus: int
-    memory_mb: int
-    disk_gb: int
 
 
 @dataclass(frozen=True)
@@ -43,9 +40,6 @@ def lookup(size: str) -> Offer | None:
                 available=s.available,
                 regions=tuple(s.regions),
                 price_hourly=float(s.price_hourly),
-                vcpus=int(s.vcpus),
-                memory_mb=int(s.memory),
-                disk_gb=int(s.disk),
             )
     return None
 

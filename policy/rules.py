@@ -16,7 +16,6 @@ from components import catalog  # after the path is set
 
 DROPLET = "digitalocean:index/droplet:Droplet"
 FIREWALL = "digitalocean:index/firewall:Firewall"
-ANYWHERE = ("0.0.0.0/0", "::/0")
 
 
 def stack_of(urn: str) -> str:
@@ -78,7 +77,7 @@ def open_to_anywhere_in_prod(props: Mapping[str, Any], urn: str) -> list[str]:
         f"port {rule.get('portRange')} is open to anywhere ({', '.join(open_)}) in prod; "
         "narrow access.sshCidrs / access.apiCidrs"
         for rule in rules
-        if (open_ := [a for a in rule.get("sourceAddresses") or [] if a in ANYWHERE])
+        if (open_ := [a for a in rule.get("sourceAddresses") or [] if a in catalog.ANYWHERE])
         # Beside HTTPS, port 80 only answers the ACME CA's challenges (from anywhere) and
         # redirects: it carries no API.
         and not (https and rule.get("portRange") == "80")
