@@ -34,25 +34,26 @@ class Gateway:
     def __init__(self, base: str, url: str, ca: Path | None, log: Path) -> None:
         self.base, self.url, self.ca, self.log = base, url, ca, log
 
-    def get(self, path: str, key: str | None = KEY, **kw: Any) -> requests.Response:
+    @property
+    def verify(self) -> str | bool:
+        """Caddy's local CA for HTTPS on localhost; the default trust otherwise."""
+        return str(self.ca) if self.ca else True
+
+    def request(
+        self, method: str, path: str, key: str | None = KEY, **kw: Any
+    ) -> requests.Response:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return requests.get(
-            self.url + path,
-            headers=headers,
-            verify=str(self.ca) if self.ca else True,
-            timeout=10,
-            **kw,
+        headers.update(kw.pop("headers", {}))
+        timeout = kw.pop("timeout", 30)
+        return requests.request(
+            method, self.url + path, headers=headers, verify=self.verify, timeout=timeout, **kw
         )
 
+    def get(self, path: str, key: str | None = KEY, **kw: Any) -> requests.Response:
+        return self.request("GET", path, key, **kw)
+
     def post(self, path: str, key: str | None = KEY, **kw: Any) -> requests.Response:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return requests.post(
-            self.url + path,
-            headers=headers,
-            verify=str(self.ca) if self.ca else True,
-            timeout=30,
-            **kw,
-        )
+        return self.request("POST", path, key, **kw)
 
 
 def start_gateway(tmp_path: Path, upstream: str, https: bool) -> Iterator[Gateway]:
@@ -157,14 +158,8 @@ def test_health_needs_no_key(gw: Gateway) -> None:
     ],
 )
 def test_routes_outside_v1_are_refused_even_with_the_key(gw: Gateway, path: str) -> None:
-    r = requests.post(
-        gw.url + path,
-        headers={"Authorization": f"Bearer {KEY}"},
-        verify=str(gw.ca) if gw.ca else True,
-        timeout=10,
-        json={},
-    )
-    assert r.status_code in (401, 404), (path, r.status_code)
+    r = gw.post(path, json={})
+    assert r.status_code == 404, (path, r.status_code)
     assert "choices" not in r.text
 
 
@@ -177,14 +172,7 @@ def test_a_stream_arrives_chunk_by_chunk_at_the_upstream_pace(gw: Gateway) -> No
     }
     arrivals = []
     start = time.perf_counter()
-    with requests.post(
-        gw.base + "/chat/completions",
-        json=body,
-        stream=True,
-        timeout=30,
-        headers={"Authorization": f"Bearer {KEY}"},
-        verify=str(gw.ca) if gw.ca else True,
-    ) as r:
+    with gw.post("/v1/chat/completions", json=body, stream=True) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith(b"data: {") and b'" tok"' in line:
@@ -222,12 +210,8 @@ def test_a_chunked_body_over_the_limit_is_cut(gw: Gateway) -> None:
             yield b"x" * (1024 * 1024)
 
     try:
-        r = requests.post(
-            gw.base + "/chat/completions",
-            data=chunks(),
-            timeout=30,
-            headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
-            verify=str(gw.ca) if gw.ca else True,
+        r = gw.post(
+            "/v1/chat/completions", data=chunks(), headers={"Content-Type": "application/json"}
         )
         outcome: int | str = r.status_code
     except requests.ConnectionError:
