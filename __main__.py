@@ -9,10 +9,16 @@ import pulumi_random as random
 
 from components import config, gateway, region
 from components.bootstrap import Bootstrap, BootstrapArgs
-from components.droplet import GpuDroplet, GpuDropletArgs, ssh_command
+from components.droplet import REPLACEMENT_NOTE, GpuDroplet, GpuDropletArgs, ssh_command
 
 cfg = config.load()
-placement = region.choose(cfg.droplet.size, cfg.droplet.regions, region.lookup(cfg.droplet.size))
+# An existing Droplet stays where it is; availability only places a new one.
+placement = region.choose(
+    cfg.droplet.size,
+    cfg.droplet.regions,
+    region.lookup(cfg.droplet.size),
+    region.find_existing(cfg.droplet_name, cfg.stack_tag),
+)
 
 gpu = GpuDroplet(
     "gpu",
@@ -44,6 +50,7 @@ bootstrap = Bootstrap(
         ipv4=gpu.ipv4,
         private_key=gpu.private_key_openssh,
         host_public_key=gpu.host_public_key,
+        droplet_id=gpu.droplet_id,
         api_key=api_key,
         hostname=hostname,
         hf_token=config.hf_token(),
@@ -57,7 +64,9 @@ pulumi.export("servedModelName", cfg.model.served_name)
 pulumi.export("ipv4", gpu.ipv4)
 pulumi.export("region", placement.region)
 pulumi.export("size", cfg.droplet.size)
-pulumi.export("hourlyPriceUsd", placement.offer.price_hourly)
+pulumi.export("placement", placement.reason)
+pulumi.export("hourlyPriceUsd", placement.price_hourly)
+pulumi.export("dropletReplacement", REPLACEMENT_NOTE)
 pulumi.export(
     "sshCommand",
     pulumi.Output.all(gpu.ipv4, gpu.host_public_key).apply(

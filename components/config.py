@@ -20,7 +20,7 @@ import pulumi
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from . import catalog
+from . import apikey, catalog, cidrs
 
 NAMESPACE = catalog.PROJECT
 LOCKS_DIR = Path(__file__).resolve().parent.parent / catalog.LOCKS_PATH
@@ -96,8 +96,9 @@ class DropletConfig(_Section):
     )
     regions: list[str] = Field(
         default_factory=lambda: ["tor1", "nyc2", "ams3"],
-        description="Region preference list. The first one where DigitalOcean offers the size "
-        "at deploy time is used.",
+        description="Region preference list for a new Droplet: the first one where DigitalOcean "
+        "offers the size at deploy time is used. An existing Droplet of the same size stays in "
+        "its region, whatever availability says later.",
     )
     image: str | None = Field(
         None,
@@ -171,12 +172,14 @@ class AccessConfig(_Section):
     api_cidrs: list[str] = Field(
         default_factory=lambda: list(catalog.ANYWHERE),
         description="Who may reach the API port. Every API route requires the key. `[]` closes "
-        "the port (reach the API through an SSH tunnel).",
+        "the port (reach the API through an SSH tunnel). Documentation, private, loopback and "
+        "other ranges no client connects from are refused.",
     )
     ssh_cidrs: list[str] = Field(
         default_factory=lambda: list(catalog.ANYWHERE),
-        description="Who may reach SSH (key-only). Must include the machine that runs "
-        "`pulumi up`: the bootstrap runs over SSH.",
+        description="Who may reach SSH (key-only). Must include the public address of the "
+        "machine that runs `pulumi up`: the bootstrap runs over SSH. Documentation, private, "
+        "loopback and other ranges no client connects from are refused.",
     )
     ssh_key_fingerprints: list[str] = Field(
         default_factory=list,
@@ -198,7 +201,11 @@ class AccessConfig(_Section):
         None, description="Email the ACME CA may write to about the certificate."
     )
     max_request_body_mb: int = Field(
-        16, ge=1, le=1024, description="Largest request body the gateway accepts, in MB."
+        16,
+        ge=1,
+        le=1024,
+        description="Largest request body the gateway accepts, in MB (1,000,000 bytes); a "
+        "larger declared body gets 413 before it is read, a larger chunked one is cut.",
     )
 
     @field_validator("domain")
@@ -225,7 +232,13 @@ class AccessConfig(_Section):
                 _cidr(item)
             except ValueError as err:
                 problems.append(str(err))
+                continue
+            why = cidrs.unreachable(item)
+            if why:
+                problems.append(why)
         if problems:
+            if any("connects from it" in p for p in problems):
+                problems.append(f"accepted: {cidrs.FIX}")
             raise ValueError("; ".join(problems))
         return v
 
@@ -496,8 +509,13 @@ class StackConfig(BaseModel):
         return self.droplet.name or f"nemotron-{_slug(self.stack)}"
 
     @property
+    def stack_tag(self) -> str:
+        """The tag that finds this stack's Droplet (with its name) among the account's."""
+        return f"stack:{_slug(self.stack)}"
+
+    @property
     def tags(self) -> list[str]:
-        base = [catalog.PROJECT, f"stack:{_slug(self.stack)}"]
+        base = [catalog.PROJECT, self.stack_tag]
         return base + [t for t in self.droplet.tags if t not in base]
 
     @property
@@ -730,13 +748,21 @@ def _validate_section(
 
 
 def parse(
-    raw: Mapping[str, Any], stack: str, secret_keys: frozenset[str] = frozenset()
+    raw: Mapping[str, Any],
+    stack: str,
+    secret_keys: frozenset[str] = frozenset(),
+    secret_values: Mapping[str, str] | None = None,
 ) -> StackConfig:
     """Validate raw config values (already JSON-decoded) and return the stack's config.
 
-    `raw` maps top-level keys without the namespace (`droplet`, `model`, ...) to values.
+    `raw` maps top-level keys without the namespace (`droplet`, `model`, ...) to values;
+    `secret_values` holds the plain text of the secret top-level keys, to check their form
+    (never quoted in a message).
     """
     problems: list[str] = []
+    given_key = (secret_values or {}).get("apiKey")
+    if given_key is not None and "apiKey" in secret_keys:
+        problems.extend(f"apiKey: {p}" for p in apikey.problems(given_key))
     known = set(SECTIONS) | set(SECRET_KEYS)
     for key in sorted(set(raw) - known):
         problems.append(f"{key}: unknown key; accepted: {', '.join([*SECTIONS, *SECRET_KEYS])}")
@@ -769,12 +795,14 @@ def parse(
     return StackConfig(stack=stack, **parsed)
 
 
-def _raw_from_pulumi() -> tuple[dict[str, Any], frozenset[str]]:
-    """Every key of our namespace that the engine passed, decoded like Config.get_object."""
+def _raw_from_pulumi() -> tuple[dict[str, Any], frozenset[str], dict[str, str]]:
+    """Every key of our namespace that the engine passed, decoded like Config.get_object; the
+    secret top-level keys' plain text apart, for checking their form only."""
     prefix = f"{NAMESPACE}:"
     keys = set(pulumi.runtime.config.CONFIG.get()) | set(pulumi.runtime.get_config_env())
     raw: dict[str, Any] = {}
     secret: set[str] = set()
+    values: dict[str, str] = {}
     env_secret = set(pulumi.runtime.get_config_secret_keys_env())
     for full_key in sorted(k for k in keys if k.startswith(prefix)):
         key = full_key[len(prefix) :]
@@ -783,18 +811,20 @@ def _raw_from_pulumi() -> tuple[dict[str, Any], frozenset[str]]:
             secret.add(key)
         if key in SECRET_KEYS:
             raw[key] = "<secret>"
+            if text is not None:
+                values[key] = text
             continue
         try:
             raw[key] = json.loads(text)
         except (TypeError, json.JSONDecodeError):
             raw[key] = text
-    return raw, frozenset(secret)
+    return raw, frozenset(secret), values
 
 
 def load() -> StackConfig:
     """Read and validate this stack's configuration; raise ConfigError on any problem."""
-    raw, secret = _raw_from_pulumi()
-    return parse(raw, pulumi.get_stack(), secret)
+    raw, secret, values = _raw_from_pulumi()
+    return parse(raw, pulumi.get_stack(), secret, values)
 
 
 def hf_token() -> pulumi.Output[str] | None:
@@ -838,8 +868,9 @@ def reference_markdown() -> str:
     )
     rows.append(
         "| `apiKey` | generated | The key every API request must carry. Unset: 48 random "
-        "characters made once per stack. Secret only: `pulumi config set --secret apiKey ...`; "
-        "a new value and one `pulumi up` rotate it. |"
+        "characters made once per stack. Yours: at least "
+        f"{apikey.MIN_LENGTH} of {apikey.CHARSET_TEXT}, secret only: "
+        "`pulumi config set --secret apiKey ...`; a new value and one `pulumi up` rotate it. |"
     )
     return "\n".join(rows)
 

@@ -14,6 +14,16 @@ from . import catalog
 # allows 60 minutes. Deleting waits for a graceful shutdown first.
 DROPLET_TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="20m")
 
+# What replaces the Droplet, and how: the provider forces a new Droplet when its region, image,
+# size (GPU sizes) or user data change, and when its SSH keys change. The old one is deleted
+# first (delete_before_replace): never two GPU Droplets billing at once, never a second quota
+# request that the GPU limit would refuse. The price is downtime until the new one is ready.
+REPLACEMENT_NOTE = (
+    "delete-then-create: a new droplet.size or droplet.image, a region move, or a change to "
+    "access.sshKeyFingerprints deletes this Droplet first, then creates and bootstraps a new "
+    "one; the endpoint is down until it is ready. Every other change updates it in place."
+)
+
 
 @dataclass(frozen=True)
 class GpuDropletArgs:
@@ -124,7 +134,9 @@ class GpuDroplet(pulumi.ComponentResource):
             graceful_shutdown=True,
             ipv6=False,
             user_data=user_data,
-            opts=pulumi.ResourceOptions(parent=self, custom_timeouts=DROPLET_TIMEOUTS),
+            opts=pulumi.ResourceOptions(
+                parent=self, custom_timeouts=DROPLET_TIMEOUTS, delete_before_replace=True
+            ),
         )
 
         self.firewall = digitalocean.Firewall(

@@ -1,14 +1,20 @@
-"""Where the size can be created right now, and what it costs: one sizes-API lookup per deploy.
+"""Where the Droplet lives: kept where it is once it exists, chosen from live availability only
+when one is created. One sizes-API lookup and one droplets lookup per deploy.
 
 GPU availability is per size and changes from day to day, and a size can be listed as available
-with no region at all (FACTS.md), so the region is chosen at deploy time from the user's
-preference list instead of being fixed in the stack file.
+with no region at all (FACTS.md), so a new Droplet's region is chosen at deploy time from the
+user's preference list. But a region change forces a replacement in the provider: choosing again
+on every `pulumi up` would move (delete and re-create) a live GPU Droplet the day its region
+sells out, and a size offered nowhere would block every update. So the program first asks
+DigitalOcean whether this stack's Droplet exists (its name and stack tag, among GPU Droplets),
+and if it does with the configured size, keeps its region and takes its price.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pulumi
 import pulumi_digitalocean as digitalocean
 
 from .config import ConfigError
@@ -25,9 +31,21 @@ class Offer:
 
 
 @dataclass(frozen=True)
+class Existing:
+    """This stack's Droplet as DigitalOcean lists it."""
+
+    id: str
+    region: str
+    size: str
+    price_hourly: float
+
+
+@dataclass(frozen=True)
 class Placement:
     region: str
-    offer: Offer
+    price_hourly: float
+    # One line for the `placement` output: kept or chosen, and why.
+    reason: str
 
 
 def lookup(size: str) -> Offer | None:
@@ -44,8 +62,51 @@ def lookup(size: str) -> Offer | None:
     return None
 
 
-def choose(size: str, preferred: list[str], offer: Offer | None) -> Placement:
-    """The first preferred region offering the size, else an error saying where it is."""
+def find_existing(name: str, stack_tag: str) -> Existing | None:
+    """This stack's Droplet, if it exists: named `name` and tagged `stack_tag`. GPU Droplets are
+    hidden from a plain list, hence `gpus=True` (FACTS.md: DO OpenAPI droplets_list)."""
+    result = digitalocean.get_droplets(
+        gpus=True,
+        filters=[
+            {"key": "name", "values": [name]},
+            {"key": "tags", "values": [stack_tag]},
+        ],
+    )
+    found = [d for d in result.droplets if d.name == name and stack_tag in (d.tags or [])]
+    if len(found) > 1:
+        pulumi.log.warn(
+            f"{len(found)} GPU Droplets are named {name} and tagged {stack_tag}: "
+            f"{', '.join(f'{d.id} in {d.region}' for d in found)}; keeping the oldest one's "
+            "region. Delete the strays in the control panel: each one is billed."
+        )
+        found.sort(key=lambda d: d.created_at or "")
+    if not found:
+        return None
+    d = found[0]
+    return Existing(
+        id=str(d.id), region=d.region, size=d.size, price_hourly=float(d.price_hourly or 0)
+    )
+
+
+def choose(
+    size: str, preferred: list[str], offer: Offer | None, existing: Existing | None = None
+) -> Placement:
+    """Keep an existing Droplet of this size where it is; else the first preferred region
+    offering the size now (the existing Droplet's region first, if it offers the new size),
+    else an error saying where the size is."""
+    if existing is not None and existing.size == size:
+        if offer is not None and existing.region not in offer.regions:
+            pulumi.log.info(
+                f"{size} is not offered in {existing.region} for new Droplets today; the "
+                f"existing Droplet {existing.id} stays there (a replacement would need a region "
+                f"that offers it: {', '.join(sorted(offer.regions)) or 'none right now'})"
+            )
+        price = existing.price_hourly or (offer.price_hourly if offer else 0.0)
+        return Placement(
+            region=existing.region,
+            price_hourly=price,
+            reason=f"kept: Droplet {existing.id} exists in {existing.region}",
+        )
     if offer is None:
         raise ConfigError(
             [
@@ -60,9 +121,16 @@ def choose(size: str, preferred: list[str], offer: Offer | None) -> Placement:
                 "later or choose another size"
             ]
         )
-    for region in preferred:
+    order = preferred
+    if existing is not None and existing.region in preferred:
+        order = [existing.region, *(r for r in preferred if r != existing.region)]
+    for region in order:
         if region in offer.regions:
-            return Placement(region=region, offer=offer)
+            return Placement(
+                region=region,
+                price_hourly=offer.price_hourly,
+                reason=f"chosen: {region} is the first of droplet.regions that offers {size} now",
+            )
     raise ConfigError(
         [
             f"droplet.regions: {size} is not offered in {', '.join(preferred)}; it is offered in: "

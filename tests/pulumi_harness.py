@@ -42,6 +42,7 @@ FAKE_IPV4 = "203.0.113.10"
 FAKE_DROPLET_ID = "424242"
 
 SIZES_TOKEN = "digitalocean:index/getSizes:getSizes"
+DROPLETS_TOKEN = "digitalocean:index/getDroplets:getDroplets"
 
 
 def fake_stdout(phase: str) -> str:
@@ -92,11 +93,38 @@ class Registration:
     dependencies: list[str]
     parent: str
     custom_timeouts: dict[str, str]
+    delete_before_replace: bool = False
+
+
+def existing_droplet(
+    name: str = "nemotron-dev",
+    region: str = "tor1",
+    size: str = "gpu-4000adax1-20gb",
+    stack: str = "dev",
+    price: float = 0.76,
+    droplet_id: int = int(FAKE_DROPLET_ID),
+) -> dict:
+    """One GPU Droplet as the droplets data source lists it (camelCase, as mocks expect)."""
+    return {
+        "id": droplet_id,
+        "name": name,
+        "region": region,
+        "size": size,
+        "tags": ["nemotron-droplet", f"stack:{stack}"],
+        "priceHourly": price,
+        "createdAt": "2026-11-30T10:00:00Z",
+        "status": "active",
+    }
 
 
 class FakeCloud(pulumi_mocks.Mocks):
-    def __init__(self, offers: dict[str, dict]):
+    def __init__(
+        self, offers: dict[str, dict], droplets: list[dict] | None = None, droplet_id: str = ""
+    ):
         self.offers = offers
+        # The id the provider gives a created Droplet (a replacement gets a new one).
+        self.droplet_id = droplet_id or FAKE_DROPLET_ID
+        self.droplets = droplets or []
         self.calls: list[pulumi_mocks.MockCallArgs] = []
 
     def call(self, args: pulumi_mocks.MockCallArgs):
@@ -104,6 +132,20 @@ class FakeCloud(pulumi_mocks.Mocks):
         if args.token == SIZES_TOKEN:
             wanted = {v for f in args.args.get("filters", []) for v in f["values"]}
             return {"sizes": [o for slug, o in self.offers.items() if slug in wanted]}, []
+        if args.token == DROPLETS_TOKEN:
+            # The provider's filters: every filter must match; a list attribute matches when
+            # any element is one of the values.
+            assert args.args.get("gpus") is True, "GPU Droplets are hidden without gpus=true"
+
+            def matches(d: dict, f: dict) -> bool:
+                value = d.get(f["key"])
+                values = value if isinstance(value, list) else [value]
+                return any(str(v) in f["values"] for v in values)
+
+            found = [
+                d for d in self.droplets if all(matches(d, f) for f in args.args.get("filters", []))
+            ]
+            return {"droplets": found, "id": "droplets"}, []
         raise AssertionError(f"unexpected invoke {args.token}")
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
@@ -130,7 +172,7 @@ class FakeCloud(pulumi_mocks.Mocks):
             outs["stderr"] = f"[{phase}] done"
         elif args.typ == "digitalocean:index/droplet:Droplet":
             outs.update(ipv4Address=FAKE_IPV4, status="active")
-            return FAKE_DROPLET_ID, outs
+            return self.droplet_id, outs
         return f"{args.name}-id", outs
 
 
@@ -157,6 +199,7 @@ class Recorder(pulumi_mocks.MockMonitor):
                         "update": request.customTimeouts.update,
                         "delete": request.customTimeouts.delete,
                     },
+                    delete_before_replace=request.deleteBeforeReplace,
                 )
             )
         return response
@@ -218,10 +261,12 @@ def run_program(
     stack: str = "dev",
     secrets: dict[str, str] | None = None,
     offers: dict[str, dict] | None = None,
+    droplets: list[dict] | None = None,
+    droplet_id: str = "",
 ) -> Run:
     """Run __main__.py with `config` (keys without namespace; plain values JSON-encoded the way
     the engine passes structured config) and `secrets` (marked secret)."""
-    cloud = FakeCloud(DEFAULT_OFFERS if offers is None else offers)
+    cloud = FakeCloud(DEFAULT_OFFERS if offers is None else offers, droplets, droplet_id)
     monitor = Recorder(cloud)
     pulumi_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(cloud, project=PROJECT, stack=stack, preview=False, monitor=monitor)

@@ -15,7 +15,9 @@ from pulumi_harness import (
     FAKE_PRIVATE_KEY,
     FAKE_PUBLIC_KEY,
     SECRET_SIG,
+    DROPLETS_TOKEN,
     SIZES_TOKEN,
+    existing_droplet,
     offer,
     plain_strings,
     run_program,
@@ -30,6 +32,8 @@ FIREWALL = "digitalocean:index/firewall:Firewall"
 SSH_KEY = "digitalocean:index/sshKey:SshKey"
 TLS_KEY = "tls:index/privateKey:PrivateKey"
 EVERYWHERE = ["0.0.0.0/0", "::/0"]
+# A public network someone can connect from (not a documentation range: those are refused).
+OFFICE = "81.2.69.0/24"
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -81,9 +85,8 @@ EXPECTED = {
             "sshKeys": [FAKE_FINGERPRINT],
         },
         "inbound": [
-            {"protocol": "tcp", "portRange": "22", "sourceAddresses": ["198.51.100.0/24"]},
-            {"protocol": "tcp", "portRange": "443", "sourceAddresses": ["203.0.113.0/24"]},
-            # The ACME CA validates from the internet: port 80 stays open with narrowed access.
+            {"protocol": "tcp", "portRange": "22", "sourceAddresses": EVERYWHERE},
+            {"protocol": "tcp", "portRange": "443", "sourceAddresses": EVERYWHERE},
             {"protocol": "tcp", "portRange": "80", "sourceAddresses": EVERYWHERE},
         ],
         "price": 3.39,
@@ -111,6 +114,8 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     assert "    FAKE-HOST-KEY-aG9zdGtleWhvc3RrZXk\n" in user_data
     assert f"  ed25519_public: {FAKE_HOST_PUBLIC_KEY}\n" in user_data
     assert droplet.custom_timeouts == {"create": "60m", "update": "60m", "delete": "20m"}
+    # A replacement deletes first: never two GPU Droplets billing, never a second quota ask.
+    assert droplet.delete_before_replace is True
     assert ssh_key.urn in droplet.dependencies
 
     firewall = run.one(FIREWALL)
@@ -128,6 +133,9 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     assert outputs["hourlyPriceUsd"] == expected["price"]
     assert outputs["servedModelName"] == "nemotron"
     assert outputs["region"] == expected["droplet"]["region"]
+    assert outputs["placement"].startswith(f"chosen: {expected['droplet']['region']} is the first")
+    assert outputs["dropletReplacement"].startswith("delete-then-create:")
+    assert "the endpoint is down until it is ready" in outputs["dropletReplacement"]
     key_file = f"~/.ssh/nemotron-droplet-{stack}"
     assert outputs["sshCommand"] == (
         f"(umask 077 && pulumi stack output --stack {stack} sshPrivateKey --show-secrets"
@@ -170,10 +178,10 @@ def test_empty_api_cidrs_close_the_api_port() -> None:
 
 
 def test_plain_http_opt_out_serves_port_80_to_api_cidrs_and_says_so() -> None:
-    run = run_program(dev(access={"https": False, "apiCidrs": ["203.0.113.0/24"]}))
+    run = run_program(dev(access={"https": False, "apiCidrs": [OFFICE]}))
     assert run.error is None, run.error
     assert run.one(FIREWALL).inputs["inboundRules"][1:] == [
-        {"protocol": "tcp", "portRange": "80", "sourceAddresses": ["203.0.113.0/24"]}
+        {"protocol": "tcp", "portRange": "80", "sourceAddresses": [OFFICE]}
     ]
     assert run.outputs["endpoint"].value == "http://203-0-113-10.sslip.io/v1"
     assert run.outputs["endpointTls"].value is False
@@ -243,6 +251,25 @@ REJECTED = [
         "access.sshCidrs: '10.1.2.3/8' is not a CIDR (did you mean 10.0.0.0/8?)",
     ),
     ({"access": {"sshCidrs": []}}, "access.sshCidrs: the list is empty"),
+    (
+        {"access": {"sshCidrs": ["198.51.100.0/24"]}},
+        "access.sshCidrs: 198.51.100.0/24 is a documentation range (RFC 5737, TEST-NET-2): no "
+        "client on the internet connects from it; accepted: put your public address",
+    ),
+    (
+        {"access": {"apiCidrs": ["203.0.113.7/32", OFFICE]}},
+        "access.apiCidrs: 203.0.113.7/32 is a documentation range (RFC 5737, TEST-NET-3)",
+    ),
+    (
+        {"access": {"apiCidrs": ["2001:db8::/48"]}},
+        "access.apiCidrs: 2001:db8::/48 is a documentation range (RFC 3849)",
+    ),
+    (
+        {"access": {"sshCidrs": ["192.168.1.0/24"]}},
+        "access.sshCidrs: 192.168.1.0/24 is a private range (RFC 1918)",
+    ),
+    ({"access": {"sshCidrs": ["127.0.0.1"]}}, "access.sshCidrs: 127.0.0.1 is loopback"),
+    ({"access": {"apiCidrs": ["169.254.169.254/32"]}}, "access.apiCidrs: 169.254.169.254/32 is link-local"),
     (
         {"access": {"sshKeyFingerprints": ["abc"]}},
         "access.sshKeyFingerprints: ['abc']: accepted: MD5 fingerprints",
@@ -367,8 +394,9 @@ def test_region_is_the_first_preferred_one_that_offers_the_size() -> None:
     run = run_program(dev(droplet={"regions": ["tor1", "nyc2", "atl1"]}), offers=offers)
     assert run.error is None, run.error
     assert run.one(DROPLET).inputs["region"] == "nyc2"
-    assert [c.token for c in run.cloud.calls] == [SIZES_TOKEN]
-    assert run.cloud.calls[0].args["filters"] == [{"key": "slug", "values": ["gpu-4000adax1-20gb"]}]
+    assert sorted(c.token for c in run.cloud.calls) == [DROPLETS_TOKEN, SIZES_TOKEN]
+    sizes = next(c for c in run.cloud.calls if c.token == SIZES_TOKEN)
+    assert sizes.args["filters"] == [{"key": "slug", "values": ["gpu-4000adax1-20gb"]}]
 
 
 def test_no_preferred_region_lists_where_the_size_is_offered() -> None:
@@ -458,3 +486,98 @@ def test_api_key_in_plain_text_is_refused() -> None:
     assert run.error.problems == [
         "apiKey: stored in plain text; set it as a secret: pulumi config set --secret apiKey <value>"
     ]
+
+
+def test_public_networks_and_anywhere_are_accepted() -> None:
+    run = run_program(dev(access={"sshCidrs": [OFFICE, "8.8.8.8", "2a00:1450::/32"], "apiCidrs": EVERYWHERE}))
+    assert run.error is None, run.error
+
+
+def test_the_shipped_stacks_carry_no_placeholder_ranges() -> None:
+    from components import cidrs
+
+    for stack in ("dev", "prod"):
+        access = stack_config(stack)["access"]
+        for cidr in access["apiCidrs"] + access["sshCidrs"]:
+            assert cidrs.unreachable(cidr) is None, (stack, cidr)
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("short-key-0123", "apiKey: 14 characters; accepted: at least 32"),
+        ("k" * 40 + "*", "apiKey: holds other characters than letters, digits"),
+        ("{env.HOME}" + "k" * 30, "apiKey: holds other characters than letters, digits"),
+        ("k" * 20 + " " + "k" * 20, "apiKey: holds other characters than letters, digits"),
+        ("k" * 20 + "$" + "k" * 20, "apiKey: holds other characters than letters, digits"),
+    ],
+    ids=["short", "wildcard", "placeholder", "space", "dollar"],
+)
+def test_a_given_api_key_must_be_long_and_plain(key: str, message: str) -> None:
+    run = run_program(stack_config("dev"), secrets={"apiKey": key})
+    assert isinstance(run.error, ConfigError), run.error
+    assert any(p.startswith(message) for p in run.error.problems), run.error.problems
+    assert key not in str(run.error) and key[:8] not in str(run.error)
+    assert run.registrations == []
+
+
+# ---- day 2: placement is sticky, replacement deletes first ---------------------------------
+
+
+def test_an_existing_droplet_stays_where_it_is_when_availability_moves() -> None:
+    """The first-choice region sold out since the Droplet was made: a routine update must not
+    move (replace) it, and its price comes from the Droplet itself."""
+    offers = {"gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", ["ams3"], 0.80)}
+    mine = existing_droplet(region="tor1", price=0.76)
+    run = run_program(dev(vllm={"maxModelLen": 16384}), offers=offers, droplets=[mine])
+    assert run.error is None, run.error
+    assert run.one(DROPLET).inputs["region"] == "tor1"
+    assert run.outputs["region"].value == "tor1"
+    assert run.outputs["hourlyPriceUsd"].value == 0.76
+    assert run.outputs["placement"].value == f"kept: Droplet {FAKE_DROPLET_ID} exists in tor1"
+    lookup = next(c for c in run.cloud.calls if c.token == DROPLETS_TOKEN)
+    assert lookup.args["gpus"] is True
+    assert lookup.args["filters"] == [
+        {"key": "name", "values": ["nemotron-dev"]},
+        {"key": "tags", "values": ["stack:dev"]},
+    ]
+
+
+@pytest.mark.parametrize(
+    "offers",
+    [{}, {"gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", [])}],
+    ids=["size-not-listed", "offered-nowhere"],
+)
+def test_an_existing_droplet_keeps_updating_when_its_size_is_offered_nowhere(offers: dict) -> None:
+    run = run_program(dev(), offers=offers, droplets=[existing_droplet(region="nyc2")])
+    assert run.error is None, run.error
+    assert run.one(DROPLET).inputs["region"] == "nyc2"
+
+
+def test_another_stacks_droplet_is_not_taken_for_this_one() -> None:
+    theirs = [
+        existing_droplet(name="nemotron-prod", stack="prod", region="ams3"),
+        existing_droplet(name="nemotron-dev", stack="other", region="ams3"),
+    ]
+    run = run_program(dev(), droplets=theirs)
+    assert run.error is None, run.error
+    assert run.one(DROPLET).inputs["region"] == "tor1"
+    assert run.outputs["placement"].value.startswith("chosen: tor1")
+
+
+def test_a_new_size_is_placed_from_availability_preferring_the_droplets_region() -> None:
+    """A size change replaces the Droplet: it goes where the new size is offered, its current
+    region first when that one offers it."""
+    offers = {"gpu-l40sx1-48gb": offer("gpu-l40sx1-48gb", ["tor1", "nyc2"], 1.57)}
+    mine = existing_droplet(region="nyc2")  # the 4000 Ada one
+    run = run_program(dev(droplet={"size": "gpu-l40sx1-48gb"}), offers=offers, droplets=[mine])
+    assert run.error is None, run.error
+    assert run.one(DROPLET).inputs["region"] == "nyc2"
+    assert run.outputs["hourlyPriceUsd"].value == 1.57
+    run = run_program(
+        dev(droplet={"size": "gpu-l40sx1-48gb"}),
+        offers={"gpu-l40sx1-48gb": offer("gpu-l40sx1-48gb", ["sfo3"])},
+        droplets=[mine],
+    )
+    assert isinstance(run.error, ConfigError)
+    assert run.error.problems[0].startswith("droplet.regions: gpu-l40sx1-48gb is not offered in")
