@@ -23,11 +23,16 @@ from typing import Any
 import pulumi
 import pulumi_command as command
 
-from . import catalog, gateway
+from . import autodown, catalog, gateway, vllm_service
 from .config import StackConfig
 
 PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
 RUNNER = "bash -s"
+# After the bound, `timeout` sends TERM to the phase's whole process group (lib.sh names the
+# step it stopped in); whatever ignores TERM is killed this many seconds later.
+KILL_AFTER_SECONDS = 60
+# custom_timeouts (the SSH dial) outlast the phase's own bound by this much.
+DIAL_MARGIN_MINUTES = 5
 SECRET_PLACEHOLDER = "<secret: set at deploy time>"  # noqa: S105 (a placeholder)
 
 Setting = str | int | bool | Sequence[str]
@@ -71,104 +76,27 @@ def shell_value(value: Setting) -> str:
     return "(" + " ".join(shlex.quote(v) for v in value) + ")"
 
 
-def render(phase: str, settings: Mapping[str, Setting]) -> str:
-    """The exact text sent on stdin to `bash -s` for a phase."""
+def runner(minutes: int) -> str:
+    """The remote command of a phase. A Command's custom timeout bounds only its SSH dial, not
+    a command already running (FACTS.md), so the phase bounds itself on the Droplet. Fixed text:
+    no setting and no secret is ever on this command line."""
+    return f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
+
+
+def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str:
+    """The exact text sent on stdin to `bash -s` for a phase (`minutes`: its bound, for the
+    message when it is stopped)."""
     lines = [
         "#!/usr/bin/env bash",
-        f"# nemotron-droplet bootstrap, phase {phase}: sent on stdin to `{RUNNER}`.",
+        f"# nemotron-droplet bootstrap, phase {phase}: sent on stdin to `{runner(minutes)}`.",
         f"PHASE={shlex.quote(phase)}",
+        f"PHASE_MINUTES={minutes}",
         *(f"{key}={shell_value(value)}" for key, value in settings.items()),
         "",
         (PHASES_DIR / "lib.sh").read_text(),
         (PHASES_DIR / f"{phase}.sh").read_text(),
     ]
     return "\n".join(lines)
-
-
-def systemd_quote(arg: str) -> str:
-    """One ExecStart argument: `$` and `%` are special to systemd, whitespace needs quotes."""
-    escaped = arg.replace("%", "%%").replace("$", "$$")
-    if escaped and not any(c in escaped for c in " \t\"\\'"):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def vllm_serve_args(cfg: StackConfig) -> list[str]:
-    """`vllm serve` arguments, from the config and the catalog: one place for each flag."""
-    args = [
-        "serve", cfg.model.id,
-        "--revision", cfg.model.revision,
-        "--served-model-name", cfg.model.served_name,
-        "--host", "127.0.0.1",
-        "--port", str(catalog.VLLM_PORT),
-        "--tensor-parallel-size", str(cfg.size.gpu_count),
-        "--max-model-len", str(cfg.vllm.max_model_len),
-        "--gpu-memory-utilization", str(cfg.vllm.gpu_memory_utilization),
-    ]  # fmt: skip
-    if cfg.vllm.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(cfg.vllm.max_num_seqs)]
-    if cfg.vllm.enforce_eager:
-        args.append("--enforce-eager")
-    known = cfg.catalog_model
-    if known is not None:
-        args += list(known.vllm_flags)
-    return args + list(cfg.vllm.extra_args)
-
-
-def unit_text(cfg: StackConfig) -> str:
-    exec_start = " ".join(
-        systemd_quote(a) for a in [f"{catalog.VLLM_ENV}/bin/vllm", *vllm_serve_args(cfg)]
-    )
-    return f"""[Unit]
-Description=vLLM OpenAI-compatible server for {cfg.model.id} (nemotron-droplet)
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-User={catalog.VLLM_USER}
-Group={catalog.VLLM_USER}
-WorkingDirectory=/var/lib/{catalog.VLLM_USER}
-# Secrets and settings live in a root-only file, never on this command line.
-EnvironmentFile={catalog.VLLM_ENV_FILE}
-ExecStart={exec_start}
-Restart=on-failure
-RestartSec=10
-# vLLM's ZMQ sockets run out of descriptors under load with the default limit.
-LimitNOFILE=1048576
-# Type=simple is "started" at once; the ready phase waits for the model, this bounds a stop.
-TimeoutStartSec=30min
-TimeoutStopSec=120
-
-[Install]
-WantedBy=multi-user.target"""
-
-
-def env_text(api_key: str) -> str:
-    return "\n".join([
-        # vLLM checks the key too (defence in depth behind the gateway).
-        f"VLLM_API_KEY={api_key}",
-        f"HF_HOME={catalog.HF_HOME}",
-        # The weights were downloaded by the model phase: never reach the Hub at run time.
-        "HF_HUB_OFFLINE=1",
-        "VLLM_NO_USAGE_STATS=1",
-        "DO_NOT_TRACK=1",
-    ])  # fmt: skip
-
-
-def autodown_env_text(cfg: StackConfig) -> str:
-    rule = cfg.autodown
-    token = rule.token.get_secret_value() if rule.token is not None else ""
-    return "\n".join([
-        f"AUTODOWN_TOKEN={token}",
-        f"AUTODOWN_IDLE_MINUTES={'' if rule.idle_minutes is None else rule.idle_minutes}",
-        f"AUTODOWN_MAX_HOURS={'' if rule.max_hours is None else rule.max_hours}",
-        f"AUTODOWN_DRY_RUN={'true' if rule.mode == 'dry-run' else 'false'}",
-        f"AUTODOWN_METRICS_URL=http://127.0.0.1:{catalog.VLLM_PORT}/metrics",
-        f"AUTODOWN_METADATA_URL={catalog.METADATA_URL}/id",
-        f"AUTODOWN_API_URL={catalog.DO_API_URL}",
-        f"AUTODOWN_STATE={catalog.STATE_DIR}/autodown.json",
-    ])  # fmt: skip
 
 
 def lock_sha256(cfg: StackConfig) -> str:
@@ -197,6 +125,7 @@ def settings(
             "NEMO_DISK_NEED_GB": catalog.VLLM_ENV_DISK_GB + preflight_model_disk_gb(cfg),
             "NEMO_GPU_COUNT": cfg.size.gpu_count,
             "NEMO_WAIT_SECONDS": 600,
+            "NEMO_FIRST_BOOTSTRAP_FILE": catalog.FIRST_BOOTSTRAP_FILE,
         },
         "driver": {
             "NEMO_DRIVER_MODE": cfg.bootstrap.driver.mode,
@@ -207,6 +136,8 @@ def settings(
             "NEMO_DRIVER_OPEN": True,
             "NEMO_RUNFILE_URL": cfg.bootstrap.driver.runfile_url or "",
             "NEMO_RUNFILE_SHA256": cfg.bootstrap.driver.runfile_sha256 or "",
+            # NVSwitch systems: CUDA starts only with Fabric Manager of the driver's version.
+            "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
         },
         "cgroup": {"NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode},
         "reboot": {"NEMO_REBOOT_DELAY": 5},
@@ -216,6 +147,7 @@ def settings(
             "NEMO_MIN_DRIVER_BRANCH": min_branch,
             "NEMO_CUDA": cuda,
             "NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode,
+            "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
         },
         "conda": {
             "NEMO_CONDA_PREFIX": catalog.CONDA_PREFIX,
@@ -229,6 +161,7 @@ def settings(
             "NEMO_VLLM_INSTALL": cfg.vllm.install,
             "NEMO_VLLM_VERSION": cfg.vllm.version,
             "NEMO_VLLM_ENV": catalog.VLLM_ENV,
+            "NEMO_VLLM_MARKER": catalog.VLLM_MARKER,
             "NEMO_LOCK_FILE": remote_lock_path(cfg),
             "NEMO_LOCK_SHA256": lock_sha256(cfg),
             "NEMO_VLLM_GIT_URL": catalog.VLLM_GIT_URL,
@@ -236,11 +169,13 @@ def settings(
             "NEMO_CUDA": cuda,
             "NEMO_CUDA_KEYRING_URL": catalog.CUDA_KEYRING_URL.format(distro="ubuntu2404"),
             "NEMO_CUDA_KEYRING_SHA256": "",
+            "NEMO_RUNTIME_PACKAGES": " ".join(catalog.VLLM_RUNTIME_PACKAGES),
         },
         "model": {
             "NEMO_MODEL_ID": cfg.model.id,
             "NEMO_MODEL_REVISION": cfg.model.revision,
             "NEMO_MODEL_DISK_GB": cfg.model_disk_gb,
+            "NEMO_MODEL_MARKER": catalog.MODEL_MARKER,
             "NEMO_HF_ENV": catalog.HF_ENV,
             "NEMO_HF_HOME": catalog.HF_HOME,
             "NEMO_HF_ENDPOINT": "",
@@ -251,8 +186,10 @@ def settings(
             "NEMO_HF_HOME": catalog.HF_HOME,
             "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
             "NEMO_UNIT": catalog.VLLM_UNIT,
-            "NEMO_UNIT_TEXT": unit_text(cfg),
-            "NEMO_ENV_TEXT": env_text(api_key),
+            "NEMO_UNIT_TEXT": vllm_service.unit_text(cfg),
+            "NEMO_ENV_TEXT": vllm_service.env_text(api_key),
+            # What the running service was started from: a change to any of them restarts it.
+            "NEMO_RUNS_FROM": f"{catalog.VLLM_MARKER} {catalog.MODEL_MARKER}",
         },
         "gateway": {
             "NEMO_HOST": host,
@@ -265,7 +202,11 @@ def settings(
         },
         "autodown": {
             "NEMO_AUTODOWN_MODE": cfg.autodown.mode,
-            "NEMO_AUTODOWN_ENV_TEXT": autodown_env_text(cfg),
+            "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(cfg),
+            "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,
+            "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,
+            "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
+            "NEMO_AUTODOWN_TIMER_TEXT": autodown.timer_text(),
             "NEMO_AUTODOWN_PY": (PHASES_DIR / "autodown.py").read_text(),
         },
         "ready": {
@@ -317,6 +258,9 @@ class BootstrapArgs:
     api_key: pulumi.Output[str]
     # The name the gateway serves and holds a certificate for.
     hostname: pulumi.Input[str]
+    # The Droplet the phases run on: a new one (a replacement) re-copies and re-runs everything,
+    # even should it come back with the same address.
+    droplet_id: pulumi.Input[str] = ""
     hf_token: pulumi.Output[str] | None = None
     prefix: str = "bootstrap"
 
@@ -346,13 +290,16 @@ class Bootstrap(pulumi.ComponentResource):
         for phase in PHASES:
             if phase.name == "conda":
                 # The lock file goes over SFTP once SSH is back after any reboot; the vllm
-                # phase checks its hash, and a new lock re-runs it.
+                # phase checks its hash, and a new lock re-runs it. An update copies again only
+                # when the file or the remote path changed, never for a new host: the Droplet's
+                # id in the triggers makes a new Droplet a new copy (pulumi-command
+                # copyController.go Update; >= 1.2.1 creates the parent folders, #1161).
                 self.lock = command.remote.CopyToRemote(
                     f"{args.prefix}-lock",
                     connection=self._connection(args, wait=False),
                     source=pulumi.FileAsset(str(cfg.lock_file)),
                     remote_path=remote_lock_path(cfg),
-                    triggers=[lock_sha256(cfg)],
+                    triggers=[lock_sha256(cfg), args.droplet_id],
                     opts=pulumi.ResourceOptions(
                         parent=self, depends_on=[self.commands["reboot-wait"]]
                     ),
@@ -365,20 +312,29 @@ class Bootstrap(pulumi.ComponentResource):
                 else:
                     upstream.append(self.commands[name_])
                     results.append(self.commands[name_].stdout)
-            stdin = self._stdin(cfg, phase.name, args)
             minutes = phase_minutes(cfg, phase)
+            stdin = self._stdin(cfg, phase.name, minutes, args)
+            # Upstream results are unique per run: when one re-ran, this one re-runs too. The
+            # first phase has no upstream: the Droplet's id starts the cascade on a new one.
+            triggers: list[pulumi.Input[str]] = [*results] if results else [args.droplet_id]
             self.commands[phase.name] = command.remote.Command(
                 f"{args.prefix}-{phase.name}",
                 connection=self._connection(args, wait=phase.wait_for_ssh),
-                create=RUNNER,
+                create=runner(minutes),
                 stdin=stdin,
-                # Upstream results are unique per run: when one re-ran, this one re-runs too.
-                triggers=results,
+                triggers=triggers,
+                # The provider would send the previous stdout as an SSH env request, which
+                # stock sshd refuses (AcceptEnv LANG LC_*), with a warning on every update.
+                add_previous_output_in_env=False,
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     depends_on=upstream,
+                    # These bound the SSH dial (FACTS.md); the phase bounds itself on the
+                    # Droplet (runner), a little sooner, so that its message is the one seen.
                     custom_timeouts=pulumi.CustomTimeouts(
-                        create=f"{minutes}m", update=f"{minutes}m", delete="5m"
+                        create=f"{minutes + DIAL_MARGIN_MINUTES}m",
+                        update=f"{minutes + DIAL_MARGIN_MINUTES}m",
+                        delete="5m",
                     ),
                 ),
             )
@@ -392,7 +348,9 @@ class Bootstrap(pulumi.ComponentResource):
         )
         self.register_outputs({"bootstrapSeconds": self.seconds})
 
-    def _stdin(self, cfg: StackConfig, phase: str, args: BootstrapArgs) -> pulumi.Input[str]:
+    def _stdin(
+        self, cfg: StackConfig, phase: str, minutes: int, args: BootstrapArgs
+    ) -> pulumi.Input[str]:
         available: dict[str, pulumi.Input[Any]] = {
             "hf_token": args.hf_token if args.hf_token is not None else "",
             "api_key": args.api_key,
@@ -403,12 +361,12 @@ class Bootstrap(pulumi.ComponentResource):
         needed = {name: available[name] for name in RUNTIME_INPUTS.get(phase, ())}
         if phase == "autodown" and cfg.autodown.token is not None:
             # The token is in the config model, not an Output: mark the script secret here.
-            return pulumi.Output.secret(render(phase, settings(cfg, phase)))
+            return pulumi.Output.secret(render(phase, settings(cfg, phase), minutes))
         if not needed:
-            return render(phase, settings(cfg, phase))
+            return render(phase, settings(cfg, phase), minutes)
         # Secrets stay secret: an Output built from a secret is a secret.
         return pulumi.Output.all(**needed).apply(
-            lambda values: render(phase, settings(cfg, phase, **values))
+            lambda values: render(phase, settings(cfg, phase, **values), minutes)
         )
 
     @staticmethod

@@ -30,8 +30,16 @@ VLLM_USER = "vllm"
 # Root-only file with the service's environment (secrets included, never a command line).
 VLLM_ENV_FILE = "/etc/nemotron/vllm.env"
 STATE_DIR = "/var/lib/nemotron"
+# Written once, by the first bootstrap of a Droplet: autodown's maxHours counts from it.
+FIRST_BOOTSTRAP_FILE = "/var/lib/nemotron/first-bootstrap"
 # The Droplet's own metadata service, and the API autodown calls to delete the Droplet.
-METADATA_URL = "http://169.254.169.254/metadata/v1"
+METADATA_IP = "169.254.169.254"
+METADATA_URL = f"http://{METADATA_IP}/metadata/v1"
+# The internet-facing services (vLLM, Caddy) may not reach the metadata service: it serves the
+# user data, with the SSH host key. systemd's per-unit IP firewall (cgroup BPF) is in force
+# from the unit's first instruction, on every start, and holds nothing else back
+# (systemd.resource-control(5) IPAddressDeny=; unified and hybrid cgroup hierarchies).
+METADATA_DENY = f"IPAddressDeny={METADATA_IP}/32"
 DO_API_URL = "https://api.digitalocean.com"
 CONDA_PREFIX = "/opt/conda"
 VLLM_ENV = "/opt/conda/envs/vllm"
@@ -39,6 +47,14 @@ VLLM_ENV = "/opt/conda/envs/vllm"
 # the vLLM env.
 HF_ENV = "/opt/conda/envs/hf"
 HF_HOME = "/var/lib/nemotron/hf"
+# What the vllm and model phases installed, one line each; the service restarts when either
+# changes (a new vLLM, new weights), not only when its unit or env file does.
+VLLM_MARKER = "/opt/conda/envs/vllm/.nemotron-vllm"
+MODEL_MARKER = "/var/lib/nemotron/model.done"
+# Triton compiles a small C launcher at first use and fails without a C compiler ("Failed to
+# find C compiler"); Nemotron 3's Mamba-2 kernels are Triton (FACTS.md, checked later). gcc
+# alone lacks the C library headers and start files it links with.
+VLLM_RUNTIME_PACKAGES = ("gcc", "libc6-dev")
 LOCKS_DIR = "/var/lib/nemotron/locks"
 
 # Ubuntu releases the phases are written for (DigitalOcean's GPU images are Ubuntu).
@@ -71,6 +87,9 @@ class GpuSize:
     vendor: Vendor
     # List price when the catalog was written; deploys read the live price from the sizes API.
     list_price_usd_hour: float | None
+    # 8-GPU HGX boards join their GPUs through NVSwitch: CUDA initialises only while NVIDIA
+    # Fabric Manager of exactly the driver's version runs (FACTS.md, Ubuntu driver packages).
+    nvswitch: bool = False
 
     @property
     def total_vram_gb(self) -> int:
@@ -82,9 +101,9 @@ _SIZES = (
     GpuSize("gpu-6000adax1-48gb", "RTX 6000 Ada", 1, 48, "nvidia", 1.57),
     GpuSize("gpu-l40sx1-48gb", "L40S", 1, 48, "nvidia", 1.57),
     GpuSize("gpu-h100x1-80gb", "H100", 1, 80, "nvidia", 3.39),
-    GpuSize("gpu-h100x8-640gb", "H100", 8, 80, "nvidia", 23.92),
+    GpuSize("gpu-h100x8-640gb", "H100", 8, 80, "nvidia", 23.92, nvswitch=True),
     GpuSize("gpu-h200x1-141gb", "H200", 1, 141, "nvidia", None),
-    GpuSize("gpu-h200x8-1128gb", "H200", 8, 141, "nvidia", None),
+    GpuSize("gpu-h200x8-1128gb", "H200", 8, 141, "nvidia", None, nvswitch=True),
     # AMD sizes are known so that choosing one gets a precise "not supported" instead of "unknown".
     GpuSize("gpu-mi300x1-192gb", "MI300X", 1, 192, "amd", None),
     GpuSize("gpu-mi300x8-1536gb", "MI300X", 8, 192, "amd", None),

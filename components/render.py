@@ -57,7 +57,8 @@ def render_stack(stack: str, out: Path) -> list[Path]:
     cfg = config.parse(raw, stack, secret)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for index, name in enumerate(bootstrap.PHASE_NAMES, start=1):
+    for index, phase in enumerate(bootstrap.PHASES, start=1):
+        name = phase.name
         extra: dict[str, Any] = {}
         if name == "model":
             extra["hf_token"] = bootstrap.SECRET_PLACEHOLDER if "hfToken" in raw else ""
@@ -68,7 +69,8 @@ def render_stack(stack: str, out: Path) -> list[Path]:
         if name == "reboot-wait":
             extra["reboot_result"] = {"rebooting": True, "boot_id": "<boot id before the reboot>"}
         path = out / f"{index:02d}-{name}.sh"
-        path.write_text(bootstrap.render(name, bootstrap.settings(cfg, name, **extra)))
+        minutes = bootstrap.phase_minutes(cfg, phase)
+        path.write_text(bootstrap.render(name, bootstrap.settings(cfg, name, **extra), minutes))
         written.append(path)
     return written
 

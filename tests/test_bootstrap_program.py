@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pulumi_harness import (
     FAKE_API_KEY,
+    FAKE_DROPLET_ID,
     SECRET_SIG,
     Run,
     fake_stdout,
@@ -17,7 +18,7 @@ from pulumi_harness import (
 )
 from test_program import HF_TOKEN, dev
 
-from components import bootstrap
+from components import bootstrap, vllm_service
 
 COMMAND = "command:remote:Command"
 EDGES = {
@@ -50,26 +51,58 @@ def test_one_command_per_phase_with_the_documented_edges() -> None:
     for name, reg in cmds.items():
         upstream = {by_urn[u] for u in reg.dependencies if u in by_urn}
         assert upstream == EDGES[name], name
-        # The cascade: a phase's triggers are exactly its parents' results.
+        # The cascade: a phase's triggers are exactly its parents' results; the first phase's
+        # is the Droplet itself.
         parents = sorted(EDGES[name], key=list(EDGES).index)
-        assert reg.inputs.get("triggers", []) == [fake_stdout(p) for p in parents], name
+        expected = [fake_stdout(p) for p in parents] or [FAKE_DROPLET_ID]
+        assert reg.inputs.get("triggers", []) == expected, name
     assert lock.urn in cmds["vllm"].dependencies
     assert cmds["reboot-wait"].urn in lock.dependencies
+    assert lock.inputs["triggers"] == [bootstrap.lock_sha256(config_of(run)), FAKE_DROPLET_ID]
+
+
+def config_of(run: Run) -> Any:
+    from components import config
+
+    return config.parse(stack_config("dev"), "dev")
+
+
+def test_a_new_droplet_gets_the_lock_and_every_phase_again() -> None:
+    """A replaced Droplet (a new id), even at the same address with the same keys: the lock copy
+    and the first phase are replaced (triggers), and the cascade re-runs every other phase.
+    CopyToRemote alone would not copy again: its update copies only for a new file or path."""
+    before = run_program(stack_config("dev"))
+    after = run_program(stack_config("dev"), droplet_id="777777")
+    lock_a, lock_b = (r.one("command:remote:CopyToRemote") for r in (before, after))
+    assert lock_a.inputs["connection"] == lock_b.inputs["connection"]  # same IP, same keys
+    assert lock_a.inputs["triggers"] != lock_b.inputs["triggers"]
+    assert commands(before)["preflight"].inputs["triggers"] == [FAKE_DROPLET_ID]
+    assert commands(after)["preflight"].inputs["triggers"] == ["777777"]
+    # preflight is replaced, so its result (unique per run) changes and every phase follows.
+    assert {n for n, parents in EDGES.items() if not parents} == {"preflight"}
+
+
+def test_no_previous_output_is_sent_as_an_ssh_environment_variable() -> None:
+    run = run_program(stack_config("dev"))
+    for name, reg in commands(run).items():
+        assert reg.inputs["addPreviousOutputInEnv"] is False, name
 
 
 def test_fixed_runner_script_on_stdin_no_environment_and_bounded_time() -> None:
     run = run_program(stack_config("dev"))
     for name, reg in commands(run).items():
-        assert reg.inputs["create"] == "bash -s"
+        minutes = (
+            30 if name == "ready" else next(p.minutes for p in bootstrap.PHASES if p.name == name)
+        )
+        # The phase bounds itself on the Droplet: custom timeouts only bound the SSH dial.
+        assert reg.inputs["create"] == f"timeout --kill-after=60 {minutes * 60 + (300 if name == 'ready' else 0)} bash -s"
         assert "environment" not in reg.inputs
         assert reg.inputs["stdin"].startswith(
             "#!/usr/bin/env bash\n# nemotron-droplet bootstrap, phase"
         )
         assert f"PHASE={name}\n" in reg.inputs["stdin"]
-        minutes = (
-            35 if name == "ready" else next(p.minutes for p in bootstrap.PHASES if p.name == name)
-        )
-        assert reg.custom_timeouts["create"] == f"{minutes}m", name
+        dial = minutes + 5 + (5 if name == "ready" else 0)
+        assert reg.custom_timeouts["create"] == f"{dial}m", name
         wait = reg.inputs["connection"]["dialErrorLimit"]
         assert wait == (-1 if name in ("preflight", "reboot-wait") else 10), name
 
@@ -177,8 +210,18 @@ def test_service_unit_runs_vllm_on_loopback_with_flags_from_config_and_catalog()
         "LimitNOFILE=1048576",
         "User=vllm",
         "EnvironmentFile=/etc/nemotron/vllm.env",
+        # Triton's and FlashInfer's tools: the env's bin first, then the system's compiler.
+        "Environment=PATH=/opt/conda/envs/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        # The metadata service serves the host key: blocked from the unit's first instruction.
+        "IPAddressDeny=169.254.169.254/32",
     ):
         assert f"\n{line}\n" in stdin
+
+
+def test_the_gateway_unit_may_not_reach_the_metadata_service_either() -> None:
+    stdin = commands(run_program(stack_config("dev")))["gateway"].inputs["stdin"]
+    assert "\nIPAddressDeny=169.254.169.254/32\n" in stdin
+    assert "iptables" not in stdin, "the per-unit firewall replaces the iptables guard"
 
 
 def test_fp8_model_gets_its_kv_cache_flag_and_eager_only_when_asked() -> None:
@@ -205,7 +248,7 @@ def test_fp8_model_gets_its_kv_cache_flag_and_eager_only_when_asked() -> None:
     ],
 )
 def test_systemd_quoting(arg: str, quoted: str) -> None:
-    assert bootstrap.systemd_quote(arg) == quoted
+    assert vllm_service.systemd_quote(arg) == quoted
 
 
 def test_missing_lock_is_a_config_error_naming_the_command_to_write_it() -> None:

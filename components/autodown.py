@@ -1,0 +1,57 @@
+"""The auto-destroy rule on the Droplet: the settings autodown.py reads and the systemd units
+that run it every minute (scripts/phases/autodown.py decides; this module renders its setup)."""
+
+from __future__ import annotations
+
+from . import catalog
+from .config import StackConfig
+
+# One run must end before the next minute's: its own deadline, and systemd's beneath it.
+RUN_SECONDS = 45
+UNIT_TIMEOUT_SECONDS = 55
+SCRIPT_PATH = "/usr/local/lib/nemotron/autodown.py"
+ENV_FILE = "/etc/nemotron/autodown.env"
+
+
+def env_text(cfg: StackConfig) -> str:
+    rule = cfg.autodown
+    token = rule.token.get_secret_value() if rule.token is not None else ""
+    return "\n".join([
+        f"AUTODOWN_TOKEN={token}",
+        f"AUTODOWN_IDLE_MINUTES={'' if rule.idle_minutes is None else rule.idle_minutes}",
+        f"AUTODOWN_MAX_HOURS={'' if rule.max_hours is None else rule.max_hours}",
+        f"AUTODOWN_DRY_RUN={'true' if rule.mode == 'dry-run' else 'false'}",
+        f"AUTODOWN_METRICS_URL=http://127.0.0.1:{catalog.VLLM_PORT}/metrics",
+        f"AUTODOWN_METADATA_URL={catalog.METADATA_URL}/id",
+        f"AUTODOWN_API_URL={catalog.DO_API_URL}",
+        f"AUTODOWN_STATE={catalog.STATE_DIR}/autodown.json",
+        f"AUTODOWN_FIRST_BOOTSTRAP={catalog.FIRST_BOOTSTRAP_FILE}",
+        f"AUTODOWN_RUN_SECONDS={RUN_SECONDS}",
+    ])  # fmt: skip
+
+
+def service_text() -> str:
+    return f"""[Unit]
+Description=Delete this Droplet when idle or up too long (nemotron-droplet)
+After=network-online.target
+
+[Service]
+Type=oneshot
+EnvironmentFile={ENV_FILE}
+ExecStart=/usr/bin/python3 {SCRIPT_PATH}
+# A run that hangs must not hold the next minute's: autodown.py keeps its own deadline, this
+# one is systemd's, beneath the timer's period.
+TimeoutStartSec={UNIT_TIMEOUT_SECONDS}"""
+
+
+def timer_text() -> str:
+    return """[Unit]
+Description=Run nemotron-autodown every minute
+
+[Timer]
+OnBootSec=2min
+OnUnitActiveSec=1min
+AccuracySec=5s
+
+[Install]
+WantedBy=timers.target"""

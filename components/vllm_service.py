@@ -1,0 +1,88 @@
+"""The vLLM service on the Droplet: its `vllm serve` command line, systemd unit and environment.
+
+One place for each flag: the config and the catalog decide them here, and the service phase
+writes what this module renders. vLLM listens on loopback only; the gateway is the way in.
+"""
+
+from __future__ import annotations
+
+from . import catalog
+from .config import StackConfig
+
+# What the service may run: the vLLM env's own tools first (FlashInfer's JIT calls ninja, Triton
+# and torch.compile find their tools there), then the system's, where the C compiler Triton needs
+# for its launcher lives (the vllm phase installs it).
+SERVICE_PATH = f"{catalog.VLLM_ENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart argument: `$` and `%` are special to systemd, whitespace needs quotes."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if escaped and not any(c in escaped for c in " \t\"\\'"):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def serve_args(cfg: StackConfig) -> list[str]:
+    """`vllm serve` arguments, from the config and the catalog: one place for each flag."""
+    args = [
+        "serve", cfg.model.id,
+        "--revision", cfg.model.revision,
+        "--served-model-name", cfg.model.served_name,
+        "--host", "127.0.0.1",
+        "--port", str(catalog.VLLM_PORT),
+        "--tensor-parallel-size", str(cfg.size.gpu_count),
+        "--max-model-len", str(cfg.vllm.max_model_len),
+        "--gpu-memory-utilization", str(cfg.vllm.gpu_memory_utilization),
+    ]  # fmt: skip
+    if cfg.vllm.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(cfg.vllm.max_num_seqs)]
+    if cfg.vllm.enforce_eager:
+        args.append("--enforce-eager")
+    known = cfg.catalog_model
+    if known is not None:
+        args += list(known.vllm_flags)
+    return args + list(cfg.vllm.extra_args)
+
+
+def unit_text(cfg: StackConfig) -> str:
+    exec_start = " ".join(
+        systemd_quote(a) for a in [f"{catalog.VLLM_ENV}/bin/vllm", *serve_args(cfg)]
+    )
+    return f"""[Unit]
+Description=vLLM OpenAI-compatible server for {cfg.model.id} (nemotron-droplet)
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User={catalog.VLLM_USER}
+Group={catalog.VLLM_USER}
+WorkingDirectory=/var/lib/{catalog.VLLM_USER}
+# Secrets and settings live in a root-only file, never on this command line.
+EnvironmentFile={catalog.VLLM_ENV_FILE}
+Environment=PATH={SERVICE_PATH}
+{catalog.METADATA_DENY}
+ExecStart={exec_start}
+Restart=on-failure
+RestartSec=10
+# vLLM's ZMQ sockets run out of descriptors under load with the default limit.
+LimitNOFILE=1048576
+# Type=simple is "started" at once; the ready phase waits for the model, this bounds a stop.
+TimeoutStartSec=30min
+TimeoutStopSec=120
+
+[Install]
+WantedBy=multi-user.target"""
+
+
+def env_text(api_key: str) -> str:
+    return "\n".join([
+        # vLLM checks the key too (defence in depth behind the gateway).
+        f"VLLM_API_KEY={api_key}",
+        f"HF_HOME={catalog.HF_HOME}",
+        # The weights were downloaded by the model phase: never reach the Hub at run time.
+        "HF_HUB_OFFLINE=1",
+        "VLLM_NO_USAGE_STATS=1",
+        "DO_NOT_TRACK=1",
+    ])  # fmt: skip
