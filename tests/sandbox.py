@@ -191,6 +191,12 @@ class Sandbox:
         )
         self.file("/root/.bashrc", "")  # what a fresh Ubuntu root has that matters here: nothing
         self.file("/var/lib/fakehw/nvidia-smi.txt", (FIXTURES / "nvidia-smi.txt").read_text())
+        # A fresh image has no C compiler: hide this machine's (the fake apt-get's gcc brings one).
+        for name in ("gcc", "cc", "clang"):
+            if Path("/usr/bin", name).exists() or Path("/usr/bin", name).is_symlink():
+                whiteout = self.upper / "usr" / "bin" / name
+                whiteout.parent.mkdir(parents=True, exist_ok=True)
+                os.mknod(whiteout, stat.S_IFCHR | 0o000, os.makedev(0, 0))
         # A fresh image has no Caddy: hide this machine's (an overlay whiteout) and let the fake
         # apt-get install a copy of it.
         caddy = shutil.which("caddy")

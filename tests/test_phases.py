@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,124 @@ def test_driver_auto_installs_the_branch_once_and_asks_for_one_reboot(
     assert third["changed"] is False and third["driver"] == "580.159.04"
 
 
+def apt_log(box: Sandbox) -> list[str]:
+    return box.file("/var/lib/fakeapt/log").read_text().splitlines()
+
+
+@pytest.mark.parametrize("precompiled", [True, False], ids=["precompiled", "dkms"])
+def test_driver_install_brings_a_module_for_the_running_kernel(
+    box: Sandbox, downloads: Downloads, precompiled: bool
+) -> None:
+    """The driver package alone has no module: `--no-install-recommends` skips the headers DKMS
+    needs. The phase installs Canonical's precompiled module for this kernel when the archive
+    has it, else DKMS with the running kernel's headers, and checks a module is there."""
+    kernel = os.uname().release
+    box.hw("driver", "")
+    if not precompiled:
+        box.hw("no_precompiled_modules", "1")
+    p = Phases(box, downloads)
+    p.ok("preflight")
+    assert p.ok("driver")["changed"] is True
+    install = next(line for line in apt_log(box) if " install " in f" {line} ")
+    if precompiled:
+        assert f"linux-modules-nvidia-580-server-open-{kernel}" in install.split()
+        assert box.file(f"/usr/lib/modules/{kernel}/kernel/nvidia-580srv/nvidia.ko").exists()
+    else:
+        assert {"dkms", f"linux-headers-{kernel}"} <= set(install.split())
+        assert box.file(f"/usr/lib/modules/{kernel}/updates/dkms/nvidia.ko").exists()
+    assert "nvidia-driver-580-server-open" in install.split()
+
+
+def test_driver_install_that_leaves_no_module_fails_before_the_reboot(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    box.hw("driver", "")
+    box.hw("no_precompiled_modules", "1")
+    box.hw("dkms_build_fails", "1")
+    p = Phases(box, downloads)
+    p.ok("preflight")
+    p.failed("driver", "module", "DKMS build log")
+    assert not (box.run_dir / "nemotron" / "reboot-required.d" / "driver").exists()
+
+
+def test_every_apt_call_waits_for_the_dpkg_lock(box: Sandbox, downloads: Downloads) -> None:
+    """unattended-upgrades holds the dpkg lock at any time after boot: apt-get fails at once
+    unless told to wait (the fake answers as the real one does)."""
+    box.hw("driver", "")
+    box.hw("dpkg_lock_held", "1")
+    p = Phases(box, downloads)
+    p.ok("preflight")
+    assert p.ok("driver")["changed"] is True
+    box.reboot()
+    p.ok("reboot-wait")
+    p.ok("conda")
+    assert p.ok("vllm")["changed"] is True  # its compiler comes from apt too
+    calls = apt_log(box)
+    assert len(calls) >= 4
+    assert all("DPkg::Lock::Timeout=900" in call for call in calls), calls
+
+
+H100X8 = {"droplet": {"size": "gpu-h100x8-640gb", "regions": ["nyc2"]}}
+
+
+def eight_gpus(box: Sandbox, downloads: Downloads) -> Phases:
+    box.set_gpus(8)
+    p = Phases(box, downloads, **H100X8)
+    # This machine's disk is smaller than an 8-GPU Droplet's: preflight's reserve is not tested here.
+    p.extra["preflight"] = {"NEMO_DISK_NEED_GB": 1}
+    return p
+
+
+def fabric_manager(box: Sandbox) -> str:
+    return box.file("/var/lib/fakeapt/nvidia-fabricmanager-580").read_text().split()[1]
+
+
+def test_nvswitch_size_with_a_good_driver_gets_fabric_manager_of_its_exact_version(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    box.hw("driver", "580.95.05")  # the image's driver: older than the archive's newest build
+    p = eight_gpus(box, downloads)
+    p.ok("preflight")
+    result = p.ok("driver")
+    assert result["changed"] is True and result["driver"] == "580.95.05"
+    assert fabric_manager(box) == "580.95.05-0ubuntu0.24.04.1", "not the newest: the driver's"
+    assert "nvidia-fabricmanager-580=580.95.05-0ubuntu0.24.04.1" in " ".join(apt_log(box))
+    assert p.box.run("", inner="systemctl is-active --quiet nvidia-fabricmanager.service").returncode == 0
+    assert box.file("/var/lib/fake-systemd/enabled/nvidia-fabricmanager.service").exists()
+    assert p.ok("driver")["changed"] is False
+
+
+def test_nvswitch_size_with_a_new_driver_starts_fabric_manager_after_the_reboot(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    box.hw("driver", "")
+    p = eight_gpus(box, downloads)
+    p.ok("preflight")
+    assert p.ok("driver")["driver"] == "pending-reboot"
+    assert fabric_manager(box) == "580.159.04-0ubuntu0.24.04.1"
+    reboot = p.ok("reboot")
+    box.reboot()
+    p.ok("reboot-wait", reboot_result=reboot)
+    assert p.box.run("", inner="systemctl is-active --quiet nvidia-fabricmanager.service").returncode == 0
+
+
+def test_nvswitch_size_fails_when_no_fabric_manager_matches_the_driver(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    box.hw("driver", "580.82.07")
+    p = eight_gpus(box, downloads)
+    p.ok("preflight")
+    p.failed("driver", "fabric-manager", "bootstrap.driver.mode: apt")
+
+
+def test_single_gpu_sizes_install_no_fabric_manager(box: Sandbox, downloads: Downloads) -> None:
+    box.hw("driver", "")
+    p = Phases(box, downloads)
+    p.ok("preflight")
+    p.ok("driver")
+    assert not box.file("/var/lib/fakeapt/nvidia-fabricmanager-580").exists()
+
+
 def test_driver_preinstalled_too_old_says_the_fix(box: Sandbox, downloads: Downloads) -> None:
     box.hw("driver", "570.172.08")
     p = Phases(box, downloads, bootstrap={"driver": {"mode": "preinstalled"}})
@@ -224,13 +343,17 @@ def test_driver_apt_failure_names_the_step(box: Sandbox, downloads: Downloads) -
     box.hw("apt_broken", "1")
     p = Phases(box, downloads)
     p.ok("preflight")
-    p.failed("driver", "apt-install", "outbound network")
+    p.failed("driver", "apt-update", "outbound network")
 
 
 def test_driver_runfile_is_checksum_verified_and_installed(
     box: Sandbox, downloads: Downloads
 ) -> None:
-    runfile = b"#!/bin/sh\necho 580.159.04 > /var/lib/fakehw/driver_pending\n"
+    # What the real installer leaves: a module for the running kernel (DKMS), a driver to load.
+    runfile = (
+        b"#!/bin/sh\nm=/lib/modules/$(uname -r)/updates/dkms\nmkdir -p $m && echo nvidia > $m/nvidia.ko\n"
+        b"echo 580.159.04 > /var/lib/fakehw/driver_pending\n"
+    )
     url = downloads.add("/drivers/NVIDIA-Linux-x86_64-580.159.04.run", runfile)
     sha = hashlib.sha256(runfile).hexdigest()
     box.hw("driver", "")
@@ -484,10 +607,7 @@ def test_gateway_installs_caddy_with_the_key_in_a_root_only_file_then_ready_answ
     p.ok("service")
     first = p.ok("gateway")
     assert first["changed"] is True and first["host"] == "localhost"
-    assert (
-        "install -y -q --no-install-recommends caddy"
-        in box.file("/var/lib/fakeapt/log").read_text()
-    )
+    assert "install --no-install-recommends caddy" in box.file("/var/lib/fakeapt/log").read_text()
     env_file = box.file("/etc/nemotron/gateway.env")
     assert env_file.read_text() == f"NEMO_API_KEY={API_KEY}\n"
     assert oct(env_file.stat().st_mode & 0o777) == "0o600"
@@ -495,15 +615,29 @@ def test_gateway_installs_caddy_with_the_key_in_a_root_only_file_then_ready_answ
     assert API_KEY not in caddyfile and "{env.NEMO_API_KEY}" in caddyfile
     dropin = box.file("/etc/systemd/system/caddy.service.d/nemotron.conf").read_text()
     assert "--environ" not in dropin.split("ExecStart=\n", 1)[1]
-    rules = box.hw("iptables").splitlines()
-    assert rules == [
-        f"OUTPUT -d 169.254.169.254 -m owner --uid-owner {u} -j REJECT" for u in ("vllm", "caddy")
-    ]
+    # The metadata guard is each unit's own, in force from its first instruction on every boot.
+    assert "\nIPAddressDeny=169.254.169.254/32\n" in dropin
+    unit = box.file("/etc/systemd/system/vllm.service").read_text()
+    assert "\nIPAddressDeny=169.254.169.254/32\n" in unit
+    assert not box.file("/var/lib/fakehw/iptables").exists()
     ready = p.ok("ready")
     assert ready["changed"] is False and ready["ready_seconds"] >= 0
     assert p.ok("gateway")["changed"] is False
-    assert box.hw("iptables").splitlines() == rules, "the guard adds each rule once"
     assert API_KEY not in box.file("/var/log/fake-caddy.log").read_text()
+
+
+def test_service_retires_the_iptables_guard_of_earlier_versions(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """Droplets bootstrapped by the first version carry a guard unit ordered before
+    network-pre.target (holding networking back) and installed only after vLLM had started."""
+    old = "/etc/systemd/system/nemotron-metadata-guard.service"
+    box.file(old, "[Unit]\nBefore=network-pre.target\n[Service]\nType=oneshot\nExecStart=/bin/true\n")
+    box.file("/var/lib/fake-systemd/enabled/nemotron-metadata-guard.service", "")
+    p = prepared(box, downloads)
+    assert p.ok("service")["changed"] is True
+    assert not box.file(old).exists()
+    assert not box.file("/var/lib/fake-systemd/enabled/nemotron-metadata-guard.service").exists()
 
 
 def test_gateway_adds_caddys_repository_where_the_release_has_no_package(
@@ -539,6 +673,92 @@ def test_ready_prints_the_journal_when_the_service_fails(
     p.ok("gateway")
     run = p.failed("ready", "wait", "out of GPU memory")
     assert "[ready] journal: ERROR torch.OutOfMemoryError: CUDA out of memory." in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("crash", "fix"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "lower vllm.gpuMemoryUtilization"),
+        ("vllm serve: error: unrecognized arguments: --bogus", "check vllm.extraArgs"),
+        ("ValueError: something nobody foresaw", "read the journal lines above"),
+    ],
+    ids=["oom", "bad-flag", "other"],
+)
+def test_ready_fails_within_a_minute_of_a_crash_loop_with_the_reason(
+    box: Sandbox, downloads: Downloads, crash: str, fix: str
+) -> None:
+    """Restart=on-failure restarts a crashing vLLM every RestartSec without end, never 'failed':
+    waiting for is-failed would burn the whole ready timeout (30 min of GPU time)."""
+    p = prepared(box, downloads)
+    box.hw("vllm_crash", crash)
+    p.ok("service")
+    p.ok("gateway")
+    p.extra["ready"] = {"NEMO_READY_TIMEOUT": 1800}
+    started = time.monotonic()
+    run = p.failed("ready", "wait", fix)
+    assert time.monotonic() - started < 60
+    assert "crashed while loading the model" in run.failure
+    assert f"[ready] journal: {crash}" in run.stderr
+    assert box.run("", inner="systemctl is-failed --quiet vllm.service").returncode != 0, (
+        "the fake, like systemd, never shows a crash-looping unit as failed"
+    )
+
+
+def test_the_service_finds_a_c_compiler_and_its_envs_tools(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """Triton compiles its launcher at first use (a C compiler), FlashInfer's JIT runs ninja
+    from the env: the vllm phase installs the compiler and the unit's PATH reaches both."""
+    p = prepared(box, downloads)
+    assert box.file("/var/lib/fakeapt/gcc").exists()
+    assert p.ok("vllm")["changed"] is False, "the compiler is installed once"
+    p.ok("service")
+    p.ok("gateway")
+    p.ok("ready")
+    # Without it, the crash says so and ready names the fix.
+    box.file("/usr/bin/gcc").unlink()
+    p.box.run("", inner="systemctl restart vllm.service")
+    run = p.failed("ready", "wait", "Triton found no C compiler")
+    assert "Failed to find C compiler" in run.stderr
+
+
+def test_a_new_vllm_restarts_the_service(box: Sandbox, downloads: Downloads) -> None:
+    """A new lock reinstalls vLLM under the running process: the service restarts although its
+    unit and env file did not change."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    pid = box.file("/var/lib/fake-systemd/pid/vllm.service").read_text()
+    assert p.ok("service")["changed"] is False
+    lock = box.file(bootstrap.remote_lock_path(p.cfg))
+    lock.write_text(lock.read_text().replace("vllm==0.33.0", "vllm==0.33.1"))
+    p.extra["vllm"] = {"NEMO_LOCK_SHA256": hashlib.sha256(lock.read_bytes()).hexdigest()}
+    assert p.ok("vllm")["changed"] is True
+    assert p.ok("service")["changed"] is True
+    assert box.file("/var/lib/fake-systemd/pid/vllm.service").read_text() != pid
+    p.ok("gateway")
+    p.ok("ready")
+    assert "(vLLM 0.33.1)" in box.file("/var/log/fake-vllm.log").read_text()
+    # New weights too.
+    pid = box.file("/var/lib/fake-systemd/pid/vllm.service").read_text()
+    box.file(catalog.MODEL_MARKER, "nvidia/other@main\n")
+    assert p.ok("service")["changed"] is True
+    assert box.file("/var/lib/fake-systemd/pid/vllm.service").read_text() != pid
+
+
+def test_a_phase_stops_at_its_bound_and_names_the_step(box: Sandbox, downloads: Downloads) -> None:
+    """A Command's custom timeout bounds only the SSH dial: the runner bounds the phase on the
+    Droplet, and the message names the phase, the step and the bound."""
+    p = Phases(box, downloads)
+    p.ok("conda")
+    box.hw("hf_hang", "1")
+    script = bootstrap.render("model", p.settings("model"), minutes=1)
+    started = time.monotonic()
+    run = box.run(script, inner="timeout --kill-after=5 3 bash -s", timeout=60)
+    assert time.monotonic() - started < 20
+    assert run.returncode == 124, run.stderr
+    assert "[model] FAILED at step download: the phase ran past its bound of 1 minutes" in run.stderr
+    assert "pulumi up again resumes here" in run.stderr
+    assert run.stdout == ""
 
 
 def test_ready_times_out_with_the_journal(box: Sandbox, downloads: Downloads) -> None:

@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # gateway: Caddy in front of vLLM (which stays on 127.0.0.1). Every /v1 route needs the key,
 # GET /health does not, everything else is refused; HTTPS from a public ACME CA. The key reaches
-# Caddy from a root-only EnvironmentFile. Also keeps vLLM and Caddy away from the metadata
-# service, which serves the user data (with the SSH host key).
+# Caddy from a root-only EnvironmentFile; Caddy's unit may not reach the metadata service,
+# which serves the user data (with the SSH host key).
 # Settings: NEMO_HOST NEMO_CADDYFILE NEMO_CADDY_DROPIN NEMO_GATEWAY_ENV_FILE NEMO_GATEWAY_ENV_TEXT
 #           NEMO_CADDY_APT_KEY_URL NEMO_CADDY_APT_REPO
 
@@ -12,16 +12,15 @@ step caddy "the Caddy package"
 if command -v caddy >/dev/null; then
   log "installed: $(caddy version 2>/dev/null | head -n 1)"
 else
-  retry 3 timeout 600 apt-get update -q >&2 || fail "apt-get update failed 3 times" "check outbound network and DNS"
+  retry 3 apt_get update >&2 || fail "apt-get update failed 3 times" "check outbound network and DNS"
   if [[ $(apt-cache policy caddy 2>/dev/null | awk '/Candidate:/ {print $2}') =~ ^(|\(none\))$ ]]; then
     # Not in this release's archive (Ubuntu 22.04): Caddy's own apt repository, trusted by HTTPS.
     download "$NEMO_CADDY_APT_KEY_URL" /var/cache/nemotron/caddy.asc ""
     gpg --batch --yes --dearmor -o /usr/share/keyrings/caddy-stable-archive-keyring.gpg /var/cache/nemotron/caddy.asc
     echo "deb [signed-by=/usr/share/keyrings/caddy-stable-archive-keyring.gpg] ${NEMO_CADDY_APT_REPO} any-version main" \
       > /etc/apt/sources.list.d/caddy-stable.list
-    retry 3 timeout 600 apt-get update -q >&2 || fail "apt-get update failed 3 times" "check outbound network and DNS"
   fi
-  retry 3 timeout 900 apt-get install -y -q --no-install-recommends caddy >&2 \
+  apt_install caddy \
     || fail "could not install caddy" "check apt on the Droplet (apt-cache policy caddy)"
   changed
 fi
@@ -57,25 +56,6 @@ else
   changed
   restart=true
 fi
-
-step metadata-guard "the internet-facing services may not read the metadata service (it serves the SSH host key)"
-guard=/etc/systemd/system/nemotron-metadata-guard.service
-rules=""
-for user in vllm caddy; do
-  rule="OUTPUT -d 169.254.169.254 -m owner --uid-owner ${user} -j REJECT"
-  rules+="iptables -C ${rule} 2>/dev/null || iptables -I ${rule}; "
-done
-if printf '%s\n' '[Unit]' 'Description=vLLM and Caddy may not reach the DigitalOcean metadata service' \
-    'Before=network-pre.target' '' '[Service]' 'Type=oneshot' 'RemainAfterExit=yes' \
-    "ExecStart=/bin/sh -c '${rules% }'" '' '[Install]' 'WantedBy=multi-user.target' \
-    | install_file "$guard" 644; then
-  systemctl daemon-reload >&2
-  changed
-fi
-if ! systemctl is-enabled --quiet nemotron-metadata-guard.service; then
-  systemctl enable nemotron-metadata-guard.service >&2
-fi
-systemctl start nemotron-metadata-guard.service >&2
 
 step start "enable and (re)start caddy"
 systemctl enable caddy.service >&2 2>/dev/null || true

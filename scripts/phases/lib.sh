@@ -32,14 +32,29 @@ changed() { CHANGED=true; }
 
 # fail WHAT FIX: stop the phase with a message that says what went wrong and what to do.
 fail() {
+  past_bound && stopped_at_bound
   trap - ERR
   printf '[%s] FAILED at step %s: %s\n' "$PHASE" "$STEP" "$1" >&2
   printf '[%s] fix: %s\n' "$PHASE" "$2" >&2
   exit 1
 }
 
+# The runner (`timeout MINUTES bash -s`) stops a phase at its bound with TERM to the whole
+# process group: say so, naming the step, whichever of the two traps runs first.
+PHASE_DEADLINE=$(( SECONDS + ${PHASE_MINUTES:-0} * 60 ))
+past_bound() { (( ${PHASE_MINUTES:-0} > 0 && SECONDS >= PHASE_DEADLINE - 1 )); }
+stopped_at_bound() {
+  trap - ERR TERM
+  printf '[%s] FAILED at step %s: the phase ran past its bound of %s minutes and was stopped\n' \
+    "$PHASE" "$STEP" "$PHASE_MINUTES" >&2
+  printf '[%s] fix: the lines above show what it was waiting on; pulumi up again resumes here (the phases are idempotent)\n' "$PHASE" >&2
+  exit 124
+}
+trap stopped_at_bound TERM
+
 on_error() {
   local code=$1 command=$2
+  past_bound && stopped_at_bound
   trap - ERR
   printf '[%s] FAILED at step %s: "%s" exited %s\n' "$PHASE" "$STEP" "$command" "$code" >&2
   printf '[%s] fix: read the lines above; the phases are idempotent, so pulumi up again resumes here\n' "$PHASE" >&2
@@ -124,6 +139,22 @@ install_secret() {
   mkdir -p "$(dirname "$1")"
   chmod 700 "$(dirname "$1")"
   install_file "$1" 600
+}
+
+# apt_get ARGS...: every apt-get of the phases. Waits for the dpkg lock (unattended-upgrades
+# starts from a timer at any time after boot) instead of failing on it, keeps the config files
+# already there, never prompts, and is bounded in time (APT_SECONDS).
+APT_LOCK_WAIT_SECONDS=900
+apt_get() {
+  timeout "${APT_SECONDS:-1800}" apt-get -q -y -o "DPkg::Lock::Timeout=${APT_LOCK_WAIT_SECONDS}" \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@"
+}
+
+# apt_install PACKAGES...: update the lists, then install (no recommends), each retried.
+apt_install() {
+  retry 3 apt_get update >&2 \
+    || fail "apt-get update failed 3 times" "check the Droplet's outbound network and DNS, then pulumi up again"
+  retry 3 apt_get install --no-install-recommends "$@" >&2
 }
 
 request_reboot() {

@@ -12,7 +12,7 @@ if [[ -n ${NEMO_HF_TOKEN:-} ]]; then
   export HF_TOKEN=$NEMO_HF_TOKEN
 fi
 unset NEMO_HF_TOKEN
-marker=$STATE_DIR/model.done
+marker=$NEMO_MODEL_MARKER
 want="${NEMO_MODEL_ID}@${NEMO_MODEL_REVISION}"
 snapshot_root=$HF_HOME/hub/models--${NEMO_MODEL_ID//\//--}/snapshots
 

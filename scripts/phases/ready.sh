@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # ready: wait, on the Droplet, until a 1-token chat completion answers through the gateway
 # (its real TLS, routes and key; the name resolved to this host, so no DNS is needed); report
-# how long it took. On failure, print the last lines of the service's journal.
+# how long it took. A crash ends the wait at once: systemd restarts a crashing vLLM without end
+# and never shows it failed, so the phase watches its restarts, and says why from the journal.
 # Settings: NEMO_PROBE_URL NEMO_PROBE_RESOLVE NEMO_PROBE_CA NEMO_SERVED_NAME NEMO_UNIT
 #           NEMO_ENV_FILE NEMO_READY_TIMEOUT
 
@@ -9,11 +10,35 @@ url=$NEMO_PROBE_URL
 tls=()
 [[ -n $NEMO_PROBE_CA ]] && tls=(--cacert "$NEMO_PROBE_CA")
 body=$(printf '{"model":"%s","messages":[{"role":"user","content":"Say OK."}],"max_tokens":1}' "$NEMO_SERVED_NAME")
-journal() { journalctl --unit "$NEMO_UNIT" --lines 60 --no-pager --output cat 2>&1 | sed "s/^/[$PHASE] journal: /" >&2; }
+journal_lines() { journalctl --unit "$NEMO_UNIT" --lines 60 --no-pager --output cat 2>&1; }
+journal() { journal_lines | sed "s/^/[$PHASE] journal: /" >&2; }
+restarts() { systemctl show -p NRestarts --value "$NEMO_UNIT" 2>/dev/null || echo 0; }
+
+# why: the fix for what the journal says went wrong.
+why() {
+  local lines
+  lines=$(journal_lines)
+  case $lines in
+    *"out of memory"*|*OutOfMemoryError*|*"Not enough memory"*|*"No available memory for the cache blocks"*)
+      echo "vLLM ran out of GPU memory: lower vllm.gpuMemoryUtilization, vllm.maxModelLen or vllm.maxNumSeqs (or choose a larger droplet.size)" ;;
+    *"unrecognized arguments"*|*"error: argument"*|*"invalid choice"*)
+      echo "vLLM refused a flag: check vllm.extraArgs against 'vllm serve --help' of the pinned version" ;;
+    *"Failed to find C compiler"*)
+      echo "Triton found no C compiler: the vllm phase installs one; pulumi up again (or apt-get install gcc on the Droplet)" ;;
+    *"driver version is insufficient"*|*"driver is too old"*|*"CUDA driver version"*)
+      echo "the NVIDIA driver is too old for vLLM's CUDA: set bootstrap.driver.mode: auto (or a newer bootstrap.driver.branch)" ;;
+    *"No space left on device"*)
+      echo "the disk is full: choose a size with a larger disk or a smaller model.id" ;;
+    *)
+      echo "read the journal lines above (python scripts/logs.py --stack <stack> shows more)" ;;
+  esac
+}
 
 step wait "a 1-token chat completion from ${NEMO_SERVED_NAME} (at most ${NEMO_READY_TIMEOUT}s)"
 deadline=$((SECONDS + NEMO_READY_TIMEOUT))
 started=$SECONDS
+# Restarts counted since the service phase (re)started it; without its record, from now.
+baseline=$(cat "$STATE_DIR/${NEMO_UNIT%.service}.restarts" 2>/dev/null || restarts)
 while true; do
   # The key comes from the service's root-only EnvironmentFile, through a pipe, not argv.
   key=$(sed -n 's/^VLLM_API_KEY=//p' "$NEMO_ENV_FILE")
@@ -22,10 +47,11 @@ while true; do
       --data "$body" "$url" 2>/dev/null) && [[ $answer == *'"choices"'* ]]; then
     break
   fi
-  if systemctl is-failed --quiet "$NEMO_UNIT"; then
+  sub=$(systemctl show -p SubState --value "$NEMO_UNIT" 2>/dev/null || true)
+  now=$(restarts)
+  if [[ $sub == auto-restart ]] || (( now > baseline )) || systemctl is-failed --quiet "$NEMO_UNIT"; then
     journal
-    fail "${NEMO_UNIT} failed while loading the model" \
-         "read the journal lines above (python scripts/logs.py --stack <stack> shows more); common causes: out of GPU memory (lower vllm.gpuMemoryUtilization or vllm.maxModelLen), a driver too old"
+    fail "${NEMO_UNIT} crashed while loading the model (state ${sub:-unknown}, restarted $((now - baseline)) time(s))" "$(why)"
   fi
   if (( SECONDS >= deadline )); then
     journal

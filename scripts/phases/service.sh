@@ -1,8 +1,13 @@
 # shellcheck shell=bash
 # service: the `vllm` system user, its root-only EnvironmentFile and the systemd unit the
-# program rendered (vLLM on 127.0.0.1 only; Restart=on-failure; LimitNOFILE). Restarts the
-# service only when something it runs with changed.
+# program rendered (vLLM on 127.0.0.1 only; Restart=on-failure; LimitNOFILE; no metadata
+# service). Restarts the service whenever what it runs with changed: its unit, its env file, the
+# vLLM installed under it, or the weights.
 # Settings: NEMO_VLLM_USER NEMO_HF_HOME NEMO_ENV_FILE NEMO_UNIT NEMO_UNIT_TEXT NEMO_ENV_TEXT
+#           NEMO_RUNS_FROM
+
+stamp_file=$STATE_DIR/${NEMO_UNIT%.service}.runs-from
+baseline_file=$STATE_DIR/${NEMO_UNIT%.service}.restarts
 
 step user "system user ${NEMO_VLLM_USER}"
 if id -u "$NEMO_VLLM_USER" >/dev/null 2>&1; then
@@ -14,6 +19,17 @@ else
 fi
 # The service reads the weights and writes its compile caches under its home.
 chown -R "$NEMO_VLLM_USER:" "$NEMO_HF_HOME" "/var/lib/${NEMO_VLLM_USER}"
+
+step old-guard "the iptables metadata guard of earlier versions is replaced by the units' own"
+# It ran before network-pre.target (holding networking back) and only after the gateway phase;
+# the units now carry IPAddressDeny= themselves.
+old_guard=/etc/systemd/system/nemotron-metadata-guard.service
+if [[ -f $old_guard ]]; then
+  systemctl disable nemotron-metadata-guard.service >&2 2>/dev/null || true
+  rm -f "$old_guard"
+  systemctl daemon-reload >&2
+  changed
+fi
 
 restart=false
 step env-file "root-only ${NEMO_ENV_FILE}"
@@ -29,6 +45,14 @@ if printf '%s\n' "$NEMO_UNIT_TEXT" | install_file "/etc/systemd/system/${NEMO_UN
   restart=true
 fi
 
+step runs-from "the vLLM and the weights the service runs"
+read -ra sources <<<"$NEMO_RUNS_FROM"
+runs_from=$(for f in "${sources[@]}"; do printf '%s: %s\n' "$f" "$(cat "$f" 2>/dev/null || echo missing)"; done)
+if [[ $(cat "$stamp_file" 2>/dev/null) != "$runs_from" ]]; then
+  log "what the service runs changed: ${runs_from//$'\n'/; }"
+  restart=true
+fi
+
 step start "enable and (re)start ${NEMO_UNIT}"
 if ! systemctl is-enabled --quiet "$NEMO_UNIT"; then
   systemctl enable "$NEMO_UNIT" >&2
@@ -36,9 +60,13 @@ if ! systemctl is-enabled --quiet "$NEMO_UNIT"; then
 fi
 if [[ $restart == true ]] || ! systemctl is-active --quiet "$NEMO_UNIT"; then
   systemctl restart "$NEMO_UNIT" >&2
+  printf '%s\n' "$runs_from" > "$stamp_file"
   changed
   log "started ${NEMO_UNIT}; the ready phase waits for the model to load"
 else
   log "${NEMO_UNIT} is running with this configuration"
 fi
+# The ready phase counts crashes from here: systemd restarts a failing unit without end
+# (Restart=on-failure, RestartSec=10 never reaches the start limit), never showing it failed.
+systemctl show -p NRestarts --value "$NEMO_UNIT" > "$baseline_file"
 finish

@@ -1,13 +1,29 @@
 # shellcheck shell=bash
 # vllm: install the pinned vLLM into the vLLM env. `wheel`: every package from the committed
 # lock file, hashes required, with uv. `source`: build at a git ref with the CUDA toolkit.
-# Settings: NEMO_VLLM_INSTALL NEMO_VLLM_VERSION NEMO_VLLM_ENV NEMO_LOCK_FILE NEMO_LOCK_SHA256
-#           NEMO_VLLM_GIT_URL NEMO_VLLM_GIT_REF NEMO_CUDA NEMO_CUDA_KEYRING_URL
+# Also what vLLM needs at run time from the system: a C compiler for Triton's launcher.
+# Settings: NEMO_VLLM_INSTALL NEMO_VLLM_VERSION NEMO_VLLM_ENV NEMO_VLLM_MARKER NEMO_LOCK_FILE
+#           NEMO_LOCK_SHA256 NEMO_VLLM_GIT_URL NEMO_VLLM_GIT_REF NEMO_CUDA NEMO_CUDA_KEYRING_URL
+#           NEMO_RUNTIME_PACKAGES
 
 python=$NEMO_VLLM_ENV/bin/python
 uv=$NEMO_VLLM_ENV/bin/uv
-marker=$NEMO_VLLM_ENV/.nemotron-vllm
+marker=$NEMO_VLLM_MARKER
 export UV_CACHE_DIR=/var/cache/nemotron/uv UV_HTTP_TIMEOUT=120
+
+step runtime-tools "what vLLM compiles with at first use: ${NEMO_RUNTIME_PACKAGES}"
+read -ra runtime <<<"$NEMO_RUNTIME_PACKAGES"
+missing=()
+for package in "${runtime[@]}"; do
+  [[ $(dpkg-query -W -f='${db:Status-Abbrev}' "$package" 2>/dev/null) == "ii "* ]] || missing+=("$package")
+done
+if (( ${#missing[@]} )); then
+  apt_install "${missing[@]}" || fail "could not install ${missing[*]}" "check apt on the Droplet (apt-cache policy ${missing[*]})"
+  changed
+fi
+command -v gcc >/dev/null \
+  || fail "no C compiler after installing ${NEMO_RUNTIME_PACKAGES}; Triton needs one" "check /usr/bin/gcc on the Droplet"
+log "C compiler: $(gcc --version 2>/dev/null | head -n 1)"
 
 step lock "the lock file arrived intact"
 got=$(sha256sum "$NEMO_LOCK_FILE" 2>/dev/null | cut -d' ' -f1 || true)
@@ -43,8 +59,7 @@ else
   else
     download "$NEMO_CUDA_KEYRING_URL" /var/cache/nemotron/cuda-keyring.deb "$NEMO_CUDA_KEYRING_SHA256"
     dpkg -i /var/cache/nemotron/cuda-keyring.deb >&2
-    retry 3 timeout 600 apt-get update -q >&2 || fail "apt-get update failed 3 times" "check outbound network and DNS"
-    retry 3 timeout 3600 apt-get install -y -q --no-install-recommends "cuda-toolkit-${NEMO_CUDA//./-}" >&2 \
+    APT_SECONDS=3600 apt_install "cuda-toolkit-${NEMO_CUDA//./-}" \
       || fail "could not install cuda-toolkit-${NEMO_CUDA//./-}" "check NVIDIA's apt repository for this Ubuntu release"
   fi
 
