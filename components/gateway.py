@@ -1,9 +1,9 @@
 """The public entry: Caddy in front of vLLM, which stays on 127.0.0.1.
 
-vLLM's own --api-key guards only /v1, /v2 and /inference; /invocations (full inference),
-/tokenize, /pause, /update_weights and others stay open (FACTS.md). So the gateway admits
-`/v1/*` with `Authorization: Bearer <key>` and `GET /health`, and refuses everything else, key
-or not. HTTPS comes from a public ACME CA for `<ip-with-dashes>.sslip.io` (no domain needed) or
+vLLM's own --api-key leaves /metrics, /docs and others open, and older releases left
+/invocations, /tokenize, /pause and /update_weights open too (FACTS.md). So the gateway admits
+the exact OpenAI routes with `Authorization: Bearer <key>` and `GET /health`, and refuses
+everything else, key or not. HTTPS comes from a public ACME CA for `<ip-with-dashes>.sslip.io` (no domain needed) or
 `access.domain`. Streams pass chunk by chunk, with no timeout on long generations.
 """
 
@@ -33,6 +33,20 @@ def endpoint(cfg: StackConfig, host: str) -> str:
     return f"https://{host}/v1" if cfg.access.https else f"http://{host}/v1"
 
 
+# The only paths that reach vLLM, exactly as they are forwarded: the OpenAI-compatible routes a
+# Nemotron chat model serves (vLLM's entrypoints/openai api_server), and a stored response.
+API_PATHS = ("models", "chat/completions", "completions", "responses", "embeddings")
+_API_URI = (
+    "^/v1/(" + "|".join(API_PATHS) + "|responses/[A-Za-z0-9_-]+(/cancel)?)([?][^#]*)?$"
+)
+
+
+def max_body_bytes(cfg: StackConfig) -> int:
+    """One unit for the body limit: MB as Caddy reads `16MB` (SI, 1,000,000 bytes), in bytes
+    for both the up-front check and the cut-off, so no body passes one and fails the other."""
+    return cfg.access.max_request_body_mb * 1_000_000
+
+
 def caddyfile(
     cfg: StackConfig,
     host: str,
@@ -42,17 +56,33 @@ def caddyfile(
     https_port: int = HTTPS_PORT,
 ) -> str:
     """The whole Caddy configuration. `host` names the site (its certificate); with https off
-    the site is every name on the HTTP port."""
+    the site is every name on the HTTP port.
+
+    Every decision is made on what vLLM will see. Caddy's path matchers clean the path first
+    (case, dot-segments, `//`, percent-encoding, trailing dots), but the proxy forwards the
+    original request URI (FACTS.md, checked later): `GET /metrics/../health` would match `/health`
+    and reach vLLM's metrics app. So the routes match `{http.request.uri}`, the raw request
+    target, against exact paths; anything else (a dot-segment, `//`, an encoded `/` or `.`, a
+    case variant) is refused before it is proxied. The key check compares the whole
+    Authorization field, all its values joined: a second Authorization header fails it (the
+    header matcher passes when any one matches, and vLLM reads the first)."""
     email = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
     site = host if cfg.access.https else f"http://:{http_port}"
     upstream = f"127.0.0.1:{upstream_port}"
     length = "{http.request.header.Content-Length}"
-    max_body = cfg.access.max_request_body_mb * 1024 * 1024
-    too_big = f"`{length}.matches('^[0-9]+$') && int({length}) > {max_body}`"
+    limit = max_body_bytes(cfg)
+    too_big = f"`{length}.matches('^[0-9]+$') && int({length}) > {limit}`"
+    # CEL strings in single quotes: the phase script carries this text shell-quoted, and
+    # shellcheck reads double-quoted braces there as a mistaken expansion.
+    health = "`{http.request.method} in ['GET', 'HEAD'] && {http.request.uri} == '/health'`"
+    api = f"`{{http.request.uri}}.matches('{_API_URI}')`"
+    key = f"`{{http.request.header.Authorization}} == 'Bearer ' + {{env.{API_KEY_ENV}}}`"
     return f"""# nemotron-droplet gateway: written by the gateway phase; edits are overwritten.
 {{
 	# No admin API: nothing on the Droplet may reconfigure the gateway but this file.
 	admin off
+	# Never touch the system trust store (Caddy would add its local CA root to it).
+	skip_install_trust
 	http_port {http_port}
 	https_port {https_port}{email}
 	servers {{
@@ -67,37 +97,34 @@ def caddyfile(
 	# A declared length over the limit is refused up front; a chunked body is cut at the limit.
 	@too_big expression {too_big}
 	handle @too_big {{
-		respond "request body over {cfg.access.max_request_body_mb} MB" 413
+		respond "request body over {cfg.access.max_request_body_mb} MB ({limit} bytes)" 413
 	}}
 	request_body {{
-		max_size {cfg.access.max_request_body_mb}MB
+		max_size {limit}
 	}}
 
-	@health {{
-		method GET HEAD
-		path /health
-	}}
+	@health expression {health}
 	handle @health {{
 		reverse_proxy {upstream}
 	}}
 
-	@authorized {{
-		path /v1/*
-		header Authorization "Bearer {{env.{API_KEY_ENV}}}"
-	}}
-	handle @authorized {{
-		reverse_proxy {upstream} {{
-			# Server-sent events go out as they come; no response timeout cuts a long answer.
-			flush_interval -1
+	@api expression {api}
+	@authorized expression {key}
+	handle @api {{
+		handle @authorized {{
+			reverse_proxy {upstream} {{
+				# Server-sent events go out as they come; no response timeout cuts a long answer.
+				flush_interval -1
+			}}
+		}}
+		handle {{
+			header WWW-Authenticate "Bearer"
+			respond "unauthorized: send one Authorization: Bearer <apiKey> header" 401
 		}}
 	}}
 
-	handle /v1/* {{
-		header WWW-Authenticate "Bearer"
-		respond "unauthorized: send Authorization: Bearer <apiKey>" 401
-	}}
-
-	# /invocations, /tokenize, /detokenize, /pause, /resume, /update_weights, /metrics, ...
+	# Every other path and spelling: /invocations, /tokenize, /pause, /metrics, /V1/models,
+	# /v1/../metrics, /v1/%6Dodels, ...
 	handle {{
 		respond "not found" 404
 	}}
@@ -108,6 +135,7 @@ def caddyfile(
 def caddy_dropin() -> str:
     return f"""[Service]
 EnvironmentFile={GATEWAY_ENV_FILE}
+{catalog.METADATA_DENY}
 # The packaged unit runs "caddy run --environ", which prints the environment (the key) to the
 # journal: run it without.
 ExecStart=

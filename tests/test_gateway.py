@@ -56,9 +56,11 @@ class Gateway:
         return self.request("POST", path, key, **kw)
 
 
-def start_gateway(tmp_path: Path, upstream: str, https: bool) -> Iterator[Gateway]:
+def start_gateway(
+    tmp_path: Path, upstream: str, https: bool, max_body_mb: int = 16
+) -> Iterator[Gateway]:
     raw = stack_config("dev")
-    raw["access"] = {**raw["access"], "https": https}
+    raw["access"] = {**raw["access"], "https": https, "maxRequestBodyMb": max_body_mb}
     cfg = config.parse(raw, "dev")
     upstream_port = int(upstream.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
     http_port, https_port = free_port(), free_port()
@@ -196,7 +198,7 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(gw: Gateway
     conn.putrequest("POST", "/v1/chat/completions")
     conn.putheader("Authorization", f"Bearer {KEY}")
     conn.putheader("Content-Type", "application/json")
-    conn.putheader("Content-Length", str(17 * 1024 * 1024))
+    conn.putheader("Content-Length", str(16_000_001))
     conn.endheaders()  # headers only: the gateway answers without waiting for the body
     response = conn.getresponse()
     assert response.status == 413

@@ -1,0 +1,224 @@
+"""What reaches vLLM through the real Caddy: the gateway decides on the exact request target it
+forwards. A recording upstream counts every request that got past it, so a trick that the
+gateway answered 404 but still proxied would show."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import ssl
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from test_gateway import CADDY, KEY, Gateway, start_gateway
+
+from components import gateway
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CADDY), reason="caddy is installed by ./check")
+
+
+class Upstream:
+    """Answers 200 to anything and records the raw request target, the Authorization values and
+    the body length of every request that reached it."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                upstream.seen.append(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "auth": self.headers.get_all("Authorization") or [],
+                        "body": len(body),
+                    }
+                )
+                data = b'{"object":"list","data":[]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_HEAD = do_DELETE = _any  # noqa: N815
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    up = Upstream()
+    yield up
+    up.close()
+
+
+@pytest.fixture(params=[True, False], ids=["https", "http"])
+def gw(request: pytest.FixtureRequest, tmp_path: Path, upstream: Upstream) -> Iterator[Gateway]:
+    for started in start_gateway(tmp_path, upstream.url, https=request.param):
+        upstream.seen.clear()  # start_gateway's own readiness probes
+        yield started
+
+
+def raw(
+    gw: Gateway, method: str, target: str, headers: list[tuple[str, str]], body: bytes = b""
+) -> tuple[int, bytes]:
+    """Send `target` byte for byte (no client-side cleaning), with these header lines."""
+    url = urlsplit(gw.url)
+    conn: http.client.HTTPConnection
+    if gw.ca:
+        context = ssl.create_default_context(cafile=str(gw.ca))
+        conn = http.client.HTTPSConnection(url.hostname or "", url.port, context=context, timeout=10)
+    else:
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
+    conn.putrequest(method, target, skip_accept_encoding=True)
+    for name, value in headers:
+        conn.putheader(name, value)
+    if body:
+        conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body or None)
+    response = conn.getresponse()
+    status, data = response.status, response.read()
+    conn.close()
+    return status, data
+
+
+AUTH = [("Authorization", f"Bearer {KEY}")]
+TRICKS = [
+    "/metrics/../health",  # matched /health once cleaned; vLLM serves metrics at /metrics*
+    "/health/../metrics",
+    "/v1/../metrics",
+    "/v1/models/../../metrics",
+    "/v1/chat/completions/../../../invocations",
+    "/v1/./models",
+    "//v1/models",
+    "/v1//models",
+    "/v1/models/",
+    "/v1/%6dodels",
+    "/v1/models%2f..%2f..%2fmetrics",
+    "/v1/%2e%2e/metrics",
+    "/v1/%2E%2E/pause",
+    "/%76%31/models",
+    "/V1/models",
+    "/v1/Models",
+    "/v1/models.",
+    "/v1/models%20",
+    "/HEALTH",
+    "/health.",
+    "/health/",
+    "/health?x=1",
+    "/metrics",
+    "/invocations",
+]
+
+
+@pytest.mark.parametrize("target", TRICKS)
+def test_a_path_trick_never_reaches_vllm_with_or_without_the_key(
+    gw: Gateway, upstream: Upstream, target: str
+) -> None:
+    for headers in ([], AUTH):
+        for method in ("GET", "POST"):
+            status, _ = raw(gw, method, target, headers, b"{}" if method == "POST" else b"")
+            assert status in (400, 404), (method, target, status)
+    assert upstream.seen == [], f"{target} reached the upstream: {upstream.seen}"
+
+
+def test_exact_paths_reach_vllm_as_sent(gw: Gateway, upstream: Upstream) -> None:
+    for method, target in (
+        ("GET", "/health"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("GET", "/v1/models?limit=5"),
+        ("GET", "/v1/responses/resp_0123abc"),
+    ):
+        status, _ = raw(gw, method, target, AUTH, b"{}" if method == "POST" else b"")
+        assert status == 200, (method, target, status)
+    assert [(s["method"], s["path"]) for s in upstream.seen] == [
+        ("GET", "/health"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("GET", "/v1/models?limit=5"),
+        ("GET", "/v1/responses/resp_0123abc"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("Authorization", f"Bearer {KEY}"), ("Authorization", "Bearer wrong")],
+        [("Authorization", "Bearer wrong"), ("Authorization", f"Bearer {KEY}")],
+        [("Authorization", f"Bearer {KEY}"), ("Authorization", f"Bearer {KEY}")],
+        [("Authorization", f"Bearer {KEY}, Bearer other")],
+        [("Authorization", f"bearer {KEY}")],
+        [("Authorization", f"Bearer  {KEY}")],
+        [("Authorization", f"Bearer {KEY[:-1]}*")],
+        [("Authorization", f"Bearer {KEY}x")],
+    ],
+    ids=["right-then-wrong", "wrong-then-right", "right-twice", "joined", "case", "space",
+         "wildcard", "longer"],
+)
+def test_anything_but_one_exact_authorization_header_is_refused(
+    gw: Gateway, upstream: Upstream, headers: list[tuple[str, str]]
+) -> None:
+    status, _ = raw(gw, "GET", "/v1/models", headers)
+    assert status == 401
+    assert upstream.seen == []
+
+
+@pytest.fixture
+def small_limit_gw(tmp_path: Path, upstream: Upstream) -> Iterator[Gateway]:
+    for started in start_gateway(tmp_path, upstream.url, https=False, max_body_mb=1):
+        upstream.seen.clear()
+        yield started
+
+
+def test_one_unit_for_the_body_limit(small_limit_gw: Gateway, upstream: Upstream) -> None:
+    """1 MB is 1,000,000 bytes for the up-front check and the cut-off alike: a body between
+    1 MB and 1 MiB is refused before it is read, not read and then cut."""
+    gw = small_limit_gw
+    status, _ = raw(gw, "POST", "/v1/chat/completions", AUTH, b"x" * 1_000_000)
+    assert status == 200
+    assert upstream.seen[-1]["body"] == 1_000_000
+    for size in (1_000_001, 1_040_000, 1_048_577):
+        status, data = raw(gw, "POST", "/v1/chat/completions", AUTH, b"x" * size)
+        assert status == 413, (size, status)
+        assert b"request body over 1 MB (1000000 bytes)" in data
+    assert len(upstream.seen) == 1
+
+
+def trust_store() -> dict[str, float]:
+    """Every file of the system trust store, with its modification time."""
+    roots = (Path("/usr/local/share/ca-certificates"), Path("/etc/ssl/certs"))
+    return {str(p): p.stat().st_mtime for d in roots if d.exists() for p in d.rglob("*")}
+
+
+def test_the_gateway_leaves_the_trust_store_alone(tmp_path: Path, upstream: Upstream) -> None:
+    """Caddy with its local CA (https on localhost, as these tests run it) installs that root in
+    the system trust store unless told not to: the rendered config tells it."""
+    before = trust_store()
+    for started in start_gateway(tmp_path, upstream.url, https=True):
+        assert started.ca and started.ca.exists()
+        assert "skip_install_trust" in (tmp_path / "Caddyfile").read_text()
+    assert trust_store() == before
