@@ -3,27 +3,36 @@ on loopback (their addresses injected through its environment, as the phase's en
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from pulumi_harness import stack_config
 
-from components import bootstrap, config
+from components import config
+from components.autodown import env_text
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "phases" / "autodown.py"
 TOKEN = "dop_v1_FAKEautodownTOKEN0123456789"
 DROPLET = "424242"
 
 
-def metrics_text(running: int = 0, waiting: int = 0, finished: int = 0) -> str:
-    # The shape of vLLM's /metrics: labelled samples, several finished reasons.
+def metrics_text(
+    running: int = 0, waiting: int = 0, finished: int = 0, generated: int | None = None
+) -> str:
+    # The shape of vLLM's /metrics: labelled samples, several finished reasons, token counters.
+    tokens = 7 * finished if generated is None else generated
     return f"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{{engine="0",model_name="nemotron"}} {running}.0
@@ -32,6 +41,10 @@ vllm:num_requests_waiting{{engine="0",model_name="nemotron"}} {waiting}.0
 # TYPE vllm:request_success_total counter
 vllm:request_success_total{{engine="0",finished_reason="stop",model_name="nemotron"}} {finished}.0
 vllm:request_success_total{{engine="0",finished_reason="length",model_name="nemotron"}} 0.0
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{engine="0",model_name="nemotron"}} {3 * finished}.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{engine="0",model_name="nemotron"}} {tokens}.0
 vllm:kv_cache_usage_perc{{engine="0",model_name="nemotron"}} 0.0
 """
 
@@ -40,17 +53,23 @@ class Cloud:
     """The three services autodown talks to, on one loopback server."""
 
     def __init__(self) -> None:
-        self.metrics: str | None = metrics_text()
-        self.delete_statuses: list[int] = []  # answers to DELETE, then 204
+        self.metrics: str | bytes | None = metrics_text()
+        self.metrics_status = 200
+        self.hang_seconds = 0.0  # how long /metrics takes to answer
+        self.droplet_id = DROPLET
+        # Answers to DELETE (status, headers), then 204.
+        self.delete_answers: list[tuple[int, dict[str, str]]] = []
         self.deletes: list[dict[str, str]] = []
+        self.stop = threading.Event()
         cloud = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path == "/metrics" and cloud.metrics is not None:
-                    self._send(200, cloud.metrics)
+                    cloud.stop.wait(cloud.hang_seconds)
+                    self._send(cloud.metrics_status, cloud.metrics)
                 elif self.path == "/metadata/v1/id":
-                    self._send(200, DROPLET)
+                    self._send(200, cloud.droplet_id)
                 else:
                     self._send(503, "unavailable")
 
@@ -58,12 +77,17 @@ class Cloud:
                 cloud.deletes.append(
                     {"path": self.path, "auth": self.headers.get("Authorization", "")}
                 )
-                status = cloud.delete_statuses.pop(0) if cloud.delete_statuses else 204
-                self._send(status, "" if status == 204 else json.dumps({"id": "server_error"}))
+                status, headers = cloud.delete_answers.pop(0) if cloud.delete_answers else (204, {})
+                body = "" if status == 204 else json.dumps({"id": "server_error"})
+                self._send(status, body, headers)
 
-            def _send(self, status: int, body: str) -> None:
-                data = body.encode()
+            def _send(
+                self, status: int, body: str | bytes, headers: dict[str, str] | None = None
+            ) -> None:
+                data = body.encode() if isinstance(body, str) else body
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -75,9 +99,38 @@ class Cloud:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
+    def delete_fails(self, *statuses: int, **headers: str) -> None:
+        self.delete_answers = [
+            (status, {k.replace("_", "-"): v for k, v in headers.items()}) for status in statuses
+        ]
+
     def close(self) -> None:
+        self.stop.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class Garbage:
+    """A loopback port that answers anything but HTTP."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
+        self.reply = reply
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                with conn:
+                    conn.recv(4096)
+                    conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 @pytest.fixture
@@ -88,8 +141,13 @@ def cloud() -> Iterator[Cloud]:
 
 
 class Autodown:
+    """autodown.py as the timer runs it: a fresh process each minute, its settings in the
+    environment, its state and the first-bootstrap record in files."""
+
     def __init__(self, cloud: Cloud, state: Path, **env: str) -> None:
         self.state = state
+        self.first_bootstrap = state.parent / "first-bootstrap"
+        self.first_bootstrap.write_text(f"{int(time.time())}\n")
         self.env = {
             "PATH": "/usr/bin:/bin",
             "AUTODOWN_TOKEN": TOKEN,
@@ -100,6 +158,8 @@ class Autodown:
             "AUTODOWN_METADATA_URL": f"{cloud.url}/metadata/v1/id",
             "AUTODOWN_API_URL": cloud.url,
             "AUTODOWN_STATE": str(state),
+            "AUTODOWN_FIRST_BOOTSTRAP": str(self.first_bootstrap),
+            "AUTODOWN_RUN_SECONDS": "45",
             "AUTODOWN_RETRY_DELAY": "0",
             **env,
         }
@@ -114,14 +174,17 @@ class Autodown:
             check=False,
         )
         assert TOKEN not in proc.stdout + proc.stderr, "the token is never printed"
+        assert "Traceback" not in proc.stderr, proc.stderr
         return proc
 
     def age(self, idle_minutes: float = 0, up_hours: float = 0) -> None:
         """Move the recorded times into the past, as if that much time went by."""
         state = json.loads(self.state.read_text())
         state["last_activity"] -= idle_minutes * 60
-        state["installed_at"] -= up_hours * 3600
+        state["started_at"] -= up_hours * 3600
         self.state.write_text(json.dumps(state))
+        began = float(self.first_bootstrap.read_text())
+        self.first_bootstrap.write_text(f"{began - up_hours * 3600}\n")
 
 
 @pytest.fixture
@@ -130,13 +193,15 @@ def autodown(cloud: Cloud, tmp_path: Path) -> Autodown:
 
 
 def test_busy_keeps_the_droplet(autodown: Autodown, cloud: Cloud) -> None:
-    cloud.metrics = metrics_text(running=1)
+    cloud.metrics = metrics_text(running=1, generated=10)
     autodown.run()
     autodown.age(idle_minutes=45)
+    cloud.metrics = metrics_text(running=1, generated=250)  # tokens flowing
     proc = autodown.run()
     assert proc.returncode == 0
     assert proc.stdout.startswith(
-        "autodown: keep: busy (running=1 waiting=0 finished=0); idle 0/30 min, up 0.00/8 h"
+        "autodown: keep: busy (running=1 waiting=0 finished=0 generated=250); idle 0/30 min, "
+        "up 0.00/8 h since first bootstrap"
     )
     assert cloud.deletes == []
 
@@ -147,14 +212,40 @@ def test_waiting_and_finishing_requests_count_as_busy(autodown: Autodown, cloud:
     cloud.metrics = metrics_text(finished=3)  # requests finished since the last minute
     assert "keep: busy" in autodown.run().stdout
     autodown.age(idle_minutes=45)
-    cloud.metrics = metrics_text(waiting=2, finished=3)
+    cloud.metrics = metrics_text(waiting=2, finished=4)
     assert "keep: busy" in autodown.run().stdout
     assert cloud.deletes == []
 
 
+def test_gauges_stuck_after_aborted_requests_count_as_idle(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    """vllm-project/vllm#22545: running/waiting can stay non-zero with nothing happening. With a
+    reading to compare with, only progress is busy."""
+    cloud.metrics = metrics_text(running=2, waiting=1, finished=5)
+    first = autodown.run()
+    assert "keep: busy (running=2 waiting=1" in first.stdout, "no baseline yet: the gauges count"
+    second = autodown.run()
+    assert "keep: idle: no progress though the gauges say requests are in flight" in second.stdout
+    autodown.age(idle_minutes=31)
+    proc = autodown.run()
+    assert "idle too long: deleted" in proc.stdout
+    assert len(cloud.deletes) == 1
+
+
+def test_a_vllm_restart_resets_its_counters_and_counts_as_busy(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    cloud.metrics = metrics_text(finished=50)
+    autodown.run()
+    autodown.age(idle_minutes=45)
+    cloud.metrics = metrics_text(finished=0)
+    assert "keep: busy" in autodown.run().stdout
+
+
 def test_idle_past_the_limit_deletes_exactly_once(autodown: Autodown, cloud: Cloud) -> None:
     first = autodown.run()
-    assert "keep: idle (running=0 waiting=0 finished=0); idle 0/30 min" in first.stdout
+    assert "keep: idle (running=0 waiting=0 finished=0 generated=0); idle 0/30 min" in first.stdout
     autodown.age(idle_minutes=31)
     proc = autodown.run()
     assert proc.returncode == 0
@@ -171,18 +262,47 @@ def test_max_hours_deletes_even_while_busy(autodown: Autodown, cloud: Cloud) -> 
     cloud.metrics = metrics_text(running=4, waiting=9)
     autodown.run()
     autodown.age(up_hours=8.1)
+    cloud.metrics = metrics_text(running=4, waiting=9, finished=2)
     proc = autodown.run()
-    assert "past max hours: deleted" in proc.stdout
+    assert "busy" in proc.stdout and "past max hours: deleted" in proc.stdout
     assert len(cloud.deletes) == 1
 
 
+def test_max_hours_counts_from_the_first_bootstrap_and_survives_a_lost_state(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    """The timer starts after the bootstrap (the model download can take hours); maxHours counts
+    from the bootstrap's record, which a lost or reset state file does not move."""
+    autodown.first_bootstrap.write_text(f"{int(time.time() - 8.5 * 3600)}\n")
+    autodown.state.unlink(missing_ok=True)
+    cloud.metrics = metrics_text(running=1, generated=99)
+    proc = autodown.run()
+    assert "up 8.50/8 h since first bootstrap: past max hours: deleted" in proc.stdout
+    assert len(cloud.deletes) == 1
+
+
+@pytest.mark.parametrize("record", ["", "yesterday", "nan", "-5", "99999999999", None])
+def test_without_a_usable_bootstrap_record_max_hours_counts_from_the_first_run(
+    autodown: Autodown, cloud: Cloud, record: str | None
+) -> None:
+    if record is None:
+        autodown.first_bootstrap.unlink()
+    else:
+        autodown.first_bootstrap.write_text(record)
+    assert "up 0.00/8 h since first autodown run" in autodown.run().stdout
+    state = json.loads(autodown.state.read_text())
+    state["started_at"] -= 9 * 3600
+    autodown.state.write_text(json.dumps(state))
+    assert "past max hours: deleted" in autodown.run().stdout
+
+
 def test_api_errors_are_retried(autodown: Autodown, cloud: Cloud) -> None:
-    cloud.delete_statuses = [500, 429]
+    cloud.delete_fails(500, 502)
     autodown.run()
     autodown.age(idle_minutes=31)
     proc = autodown.run()
     assert "delete attempt 1/4 failed (error: HTTP 500)" in proc.stdout
-    assert "delete attempt 2/4 failed (error: HTTP 429)" in proc.stdout
+    assert "delete attempt 2/4 failed (error: HTTP 502)" in proc.stdout
     assert proc.stdout.rstrip().endswith("deleted")
     assert len(cloud.deletes) == 3
 
@@ -190,7 +310,7 @@ def test_api_errors_are_retried(autodown: Autodown, cloud: Cloud) -> None:
 def test_an_api_that_keeps_failing_is_tried_again_next_minute(
     autodown: Autodown, cloud: Cloud
 ) -> None:
-    cloud.delete_statuses = [503] * 4
+    cloud.delete_fails(503, 503, 503, 503)
     autodown.run()
     autodown.age(idle_minutes=31)
     assert autodown.run().returncode == 1
@@ -200,7 +320,7 @@ def test_an_api_that_keeps_failing_is_tried_again_next_minute(
 
 
 def test_a_token_that_may_not_delete_says_so(autodown: Autodown, cloud: Cloud) -> None:
-    cloud.delete_statuses = [403]
+    cloud.delete_fails(403)
     autodown.run()
     autodown.age(idle_minutes=31)
     proc = autodown.run()
@@ -222,6 +342,158 @@ def test_unreadable_metrics_count_as_busy_but_not_past_max_hours(
     assert len(cloud.deletes) == 1
 
 
+IDLE = metrics_text()
+MALFORMED: dict[str, tuple[int, str | bytes]] = {
+    "garbage": (200, "<html><body>502 Bad Gateway</body></html>"),
+    "empty": (200, ""),
+    "truncated": (200, IDLE[: IDLE.index("# TYPE vllm:generation_tokens_total")]),
+    "cut-mid-line": (200, IDLE[: IDLE.index("vllm:num_requests_waiting{") + 30]),
+    "not-a-number": (
+        200,
+        IDLE.replace(
+            'num_requests_running{engine="0",model_name="nemotron"} 0.0',
+            'num_requests_running{engine="0",model_name="nemotron"} e',
+        ),
+    ),
+    "NaN-value": (
+        200,
+        IDLE.replace(
+            'generation_tokens_total{engine="0",model_name="nemotron"} 0.0',
+            'generation_tokens_total{engine="0",model_name="nemotron"} NaN',
+        ),
+    ),
+    "infinite": (
+        200,
+        IDLE.replace(
+            'generation_tokens_total{engine="0",model_name="nemotron"} 0.0',
+            'generation_tokens_total{engine="0",model_name="nemotron"} +Inf',
+        ),
+    ),
+    "negative": (
+        200,
+        IDLE.replace(
+            'num_requests_waiting{engine="0",model_name="nemotron"} 0.0',
+            'num_requests_waiting{engine="0",model_name="nemotron"} -1',
+        ),
+    ),
+    "not-utf8": (200, IDLE.encode() + b"\xff\xfe\n"),
+    "server-error": (500, IDLE),
+    "redirect-less-3xx": (304, ""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_metrics_count_as_busy_without_crashing(
+    autodown: Autodown, cloud: Cloud, name: str
+) -> None:
+    autodown.run()
+    cloud.metrics_status, cloud.metrics = MALFORMED[name]
+    autodown.age(idle_minutes=120)
+    proc = autodown.run()
+    assert proc.returncode == 0, proc.stderr
+    assert "keep: metrics unreadable, counted as busy" in proc.stdout
+    assert cloud.deletes == []
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [b"SSH-2.0-OpenSSH_9.6\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 99999\r\n\r\nvllm:", b""],
+    ids=["not-http", "short-body", "closed"],
+)
+def test_a_port_that_does_not_speak_http_counts_as_busy(
+    autodown: Autodown, cloud: Cloud, reply: bytes
+) -> None:
+    garbage = Garbage(reply)
+    try:
+        autodown.run()
+        autodown.age(idle_minutes=120)
+        autodown.env["AUTODOWN_METRICS_URL"] = garbage.url
+        proc = autodown.run()
+    finally:
+        garbage.close()
+    assert proc.returncode == 0, proc.stderr
+    assert "keep: metrics unreadable, counted as busy" in proc.stdout
+
+
+def test_a_hung_metrics_endpoint_cannot_hold_the_run_past_its_deadline(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    cloud.hang_seconds = 50
+    autodown.env["AUTODOWN_RUN_SECONDS"] = "3"
+    began = time.monotonic()
+    proc = autodown.run()
+    assert "keep: metrics unreadable, counted as busy" in proc.stdout
+    # The hang is 50 s: returning long before it shows the deadline bounded the request.
+    assert time.monotonic() - began < 40
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        "null",
+        "[]",
+        '"text"',
+        "42",
+        "{",
+        "",
+        '{"started_at": "x", "last_activity": null, "counters": [1], "deleted": "yes"}',
+        '{"started_at": 1e400, "last_activity": -1e999, "counters": {"a": "b"}}',
+        '{"last_activity": 99999999999, "counters": {"vllm:generation_tokens_total": true}}',
+    ],
+)
+def test_a_state_file_of_any_shape_is_reset_not_fatal(
+    autodown: Autodown, cloud: Cloud, state: str
+) -> None:
+    autodown.state.write_text(state)
+    proc = autodown.run()
+    assert proc.returncode == 0, proc.stderr
+    assert "keep: idle" in proc.stdout
+    assert cloud.deletes == []
+    saved = json.loads(autodown.state.read_text())
+    assert isinstance(saved, dict) and saved["deleted"] is False
+    assert saved["last_activity"] <= time.time(), "a time in the future would hold idle off"
+    autodown.age(idle_minutes=31)
+    assert "idle too long: deleted" in autodown.run().stdout
+
+
+def test_a_state_file_from_an_earlier_release_keeps_its_start(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    autodown.first_bootstrap.unlink()
+    now = time.time()
+    autodown.state.write_text(
+        json.dumps({"installed_at": now - 9 * 3600, "last_activity": now, "finished": 0.0})
+    )
+    assert "past max hours: deleted" in autodown.run().stdout
+
+
+@pytest.mark.parametrize("answer", ["", "   ", "abc", "12/../34", "1 2", "-5", "4242x", "9" * 30])
+def test_a_droplet_id_that_is_not_a_number_is_never_deleted(
+    autodown: Autodown, cloud: Cloud, answer: str
+) -> None:
+    cloud.droplet_id = answer
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    proc = autodown.run()
+    assert proc.returncode == 1
+    assert "the metadata service gave no numeric Droplet id; not deleting" in proc.stdout
+    assert cloud.deletes == [], "never DELETE /v2/droplets/ with an empty or odd id"
+    cloud.droplet_id = DROPLET
+    assert "deleted" in autodown.run().stdout, "the next run tries again"
+
+
+@pytest.mark.parametrize("setting", ["AUTODOWN_IDLE_MINUTES", "AUTODOWN_MAX_HOURS"])
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "nan", "inf"])
+def test_a_broken_setting_is_named_not_a_traceback(
+    autodown: Autodown, cloud: Cloud, setting: str, value: str
+) -> None:
+    autodown.env[setting] = value
+    proc = autodown.run()
+    assert proc.returncode == 2
+    assert f"bad setting: {setting}" in proc.stdout
+    assert cloud.deletes == []
+
+
 def test_dry_run_logs_and_deletes_nothing(autodown: Autodown, cloud: Cloud) -> None:
     autodown.run()
     autodown.age(idle_minutes=31)
@@ -232,6 +504,101 @@ def test_dry_run_logs_and_deletes_nothing(autodown: Autodown, cloud: Cloud) -> N
     assert cloud.deletes == []
 
 
+# ---- hours in seconds: the module in-process with an injected clock ---------------------------
+
+
+class FakeClock:
+    """Wall time that moves only when told to, or when the code under test sleeps."""
+
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("nemotron_autodown", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def in_process(autodown: Autodown, monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, FakeClock]:
+    for name, value in autodown.env.items():
+        monkeypatch.setenv(name, value)
+    clock = FakeClock()
+    autodown.first_bootstrap.write_text(f"{clock.t}\n")
+    return load_script(), clock
+
+
+def test_a_busy_day_runs_to_max_hours_and_no_further(
+    in_process: tuple[ModuleType, FakeClock],
+    cloud: Cloud,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script, clock = in_process
+    minutes = 0
+    while not cloud.deletes:
+        minutes += 5
+        clock.t += 300
+        cloud.metrics = metrics_text(running=1, finished=minutes)  # steady traffic
+        assert script.main([], now=clock, sleep=clock.sleep) == 0
+        assert minutes <= 8 * 60 + 5, "max hours never fired"
+    assert minutes == 8 * 60, "deleted at the first run past 8 h, not before"
+    assert "up 8.00/8 h since first bootstrap: past max hours: deleted" in capsys.readouterr().out
+
+
+def test_idle_fires_after_idle_minutes_of_no_progress_on_a_fake_clock(
+    in_process: tuple[ModuleType, FakeClock], cloud: Cloud
+) -> None:
+    script, clock = in_process
+    cloud.metrics = metrics_text(running=1, finished=3)  # stuck gauges from the start
+    minutes = 0
+    while not cloud.deletes and minutes < 60:
+        minutes += 1
+        clock.t += 60
+        script.main([], now=clock, sleep=clock.sleep)
+    assert minutes == 31, "the first reading is busy (no baseline), then 30 idle minutes"
+
+
+def test_retry_after_is_honoured_within_the_run(
+    in_process: tuple[ModuleType, FakeClock], cloud: Cloud
+) -> None:
+    script, clock = in_process
+    script.main([], now=clock, sleep=clock.sleep)
+    clock.t += 31 * 60
+    cloud.delete_fails(429, Retry_After="7")
+    assert script.main([], now=clock, sleep=clock.sleep) == 0
+    assert clock.slept == [7.0], "waited as long as the API asked"
+    assert len(cloud.deletes) == 2
+
+
+def test_a_retry_after_past_the_deadline_is_left_to_the_next_run(
+    in_process: tuple[ModuleType, FakeClock],
+    cloud: Cloud,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script, clock = in_process
+    script.main([], now=clock, sleep=clock.sleep)
+    clock.t += 31 * 60
+    cloud.delete_fails(429, Retry_After="600")
+    assert script.main([], now=clock, sleep=clock.sleep) == 1
+    assert clock.slept == [], "no sleep past the run's deadline"
+    assert "retry after 600s" in capsys.readouterr().out
+    clock.t += 600
+    assert script.main([], now=clock, sleep=clock.sleep) == 0
+    assert len(cloud.deletes) == 2
+
+
 # ---- the program's side -----------------------------------------------------------------------
 
 
@@ -239,7 +606,7 @@ def test_env_file_renders_the_rule_with_the_token() -> None:
     raw = stack_config("dev")
     raw["autodown"] = {"idleMinutes": 20, "token": TOKEN}
     cfg = config.parse(raw, "dev", frozenset({"autodown"}))
-    text = bootstrap.autodown_env_text(cfg)
+    text = env_text(cfg)
     assert f"AUTODOWN_TOKEN={TOKEN}\n" in text
     assert "AUTODOWN_IDLE_MINUTES=20\nAUTODOWN_MAX_HOURS=\nAUTODOWN_DRY_RUN=false\n" in text
     assert "AUTODOWN_METADATA_URL=http://169.254.169.254/metadata/v1/id" in text

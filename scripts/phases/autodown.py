@@ -2,35 +2,70 @@
 """autodown: delete this Droplet when nobody uses it, or when it has been up too long.
 
 Runs every minute from a systemd timer (the autodown phase installs it). Reads vLLM's
-Prometheus /metrics on loopback: the Droplet is busy while a request runs, waits or finishes.
-After AUTODOWN_IDLE_MINUTES without that, or AUTODOWN_MAX_HOURS after the bootstrap first ran
-(busy or not), it deletes its own Droplet through the DigitalOcean API (its id from the metadata
-service) exactly once. Metrics that cannot be read count as busy: a broken vLLM never gets a
-working one killed mid-request, and the max-hours ceiling still ends it. Every decision is one
-log line (the journal); the token is never printed. Standard library only.
+Prometheus /metrics on loopback. The Droplet is busy while the engine makes progress: tokens
+generated or prompts read, requests finished. The running/waiting gauges alone do not count
+once there is a reading to compare with, because vLLM can leave them non-zero after aborted
+requests (vllm-project/vllm#22545): a "running" request that produces nothing for
+AUTODOWN_IDLE_MINUTES is idle. AUTODOWN_MAX_HOURS counts from this Droplet's first bootstrap
+(the file AUTODOWN_FIRST_BOOTSTRAP, written once by the preflight phase), busy or not.
+
+Nothing here may crash into "never": metrics that cannot be read or parsed count as busy (a
+broken vLLM never gets a working one killed), and max hours still fires; a state file of any
+shape is reset; the run keeps its own deadline (AUTODOWN_RUN_SECONDS) so a hung service cannot
+hold the next minute's run. The Droplet is deleted through the DigitalOcean API (its id from the
+metadata service, which must be a number) exactly once. Every decision is one log line (the
+journal); the token is never printed. Standard library only.
 
 Settings come from the environment (a root-only EnvironmentFile): AUTODOWN_TOKEN,
 AUTODOWN_IDLE_MINUTES, AUTODOWN_MAX_HOURS (empty: no such rule), AUTODOWN_DRY_RUN,
-AUTODOWN_METRICS_URL, AUTODOWN_METADATA_URL, AUTODOWN_API_URL, AUTODOWN_STATE.
+AUTODOWN_METRICS_URL, AUTODOWN_METADATA_URL, AUTODOWN_API_URL, AUTODOWN_STATE,
+AUTODOWN_FIRST_BOOTSTRAP, AUTODOWN_RUN_SECONDS.
 """
 
 from __future__ import annotations
 
 import argparse
+import email.utils
 import json
+import math
 import os
 import re
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 FINISHED = "vllm:request_success_total"
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
+GENERATED = "vllm:generation_tokens_total"
+PROMPTED = "vllm:prompt_tokens_total"
+GAUGES = (RUNNING, WAITING)
+# Progress counters: any change since the last reading means the engine did work. The first
+# three must be present for a reading to count; prompt tokens are used when vLLM exports them.
+COUNTERS = (FINISHED, GENERATED, PROMPTED)
+REQUIRED = (RUNNING, WAITING, FINISHED, GENERATED)
+# A sample line: name, optional labels (quoted values may hold '}' or escaped quotes), value.
+_SAMPLE = re.compile(
+    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+(\S+)(?:[ \t]+\S+)?$'
+)
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+DROPLET_ID = re.compile(r"[0-9]{1,20}")
+# Per-request ceilings; the run's deadline lowers them as it nears.
+METRICS_TIMEOUT = 10.0
+METADATA_TIMEOUT = 10.0
+API_TIMEOUT = 30.0
+RUN_SECONDS = 45.0
+# A first-bootstrap time further ahead than this is a broken clock or file, not a time.
+CLOCK_SKEW = 300.0
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
 
 
 def log(message: str) -> None:
@@ -39,44 +74,130 @@ def log(message: str) -> None:
 
 def env_number(name: str) -> float | None:
     value = os.environ.get(name, "").strip()
-    return float(value) if value else None
-
-
-def read_metrics(url: str) -> dict[str, float] | None:
-    """Sums per metric name of the samples we watch; None when unreadable."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (loopback URL from config)
-            text = response.read().decode()
-    except (urllib.error.URLError, OSError, ValueError):
+    if not value:
         return None
-    sums = {RUNNING: 0.0, WAITING: 0.0, FINISHED: 0.0}
-    seen = False
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive number")
+    return number
+
+
+@dataclass
+class Deadline:
+    """The end of this run: every wait and request timeout fits inside it."""
+
+    clock: Clock
+    end: float
+
+    def left(self) -> float:
+        return self.end - self.clock()
+
+    def timeout(self, ceiling: float) -> float | None:
+        """A request timeout within the deadline; None when too little time is left to try."""
+        left = self.left()
+        return min(ceiling, left) if left >= 1 else None
+
+
+def parse_metrics(text: str) -> dict[str, float] | None:
+    """Sums per metric name of the samples we watch; None unless every required one is present
+    with a finite, non-negative value (a truncated or garbled page is not a reading)."""
+    sums: dict[str, float] = {}
     for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(1) in sums:
-            sums[match.group(1)] += float(match.group(3))
-            seen = True
-    return sums if seen else None
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line.strip())
+        if match is None:
+            name = _NAME.match(line.strip())
+            if name and name.group(0) in (*GAUGES, *COUNTERS):
+                return None  # one of ours, garbled
+            continue
+        name = match.group(1)
+        if name not in (*GAUGES, *COUNTERS):
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            return None
+        if not math.isfinite(value) or value < 0:
+            return None
+        sums[name] = sums.get(name, 0.0) + value
+    if any(name not in sums for name in REQUIRED):
+        return None
+    return sums
 
 
-def droplet_id(metadata_url: str) -> str:
-    with urllib.request.urlopen(metadata_url, timeout=10) as response:  # noqa: S310 (link-local metadata service)
-        text: str = response.read().decode().strip()
-    return text
+def read_metrics(url: str, deadline: Deadline) -> dict[str, float] | None:
+    """This minute's reading, or None when vLLM cannot be read or answers anything odd."""
+    timeout = deadline.timeout(METRICS_TIMEOUT)
+    if timeout is None:
+        return None
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback URL from config)
+            if response.status != 200:
+                return None
+            body: bytes = response.read(MAX_METRICS_BYTES + 1)
+        if len(body) > MAX_METRICS_BYTES:
+            return None
+        return parse_metrics(body.decode("utf-8"))
+    except Exception:  # noqa: BLE001 (any failure to read is "unreadable", never a crash)
+        return None
 
 
-def delete_droplet(api_url: str, token: str, droplet: str, attempts: int = 4) -> str:
-    """DELETE the Droplet, retrying transient failures; returns 'deleted', 'gone' or an error."""
+def droplet_id(metadata_url: str, deadline: Deadline) -> str | None:
+    """The Droplet's id from the metadata service; None unless it is a plain number (an empty
+    or odd answer must never turn into DELETE /v2/droplets/)."""
+    timeout = deadline.timeout(METADATA_TIMEOUT)
+    if timeout is None:
+        return None
+    try:
+        with urllib.request.urlopen(metadata_url, timeout=timeout) as response:  # noqa: S310 (link-local metadata service)
+            text = response.read(64).decode("ascii").strip()
+    except Exception:  # noqa: BLE001
+        return None
+    return text if DROPLET_ID.fullmatch(text) else None
+
+
+def retry_after(header: str | None, now: float) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not header:
+        return None
+    header = header.strip()
+    if header.isdigit():
+        return float(header)
+    try:
+        when = email.utils.parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def delete_droplet(
+    api_url: str,
+    token: str,
+    droplet: str,
+    deadline: Deadline,
+    sleep: Sleep,
+    attempts: int = 4,
+) -> str:
+    """DELETE the Droplet, retrying transient failures within the run's deadline; returns
+    'deleted', 'gone' or an error for the log (the next minute's run tries again)."""
     request = urllib.request.Request(  # noqa: S310 (the DigitalOcean API from config)
         f"{api_url.rstrip('/')}/v2/droplets/{droplet}",
         method="DELETE",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     delay = float(os.environ.get("AUTODOWN_RETRY_DELAY", "2"))
-    result = "error: no attempt made"
+    result = "error: no time left in this run"
     for attempt in range(1, attempts + 1):
+        timeout = deadline.timeout(API_TIMEOUT)
+        if timeout is None:
+            return f"{result}; the next run tries again"
+        wait = delay
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
                 if response.status in (200, 202, 204):
                     return "deleted"
                 result = f"error: HTTP {response.status}"
@@ -86,54 +207,128 @@ def delete_droplet(api_url: str, token: str, droplet: str, attempts: int = 4) ->
             if err.code in (401, 403):
                 return f"error: HTTP {err.code}: the token may not delete Droplets (droplet:delete)"
             result = f"error: HTTP {err.code}"
-        except (urllib.error.URLError, OSError) as err:
+            asked = retry_after(err.headers.get("Retry-After"), deadline.clock())
+            if asked is not None:
+                wait = asked
+                result += f" (retry after {asked:g}s)"
+        except Exception as err:  # noqa: BLE001 (network trouble of any kind: try again)
             result = f"error: {type(err).__name__}"
-        if attempt < attempts:
-            log(f"delete attempt {attempt}/{attempts} failed ({result}); retrying in {delay:g}s")
-            time.sleep(delay)
-            delay *= 2
+        if attempt == attempts:
+            break
+        if wait > deadline.left() - 1:
+            return f"{result}; waiting {wait:g}s would pass this run's deadline: next run"
+        log(f"delete attempt {attempt}/{attempts} failed ({result}); retrying in {wait:g}s")
+        sleep(wait)
+        delay *= 2
     return result
 
 
-def load_state(path: Path, now: float) -> dict[str, Any]:
+def fresh_state(now: float) -> dict[str, Any]:
+    return {"started_at": now, "last_activity": now, "counters": None, "deleted": False}
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load_state(path: Path, now: float) -> tuple[dict[str, Any], str | None]:
+    """The saved state, or a fresh one with the reason when the file is missing or odd. Times in
+    the future (a clock that jumped back) are clamped to now: they would hold the idle rule off."""
     try:
-        state: dict[str, Any] = json.loads(path.read_text())
+        raw: object = json.loads(path.read_text())
+    except FileNotFoundError:
+        return fresh_state(now), None
+    except (OSError, ValueError) as err:
+        return fresh_state(now), f"state file unreadable ({type(err).__name__}), reset"
+    state = fresh_state(now)
+    if not isinstance(raw, dict):
+        return state, f"state file held {type(raw).__name__}, not an object: reset"
+    odd = []
+    if "started_at" not in raw and "installed_at" in raw:
+        raw["started_at"] = raw["installed_at"]  # written by earlier releases
+    for key in ("started_at", "last_activity"):
+        if _number(raw.get(key)):
+            state[key] = min(float(raw[key]), now)
+        else:
+            odd.append(key)
+    counters = raw.get("counters")
+    if isinstance(counters, dict) and all(
+        isinstance(k, str) and _number(v) for k, v in counters.items()
+    ):
+        state["counters"] = {k: float(v) for k, v in counters.items()}
+    elif counters is not None:
+        odd.append("counters")
+    if isinstance(raw.get("deleted"), bool):
+        state["deleted"] = raw["deleted"]
+    elif "deleted" in raw:
+        odd.append("deleted")
+    return state, (f"state file had odd {', '.join(odd)}: reset" if odd else None)
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)
+    except OSError as err:
+        log(f"could not save the state ({type(err).__name__}); the next run starts afresh")
+
+
+def first_bootstrap(path: Path, state: dict[str, Any], now: float) -> tuple[float, str]:
+    """When this Droplet's first bootstrap ran: max hours counts from it. The file survives a
+    lost state file; without it, the earliest time this rule has seen."""
+    try:
+        value = float(path.read_text().strip())
+        if math.isfinite(value) and 0 < value <= now + CLOCK_SKEW:
+            return min(value, now), "first bootstrap"
     except (OSError, ValueError):
-        state = {}
-    state.setdefault("installed_at", now)
-    state.setdefault("last_activity", now)
-    state.setdefault("finished", None)
-    state.setdefault("deleted", False)
-    return state
+        pass
+    return float(state["started_at"]), "first autodown run"
+
+
+def busy_now(state: dict[str, Any], metrics: dict[str, float] | None) -> tuple[bool, str]:
+    """Is the engine making progress? Updates the saved counters; returns (busy, the reading)."""
+    if metrics is None:
+        return True, "metrics unreadable, counted as busy"
+    previous = state["counters"]
+    counters = {name: metrics[name] for name in COUNTERS if name in metrics}
+    state["counters"] = counters
+    gauges = metrics[RUNNING] > 0 or metrics[WAITING] > 0
+    reading = (
+        f"running={metrics[RUNNING]:g} waiting={metrics[WAITING]:g} "
+        f"finished={metrics[FINISHED]:g} generated={metrics[GENERATED]:g}"
+    )
+    if previous is None:
+        # No reading to compare with (first run, or a reset state): trust the gauges this once.
+        return gauges, f"{'busy' if gauges else 'idle'} ({reading})"
+    if any(previous.get(name) != value for name, value in counters.items()):
+        # Moved on (or went back: vLLM restarted, which is work too).
+        return True, f"busy ({reading})"
+    if gauges:
+        return False, f"idle: no progress though the gauges say requests are in flight ({reading})"
+    return False, f"idle ({reading})"
 
 
 def decide(
     state: dict[str, Any],
     metrics: dict[str, float] | None,
     now: float,
+    started: tuple[float, str],
     idle_minutes: float | None,
     max_hours: float | None,
 ) -> tuple[bool, str]:
     """Update the state from this minute's metrics; return (delete?, the reason line)."""
-    if metrics is None:
-        busy, what = True, "metrics unreadable, counted as busy"
-    else:
-        finished_changed = state["finished"] is not None and metrics[FINISHED] != state["finished"]
-        busy = metrics[RUNNING] > 0 or metrics[WAITING] > 0 or finished_changed
-        state["finished"] = metrics[FINISHED]
-        what = (
-            f"{'busy' if busy else 'idle'} (running={metrics[RUNNING]:g} "
-            f"waiting={metrics[WAITING]:g} finished={metrics[FINISHED]:g})"
-        )
+    busy, what = busy_now(state, metrics)
     if busy:
         state["last_activity"] = now
     idle = (now - state["last_activity"]) / 60
-    up = (now - state["installed_at"]) / 3600
+    up = (now - started[0]) / 3600
     limits = []
     if idle_minutes is not None:
         limits.append(f"idle {idle:.0f}/{idle_minutes:g} min")
     if max_hours is not None:
-        limits.append(f"up {up:.2f}/{max_hours:g} h")
+        limits.append(f"up {up:.2f}/{max_hours:g} h since {started[1]}")
     reason = f"{what}; {', '.join(limits)}"
     if max_hours is not None and up >= max_hours:
         return True, f"{reason}: past max hours"
@@ -142,27 +337,37 @@ def decide(
     return False, reason
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = time.sleep) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "autodown").splitlines()[0])
     parser.add_argument(
         "--dry-run", action="store_true", help="log what would happen; delete nothing"
     )
     args = parser.parse_args(argv)
-    dry_run = args.dry_run or os.environ.get("AUTODOWN_DRY_RUN", "false") == "true"
-    token = os.environ.get("AUTODOWN_TOKEN", "")
-    if not token:
-        dry_run = True
-    idle_minutes = env_number("AUTODOWN_IDLE_MINUTES")
-    max_hours = env_number("AUTODOWN_MAX_HOURS")
-    state_path = Path(os.environ.get("AUTODOWN_STATE", "/var/lib/nemotron/autodown.json"))
-    now = time.time()
+    env = os.environ.get
+    try:
+        idle_minutes = env_number("AUTODOWN_IDLE_MINUTES")
+        max_hours = env_number("AUTODOWN_MAX_HOURS")
+        run_seconds = env_number("AUTODOWN_RUN_SECONDS") or RUN_SECONDS
+    except ValueError as err:
+        log(f"bad setting: {err}; fix /etc/nemotron/autodown.env (pulumi up rewrites it)")
+        return 2
+    token = env("AUTODOWN_TOKEN", "")
+    dry_run = args.dry_run or env("AUTODOWN_DRY_RUN", "false") == "true" or not token
+    state_path = Path(env("AUTODOWN_STATE", "/var/lib/nemotron/autodown.json"))
+    start = now()
+    deadline = Deadline(now, start + run_seconds)
 
-    state = load_state(state_path, now)
+    state, note = load_state(state_path, start)
+    if note:
+        log(note)
     if state["deleted"]:
         log("the delete was accepted earlier; waiting for the Droplet to go")
         return 0
-    metrics = read_metrics(os.environ.get("AUTODOWN_METRICS_URL", "http://127.0.0.1:8000/metrics"))
-    delete, reason = decide(state, metrics, now, idle_minutes, max_hours)
+    metrics = read_metrics(env("AUTODOWN_METRICS_URL", "http://127.0.0.1:8000/metrics"), deadline)
+    started = first_bootstrap(
+        Path(env("AUTODOWN_FIRST_BOOTSTRAP", "/var/lib/nemotron/first-bootstrap")), state, start
+    )
+    delete, reason = decide(state, metrics, now(), started, idle_minutes, max_hours)
     outcome = 0
     if not delete:
         log(f"keep: {reason}")
@@ -170,20 +375,20 @@ def main(argv: list[str] | None = None) -> int:
         log(f"dry run: would delete this Droplet: {reason}")
     else:
         droplet = droplet_id(
-            os.environ.get("AUTODOWN_METADATA_URL", "http://169.254.169.254/metadata/v1/id")
+            env("AUTODOWN_METADATA_URL", "http://169.254.169.254/metadata/v1/id"), deadline
         )
-        result = delete_droplet(
-            os.environ.get("AUTODOWN_API_URL", "https://api.digitalocean.com"), token, droplet
-        )
-        log(f"delete droplet {droplet}: {reason}: {result}")
-        if result in ("deleted", "gone"):
-            state["deleted"] = True
-        else:
+        if droplet is None:
+            log(f"{reason}: but the metadata service gave no numeric Droplet id; not deleting")
             outcome = 1
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = state_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    tmp.replace(state_path)
+        else:
+            api = env("AUTODOWN_API_URL", "https://api.digitalocean.com")
+            result = delete_droplet(api, token, droplet, deadline, sleep)
+            log(f"delete droplet {droplet}: {reason}: {result}")
+            if result in ("deleted", "gone"):
+                state["deleted"] = True
+            else:
+                outcome = 1
+    save_state(state_path, state)
     return outcome
 
 

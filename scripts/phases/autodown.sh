@@ -3,9 +3,10 @@
 # idle too long or up too long (see autodown.py). Off: removes the timer if an earlier run
 # installed it. The token lives in a root-only EnvironmentFile.
 # Settings: NEMO_AUTODOWN_MODE (off|delete|dry-run) NEMO_AUTODOWN_ENV_TEXT NEMO_AUTODOWN_PY
+# NEMO_AUTODOWN_SCRIPT NEMO_AUTODOWN_ENV_FILE NEMO_AUTODOWN_SERVICE_TEXT NEMO_AUTODOWN_TIMER_TEXT
 
-lib=/usr/local/lib/nemotron/autodown.py
-env_file=/etc/nemotron/autodown.env
+lib=$NEMO_AUTODOWN_SCRIPT
+env_file=$NEMO_AUTODOWN_ENV_FILE
 service=/etc/systemd/system/nemotron-autodown.service
 timer=/etc/systemd/system/nemotron-autodown.timer
 
@@ -32,15 +33,11 @@ step env-file "root-only ${env_file}"
 if printf '%s\n' "$NEMO_AUTODOWN_ENV_TEXT" | install_secret "$env_file"; then changed; fi
 
 step units "nemotron-autodown.service and .timer (every minute)"
-if printf '%s\n' '[Unit]' 'Description=Delete this Droplet when idle or up too long (nemotron-droplet)' \
-    'After=network-online.target' '' '[Service]' 'Type=oneshot' "EnvironmentFile=${env_file}" \
-    "ExecStart=/usr/bin/python3 ${lib}" | install_file "$service" 644; then
+if printf '%s\n' "$NEMO_AUTODOWN_SERVICE_TEXT" | install_file "$service" 644; then
   reload=true
   changed
 fi
-if printf '%s\n' '[Unit]' 'Description=Run nemotron-autodown every minute' '' '[Timer]' \
-    'OnBootSec=2min' 'OnUnitActiveSec=1min' 'AccuracySec=5s' '' '[Install]' 'WantedBy=timers.target' \
-    | install_file "$timer" 644; then
+if printf '%s\n' "$NEMO_AUTODOWN_TIMER_TEXT" | install_file "$timer" 644; then
   reload=true
   changed
 fi

@@ -1,13 +1,24 @@
 # shellcheck shell=bash
 # preflight: is this host ready for the rest? Waits for first-boot work, then checks the OS,
-# free disk, the GPU on the PCI bus and Secure Boot. Changes nothing.
+# free disk, the GPU on the PCI bus and Secure Boot. Changes nothing but its own records.
 # Settings: NEMO_OS_RELEASES NEMO_DISK_NEED_GB NEMO_GPU_COUNT NEMO_WAIT_SECONDS
+# NEMO_FIRST_BOOTSTRAP_FILE
+
+step first-bootstrap "record when this Droplet's first bootstrap began (autodown's maxHours)"
+if [[ -s $NEMO_FIRST_BOOTSTRAP_FILE ]]; then
+  log "first bootstrap began $(date -u -d "@$(<"$NEMO_FIRST_BOOTSTRAP_FILE")" '+%F %T UTC' 2>/dev/null || echo '(unreadable record)')"
+else
+  mkdir -p "$(dirname "$NEMO_FIRST_BOOTSTRAP_FILE")"
+  date +%s > "${NEMO_FIRST_BOOTSTRAP_FILE}.tmp"
+  mv "${NEMO_FIRST_BOOTSTRAP_FILE}.tmp" "$NEMO_FIRST_BOOTSTRAP_FILE"
+  log "first bootstrap of this Droplet: recorded"
+fi
 
 step cloud-init "wait for first-boot configuration to finish (at most ${NEMO_WAIT_SECONDS}s)"
 if command -v cloud-init >/dev/null; then
   # 0: done; 2: done with recoverable errors. Either way it no longer holds apt.
   status=0
-  timeout "$NEMO_WAIT_SECONDS" cloud-init status --wait >/dev/null 2>&1 || status=$?
+  bounded "$NEMO_WAIT_SECONDS" cloud-init status --wait >/dev/null 2>&1 || status=$?
   case $status in
     0|2) log "cloud-init is done" ;;
     124) fail "cloud-init still running after ${NEMO_WAIT_SECONDS}s" \
