@@ -35,7 +35,7 @@ fi
 mkdir -p "$(dirname "$dropin")"
 # shellcheck disable=SC2016  # GRUB expands ${GRUB_CMDLINE_LINUX} itself
 if printf 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} %s"\n' "$flag" | install_file "$dropin" 644; then
-  timeout 300 update-grub >&2
+  bounded 300 update-grub >&2
   changed
 fi
 request_reboot "${flag} takes effect at the next boot"

@@ -14,7 +14,7 @@ else
   installer=/var/cache/nemotron/miniforge.sh
   download "$NEMO_MINIFORGE_URL" "$installer" "$NEMO_MINIFORGE_SHA256"
   rm -rf "$NEMO_CONDA_PREFIX"
-  timeout 900 bash "$installer" -b -p "$NEMO_CONDA_PREFIX" >&2 \
+  bounded 900 bash "$installer" -b -p "$NEMO_CONDA_PREFIX" >&2 \
     || fail "the Miniforge installer failed" "read the lines above; pulumi up again retries from scratch"
   changed
 fi
@@ -32,7 +32,7 @@ ensure_env() {
     log "env ${prefix} has Python ${have}, not ${NEMO_PYTHON}: recreating it"
     rm -rf "$prefix"
   fi
-  retry 3 timeout 1200 "$conda" create --yes --quiet --prefix "$prefix" \
+  retry 3 bounded 1200 "$conda" create --yes --quiet --prefix "$prefix" \
       --override-channels --channel conda-forge "python=${NEMO_PYTHON}" "$@" >&2 \
     || fail "conda could not create ${prefix}" "check outbound network to conda-forge, then pulumi up again"
   changed

@@ -125,7 +125,7 @@ install_runfile() {
   step runfile-install "run the installer: silent, DKMS, no OpenGL files"
   local module=()
   [[ $NEMO_DRIVER_OPEN == true ]] && module=(--kernel-module-type=open)
-  timeout 1800 sh "$run" --silent --dkms --no-opengl-files --no-x-check "${module[@]}" >&2 \
+  bounded 1800 sh "$run" --silent --dkms --no-opengl-files --no-x-check "${module[@]}" >&2 \
     || fail "the NVIDIA installer failed" "read /var/log/nvidia-installer.log on the Droplet"
   module_for_kernel \
     || fail "the NVIDIA installer left no kernel module for ${kernel}" "read /var/log/nvidia-installer.log on the Droplet"

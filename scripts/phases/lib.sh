@@ -43,11 +43,14 @@ fail() {
 # process group: say so, naming the step, whichever of the two traps runs first.
 PHASE_DEADLINE=$(( SECONDS + ${PHASE_MINUTES:-0} * 60 ))
 past_bound() { (( ${PHASE_MINUTES:-0} > 0 && SECONDS >= PHASE_DEADLINE - 1 )); }
+# The trap can run inside a command whose stderr is redirected (hf's errors file): write to the
+# phase's own stderr, kept on its own descriptor.
+exec {PHASE_STDERR}>&2
 stopped_at_bound() {
   trap - ERR TERM
   printf '[%s] FAILED at step %s: the phase ran past its bound of %s minutes and was stopped\n' \
-    "$PHASE" "$STEP" "$PHASE_MINUTES" >&2
-  printf '[%s] fix: the lines above show what it was waiting on; pulumi up again resumes here (the phases are idempotent)\n' "$PHASE" >&2
+    "$PHASE" "$STEP" "$PHASE_MINUTES" >&"$PHASE_STDERR"
+  printf '[%s] fix: the lines above show what it was waiting on; pulumi up again resumes here (the phases are idempotent)\n' "$PHASE" >&"$PHASE_STDERR"
   exit 124
 }
 trap stopped_at_bound TERM
@@ -141,12 +144,22 @@ install_secret() {
   install_file "$1" 600
 }
 
+# bounded SECONDS COMMAND...: COMMAND, stopped after SECONDS. A plain `timeout` moves its
+# command into a process group of its own, where the runner's bound (TERM to the phase's group)
+# never reaches it: the phase would hang past its bound and the runner's KILL would orphan it.
+# --foreground keeps it in the phase's group.
+bounded() {
+  local seconds=$1
+  shift
+  timeout --foreground --kill-after=30 "$seconds" "$@"
+}
+
 # apt_get ARGS...: every apt-get of the phases. Waits for the dpkg lock (unattended-upgrades
 # starts from a timer at any time after boot) instead of failing on it, keeps the config files
 # already there, never prompts, and is bounded in time (APT_SECONDS).
 APT_LOCK_WAIT_SECONDS=900
 apt_get() {
-  timeout "${APT_SECONDS:-1800}" apt-get -q -y -o "DPkg::Lock::Timeout=${APT_LOCK_WAIT_SECONDS}" \
+  bounded "${APT_SECONDS:-1800}" apt-get -q -y -o "DPkg::Lock::Timeout=${APT_LOCK_WAIT_SECONDS}" \
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@"
 }
 
@@ -166,7 +179,7 @@ request_reboot() {
 # driver_status: "ok VERSION", "old VERSION" or "none MESSAGE", for NEMO_MIN_DRIVER_BRANCH.
 driver_status() {
   local out version
-  if ! out=$(timeout 60 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1); then
+  if ! out=$(bounded 60 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1); then
     printf 'none %s\n' "$(printf '%s' "$out" | head -n 1)"
     return 0
   fi

@@ -34,7 +34,7 @@ step download "hf download ${want}"
 rm -f "$marker"
 errors=$(mktemp)
 attempt=1
-until timeout 7200 "$NEMO_HF_ENV/bin/hf" download "$NEMO_MODEL_ID" --revision "$NEMO_MODEL_REVISION" >/dev/null 2>"$errors"; do
+until bounded 7200 "$NEMO_HF_ENV/bin/hf" download "$NEMO_MODEL_ID" --revision "$NEMO_MODEL_REVISION" >/dev/null 2>"$errors"; do
   tail -n 5 "$errors" | sed "s/^/[$PHASE] hf: /" >&2
   if grep -qiE 'gated|restricted|awaiting a review|401|403' "$errors"; then
     if [[ -n ${HF_TOKEN:-} ]]; then

@@ -47,7 +47,7 @@ rm -f "$marker"
 
 if [[ $NEMO_VLLM_INSTALL == wheel ]]; then
   step install "uv installs vLLM ${NEMO_VLLM_VERSION} and its dependencies from the lock"
-  retry 3 timeout 3600 "$uv" pip install --python "$python" --require-hashes --no-deps \
+  retry 3 bounded 3600 "$uv" pip install --python "$python" --require-hashes --no-deps \
       --requirement "$NEMO_LOCK_FILE" >&2 \
     || fail "uv could not install the locked packages" \
             "check outbound network to PyPI; if a version was yanked, regenerate the lock with scripts/lock-vllm.sh"
@@ -66,15 +66,15 @@ else
   step source "vLLM source at ${NEMO_VLLM_GIT_REF}"
   src=/opt/vllm-src
   if [[ ! -d $src/.git ]]; then
-    retry 3 timeout 900 git clone --quiet "$NEMO_VLLM_GIT_URL" "$src" >&2 || fail "git clone ${NEMO_VLLM_GIT_URL} failed" "check outbound network"
+    retry 3 bounded 900 git clone --quiet "$NEMO_VLLM_GIT_URL" "$src" >&2 || fail "git clone ${NEMO_VLLM_GIT_URL} failed" "check outbound network"
   fi
-  retry 3 timeout 900 git -C "$src" fetch --quiet --tags origin >&2 || fail "git fetch failed" "check outbound network"
+  retry 3 bounded 900 git -C "$src" fetch --quiet --tags origin >&2 || fail "git fetch failed" "check outbound network"
   git -C "$src" checkout --quiet --force "$NEMO_VLLM_GIT_REF" >&2 \
     || fail "no git ref ${NEMO_VLLM_GIT_REF} in ${NEMO_VLLM_GIT_URL}" "set vllm.gitRef to a tag, branch or commit that exists"
 
   step build-deps "the locked dependencies (torch and friends), without vLLM itself"
   grep -v '^vllm==' "$NEMO_LOCK_FILE" > /var/cache/nemotron/lock-without-vllm.txt
-  retry 3 timeout 3600 "$uv" pip install --python "$python" --require-hashes --no-deps \
+  retry 3 bounded 3600 "$uv" pip install --python "$python" --require-hashes --no-deps \
       --requirement /var/cache/nemotron/lock-without-vllm.txt >&2 || fail "uv could not install the build dependencies" "check outbound network to PyPI"
 
   step build "compile vLLM (MAX_JOBS from cores and memory)"
@@ -84,7 +84,7 @@ else
   jobs=$(( mem_gb / 8 < cores ? mem_gb / 8 : cores ))
   (( jobs >= 1 )) || jobs=1
   log "MAX_JOBS=${jobs} (${cores} cores, ${mem_gb} GB)"
-  (cd "$src" && MAX_JOBS=$jobs CUDA_HOME=/usr/local/cuda timeout 14400 "$uv" pip install --python "$python" --no-build-isolation --no-deps . >&2) \
+  (cd "$src" && MAX_JOBS=$jobs CUDA_HOME=/usr/local/cuda bounded 14400 "$uv" pip install --python "$python" --no-build-isolation --no-deps . >&2) \
     || fail "the vLLM build failed" "read the compiler errors above; a smaller MAX_JOBS helps when the build was killed"
 fi
 
