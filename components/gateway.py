@@ -3,8 +3,9 @@
 vLLM's own --api-key leaves /metrics, /docs and others open, and older releases left
 /invocations, /tokenize, /pause and /update_weights open too (FACTS.md). So the gateway admits
 the exact OpenAI routes with `Authorization: Bearer <key>` and `GET /health`, and refuses
-everything else, key or not. HTTPS comes from a public ACME CA for `<ip-with-dashes>.sslip.io` (no domain needed) or
-`access.domain`. Streams pass chunk by chunk, with no timeout on long generations.
+everything else, key or not. HTTPS comes from a public ACME CA for
+`<ip-with-dashes>.sslip.io` (no domain needed) or `access.domain`. Streams pass chunk by chunk,
+with no timeout on long generations.
 """
 
 from __future__ import annotations
@@ -36,9 +37,7 @@ def endpoint(cfg: StackConfig, host: str) -> str:
 # The only paths that reach vLLM, exactly as they are forwarded: the OpenAI-compatible routes a
 # Nemotron chat model serves (vLLM's entrypoints/openai api_server), and a stored response.
 API_PATHS = ("models", "chat/completions", "completions", "responses", "embeddings")
-_API_URI = (
-    "^/v1/(" + "|".join(API_PATHS) + "|responses/[A-Za-z0-9_-]+(/cancel)?)([?][^#]*)?$"
-)
+_API_URI = "^/v1/(" + "|".join(API_PATHS) + "|responses/[A-Za-z0-9_-]+(/cancel)?)([?][^#]*)?$"
 
 
 def max_body_bytes(cfg: StackConfig) -> int:

@@ -12,7 +12,8 @@ from .config import StackConfig
 # What the service may run: the vLLM env's own tools first (FlashInfer's JIT calls ninja, Triton
 # and torch.compile find their tools there), then the system's, where the C compiler Triton needs
 # for its launcher lives (the vllm phase installs it).
-SERVICE_PATH = f"{catalog.VLLM_ENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SERVICE_PATH = f"{catalog.VLLM_ENV}/bin:{SYSTEM_PATH}"
 
 
 def systemd_quote(arg: str) -> str:

@@ -18,7 +18,7 @@ from pulumi_harness import (
 )
 from test_program import HF_TOKEN, dev
 
-from components import bootstrap, vllm_service
+from components import bootstrap, config, vllm_service
 
 COMMAND = "command:remote:Command"
 EDGES = {
@@ -62,8 +62,6 @@ def test_one_command_per_phase_with_the_documented_edges() -> None:
 
 
 def config_of(run: Run) -> Any:
-    from components import config
-
     return config.parse(stack_config("dev"), "dev")
 
 
@@ -95,7 +93,10 @@ def test_fixed_runner_script_on_stdin_no_environment_and_bounded_time() -> None:
             30 if name == "ready" else next(p.minutes for p in bootstrap.PHASES if p.name == name)
         )
         # The phase bounds itself on the Droplet: custom timeouts only bound the SSH dial.
-        assert reg.inputs["create"] == f"timeout --kill-after=60 {minutes * 60 + (300 if name == 'ready' else 0)} bash -s"
+        assert (
+            reg.inputs["create"]
+            == f"timeout --kill-after=60 {minutes * 60 + (300 if name == 'ready' else 0)} bash -s"
+        )
         assert "environment" not in reg.inputs
         assert reg.inputs["stdin"].startswith(
             "#!/usr/bin/env bash\n# nemotron-droplet bootstrap, phase"

@@ -17,8 +17,6 @@ from urllib.parse import urlsplit
 import pytest
 from test_gateway import CADDY, KEY, Gateway, start_gateway
 
-from components import gateway
-
 pytestmark = pytest.mark.skipif(not os.path.exists(CADDY), reason="caddy is installed by ./check")
 
 
@@ -88,7 +86,9 @@ def raw(
     conn: http.client.HTTPConnection
     if gw.ca:
         context = ssl.create_default_context(cafile=str(gw.ca))
-        conn = http.client.HTTPSConnection(url.hostname or "", url.port, context=context, timeout=10)
+        conn = http.client.HTTPSConnection(
+            url.hostname or "", url.port, context=context, timeout=10
+        )
     else:
         conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
     conn.putrequest(method, target, skip_accept_encoding=True)
@@ -176,8 +176,16 @@ def test_exact_paths_reach_vllm_as_sent(gw: Gateway, upstream: Upstream) -> None
         [("Authorization", f"Bearer {KEY[:-1]}*")],
         [("Authorization", f"Bearer {KEY}x")],
     ],
-    ids=["right-then-wrong", "wrong-then-right", "right-twice", "joined", "case", "space",
-         "wildcard", "longer"],
+    ids=[
+        "right-then-wrong",
+        "wrong-then-right",
+        "right-twice",
+        "joined",
+        "case",
+        "space",
+        "wildcard",
+        "longer",
+    ],
 )
 def test_anything_but_one_exact_authorization_header_is_refused(
     gw: Gateway, upstream: Upstream, headers: list[tuple[str, str]]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from pulumi_harness import (
+    DROPLETS_TOKEN,
     FAKE_API_KEY,
     FAKE_DROPLET_ID,
     FAKE_FINGERPRINT,
@@ -15,7 +16,6 @@ from pulumi_harness import (
     FAKE_PRIVATE_KEY,
     FAKE_PUBLIC_KEY,
     SECRET_SIG,
-    DROPLETS_TOKEN,
     SIZES_TOKEN,
     existing_droplet,
     offer,
@@ -24,7 +24,7 @@ from pulumi_harness import (
     stack_config,
 )
 
-from components import bootstrap, catalog
+from components import bootstrap, catalog, cidrs
 from components.config import ConfigError
 
 DROPLET = "digitalocean:index/droplet:Droplet"
@@ -269,7 +269,10 @@ REJECTED = [
         "access.sshCidrs: 192.168.1.0/24 is a private range (RFC 1918)",
     ),
     ({"access": {"sshCidrs": ["127.0.0.1"]}}, "access.sshCidrs: 127.0.0.1 is loopback"),
-    ({"access": {"apiCidrs": ["169.254.169.254/32"]}}, "access.apiCidrs: 169.254.169.254/32 is link-local"),
+    (
+        {"access": {"apiCidrs": ["169.254.169.254/32"]}},
+        "access.apiCidrs: 169.254.169.254/32 is link-local",
+    ),
     (
         {"access": {"sshKeyFingerprints": ["abc"]}},
         "access.sshKeyFingerprints: ['abc']: accepted: MD5 fingerprints",
@@ -489,13 +492,13 @@ def test_api_key_in_plain_text_is_refused() -> None:
 
 
 def test_public_networks_and_anywhere_are_accepted() -> None:
-    run = run_program(dev(access={"sshCidrs": [OFFICE, "8.8.8.8", "2a00:1450::/32"], "apiCidrs": EVERYWHERE}))
+    run = run_program(
+        dev(access={"sshCidrs": [OFFICE, "8.8.8.8", "2a00:1450::/32"], "apiCidrs": EVERYWHERE})
+    )
     assert run.error is None, run.error
 
 
 def test_the_shipped_stacks_carry_no_placeholder_ranges() -> None:
-    from components import cidrs
-
     for stack in ("dev", "prod"):
         access = stack_config(stack)["access"]
         for cidr in access["apiCidrs"] + access["sshCidrs"]:
