@@ -4,7 +4,7 @@ that run it every minute (scripts/phases/autodown.py decides; this module render
 from __future__ import annotations
 
 from . import catalog
-from .config import StackConfig
+from .schema import StackConfig
 
 # One run must end before the next minute's: its own deadline, and systemd's beneath it.
 RUN_SECONDS = 45

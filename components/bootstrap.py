@@ -24,7 +24,7 @@ import pulumi
 import pulumi_command as command
 
 from . import autodown, catalog, gateway, vllm_service
-from .config import StackConfig
+from .schema import StackConfig
 
 PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
 RUNNER = "bash -s"

@@ -11,7 +11,7 @@ with no timeout on long generations.
 from __future__ import annotations
 
 from . import catalog
-from .config import StackConfig
+from .schema import StackConfig
 
 # The key reaches Caddy from a root-only EnvironmentFile, read by systemd, never the Caddyfile.
 API_KEY_ENV = "NEMO_API_KEY"

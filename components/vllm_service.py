@@ -7,7 +7,7 @@ writes what this module renders. vLLM listens on loopback only; the gateway is t
 from __future__ import annotations
 
 from . import catalog
-from .config import StackConfig
+from .schema import StackConfig
 
 # What the service may run: the vLLM env's own tools first (FlashInfer's JIT calls ninja, Triton
 # and torch.compile find their tools there), then the system's, where the C compiler Triton needs

@@ -7,7 +7,7 @@ import re
 import yaml
 from pulumi_harness import ROOT
 
-from components import config
+from components import reference, schema
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
@@ -15,13 +15,13 @@ START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 def test_readme_configuration_reference_is_generated_from_the_model() -> None:
     readme = (ROOT / "README.md").read_text()
     block = readme.split(START, 1)[1].split(END, 1)[0].strip()
-    assert block == config.reference_markdown(), (
-        "README is stale: replace the config-reference block with `python -m components.config`"
+    assert block == reference.reference_markdown(), (
+        "README is stale: replace the config-reference block with `python -m components.reference`"
     )
 
 
 def test_every_config_field_is_documented_with_a_description() -> None:
-    for name, model in config.SECTIONS.items():
+    for name, model in schema.SECTIONS.items():
         for field_name, field in model.model_fields.items():
             assert field.description, f"{name}.{field_name} has no description"
 

@@ -110,8 +110,8 @@ def parse_metrics(text: str) -> dict[str, float] | None:
             continue
         match = _SAMPLE.match(line.strip())
         if match is None:
-            name = _NAME.match(line.strip())
-            if name and name.group(0) in (*GAUGES, *COUNTERS):
+            head = _NAME.match(line.strip())
+            if head and head.group(0) in (*GAUGES, *COUNTERS):
                 return None  # one of ours, garbled
             continue
         name = match.group(1)

@@ -1,0 +1,533 @@
+"""The stack configuration's shape: one pydantic model per section, each field with its default
+and a description (the README's reference is generated from them), and `StackConfig`, the whole
+validated stack with what the catalog says about it. Validation across sections, reporting and
+reading Pulumi's config live in config.py."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic.alias_generators import to_camel
+
+from . import catalog, cidrs
+
+NAMESPACE = catalog.PROJECT
+LOCKS_DIR = Path(__file__).resolve().parent.parent / catalog.LOCKS_PATH
+
+_TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
+_REGION = re.compile(r"^[a-z]{3}[0-9]$")
+_FINGERPRINT = re.compile(r"^([0-9a-f]{2}:){15}[0-9a-f]{2}$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+_SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
+_BRANCH = re.compile(r"^[0-9]{3}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
+
+# Flags the program sets itself: letting extraArgs set them would expose vLLM beyond loopback,
+# put a secret on a command line, or contradict what the catalog and the size decide.
+MANAGED_VLLM_FLAGS = (
+    "--host",
+    "--port",
+    "--api-key",
+    "--model",
+    "--served-model-name",
+    "--revision",
+    "--tensor-parallel-size",
+    "-tp",
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--enforce-eager",
+    "--download-dir",
+    "--hf-token",
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+
+def _cidr(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError as err:
+        loose = None
+        with contextlib.suppress(ValueError):
+            loose = ipaddress.ip_network(value, strict=False)
+        hint = f" (did you mean {loose}?)" if loose else ""
+        raise ValueError(
+            f"{value!r} is not a CIDR{hint}: {err}; accepted: an IPv4/IPv6 address or network "
+            "such as 203.0.113.7, 203.0.113.0/24, 0.0.0.0/0, ::/0"
+        ) from None
+    return value
+
+
+class DropletConfig(_Section):
+    size: str = Field(
+        "gpu-h100x1-80gb",
+        description="GPU Droplet size slug (NVIDIA only). Accepted: "
+        + ", ".join(catalog.NVIDIA_SIZES)
+        + ".",
+    )
+    regions: list[str] = Field(
+        default_factory=lambda: ["tor1", "nyc2", "ams3"],
+        description="Region preference list for a new Droplet: the first one where DigitalOcean "
+        "offers the size at deploy time is used. An existing Droplet of the same size stays in "
+        "its region, whatever availability says later.",
+    )
+    image: str | None = Field(
+        None,
+        description="Image slug. Unset picks the NVIDIA GPU base image that matches the size's "
+        "GPU count (gpu-h100x1-base or gpu-h100x8-base). Accepted: "
+        + ", ".join(catalog.IMAGES)
+        + ".",
+    )
+    name: str | None = Field(None, description="Droplet name. Unset: `nemotron-<stack>`.")
+    tags: list[str] = Field(
+        default_factory=list,
+        description="Extra Droplet tags (letters, digits, `_`, `-`, `:`). The project and stack "
+        "tags are always added.",
+    )
+    monitoring: bool = Field(True, description="Install the DigitalOcean metrics agent.")
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        known = catalog.SIZES.get(v)
+        if (known and known.vendor == "amd") or v.startswith(catalog.AMD_SIZE_PREFIX):
+            raise ValueError(
+                f"{v!r} is an AMD (ROCm) size; the vLLM install here is CUDA, so only NVIDIA "
+                f"sizes work; accepted: {', '.join(catalog.NVIDIA_SIZES)}"
+            )
+        if known is None:
+            raise ValueError(
+                f"{v!r} is not a known GPU size; accepted: {', '.join(catalog.NVIDIA_SIZES)}"
+            )
+        return v
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("the list is empty; give at least one region slug, e.g. [tor1, nyc2]")
+        bad = [r for r in v if not _REGION.match(r)]
+        if bad:
+            raise ValueError(f"{bad} are not region slugs; accepted: slugs like tor1, nyc2, ams3")
+        if len(set(v)) != len(v):
+            raise ValueError("a region is listed twice")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and v not in catalog.IMAGES:
+            raise ValueError(
+                f"{v!r} is not a known image; accepted: {', '.join(catalog.IMAGES)} "
+                "(or leave it unset)"
+            )
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError(f"{v!r}: accepted: letters, digits, '.', '-', at most 63 characters")
+        return v
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: list[str]) -> list[str]:
+        bad = [t for t in v if not _TAG.match(t)]
+        if bad:
+            raise ValueError(f"{bad}: tags accept letters, digits, '_', '-', ':' (1-255 chars)")
+        return v
+
+
+class AccessConfig(_Section):
+    api_cidrs: list[str] = Field(
+        default_factory=lambda: list(catalog.ANYWHERE),
+        description="Who may reach the API port. Every API route requires the key. `[]` closes "
+        "the port (reach the API through an SSH tunnel). Documentation, private, loopback and "
+        "other ranges no client connects from are refused.",
+    )
+    ssh_cidrs: list[str] = Field(
+        default_factory=lambda: list(catalog.ANYWHERE),
+        description="Who may reach SSH (key-only). Must include the public address of the "
+        "machine that runs `pulumi up`: the bootstrap runs over SSH. Documentation, private, "
+        "loopback and other ranges no client connects from are refused.",
+    )
+    ssh_key_fingerprints: list[str] = Field(
+        default_factory=list,
+        description="MD5 fingerprints of SSH keys already in your DigitalOcean account to add "
+        "to the Droplet, besides the key generated for the stack.",
+    )
+    https: bool = Field(
+        True,
+        description="Serve the API over HTTPS with a certificate from a public ACME CA (port "
+        "443; port 80 stays open to anyone for the CA's challenge and redirects). `false`: "
+        "plain HTTP on port 80 (the key then crosses the network in clear text).",
+    )
+    domain: str | None = Field(
+        None,
+        description="Hostname for the certificate; point its DNS A record at the Droplet. "
+        "Unset: `<ip-with-dashes>.sslip.io`, which resolves to the Droplet with no DNS setup.",
+    )
+    acme_email: str | None = Field(
+        None, description="Email the ACME CA may write to about the certificate."
+    )
+    max_request_body_mb: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="Largest request body the gateway accepts, in MB (1,000,000 bytes); a "
+        "larger declared body gets 413 before it is read, a larger chunked one is cut.",
+    )
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, v: str | None) -> str | None:
+        label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+        if v is not None and not re.fullmatch(rf"({label}\.)+[a-z]{{2,63}}", v):
+            raise ValueError(f"{v!r}: accepted: a lowercase DNS name like api.example.com")
+        return v
+
+    @field_validator("acme_email")
+    @classmethod
+    def _email(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", v):
+            raise ValueError(f"{v!r}: accepted: an email address")
+        return v
+
+    @field_validator("api_cidrs", "ssh_cidrs")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        problems = []
+        for item in v:
+            try:
+                _cidr(item)
+            except ValueError as err:
+                problems.append(str(err))
+                continue
+            why = cidrs.unreachable(item)
+            if why:
+                problems.append(why)
+        if problems:
+            if any("connects from it" in p for p in problems):
+                problems.append(f"accepted: {cidrs.FIX}")
+            raise ValueError("; ".join(problems))
+        return v
+
+    @field_validator("ssh_cidrs")
+    @classmethod
+    def _ssh_not_empty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(
+                "the list is empty; the bootstrap runs over SSH from the machine running "
+                "`pulumi up`, so include its address (e.g. 203.0.113.7/32)"
+            )
+        return v
+
+    @field_validator("ssh_key_fingerprints")
+    @classmethod
+    def _fingerprints(cls, v: list[str]) -> list[str]:
+        bad = [f for f in v if not _FINGERPRINT.match(f)]
+        if bad:
+            raise ValueError(
+                f"{bad}: accepted: MD5 fingerprints as DigitalOcean shows them, like "
+                "3b:16:bf:e4:8b:00:8b:b8:59:8c:a9:d3:f0:19:45:fa"
+            )
+        return v
+
+
+class ModelConfig(_Section):
+    id: str = Field(
+        catalog.DEFAULT_MODEL,
+        description="Hugging Face repo id. Known: " + ", ".join(catalog.MODELS) + ".",
+    )
+    served_name: str = Field(
+        "nemotron", description="Model name clients send and `/v1/models` lists."
+    )
+    revision: str = Field("main", description="Branch, tag or commit of the repo to serve.")
+    vram_gb: int | None = Field(
+        None,
+        gt=0,
+        description="VRAM the model needs, in GB. Required for a model not in the catalog; "
+        "overrides the catalog otherwise.",
+    )
+    disk_gb: int | None = Field(
+        None,
+        gt=0,
+        description="Disk the weights need, in GB. Unset: the catalog's value, or vramGb.",
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _REPO_ID.match(v):
+            raise ValueError(f"{v!r}: accepted: a Hugging Face repo id like owner/name")
+        return v
+
+    @field_validator("served_name")
+    @classmethod
+    def _served_name(cls, v: str) -> str:
+        if not _SERVED_NAME.match(v):
+            raise ValueError(f"{v!r}: accepted: letters, digits, '.', '_', ':', '/', '-'")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not _REVISION.match(v):
+            raise ValueError(f"{v!r}: accepted: a branch, tag or commit hash")
+        return v
+
+
+class VllmConfig(_Section):
+    version: str = Field(catalog.DEFAULT_VLLM_VERSION, description="vLLM release to install.")
+    install: Literal["wheel", "source"] = Field(
+        "wheel",
+        description="`wheel`: install the pinned release's wheels (minutes). `source`: build "
+        "it with the CUDA toolkit (much longer).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.90,
+        gt=0,
+        le=1,
+        description="Share of each GPU's memory vLLM may use for weights, activations and KV "
+        "cache; accepted: (0, 1].",
+    )
+    max_model_len: int = Field(
+        32768, gt=0, description="Longest context (prompt + output) served, in tokens."
+    )
+    max_num_seqs: int | None = Field(
+        None, gt=0, description="Most sequences batched at once. Unset: vLLM's default for the GPU."
+    )
+    enforce_eager: bool = Field(
+        False,
+        description="Disable CUDA graphs. Slows decoding 1.7-4.3x; if graph capture runs out of "
+        "memory, lower gpuMemoryUtilization or maxNumSeqs instead.",
+    )
+    git_ref: str | None = Field(
+        None,
+        description="`source` only: the git ref of vLLM to build. Unset: `v<version>`.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More `vllm serve` arguments. Flags the program manages are refused: "
+        + ", ".join(MANAGED_VLLM_FLAGS)
+        + ".",
+    )
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not _VERSION.match(v):
+            raise ValueError(
+                f"{v!r}: accepted: a release number like {catalog.DEFAULT_VLLM_VERSION}"
+            )
+        return v
+
+    @field_validator("git_ref")
+    @classmethod
+    def _git_ref(cls, v: str | None) -> str | None:
+        if v is not None and not _REVISION.match(v):
+            raise ValueError(f"{v!r}: accepted: a git branch, tag or commit")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str]) -> list[str]:
+        managed = [a for a in v if a.split("=", 1)[0] in MANAGED_VLLM_FLAGS]
+        if managed:
+            raise ValueError(
+                f"{managed} are set by the program (from model, vllm and the size); use the "
+                "matching config field instead"
+            )
+        return v
+
+
+class DriverConfig(_Section):
+    mode: Literal["auto", "preinstalled", "apt", "runfile"] = Field(
+        "auto",
+        description="`auto`: keep the image's driver if it can run the vLLM wheels' CUDA, else "
+        "install `branch` from packages and reboot once. `preinstalled`: check only. `apt`: "
+        "install `branch` from packages. `runfile`: NVIDIA's .run installer.",
+    )
+    branch: str = Field(
+        "580",
+        description="NVIDIA driver branch to install when one is needed. Must be new enough for "
+        "the vLLM wheels' CUDA (CUDA 13: >= 580).",
+    )
+
+    runfile_url: str | None = Field(
+        None,
+        description="`runfile` only: URL of NVIDIA's `NVIDIA-Linux-x86_64-<version>.run` for "
+        "`branch`.",
+    )
+    runfile_sha256: str | None = Field(
+        None, description="`runfile` only: SHA-256 of that file; the install refuses any other."
+    )
+
+    @field_validator("branch")
+    @classmethod
+    def _branch(cls, v: str) -> str:
+        if not _BRANCH.match(v):
+            raise ValueError(f'{v!r}: accepted: a driver branch number like "580"')
+        return v
+
+    @field_validator("runfile_url")
+    @classmethod
+    def _runfile_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://\S+\.run$", v):
+            raise ValueError(f"{v!r}: accepted: an http(s) URL ending in .run")
+        return v
+
+    @field_validator("runfile_sha256")
+    @classmethod
+    def _runfile_sha256(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[0-9a-f]{64}$", v):
+            raise ValueError(f"{v!r}: accepted: 64 lowercase hex digits")
+        return v
+
+
+class CgroupConfig(_Section):
+    mode: Literal["unified", "legacy"] = Field(
+        "unified",
+        description="`unified`: verify cgroup v2 with the memory controller (nothing needs v1). "
+        "`legacy`: switch to cgroup v1 and reboot (removed in systemd >= 256).",
+    )
+
+
+class BootstrapConfig(_Section):
+    driver: DriverConfig = Field(default_factory=DriverConfig, description="The driver phase.")
+    cgroup: CgroupConfig = Field(default_factory=CgroupConfig, description="The cgroup phase.")
+    python: Literal["3.10", "3.11", "3.12", "3.13"] = Field(
+        "3.12", description="Python of the conda env vLLM runs in."
+    )
+    ready_timeout_minutes: int = Field(
+        30,
+        ge=1,
+        le=240,
+        description="How long the ready phase waits for a 1-token chat completion (model load "
+        "and CUDA graph capture included).",
+    )
+
+
+class AutodownConfig(_Section):
+    idle_minutes: int | None = Field(
+        None,
+        ge=5,
+        le=10080,
+        description="Delete the Droplet after this many minutes with no request running, "
+        "waiting or finishing. Unset: no idle rule.",
+    )
+    max_hours: float | None = Field(
+        None,
+        gt=0,
+        le=720,
+        description="Delete the Droplet this many hours after the bootstrap first ran, busy or "
+        "not. Unset: no ceiling.",
+    )
+    token: SecretStr | None = Field(
+        None,
+        description="DigitalOcean token that may delete Droplets, set as a secret: "
+        "`pulumi config set --secret --path autodown.token dop_v1_...`. Unset while a rule is "
+        "on: the rule runs as a dry run (logs only) and `pulumi up` warns.",
+    )
+    dry_run: bool = Field(False, description="Log what the rule would do; delete nothing.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.idle_minutes is not None or self.max_hours is not None
+
+    @property
+    def mode(self) -> str:
+        if not self.enabled:
+            return "off"
+        return "dry-run" if self.dry_run or self.token is None else "delete"
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "droplet": DropletConfig,
+    "access": AccessConfig,
+    "model": ModelConfig,
+    "vllm": VllmConfig,
+    "bootstrap": BootstrapConfig,
+    "autodown": AutodownConfig,
+}
+SECRET_KEYS = ("hfToken", "apiKey")
+
+
+class StackConfig(BaseModel):
+    """The validated configuration of one stack, with what the catalog says about it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stack: str
+    droplet: DropletConfig
+    access: AccessConfig
+    model: ModelConfig
+    vllm: VllmConfig
+    bootstrap: BootstrapConfig
+    autodown: AutodownConfig
+
+    @property
+    def size(self) -> catalog.GpuSize:
+        return catalog.SIZES[self.droplet.size]
+
+    @property
+    def image(self) -> str:
+        return self.droplet.image or catalog.default_image(self.size)
+
+    @property
+    def droplet_name(self) -> str:
+        return self.droplet.name or f"nemotron-{_slug(self.stack)}"
+
+    @property
+    def stack_tag(self) -> str:
+        """The tag that finds this stack's Droplet (with its name) among the account's."""
+        return f"stack:{_slug(self.stack)}"
+
+    @property
+    def tags(self) -> list[str]:
+        base = [catalog.PROJECT, self.stack_tag]
+        return base + [t for t in self.droplet.tags if t not in base]
+
+    @property
+    def lock_file(self) -> Path:
+        return LOCKS_DIR / catalog.lock_name(self.vllm.version, self.bootstrap.python)
+
+    @property
+    def vllm_git_ref(self) -> str:
+        return self.vllm.git_ref or f"v{self.vllm.version}"
+
+    @property
+    def catalog_model(self) -> catalog.Model | None:
+        return catalog.MODELS.get(self.model.id)
+
+    @property
+    def model_vram_gb(self) -> int:
+        known = self.catalog_model
+        if self.model.vram_gb is not None:
+            return self.model.vram_gb
+        assert known is not None, "validated: unknown models carry vramGb"
+        return known.vram_gb
+
+    @property
+    def model_disk_gb(self) -> int:
+        known = self.catalog_model
+        if self.model.disk_gb is not None:
+            return self.model.disk_gb
+        return known.disk_gb if known else self.model_vram_gb
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", text)
