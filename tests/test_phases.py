@@ -778,6 +778,24 @@ def test_a_phase_stops_at_its_bound_and_names_the_step(box: Sandbox, downloads: 
     assert subprocess.run(["pgrep", "-f", "^sleep 3600$"], check=False).returncode == 1
 
 
+def test_ready_fails_when_systemd_cannot_enforce_the_metadata_guard(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """Without a BPF cgroup firewall systemd runs IPAddressDeny= units unfiltered and only warns,
+    once per boot, for the first such unit (journald, usually)."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    p.ok("gateway")
+    assert "no warning that IP firewalling is unsupported" in p.run("ready").stderr
+    box.file(
+        "/var/log/fake-boot.log",
+        "systemd-journald.service: unit configures an IP firewall, but the local system does not "
+        "support BPF/cgroup firewalling.\n"
+        "(This warning is only shown for the first unit using IP firewalling.)\n",
+    )
+    p.failed("ready", "metadata-guard", "bootstrap.cgroup.mode: unified")
+
+
 def test_ready_times_out_with_the_journal(box: Sandbox, downloads: Downloads) -> None:
     p = prepared(box, downloads)
     p.ok("service")

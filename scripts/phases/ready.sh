@@ -62,4 +62,14 @@ while true; do
 done
 waited=$((SECONDS - started))
 log "answered after ${waited}s"
+
+step metadata-guard "systemd enforces the units' IPAddressDeny (the metadata service)"
+# Without a BPF cgroup firewall systemd starts units with IPAddressDeny= anyway, unfiltered, and
+# warns once per boot for whichever unit uses it first (often journald): look for that warning
+# in this boot's log (src/core/bpf-firewall.c, emit_bpf_firewall_warning).
+if journalctl --boot --no-pager --output cat 2>/dev/null | grep -q "configures an IP firewall, but"; then
+  fail "systemd does not enforce IPAddressDeny on this host, so vLLM and Caddy can read the metadata service (the Droplet's user data)" \
+       "use bootstrap.cgroup.mode: unified (the default; BPF firewalling needs systemd's unified or hybrid hierarchy) and pulumi up again"
+fi
+log "no warning that IP firewalling is unsupported in this boot's log"
 finish "\"ready_seconds\":${waited}"
