@@ -40,9 +40,14 @@ def downloads(tmp_path: Path) -> Iterator[Downloads]:
 
 @pytest.fixture
 def box(tmp_path: Path) -> Iterator[Sandbox]:
+    tmp_before = set(Path("/tmp").iterdir())  # noqa: S108 (the shared /tmp the phases also see)
     s = Sandbox(tmp_path / "droplet")
     yield s
     s.stop_services()
+    # The sandbox overlays /etc, /usr, /var and /opt, not /tmp: a phase (pass or fail) must
+    # leave nothing there, here as on a Droplet.
+    left = {p for p in set(Path("/tmp").iterdir()) - tmp_before if p.name.startswith("tmp.")}  # noqa: S108
+    assert not left, f"a phase left files in /tmp: {sorted(left)}"
 
 
 class Phases:

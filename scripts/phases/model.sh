@@ -32,7 +32,9 @@ fi
 
 step download "hf download ${want}"
 rm -f "$marker"
-errors=$(mktemp)
+# hf's messages of the last attempt, kept beside the phase's state (never in /tmp, where a
+# failed phase would leave them behind).
+errors="$STATE_DIR/hf-download.err"
 attempt=1
 until bounded 7200 "$NEMO_HF_ENV/bin/hf" download "$NEMO_MODEL_ID" --revision "$NEMO_MODEL_REVISION" >/dev/null 2>"$errors"; do
   tail -n 5 "$errors" | sed "s/^/[$PHASE] hf: /" >&2
