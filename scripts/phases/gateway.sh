@@ -3,27 +3,52 @@
 # GET /health does not, everything else is refused; HTTPS from a public ACME CA. The key reaches
 # Caddy from a root-only EnvironmentFile; Caddy's unit may not reach the metadata service,
 # which serves the user data (with the SSH host key).
-# Settings: NEMO_HOST NEMO_CADDYFILE NEMO_CADDY_DROPIN NEMO_GATEWAY_ENV_FILE NEMO_GATEWAY_ENV_TEXT
-#           NEMO_CADDY_APT_KEY_URL NEMO_CADDY_APT_REPO
+# Settings: NEMO_HOST NEMO_CADDYFILE NEMO_CADDY_UNIT_TEXT NEMO_GATEWAY_ENV_FILE NEMO_GATEWAY_ENV_TEXT
+#           NEMO_CADDY_VERSION NEMO_CADDY_URL NEMO_CADDY_SHA256 NEMO_CADDY_BIN NEMO_CADDY_USER
+#           NEMO_CADDY_HOME
 
 restart=false
+unit=/etc/systemd/system/caddy.service
+caddy_dir=$(dirname "$NEMO_CADDY_BIN")
 
-step caddy "the Caddy package"
-if command -v caddy >/dev/null; then
-  log "installed: $(caddy version 2>/dev/null | head -n 1)"
+step caddy "Caddy ${NEMO_CADDY_VERSION}: the release's binary, verified by its sha256"
+have=""
+[[ -x $NEMO_CADDY_BIN ]] && have=$(sha256sum "$NEMO_CADDY_BIN" | cut -d' ' -f1)
+if [[ $have == "$NEMO_CADDY_SHA256" ]]; then
+  log "installed: ${NEMO_CADDY_BIN} ($("$NEMO_CADDY_BIN" version 2>/dev/null | cut -d' ' -f1))"
 else
-  retry 3 apt_get update >&2 || fail "apt-get update failed 3 times" "check outbound network and DNS"
-  if [[ $(apt-cache policy caddy 2>/dev/null | awk '/Candidate:/ {print $2}') =~ ^(|\(none\))$ ]]; then
-    # Not in this release's archive (Ubuntu 22.04): Caddy's own apt repository, trusted by HTTPS.
-    download "$NEMO_CADDY_APT_KEY_URL" /var/cache/nemotron/caddy.asc ""
-    gpg --batch --yes --dearmor -o /usr/share/keyrings/caddy-stable-archive-keyring.gpg /var/cache/nemotron/caddy.asc
-    echo "deb [signed-by=/usr/share/keyrings/caddy-stable-archive-keyring.gpg] ${NEMO_CADDY_APT_REPO} any-version main" \
-      > /etc/apt/sources.list.d/caddy-stable.list
+  staging="${caddy_dir}.new"
+  rm -rf "$staging"
+  mkdir -p "$staging"
+  retry 4 curl --fail --silent --show-error --location --connect-timeout 20 --max-time 600 \
+      --output "$staging/caddy.tar.gz" "$NEMO_CADDY_URL" \
+    || fail "downloading ${NEMO_CADDY_URL} failed 4 times" \
+            "check the Droplet's outbound network (firewall egress, DNS) and pulumi up again"
+  tar -xzf "$staging/caddy.tar.gz" -C "$staging" caddy \
+    || fail "the Caddy release archive has no caddy binary or is damaged" "pulumi up again downloads it afresh"
+  got=$(sha256sum "$staging/caddy" | cut -d' ' -f1)
+  if [[ $got != "$NEMO_CADDY_SHA256" ]]; then
+    rm -rf "$staging"
+    fail "the Caddy ${NEMO_CADDY_VERSION} binary from ${NEMO_CADDY_URL} has sha256 ${got}, expected ${NEMO_CADDY_SHA256}" \
+         "do not use it: the release changed upstream or the download was altered; report it"
   fi
-  apt_install caddy \
-    || fail "could not install caddy" "check apt on the Droplet (apt-cache policy caddy)"
+  rm -f "$staging/caddy.tar.gz"
+  chmod 755 "$staging/caddy"
+  rm -rf "$caddy_dir"
+  mv "$staging" "$caddy_dir"
+  log "installed Caddy ${NEMO_CADDY_VERSION} in ${caddy_dir}"
+  changed
+  restart=true
+fi
+
+step user "system user ${NEMO_CADDY_USER} (home ${NEMO_CADDY_HOME}: its certificates and ACME account)"
+if ! id -u "$NEMO_CADDY_USER" >/dev/null 2>&1; then
+  useradd --system --user-group --home-dir "$NEMO_CADDY_HOME" --shell /usr/sbin/nologin "$NEMO_CADDY_USER"
   changed
 fi
+mkdir -p "$NEMO_CADDY_HOME"
+chown "$NEMO_CADDY_USER:$NEMO_CADDY_USER" "$NEMO_CADDY_HOME"
+chmod 750 "$NEMO_CADDY_HOME"
 
 step env-file "root-only ${NEMO_GATEWAY_ENV_FILE} with the key"
 if printf '%s\n' "$NEMO_GATEWAY_ENV_TEXT" | install_secret "$NEMO_GATEWAY_ENV_FILE"; then
@@ -31,9 +56,19 @@ if printf '%s\n' "$NEMO_GATEWAY_ENV_TEXT" | install_secret "$NEMO_GATEWAY_ENV_FI
   restart=true
 fi
 
-step unit "caddy.service reads that file and does not print its environment"
-mkdir -p /etc/systemd/system/caddy.service.d
-if printf '%s\n' "$NEMO_CADDY_DROPIN" | install_file /etc/systemd/system/caddy.service.d/nemotron.conf 644; then
+step unit "caddy.service: the key from that file, never printed; no metadata service"
+reload=false
+if printf '%s\n' "$NEMO_CADDY_UNIT_TEXT" | install_file "$unit" 644; then
+  reload=true
+fi
+# Earlier versions ran Ubuntu's caddy package with a drop-in; the unit above replaces both.
+if [[ -e /etc/systemd/system/caddy.service.d/nemotron.conf ]]; then
+  rm -f /etc/systemd/system/caddy.service.d/nemotron.conf
+  rmdir --ignore-fail-on-non-empty /etc/systemd/system/caddy.service.d
+  log "removed the drop-in of earlier versions"
+  reload=true
+fi
+if [[ $reload == true ]]; then
   systemctl daemon-reload >&2
   changed
   restart=true
@@ -43,7 +78,7 @@ step config "/etc/caddy/Caddyfile for ${NEMO_HOST}"
 mkdir -p /etc/caddy
 staged=$(mktemp /etc/caddy/Caddyfile.XXXXXX)
 printf '%s\n' "$NEMO_CADDYFILE" > "$staged"
-if ! errors=$(env NEMO_API_KEY=validation-only caddy validate --config "$staged" --adapter caddyfile 2>&1); then
+if ! errors=$(env NEMO_API_KEY=validation-only "$NEMO_CADDY_BIN" validate --config "$staged" --adapter caddyfile 2>&1); then
   rm -f "$staged"
   printf '%s\n' "$errors" | tail -n 5 | sed "s/^/[$PHASE] caddy: /" >&2
   fail "the rendered Caddyfile does not validate" "report it: the gateway configuration comes from the program"

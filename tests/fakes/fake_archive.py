@@ -24,18 +24,10 @@ def _precompiled_modules(m: re.Match[str]) -> list[str]:
     return [f"{KERNEL}-1"]
 
 
-def _caddy(_: re.Match[str]) -> list[str]:
-    repo = Path("/etc/apt/sources.list.d/caddy-stable.list")
-    if (HW / "caddy_not_packaged").exists() and not repo.exists():
-        return []
-    return ["2.6.2-6ubuntu0.24.04.3"]
-
-
 FAMILIES = (
     (r"nvidia-driver-(\d+)-server(-open)?", _driver),
     (r"nvidia-fabricmanager-(\d+)", _fabric_manager),
     (r"linux-modules-nvidia-(\d+)-server(-open)?-(.+)", _precompiled_modules),
-    (r"caddy", _caddy),
     (r"[a-z0-9][a-z0-9.+-]*", lambda _: ["1.0-1"]),
 )
 
