@@ -194,11 +194,15 @@ def settings(
         "gateway": {
             "NEMO_HOST": host,
             "NEMO_CADDYFILE": gateway.caddyfile(cfg, host),
-            "NEMO_CADDY_DROPIN": gateway.caddy_dropin(),
+            "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(),
             "NEMO_GATEWAY_ENV_FILE": gateway.GATEWAY_ENV_FILE,
             "NEMO_GATEWAY_ENV_TEXT": f"{gateway.API_KEY_ENV}={api_key}",
-            "NEMO_CADDY_APT_KEY_URL": catalog.CADDY_APT_KEY_URL,
-            "NEMO_CADDY_APT_REPO": catalog.CADDY_APT_REPO,
+            "NEMO_CADDY_VERSION": catalog.CADDY_VERSION,
+            "NEMO_CADDY_URL": catalog.CADDY_URL,
+            "NEMO_CADDY_SHA256": catalog.CADDY_SHA256,
+            "NEMO_CADDY_BIN": catalog.CADDY_BIN,
+            "NEMO_CADDY_USER": catalog.CADDY_USER,
+            "NEMO_CADDY_HOME": catalog.CADDY_HOME,
         },
         "autodown": {
             "NEMO_AUTODOWN_MODE": cfg.autodown.mode,
@@ -218,9 +222,20 @@ def settings(
             "NEMO_UNIT": catalog.VLLM_UNIT,
             "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
             "NEMO_READY_TIMEOUT": cfg.bootstrap.ready_timeout_minutes * 60,
+            # The gateway's certificate: a refusal that will not pass (a rate limit, a CAA
+            # record) ends the wait at once; one Caddy may still get past (the CA unreachable,
+            # a challenge that failed while DNS catches up) after this long.
+            "NEMO_GATEWAY_UNIT": catalog.CADDY_UNIT,
+            "NEMO_HOST": host,
+            "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https else 0,
         },
     }
     return common[phase]
+
+
+# How long ready lets Caddy retry an ACME failure that may pass (certmagic retries after 1, 2, 2,
+# 5 minutes...): three tries, time for a DNS record to reach the CA's resolvers.
+ACME_PATIENCE_SECONDS = 600
 
 
 def preflight_model_disk_gb(cfg: StackConfig) -> int:

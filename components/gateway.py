@@ -53,6 +53,7 @@ def caddyfile(
     upstream_port: int = catalog.VLLM_PORT,
     http_port: int = HTTP_PORT,
     https_port: int = HTTPS_PORT,
+    acme_ca: str | None = None,
 ) -> str:
     """The whole Caddy configuration. `host` names the site (its certificate); with https off
     the site is every name on the HTTP port.
@@ -66,6 +67,8 @@ def caddyfile(
     Authorization field, all its values joined: a second Authorization header fails it (the
     header matcher passes when any one matches, and vLLM reads the first)."""
     email = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
+    if acme_ca:  # another ACME CA than the public ones (the tests' own)
+        email += f"\n\tacme_ca {acme_ca}"
     site = host if cfg.access.https else f"http://:{http_port}"
     upstream = f"127.0.0.1:{upstream_port}"
     length = "{http.request.header.Content-Length}"
@@ -131,13 +134,32 @@ def caddyfile(
 """
 
 
-def caddy_dropin() -> str:
-    return f"""[Service]
+def caddy_unit() -> str:
+    """Caddy's unit, after the one Caddy ships (dist/init/caddy.service), with the key from a
+    root-only file, no `--environ` (it would print the key to the journal), no metadata service.
+    It takes the name of the Ubuntu package's unit, and /etc/systemd/system wins over it on a
+    Droplet that had the package from an earlier version."""
+    return f"""[Unit]
+Description=nemotron-droplet gateway (Caddy {catalog.CADDY_VERSION})
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=notify
+User={catalog.CADDY_USER}
+Group={catalog.CADDY_USER}
+Environment=HOME={catalog.CADDY_HOME}
 EnvironmentFile={GATEWAY_ENV_FILE}
+ExecStart={catalog.CADDY_BIN} run --config /etc/caddy/Caddyfile --adapter caddyfile
+TimeoutStopSec=5s
+LimitNOFILE=1048576
+PrivateTmp=true
+ProtectSystem=full
+AmbientCapabilities=CAP_NET_BIND_SERVICE
+Restart=on-failure
+RestartSec=5
 {catalog.METADATA_DENY}
-# The packaged unit runs "caddy run --environ", which prints the environment (the key) to the
-# journal: run it without.
-ExecStart=
-ExecStart=/usr/bin/caddy run --config /etc/caddy/Caddyfile --adapter caddyfile
-ExecReload=
+
+[Install]
+WantedBy=multi-user.target
 """

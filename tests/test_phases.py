@@ -4,18 +4,21 @@ second run changes nothing, a broken host fails naming the phase, the step and t
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_acme import RefusingCA
 from pulumi_harness import stack_config
-from sandbox import FAKES, Downloads, PhaseRun, Sandbox
+from sandbox import CADDY, FAKES, Downloads, PhaseRun, Sandbox, caddy_release_tarball
 
 from components import bootstrap, catalog, config, gateway
 from components.render import render_stack
@@ -62,6 +65,9 @@ class Phases:
         installer = (FAKES / "pkg" / "miniforge.sh").read_bytes()
         self.miniforge_url = downloads.add("/miniforge/Miniforge3-Linux-x86_64.sh", installer)
         self.miniforge_sha = hashlib.sha256(installer).hexdigest()
+        self.caddy_url = downloads.add(
+            f"/caddy/caddy_{catalog.CADDY_VERSION}_linux_amd64.tar.gz", caddy_release_tarball()
+        )
         downloads.add(
             f"/{MODEL}/resolve/main/config.json", b'{"architectures": ["NemotronHForCausalLM"]}'
         )
@@ -92,8 +98,7 @@ class Phases:
                     http_port=self.box.http_port,
                     https_port=self.box.https_port,
                 ),
-                "NEMO_CADDY_APT_KEY_URL": self.downloads.url + "/caddy/gpg.key",
-                "NEMO_CADDY_APT_REPO": self.downloads.url + "/caddy/deb",
+                "NEMO_CADDY_URL": self.caddy_url,
             },
             "ready": {
                 "NEMO_PROBE_URL": f"https://localhost:{self.box.https_port}/v1/chat/completions",
@@ -611,6 +616,12 @@ def test_service_installs_user_env_file_and_unit_once(box: Sandbox, downloads: D
     assert log.count("restart vllm.service") == 1
 
 
+def test_the_tests_run_the_caddy_release_the_droplet_installs() -> None:
+    assert hashlib.sha256(CADDY.read_bytes()).hexdigest() == catalog.CADDY_SHA256
+    version = subprocess.run([str(CADDY), "version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith(f"v{catalog.CADDY_VERSION} ")
+
+
 def test_gateway_installs_caddy_with_the_key_in_a_root_only_file_then_ready_answers_through_it(
     box: Sandbox, downloads: Downloads
 ) -> None:
@@ -618,23 +629,66 @@ def test_gateway_installs_caddy_with_the_key_in_a_root_only_file_then_ready_answ
     p.ok("service")
     first = p.ok("gateway")
     assert first["changed"] is True and first["host"] == "localhost"
-    assert "install --no-install-recommends caddy" in box.file("/var/lib/fakeapt/log").read_text()
+    # The pinned release, from its tarball, verified; no apt package, on every Ubuntu release.
+    installed = box.file(catalog.CADDY_BIN)
+    assert hashlib.sha256(installed.read_bytes()).hexdigest() == catalog.CADDY_SHA256
+    assert "caddy" not in box.file("/var/lib/fakeapt/log").read_text()
+    assert box.run("", inner="id -u caddy").returncode == 0
     env_file = box.file("/etc/nemotron/gateway.env")
     assert env_file.read_text() == f"NEMO_API_KEY={API_KEY}\n"
     assert oct(env_file.stat().st_mode & 0o777) == "0o600"
     caddyfile = box.file("/etc/caddy/Caddyfile").read_text()
     assert API_KEY not in caddyfile and "{env.NEMO_API_KEY}" in caddyfile
-    dropin = box.file("/etc/systemd/system/caddy.service.d/nemotron.conf").read_text()
-    assert "--environ" not in dropin.split("ExecStart=\n", 1)[1]
+    unit = box.file("/etc/systemd/system/caddy.service").read_text()
+    assert f"\nExecStart={catalog.CADDY_BIN} run --config" in unit
+    assert "--environ" not in unit
     # The metadata guard is each unit's own, in force from its first instruction on every boot.
-    assert "\nIPAddressDeny=169.254.169.254/32\n" in dropin
-    unit = box.file("/etc/systemd/system/vllm.service").read_text()
     assert "\nIPAddressDeny=169.254.169.254/32\n" in unit
-    assert not box.file("/var/lib/fakehw/iptables").exists()
+    vllm_unit = box.file("/etc/systemd/system/vllm.service").read_text()
+    assert "\nIPAddressDeny=169.254.169.254/32\n" in vllm_unit
+    assert box.file("/var/lib/fake-systemd/user-caddy.service").read_text() == "caddy"
     ready = p.ok("ready")
     assert ready["changed"] is False and ready["ready_seconds"] >= 0
     assert p.ok("gateway")["changed"] is False
     assert API_KEY not in box.file("/var/log/fake-caddy.log").read_text()
+
+
+def test_gateway_refuses_a_caddy_binary_that_is_not_the_release(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p = prepared(box, downloads)
+    p.ok("service")
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        evil = b"#!/bin/sh\necho pwned\n"
+        info = tarfile.TarInfo("caddy")
+        info.size, info.mode = len(evil), 0o755
+        tar.addfile(info, io.BytesIO(evil))
+    p.caddy_url = downloads.add("/caddy/altered.tar.gz", out.getvalue())
+    run = p.failed("gateway", "caddy", "do not use it")
+    assert f"expected {catalog.CADDY_SHA256}" in run.failure
+    assert not box.file(catalog.CADDY_BIN).exists()
+    assert not box.file("/etc/systemd/system/caddy.service").exists()
+
+
+def test_gateway_takes_over_from_the_ubuntu_package_of_earlier_versions(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """Earlier versions installed Ubuntu's caddy 2.6.2 and a drop-in; the pinned release's unit
+    (same name, /etc wins over /lib) replaces both, and the new binary runs."""
+    box.file(
+        "/usr/lib/systemd/system/caddy.service",
+        "[Service]\nExecStart=/usr/bin/caddy run --environ\n",
+    )
+    dropin = "/etc/systemd/system/caddy.service.d/nemotron.conf"
+    box.file(dropin, "[Service]\nExecStart=\nExecStart=/usr/bin/caddy run\n")
+    p = prepared(box, downloads)
+    p.ok("service")
+    run = p.run("gateway")
+    assert run.returncode == 0, run.stderr
+    assert "removed the drop-in of earlier versions" in run.stderr
+    assert not box.file(dropin).exists()
+    p.ok("ready")
 
 
 def test_service_retires_the_iptables_guard_of_earlier_versions(
@@ -651,21 +705,6 @@ def test_service_retires_the_iptables_guard_of_earlier_versions(
     assert p.ok("service")["changed"] is True
     assert not box.file(old).exists()
     assert not box.file("/var/lib/fake-systemd/enabled/nemotron-metadata-guard.service").exists()
-
-
-def test_gateway_adds_caddys_repository_where_the_release_has_no_package(
-    box: Sandbox, downloads: Downloads
-) -> None:
-    downloads.add("/caddy/gpg.key", b"-----BEGIN PGP PUBLIC KEY BLOCK-----\nfake\n")
-    box.hw("caddy_not_packaged", "1")
-    p = prepared(box, downloads)
-    p.ok("service")
-    run = p.run("gateway")
-    assert run.returncode == 0, run.stderr
-    assert "no checksum pinned" in run.stderr and "trusting its HTTPS server" in run.stderr
-    sources = box.file("/etc/apt/sources.list.d/caddy-stable.list").read_text()
-    assert f"{downloads.url}/caddy/deb any-version main" in sources
-    assert box.file("/usr/share/keyrings/caddy-stable-archive-keyring.gpg").exists()
 
 
 def test_service_restarts_when_its_config_changes(box: Sandbox, downloads: Downloads) -> None:
@@ -799,6 +838,91 @@ def test_ready_fails_when_systemd_cannot_enforce_the_metadata_guard(
         "(This warning is only shown for the first unit using IP firewalling.)\n",
     )
     p.failed("ready", "metadata-guard", "bootstrap.cgroup.mode: unified")
+
+
+@pytest.mark.parametrize(
+    ("refusal", "fix"),
+    [
+        (
+            (429, "urn:ietf:params:acme:error:rateLimited", "too many certificates (50) already "
+             'issued for "sslip.io" in the last 168h0m0s, retry after 2026-12-04 00:00:00 UTC'),
+            "set access.domain to a name you control",
+        ),
+        (
+            (403, "urn:ietf:params:acme:error:caa", "CAA record for nemotron.test prevents issuance"),
+            "allow letsencrypt.org in the domain's CAA records",
+        ),
+        (None, "the Droplet cannot reach the ACME CA"),
+    ],
+    ids=["rate-limited", "caa", "ca-unreachable"],
+)  # fmt: skip
+def test_ready_names_the_cas_refusal_instead_of_waiting(
+    box: Sandbox, downloads: Downloads, refusal: tuple[int, str, str] | None, fix: str
+) -> None:
+    """Real Caddy asks a CA that refuses (or is not there) for nemotron.test: ready reads the
+    ACME problem from the gateway's log and fails with it, not after its whole timeout."""
+    ca = RefusingCA(*refusal) if refusal else None
+    try:
+        directory = ca.directory if ca else "http://127.0.0.1:1/directory"
+        p = prepared(box, downloads)
+        p.ok("service")
+        host = "nemotron.test"
+        p.extra["gateway"] = {
+            "NEMO_CADDYFILE": gateway.caddyfile(
+                p.cfg,
+                host,
+                upstream_port=box.vllm_port,
+                http_port=box.http_port,
+                https_port=box.https_port,
+                acme_ca=directory,
+            )
+        }
+        p.ok("gateway", host=host)
+        p.extra["ready"] = {
+            "NEMO_PROBE_URL": f"https://{host}:{box.https_port}/v1/chat/completions",
+            "NEMO_PROBE_RESOLVE": f"{host}:{box.https_port}:127.0.0.1",
+            "NEMO_READY_TIMEOUT": 60,
+            "NEMO_ACME_PATIENCE": 0,
+        }
+        started = time.monotonic()
+        run = p.failed("ready", "wait", fix, host=host)
+        assert time.monotonic() - started < 40, "not after the whole timeout"
+        assert f"the CA did not issue a certificate for {host}" in run.failure
+        if refusal:
+            assert refusal[1] in run.failure and refusal[2][:40] in run.failure
+            assert ca is not None and "/account" in ca.posts
+        else:
+            assert "connection refused" in run.failure
+    finally:
+        if ca:
+            ca.close()
+
+
+def test_ready_waits_out_a_failure_that_may_pass(box: Sandbox, downloads: Downloads) -> None:
+    """A challenge refused while the user's DNS record propagates is retried by Caddy: within
+    NEMO_ACME_PATIENCE ready keeps waiting."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    host = "nemotron.test"
+    p.extra["gateway"] = {
+        "NEMO_CADDYFILE": gateway.caddyfile(
+            p.cfg,
+            host,
+            upstream_port=box.vllm_port,
+            http_port=box.http_port,
+            https_port=box.https_port,
+            acme_ca="http://127.0.0.1:1/directory",
+        )
+    }
+    p.ok("gateway", host=host)
+    p.extra["ready"] = {
+        "NEMO_PROBE_URL": f"https://{host}:{box.https_port}/v1/chat/completions",
+        "NEMO_PROBE_RESOLVE": f"{host}:{box.https_port}:127.0.0.1",
+        "NEMO_READY_TIMEOUT": 8,
+        "NEMO_ACME_PATIENCE": 600,
+    }
+    run = p.failed("ready", "wait", "bootstrap.readyTimeoutMinutes", host=host)
+    assert "no answer from" in run.failure
 
 
 def test_ready_times_out_with_the_journal(box: Sandbox, downloads: Downloads) -> None:

@@ -3,8 +3,11 @@
 # (its real TLS, routes and key; the name resolved to this host, so no DNS is needed); report
 # how long it took. A crash ends the wait at once: systemd restarts a crashing vLLM without end
 # and never shows it failed, so the phase watches its restarts, and says why from the journal.
+# A certificate the CA refuses ends it too: Caddy's log names the ACME problem (RFC 8555 types),
+# and a refusal that will not pass (a rate limit) fails at once, one that may (the CA
+# unreachable, a challenge refused while DNS catches up) after NEMO_ACME_PATIENCE seconds.
 # Settings: NEMO_PROBE_URL NEMO_PROBE_RESOLVE NEMO_PROBE_CA NEMO_SERVED_NAME NEMO_UNIT
-#           NEMO_ENV_FILE NEMO_READY_TIMEOUT
+#           NEMO_ENV_FILE NEMO_READY_TIMEOUT NEMO_GATEWAY_UNIT NEMO_HOST NEMO_ACME_PATIENCE
 
 url=$NEMO_PROBE_URL
 tls=()
@@ -34,11 +37,49 @@ why() {
   esac
 }
 
+# acme_problem: "KIND<TAB>the CA's words" for the newest ACME failure in the gateway's log of
+# this boot, or nothing. KIND: final (will not pass by itself) or transient.
+acme_problem() {
+  local lines line detail
+  lines=$(journalctl --unit "$NEMO_GATEWAY_UNIT" --boot --lines 400 --no-pager --output cat 2>/dev/null \
+    | grep -E '"logger":"tls\.obtain".*"msg":"(could not get certificate from issuer|will retry)"') || true
+  [[ -n $lines ]] || return 0
+  # The CA's own words (an RFC 8555 problem type) when it answered; else the newest failure.
+  line=$(grep 'urn:ietf:params:acme:error:' <<<"$lines" | tail -n 1) || true
+  [[ -n $line ]] || line=$(tail -n 1 <<<"$lines")
+  detail=$(sed -n 's/.*"error":"\(\([^"\\]\|\\.\)*\)".*/\1/p' <<<"$line" | sed 's/\\"/"/g' | cut -c1-400)
+  [[ -n $detail ]] || detail=$(cut -c1-400 <<<"$line")
+  case $line in
+    *acme:error:rateLimited*|*acme:error:caa*|*acme:error:rejectedIdentifier*|*acme:error:unsupportedIdentifier*)
+      printf 'final\t%s\n' "$detail" ;;
+    *) printf 'transient\t%s\n' "$detail" ;;
+  esac
+}
+
+# acme_fix DETAIL: what to do about it.
+acme_fix() {
+  case $1 in
+    *rateLimited*)
+      echo "the CA's rate limit for ${NEMO_HOST} is used up (sslip.io names share one Let's Encrypt limit with every sslip.io user): set access.domain to a name you control and pulumi up, or wait until the time the CA names" ;;
+    *acme:error:caa*)
+      echo "a CAA record on ${NEMO_HOST} forbids this CA: allow letsencrypt.org in the domain's CAA records" ;;
+    *rejectedIdentifier*|*unsupportedIdentifier*)
+      echo "the CA will not issue for ${NEMO_HOST}: choose another access.domain" ;;
+    *unauthorized*|*acme:error:connection*|*acme:error:dns*|*incorrectResponse*)
+      echo "the CA could not check http://${NEMO_HOST}/.well-known/acme-challenge/ on port 80: point ${NEMO_HOST} at this Droplet's IPv4 (pulumi stack output ipv4) and keep port 80 open, then pulumi up" ;;
+    *"dial tcp"*|*"no such host"*|*timeout*|*"connection refused"*)
+      echo "the Droplet cannot reach the ACME CA: check its outbound HTTPS (firewall egress, DNS), then pulumi up" ;;
+    *)
+      echo "read the gateway's log: journalctl -u ${NEMO_GATEWAY_UNIT} on the Droplet" ;;
+  esac
+}
+
 step wait "a 1-token chat completion from ${NEMO_SERVED_NAME} (at most ${NEMO_READY_TIMEOUT}s)"
 deadline=$((SECONDS + NEMO_READY_TIMEOUT))
 started=$SECONDS
 # Restarts counted since the service phase (re)started it; without its record, from now.
 baseline=$(cat "$STATE_DIR/${NEMO_UNIT%.service}.restarts" 2>/dev/null || restarts)
+acme_since=0
 while true; do
   # The key comes from the service's root-only EnvironmentFile, through a pipe, not argv.
   key=$(sed -n 's/^VLLM_API_KEY=//p' "$NEMO_ENV_FILE")
@@ -52,6 +93,15 @@ while true; do
   if [[ $sub == auto-restart ]] || (( now > baseline )) || systemctl is-failed --quiet "$NEMO_UNIT"; then
     journal
     fail "${NEMO_UNIT} crashed while loading the model (state ${sub:-unknown}, restarted $((now - baseline)) time(s))" "$(why)"
+  fi
+  problem=$(acme_problem)
+  if [[ -n $problem ]]; then
+    kind=${problem%%$'\t'*}
+    detail=${problem#*$'\t'}
+    (( acme_since )) || acme_since=$SECONDS
+    if [[ $kind == final ]] || (( SECONDS - acme_since >= NEMO_ACME_PATIENCE )); then
+      fail "the CA did not issue a certificate for ${NEMO_HOST}: ${detail}" "$(acme_fix "$detail")"
+    fi
   fi
   if (( SECONDS >= deadline )); then
     journal
