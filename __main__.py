@@ -59,6 +59,7 @@ bootstrap = Bootstrap(
 
 pulumi.export("endpoint", hostname.apply(lambda host: gateway.endpoint(cfg, host)))
 pulumi.export("endpointTls", cfg.access.https)
+pulumi.export("certificate", hostname.apply(lambda host: gateway.certificate(cfg, host)))
 pulumi.export("apiKey", api_key)
 pulumi.export("servedModelName", cfg.model.served_name)
 pulumi.export("ipv4", gpu.ipv4)

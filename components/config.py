@@ -21,6 +21,7 @@ from .schema import (
     NAMESPACE,
     SECRET_KEYS,
     SECTIONS,
+    AccessConfig,
     BootstrapConfig,
     DropletConfig,
     ModelConfig,
@@ -203,6 +204,28 @@ def _install_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[s
     return problems
 
 
+def _access_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
+    """The name the gateway serves and what its certificate needs."""
+    access: AccessConfig = parsed["access"]
+    problems: list[str] = []
+    if ok("access.domain", "access.sslip") and access.domain and access.sslip:
+        problems.append(
+            "access.sslip: true serves <ip-with-dashes>.sslip.io instead of access.domain; "
+            "set one of the two"
+        )
+    named = access.domain or access.sslip
+    if ok("access.domain", "access.sslip", "access.acmeEmail", "access.https") and (
+        access.https and named and not access.acme_email
+    ):
+        which = "access.domain" if access.domain else "access.sslip"
+        problems.append(
+            f"access.acmeEmail: {which} takes its certificate from Let's Encrypt, then ZeroSSL, "
+            "which issues only to an ACME account with an email: pulumi config set --path "
+            "access.acmeEmail you@example.com"
+        )
+    return problems
+
+
 def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
     """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
     value gives one message, not a cascade; the other rules still run."""
@@ -212,7 +235,7 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
         prefixes = {".".join(p.split(".")[:i]) for p in paths for i in range(1, p.count(".") + 2)}
         return not prefixes & bad
 
-    rules = (_hardware_rules, _version_rules, _install_rules)
+    rules = (_hardware_rules, _version_rules, _install_rules, _access_rules)
     return [problem for rule in rules for problem in rule(parsed, ok)]
 
 

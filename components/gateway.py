@@ -10,6 +10,8 @@ with no timeout on long generations.
 
 from __future__ import annotations
 
+import ipaddress
+
 from . import catalog
 from .schema import StackConfig
 
@@ -19,11 +21,39 @@ GATEWAY_ENV_FILE = "/etc/nemotron/gateway.env"
 HTTP_PORT = 80
 HTTPS_PORT = 443
 SSLIP_SUFFIX = "sslip.io"
+# Let's Encrypt issues IP-address certificates only through this ACME profile (since January
+# 2026), over http-01 or tls-alpn-01; Caddy >= 2.10 selects a profile (acmeissuer.go `profile`).
+IP_PROFILE = "shortlived"
 
 
 def hostname(cfg: StackConfig, ipv4: str) -> str:
-    """The name the certificate is for: the user's domain, or one that needs no DNS setup."""
-    return cfg.access.domain or f"{ipv4.replace('.', '-')}.{SSLIP_SUFFIX}"
+    """What the certificate is for: the user's domain, the opt-in sslip.io name, or (the
+    default) the Droplet's IPv4 address itself, which needs no DNS and trusts no third party."""
+    if cfg.access.domain:
+        return cfg.access.domain
+    if cfg.access.sslip:
+        return f"{ipv4.replace('.', '-')}.{SSLIP_SUFFIX}"
+    return ipv4
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def certificate(cfg: StackConfig, host: str) -> str:
+    """Where the endpoint's certificate comes from, for the outputs."""
+    if not cfg.access.https:
+        return "none: access.https is false (plain HTTP, the key crosses the network in clear)"
+    if is_ip(host):
+        return (
+            f"Let's Encrypt, for the IP address {host} ({IP_PROFILE} profile: about 6 days, "
+            "renewed by the gateway)"
+        )
+    return f"Let's Encrypt, else ZeroSSL, for {host} (90 days, renewed by the gateway)"
 
 
 def api_port(cfg: StackConfig) -> int:
@@ -54,6 +84,8 @@ def caddyfile(
     http_port: int = HTTP_PORT,
     https_port: int = HTTPS_PORT,
     acme_ca: str | None = None,
+    acme_ca_root: str | None = None,
+    ip_profile: str | None = IP_PROFILE,
 ) -> str:
     """The whole Caddy configuration. `host` names the site (its certificate); with https off
     the site is every name on the HTTP port.
@@ -66,10 +98,24 @@ def caddyfile(
     case variant) is refused before it is proxied. The key check compares the whole
     Authorization field, all its values joined: a second Authorization header fails it (the
     header matcher passes when any one matches, and vLLM reads the first)."""
-    email = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
+    options = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
     if acme_ca:  # another ACME CA than the public ones (the tests' own)
-        email += f"\n\tacme_ca {acme_ca}"
+        options += f"\n\tacme_ca {acme_ca}"
+    if acme_ca_root:
+        options += f"\n\tacme_ca_root {acme_ca_root}"
     site = host if cfg.access.https else f"http://:{http_port}"
+    tls = ""
+    if cfg.access.https and is_ip(host):
+        # A client that connects to an IP sends no SNI: serve this certificate to it. Caddy gives
+        # an IP the ACME issuer only when a policy names one (autohttps.go shouldUseInternal).
+        options += f"\n\tdefault_sni {host}"
+        profile = f"\n\t\t\tprofile {ip_profile}" if ip_profile else ""
+        tls = f"""
+	tls {{
+		issuer acme {{{profile}
+		}}
+	}}
+"""
     upstream = f"127.0.0.1:{upstream_port}"
     length = "{http.request.header.Content-Length}"
     limit = max_body_bytes(cfg)
@@ -86,7 +132,7 @@ def caddyfile(
 	# Never touch the system trust store (Caddy would add its local CA root to it).
 	skip_install_trust
 	http_port {http_port}
-	https_port {https_port}{email}
+	https_port {https_port}{options}
 	servers {{
 		timeouts {{
 			read_header 30s
@@ -95,7 +141,7 @@ def caddyfile(
 	}}
 }}
 
-{site} {{
+{site} {{{tls}
 	# A declared length over the limit is refused up front; a chunked body is cut at the limit.
 	@too_big expression {too_big}
 	handle @too_big {{

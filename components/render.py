@@ -4,8 +4,9 @@
     python -m components.render --stack prod --out /tmp/prod
 
 Each file is what `pulumi up` sends on stdin to `bash -s` for that phase, except what is known
-only at deploy time: the secrets (placeholders), the Droplet's address (203.0.113.10, so the
-gateway's name reads 203-0-113-10.sslip.io) and, for reboot-wait, the boot id before the reboot.
+only at deploy time: the secrets (placeholders), the Droplet's address (203.0.113.10, which the
+gateway's certificate is for unless the stack names a domain) and, for reboot-wait, the boot id
+before the reboot.
 """
 
 from __future__ import annotations

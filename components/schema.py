@@ -177,11 +177,23 @@ class AccessConfig(_Section):
     )
     domain: str | None = Field(
         None,
-        description="Hostname for the certificate; point its DNS A record at the Droplet. "
-        "Unset: `<ip-with-dashes>.sslip.io`, which resolves to the Droplet with no DNS setup.",
+        description="Your hostname for the endpoint (`https://<domain>/v1`); point its DNS A "
+        "record at the Droplet. Certificates from Let's Encrypt, then ZeroSSL (needs "
+        "`acmeEmail`). Unset: a certificate for the Droplet's IPv4 address itself "
+        "(`https://<ipv4>/v1`; Let's Encrypt's six-day `shortlived` profile, renewed by the "
+        "gateway), with no DNS at all.",
+    )
+    sslip: bool = Field(
+        False,
+        description="Opt-in: serve at `<ip-with-dashes>.sslip.io` instead of the bare IP. Every "
+        "sslip.io certificate in the world counts against one Let's Encrypt limit, which runs "
+        "out, and whoever answers sslip.io's DNS decides where the name points. Needs "
+        "`acmeEmail` (ZeroSSL is the second CA); not with `domain`.",
     )
     acme_email: str | None = Field(
-        None, description="Email the ACME CA may write to about the certificate."
+        None,
+        description="ACME account email. Required with `domain` or `sslip` (ZeroSSL, the "
+        "second CA, issues only to an account with one); optional for the IP certificate.",
     )
     max_request_body_mb: int = Field(
         16,

@@ -9,6 +9,7 @@ import pytest
 from pulumi_harness import (
     FAKE_API_KEY,
     FAKE_DROPLET_ID,
+    FAKE_IPV4,
     SECRET_SIG,
     Run,
     fake_stdout,
@@ -137,7 +138,7 @@ RERUNS = [
     ({"model": {"servedName": "nemo"}}, AFTER_SERVICE),
     ({"vllm": {"maxModelLen": 16384}}, AFTER_SERVICE),
     ({"vllm": {"gpuMemoryUtilization": 0.8}}, AFTER_SERVICE),
-    ({"access": {"domain": "llm.example.com"}}, {"gateway", "ready"}),
+    ({"access": {"domain": "llm.example.com", "acmeEmail": "o@example.com"}}, {"gateway", "ready"}),
     ({"access": {"maxRequestBodyMb": 64}}, {"gateway", "ready"}),
     ({"autodown": {"idleMinutes": 45}}, {"autodown"}),
     ({"bootstrap": {"readyTimeoutMinutes": 60}}, {"ready"}),
@@ -168,11 +169,13 @@ def test_the_api_key_reaches_vllm_and_the_gateway_as_a_secret_and_nothing_else()
         if name not in ("service", "gateway"):
             assert FAKE_API_KEY not in str(reg.inputs), name
     gateway_stdin = cmds["gateway"].inputs["stdin"]
-    assert "NEMO_HOST=203-0-113-10.sslip.io" in gateway_stdin
-    assert "\n203-0-113-10.sslip.io {\n" in gateway_stdin
+    assert f"NEMO_HOST={FAKE_IPV4}" in gateway_stdin
+    assert (
+        f"\n{FAKE_IPV4} {{\n\ttls {{\n\t\tissuer acme {{\n\t\t\tprofile shortlived" in gateway_stdin
+    )
+    assert f"default_sni {FAKE_IPV4}" in gateway_stdin
     ready_stdin = cmds["ready"].inputs["stdin"]
-    assert "NEMO_PROBE_URL=https://203-0-113-10.sslip.io/v1/chat/completions" in ready_stdin
-    assert "NEMO_PROBE_RESOLVE=203-0-113-10.sslip.io:443:127.0.0.1" in ready_stdin
+    assert f"NEMO_PROBE_URL=https://{FAKE_IPV4}/v1/chat/completions" in ready_stdin
 
 
 def test_the_hf_token_travels_only_in_the_model_phase_stdin_as_a_secret() -> None:

@@ -4,6 +4,7 @@ front of the fake OpenAI-compatible upstream: key, route allowlist, streaming, b
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import ssl
 import subprocess
@@ -248,3 +249,53 @@ def test_the_key_is_in_no_gateway_log_line(gw: Gateway) -> None:
     gw.get("/v1/models")
     gw.get("/v1/models", key="wrong")
     assert KEY not in gw.log.read_text()
+
+
+def test_the_ip_certificate_config_is_what_caddy_runs(tmp_path: Path) -> None:
+    """The pinned Caddy adapts the default (IP) gateway: an ACME issuer with Let's Encrypt's
+    `shortlived` profile for the address (the only way it issues IP certificates), and the
+    certificate served to a handshake without SNI, as a client connecting to an IP sends."""
+    cfg = config.parse(stack_config("dev"), "dev")
+    conf = tmp_path / "Caddyfile"
+    conf.write_text(gateway.caddyfile(cfg, "203.0.113.10"))
+    out = subprocess.run(
+        [str(CADDY), "adapt", "--config", str(conf), "--adapter", "caddyfile"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
+    )
+    adapted = json.loads(out.stdout)
+    [policy] = adapted["apps"]["tls"]["automation"]["policies"]
+    assert policy["subjects"] == ["203.0.113.10"]
+    [issuer] = policy["issuers"]
+    assert issuer["module"] == "acme" and issuer["profile"] == "shortlived"
+    assert "ca" not in issuer, "the public CA (Let's Encrypt), not a test one"
+    policies = adapted["apps"]["http"]["servers"]["srv0"]["tls_connection_policies"]
+    assert policies[0]["match"]["sni"] == ["", "203.0.113.10"]
+    assert all(p["default_sni"] == "203.0.113.10" for p in policies)
+
+
+def test_a_named_endpoint_keeps_caddys_two_default_cas(tmp_path: Path) -> None:
+    """With an email and no issuer of ours, Caddy uses Let's Encrypt, then ZeroSSL
+    (modules/caddytls/automation.go DefaultIssuers)."""
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "domain": "llm.example.com", "acmeEmail": "o@example.com"}
+    cfg = config.parse(raw, "dev")
+    conf = tmp_path / "Caddyfile"
+    conf.write_text(gateway.caddyfile(cfg, "llm.example.com"))
+    out = subprocess.run(
+        [str(CADDY), "adapt", "--config", str(conf), "--adapter", "caddyfile"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
+    )
+    adapted = json.loads(out.stdout)
+    assert "default_sni" not in out.stdout
+    [policy] = adapted["apps"]["tls"]["automation"]["policies"]
+    assert policy["subjects"] == ["llm.example.com"]
+    lets_encrypt, zerossl = policy["issuers"]
+    assert lets_encrypt["module"] == "acme" and "ca" not in lets_encrypt
+    assert zerossl["module"] == "acme" and zerossl["ca"] == "https://acme.zerossl.com/v2/DV90"
+    assert lets_encrypt["email"] == zerossl["email"] == "o@example.com"

@@ -144,8 +144,10 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
         f" -o StrictHostKeyChecking=yes root@{FAKE_IPV4}"
     )
     assert outputs["sshHostPublicKey"] == FAKE_HOST_PUBLIC_KEY
-    assert outputs["endpoint"] == "https://203-0-113-10.sslip.io/v1"
+    # No DNS, no third party: a certificate for the Droplet's own address.
+    assert outputs["endpoint"] == f"https://{FAKE_IPV4}/v1"
     assert outputs["endpointTls"] is True
+    assert outputs["certificate"].startswith(f"Let's Encrypt, for the IP address {FAKE_IPV4}")
     assert outputs["apiKey"] == FAKE_API_KEY and run.outputs["apiKey"].secret
 
 
@@ -183,13 +185,51 @@ def test_plain_http_opt_out_serves_port_80_to_api_cidrs_and_says_so() -> None:
     assert run.one(FIREWALL).inputs["inboundRules"][1:] == [
         {"protocol": "tcp", "portRange": "80", "sourceAddresses": [OFFICE]}
     ]
-    assert run.outputs["endpoint"].value == "http://203-0-113-10.sslip.io/v1"
+    assert run.outputs["endpoint"].value == f"http://{FAKE_IPV4}/v1"
     assert run.outputs["endpointTls"].value is False
+    assert run.outputs["certificate"].value.startswith("none: access.https is false")
 
 
 def test_own_domain_names_the_endpoint() -> None:
-    run = run_program(dev(access={"domain": "llm.example.com"}))
+    run = run_program(dev(access={"domain": "llm.example.com", "acmeEmail": "ops@example.com"}))
+    assert run.error is None, run.error
     assert run.outputs["endpoint"].value == "https://llm.example.com/v1"
+    assert run.outputs["certificate"].value.startswith("Let's Encrypt, else ZeroSSL, for llm.")
+
+
+def test_sslip_is_an_explicit_opt_in() -> None:
+    run = run_program(dev(access={"sslip": True, "acmeEmail": "ops@example.com"}))
+    assert run.error is None, run.error
+    assert run.outputs["endpoint"].value == "https://203-0-113-10.sslip.io/v1"
+
+
+@pytest.mark.parametrize(
+    ("access", "message"),
+    [
+        (
+            {"domain": "llm.example.com"},
+            "access.acmeEmail: access.domain takes its certificate from Let's Encrypt, then "
+            "ZeroSSL, which issues only to an ACME account with an email",
+        ),
+        ({"sslip": True}, "access.acmeEmail: access.sslip takes its certificate"),
+        (
+            {"sslip": True, "domain": "llm.example.com", "acmeEmail": "ops@example.com"},
+            "access.sslip: true serves <ip-with-dashes>.sslip.io instead of access.domain",
+        ),
+    ],
+)
+def test_a_named_endpoint_needs_an_acme_email_before_anything_is_created(
+    access: dict[str, Any], message: str
+) -> None:
+    run = run_program(dev(access=access))
+    assert isinstance(run.error, ConfigError)
+    assert any(message in p for p in run.error.problems), run.error.problems
+    assert run.registrations == []
+
+
+def test_plain_http_needs_no_acme_email_for_a_domain() -> None:
+    run = run_program(dev(access={"https": False, "domain": "llm.example.com"}))
+    assert run.error is None, run.error
 
 
 def test_user_key_fingerprints_are_added_after_the_stack_key() -> None:
