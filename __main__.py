@@ -7,11 +7,12 @@ build the components, export what a user needs.
 import pulumi
 import pulumi_random as random
 
-from components import config, gateway, region
+from components import config, dns, gateway, region
 from components.bootstrap import Bootstrap, BootstrapArgs
 from components.droplet import REPLACEMENT_NOTE, GpuDroplet, GpuDropletArgs, ssh_command
 
 cfg = config.load()
+dns.check_zone(cfg)
 # An existing Droplet stays where it is; availability only places a new one.
 placement = region.choose(
     cfg.droplet.size,
@@ -41,7 +42,14 @@ gpu = GpuDroplet(
 api_key: pulumi.Output[str] = pulumi.Output.secret(
     config.api_key() or random.RandomPassword("api-key", length=48, special=False).result
 )
-hostname = gpu.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
+# With a DigitalOcean DNS zone the name comes from its record, so the gateway (whose certificate
+# the CA checks against that name) waits until the record exists.
+record = dns.endpoint_record(cfg, gpu.ipv4, parent=gpu)
+hostname = (
+    record.fqdn.apply(lambda _: gateway.hostname(cfg, ""))
+    if record is not None
+    else gpu.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
+)
 
 bootstrap = Bootstrap(
     "bootstrap",

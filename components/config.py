@@ -213,6 +213,18 @@ def _access_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[st
             "access.sslip: true serves <ip-with-dashes>.sslip.io instead of access.domain; "
             "set one of the two"
         )
+    zone = access.dns_zone
+    if ok("access.domain", "access.dnsZone") and zone:
+        if not access.domain:
+            problems.append(
+                f"access.dnsZone: {zone} holds the record of access.domain, which is unset; "
+                "set access.domain (a name in that zone)"
+            )
+        elif access.domain != zone and not access.domain.endswith(f".{zone}"):
+            problems.append(
+                f"access.dnsZone: {access.domain} is not in {zone}; accepted: the zone that "
+                f"holds access.domain (for {access.domain}: one of its parent domains)"
+            )
     named = access.domain or access.sslip
     if ok("access.domain", "access.sslip", "access.acmeEmail", "access.https") and (
         access.https and named and not access.acme_email

@@ -183,6 +183,12 @@ class AccessConfig(_Section):
         "(`https://<ipv4>/v1`; Let's Encrypt's six-day `shortlived` profile, renewed by the "
         "gateway), with no DNS at all.",
     )
+    dns_zone: str | None = Field(
+        None,
+        description="A domain in this DigitalOcean account (Networking > Domains) that holds "
+        "`domain`: the program creates `domain`'s A record there (TTL 60 s) and keeps it "
+        "pointing at the Droplet, also when it is re-created. Unset: point the record yourself.",
+    )
     sslip: bool = Field(
         False,
         description="Opt-in: serve at `<ip-with-dashes>.sslip.io` instead of the bare IP. Every "
@@ -203,7 +209,7 @@ class AccessConfig(_Section):
         "larger declared body gets 413 before it is read, a larger chunked one is cut.",
     )
 
-    @field_validator("domain")
+    @field_validator("domain", "dns_zone")
     @classmethod
     def _domain(cls, v: str | None) -> str | None:
         label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"

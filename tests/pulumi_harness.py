@@ -43,6 +43,8 @@ FAKE_DROPLET_ID = "424242"
 
 SIZES_TOKEN = "digitalocean:index/getSizes:getSizes"
 DROPLETS_TOKEN = "digitalocean:index/getDroplets:getDroplets"
+DOMAIN_TOKEN = "digitalocean:index/getDomain:getDomain"
+DNS_RECORD = "digitalocean:index/dnsRecord:DnsRecord"
 
 
 def fake_stdout(phase: str) -> str:
@@ -119,9 +121,17 @@ def existing_droplet(
 
 class FakeCloud(pulumi_mocks.Mocks):
     def __init__(
-        self, offers: dict[str, dict], droplets: list[dict] | None = None, droplet_id: str = ""
+        self,
+        offers: dict[str, dict],
+        droplets: list[dict] | None = None,
+        droplet_id: str = "",
+        zones: tuple[str, ...] = (),
+        ipv4: str = "",
     ):
         self.offers = offers
+        # The domains of the account (Networking > Domains).
+        self.zones = zones
+        self.ipv4 = ipv4 or FAKE_IPV4
         # The id the provider gives a created Droplet (a replacement gets a new one).
         self.droplet_id = droplet_id or FAKE_DROPLET_ID
         self.droplets = droplets or []
@@ -146,6 +156,20 @@ class FakeCloud(pulumi_mocks.Mocks):
                 d for d in self.droplets if all(matches(d, f) for f in args.args.get("filters", []))
             ]
             return {"droplets": found, "id": "droplets"}, []
+        if args.token == DOMAIN_TOKEN:
+            name = args.args["name"]
+            if name not in self.zones:
+                # What a provider's failure looks like to the program: a failed invoke it can
+                # catch (a plain exception here would be an RPC-level crash instead).
+                message = f"Error retrieving domain: 404 The resource could not be found ({name})"
+                return {}, [("name", message)]
+            return {
+                "name": name,
+                "ttl": 1800,
+                "zoneFile": "",
+                "urn": f"do:domain:{name}",
+                "id": name,
+            }, []
         raise AssertionError(f"unexpected invoke {args.token}")
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
@@ -170,8 +194,11 @@ class FakeCloud(pulumi_mocks.Mocks):
             phase = args.name.split("-", 1)[1]
             outs["stdout"] = fake_stdout(phase)
             outs["stderr"] = f"[{phase}] done"
+        elif args.typ == DNS_RECORD:
+            name, zone = args.inputs["name"], args.inputs["domain"]
+            outs["fqdn"] = zone if name == "@" else f"{name}.{zone}"
         elif args.typ == "digitalocean:index/droplet:Droplet":
-            outs.update(ipv4Address=FAKE_IPV4, status="active")
+            outs.update(ipv4Address=self.ipv4, status="active")
             return self.droplet_id, outs
         return f"{args.name}-id", outs
 
@@ -263,10 +290,14 @@ def run_program(
     offers: dict[str, dict] | None = None,
     droplets: list[dict] | None = None,
     droplet_id: str = "",
+    zones: tuple[str, ...] = (),
+    ipv4: str = "",
 ) -> Run:
     """Run __main__.py with `config` (keys without namespace; plain values JSON-encoded the way
     the engine passes structured config) and `secrets` (marked secret)."""
-    cloud = FakeCloud(DEFAULT_OFFERS if offers is None else offers, droplets, droplet_id)
+    cloud = FakeCloud(
+        DEFAULT_OFFERS if offers is None else offers, droplets, droplet_id, zones, ipv4
+    )
     monitor = Recorder(cloud)
     pulumi_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(cloud, project=PROJECT, stack=stack, preview=False, monitor=monitor)
