@@ -62,6 +62,9 @@ bootstrap = Bootstrap(
         api_key=api_key,
         hostname=hostname,
         hf_token=config.hf_token(),
+        dns_record=(
+            pulumi.Output.concat(record.domain, " ", record.id) if record is not None else ""
+        ),
     ),
 )
 

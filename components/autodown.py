@@ -13,7 +13,9 @@ SCRIPT_PATH = "/usr/local/lib/nemotron/autodown.py"
 ENV_FILE = "/etc/nemotron/autodown.env"
 
 
-def env_text(cfg: StackConfig) -> str:
+def env_text(cfg: StackConfig, dns_record: str = "") -> str:
+    """The rule's settings; `dns_record` ("<zone> <record id>") is the endpoint's A record,
+    deleted before the Droplet."""
     rule = cfg.autodown
     token = rule.token.get_secret_value() if rule.token is not None else ""
     return "\n".join([
@@ -27,6 +29,7 @@ def env_text(cfg: StackConfig) -> str:
         f"AUTODOWN_STATE={catalog.STATE_DIR}/autodown.json",
         f"AUTODOWN_FIRST_BOOTSTRAP={catalog.FIRST_BOOTSTRAP_FILE}",
         f"AUTODOWN_RUN_SECONDS={RUN_SECONDS}",
+        f"AUTODOWN_DNS_RECORD={dns_record}",
     ])  # fmt: skip
 
 

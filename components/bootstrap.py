@@ -115,6 +115,7 @@ def settings(
     reboot_result: Mapping[str, Any] | None = None,
     api_key: str = "",
     host: str = "",
+    dns_record: str = "",
 ) -> dict[str, Setting]:
     """The NEMO_* settings each phase script reads (see the header of each script)."""
     min_branch = catalog.min_driver_branch(cfg.vllm.version)
@@ -206,7 +207,7 @@ def settings(
         },
         "autodown": {
             "NEMO_AUTODOWN_MODE": cfg.autodown.mode,
-            "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(cfg),
+            "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(cfg, dns_record),
             "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,
             "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,
             "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
@@ -277,6 +278,9 @@ class BootstrapArgs:
     # even should it come back with the same address.
     droplet_id: pulumi.Input[str] = ""
     hf_token: pulumi.Output[str] | None = None
+    # "<zone> <record id>" of the endpoint's A record when the program keeps one: autodown
+    # deletes it before the Droplet, so the name never points at an address someone else gets.
+    dns_record: pulumi.Input[str] = ""
     prefix: str = "bootstrap"
 
 
@@ -287,6 +291,7 @@ RUNTIME_INPUTS = {
     "service": ("api_key",),
     "gateway": ("api_key", "host"),
     "ready": ("host",),
+    "autodown": ("dns_record",),
 }
 
 
@@ -370,13 +375,18 @@ class Bootstrap(pulumi.ComponentResource):
             "hf_token": args.hf_token if args.hf_token is not None else "",
             "api_key": args.api_key,
             "host": args.hostname,
+            "dns_record": args.dns_record,
         }
         if phase == "reboot-wait":
             available["reboot_result"] = self.commands["reboot"].stdout.apply(parse_result)
         needed = {name: available[name] for name in RUNTIME_INPUTS.get(phase, ())}
         if phase == "autodown" and cfg.autodown.token is not None:
             # The token is in the config model, not an Output: mark the script secret here.
-            return pulumi.Output.secret(render(phase, settings(cfg, phase), minutes))
+            return pulumi.Output.secret(
+                pulumi.Output.all(**needed).apply(
+                    lambda values: render(phase, settings(cfg, phase, **values), minutes)
+                )
+            )
         if not needed:
             return render(phase, settings(cfg, phase), minutes)
         # Secrets stay secret: an Output built from a secret is a secret.

@@ -45,6 +45,7 @@ SIZES_TOKEN = "digitalocean:index/getSizes:getSizes"
 DROPLETS_TOKEN = "digitalocean:index/getDroplets:getDroplets"
 DOMAIN_TOKEN = "digitalocean:index/getDomain:getDomain"
 DNS_RECORD = "digitalocean:index/dnsRecord:DnsRecord"
+FAKE_RECORD_ID = "31415926"
 
 
 def fake_stdout(phase: str) -> str:
@@ -197,6 +198,7 @@ class FakeCloud(pulumi_mocks.Mocks):
         elif args.typ == DNS_RECORD:
             name, zone = args.inputs["name"], args.inputs["domain"]
             outs["fqdn"] = zone if name == "@" else f"{name}.{zone}"
+            return FAKE_RECORD_ID, outs  # DigitalOcean's record ids are numbers
         elif args.typ == "digitalocean:index/droplet:Droplet":
             outs.update(ipv4Address=self.ipv4, status="active")
             return self.droplet_id, outs

@@ -494,6 +494,67 @@ def test_a_broken_setting_is_named_not_a_traceback(
     assert cloud.deletes == []
 
 
+RECORD = "example.com 31415926"
+
+
+def test_the_endpoints_dns_record_goes_before_the_droplet(autodown: Autodown, cloud: Cloud) -> None:
+    """Its address goes back to DigitalOcean's pool: a name still pointing there would let its
+    next owner get a certificate for it."""
+    autodown.env["AUTODOWN_DNS_RECORD"] = RECORD
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    proc = autodown.run()
+    assert proc.returncode == 0
+    assert [d["path"] for d in cloud.deletes] == [
+        "/v2/domains/example.com/records/31415926",
+        f"/v2/droplets/{DROPLET}",
+    ]
+    assert "delete DNS record 31415926 in example.com: deleted" in proc.stdout
+    assert all(d["auth"] == f"Bearer {TOKEN}" for d in cloud.deletes)
+
+
+def test_a_record_the_token_may_not_delete_does_not_keep_the_droplet_billing(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    autodown.env["AUTODOWN_DNS_RECORD"] = RECORD
+    cloud.delete_fails(403)  # the record; the Droplet then answers 204
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    proc = autodown.run()
+    assert proc.returncode == 0
+    assert "the token may not delete DNS records (domain:delete)" in proc.stdout
+    assert "run pulumi refresh, then pulumi up or pulumi destroy, to fix the record" in proc.stdout
+    assert cloud.deletes[-1]["path"] == f"/v2/droplets/{DROPLET}"
+
+
+def test_a_deleted_record_is_not_deleted_again_when_the_droplet_delete_is_retried(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    autodown.env["AUTODOWN_DNS_RECORD"] = RECORD
+    cloud.delete_fails(204, 503, 503, 503, 503)  # the record goes; the Droplet's API is down
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    assert autodown.run().returncode == 1
+    assert autodown.run().returncode == 0
+    paths = [d["path"] for d in cloud.deletes]
+    assert paths.count("/v2/domains/example.com/records/31415926") == 1
+    assert paths[-1] == f"/v2/droplets/{DROPLET}"
+
+
+@pytest.mark.parametrize(
+    "value", ["example.com", "example.com abc", "../x 1", "example.com 1 2", "EXAMPLE.com 1", " "]
+)
+def test_an_odd_record_setting_never_builds_a_delete_path(
+    autodown: Autodown, cloud: Cloud, value: str
+) -> None:
+    autodown.env["AUTODOWN_DNS_RECORD"] = value
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    proc = autodown.run()
+    assert proc.returncode == 0
+    assert [d["path"] for d in cloud.deletes] == [f"/v2/droplets/{DROPLET}"]
+
+
 def test_dry_run_logs_and_deletes_nothing(autodown: Autodown, cloud: Cloud) -> None:
     autodown.run()
     autodown.age(idle_minutes=31)
@@ -610,4 +671,6 @@ def test_env_file_renders_the_rule_with_the_token() -> None:
     assert f"AUTODOWN_TOKEN={TOKEN}\n" in text
     assert "AUTODOWN_IDLE_MINUTES=20\nAUTODOWN_MAX_HOURS=\nAUTODOWN_DRY_RUN=false\n" in text
     assert "AUTODOWN_METADATA_URL=http://169.254.169.254/metadata/v1/id" in text
+    assert text.endswith("\nAUTODOWN_DNS_RECORD=")
+    assert env_text(cfg, RECORD).endswith(f"\nAUTODOWN_DNS_RECORD={RECORD}")
     assert TOKEN not in repr(cfg), "the config model masks the token"

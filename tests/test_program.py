@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from pulumi_harness import (
     FAKE_IPV4,
     FAKE_PRIVATE_KEY,
     FAKE_PUBLIC_KEY,
+    FAKE_RECORD_ID,
     SECRET_SIG,
     SIZES_TOKEN,
     existing_droplet,
@@ -659,6 +661,23 @@ def test_the_record_follows_a_replaced_droplet() -> None:
     assert after.one(DNS_RECORD).inputs["value"] == "198.51.100.77"
     assert after.one(DNS_RECORD).name == before.one(DNS_RECORD).name, "the same record, updated"
     assert after.outputs["endpoint"].value == before.outputs["endpoint"].value
+
+
+def test_autodown_deletes_the_record_before_the_droplet() -> None:
+    """The name must not outlive the Droplet: its address goes to someone else, who could then
+    get a certificate for it. autodown learns the record to delete first."""
+    config = dev(access={**NAMED, "dnsZone": "example.com"})
+    rule = {"idleMinutes": 30, "token": "dop_v1_" + "a" * 64}
+    config.pop("autodown", None)
+    run = run_program(config, zones=("example.com",), secrets={"autodown": json.dumps(rule)})
+    assert run.error is None, run.error
+    autodown = next(r for r in run.registrations if r.name.endswith("-autodown"))
+    assert f"AUTODOWN_DNS_RECORD=example.com {FAKE_RECORD_ID}" in autodown.inputs["stdin"]
+    assert run.one(DNS_RECORD).urn in autodown.dependencies
+    plain = run_program(dev(access=NAMED), secrets={"autodown": json.dumps(rule)})
+    autodown = next(r for r in plain.registrations if r.name.endswith("-autodown"))
+    stdin = autodown.inputs["stdin"]
+    assert "AUTODOWN_DNS_RECORD=" in stdin and "AUTODOWN_DNS_RECORD=example" not in stdin
 
 
 def test_the_zone_apex_is_the_at_record() -> None:

@@ -19,7 +19,8 @@ journal); the token is never printed. Standard library only.
 Settings come from the environment (a root-only EnvironmentFile): AUTODOWN_TOKEN,
 AUTODOWN_IDLE_MINUTES, AUTODOWN_MAX_HOURS (empty: no such rule), AUTODOWN_DRY_RUN,
 AUTODOWN_METRICS_URL, AUTODOWN_METADATA_URL, AUTODOWN_API_URL, AUTODOWN_STATE,
-AUTODOWN_FIRST_BOOTSTRAP, AUTODOWN_RUN_SECONDS.
+AUTODOWN_FIRST_BOOTSTRAP, AUTODOWN_RUN_SECONDS, AUTODOWN_DNS_RECORD ("<zone> <record id>" of the
+endpoint's A record, deleted first).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ _SAMPLE = re.compile(
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 DROPLET_ID = re.compile(r"[0-9]{1,20}")
+ZONE = re.compile(r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
 # Per-request ceilings; the run's deadline lowers them as it nears.
 METRICS_TIMEOUT = 10.0
 METADATA_TIMEOUT = 10.0
@@ -174,18 +176,19 @@ def retry_after(header: str | None, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
-def delete_droplet(
+def delete(
     api_url: str,
     token: str,
-    droplet: str,
+    path: str,
+    scope: str,
     deadline: Deadline,
     sleep: Sleep,
     attempts: int = 4,
 ) -> str:
-    """DELETE the Droplet, retrying transient failures within the run's deadline; returns
+    """DELETE an API object, retrying transient failures within the run's deadline; returns
     'deleted', 'gone' or an error for the log (the next minute's run tries again)."""
     request = urllib.request.Request(  # noqa: S310 (the DigitalOcean API from config)
-        f"{api_url.rstrip('/')}/v2/droplets/{droplet}",
+        f"{api_url.rstrip('/')}{path}",
         method="DELETE",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
@@ -205,7 +208,7 @@ def delete_droplet(
             if err.code == 404:
                 return "gone"
             if err.code in (401, 403):
-                return f"error: HTTP {err.code}: the token may not delete Droplets (droplet:delete)"
+                return f"error: HTTP {err.code}: the token may not delete {scope}"
             result = f"error: HTTP {err.code}"
             asked = retry_after(err.headers.get("Retry-After"), deadline.clock())
             if asked is not None:
@@ -223,8 +226,31 @@ def delete_droplet(
     return result
 
 
+def delete_droplet(api_url: str, token: str, droplet: str, deadline: Deadline, sleep: Sleep) -> str:
+    return delete(
+        api_url, token, f"/v2/droplets/{droplet}", "Droplets (droplet:delete)", deadline, sleep
+    )
+
+
+def dns_record(setting: str) -> tuple[str, str] | None:
+    """The endpoint's A record, "<zone> <record id>", when the program keeps one. Anything else
+    is no record: never DELETE a path built from an empty or odd value."""
+    parts = setting.split()
+    if len(parts) != 2 or not ZONE.fullmatch(parts[0]) or not DROPLET_ID.fullmatch(parts[1]):
+        if setting.strip():
+            log("AUTODOWN_DNS_RECORD is not '<zone> <record id>'; no record to delete")
+        return None
+    return parts[0], parts[1]
+
+
 def fresh_state(now: float) -> dict[str, Any]:
-    return {"started_at": now, "last_activity": now, "counters": None, "deleted": False}
+    return {
+        "started_at": now,
+        "last_activity": now,
+        "counters": None,
+        "deleted": False,
+        "record_deleted": False,
+    }
 
 
 def _number(value: object) -> bool:
@@ -258,10 +284,11 @@ def load_state(path: Path, now: float) -> tuple[dict[str, Any], str | None]:
         state["counters"] = {k: float(v) for k, v in counters.items()}
     elif counters is not None:
         odd.append("counters")
-    if isinstance(raw.get("deleted"), bool):
-        state["deleted"] = raw["deleted"]
-    elif "deleted" in raw:
-        odd.append("deleted")
+    for flag in ("deleted", "record_deleted"):
+        if isinstance(raw.get(flag), bool):
+            state[flag] = raw[flag]
+        elif flag in raw:
+            odd.append(flag)
     return state, (f"state file had odd {', '.join(odd)}: reset" if odd else None)
 
 
@@ -337,6 +364,41 @@ def decide(
     return False, reason
 
 
+def remove(state: dict[str, Any], reason: str, token: str, deadline: Deadline, sleep: Sleep) -> int:
+    """Delete the endpoint's DNS record (if the program keeps one), then the Droplet; 0 once
+    DigitalOcean accepted the Droplet's delete."""
+    env = os.environ.get
+    droplet = droplet_id(
+        env("AUTODOWN_METADATA_URL", "http://169.254.169.254/metadata/v1/id"), deadline
+    )
+    if droplet is None:
+        log(f"{reason}: but the metadata service gave no numeric Droplet id; not deleting")
+        return 1
+    api = env("AUTODOWN_API_URL", "https://api.digitalocean.com")
+    record = dns_record(env("AUTODOWN_DNS_RECORD", ""))
+    if record is not None and not state["record_deleted"]:
+        # First the name, so it never points at an address DigitalOcean gives to someone else
+        # (who could then get a certificate for it).
+        zone, rid = record
+        path = f"/v2/domains/{zone}/records/{rid}"
+        done = delete(api, token, path, "DNS records (domain:delete)", deadline, sleep)
+        log(f"delete DNS record {rid} in {zone}: {done}")
+        if done in ("deleted", "gone"):
+            state["record_deleted"] = True
+        else:
+            log(
+                "the endpoint's name still points at this Droplet's address; the Droplet goes "
+                "anyway (it bills): run pulumi refresh, then pulumi up or pulumi destroy, to fix "
+                "the record"
+            )
+    result = delete_droplet(api, token, droplet, deadline, sleep)
+    log(f"delete droplet {droplet}: {reason}: {result}")
+    if result not in ("deleted", "gone"):
+        return 1
+    state["deleted"] = True
+    return 0
+
+
 def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = time.sleep) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "autodown").splitlines()[0])
     parser.add_argument(
@@ -374,20 +436,7 @@ def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = t
     elif dry_run:
         log(f"dry run: would delete this Droplet: {reason}")
     else:
-        droplet = droplet_id(
-            env("AUTODOWN_METADATA_URL", "http://169.254.169.254/metadata/v1/id"), deadline
-        )
-        if droplet is None:
-            log(f"{reason}: but the metadata service gave no numeric Droplet id; not deleting")
-            outcome = 1
-        else:
-            api = env("AUTODOWN_API_URL", "https://api.digitalocean.com")
-            result = delete_droplet(api, token, droplet, deadline, sleep)
-            log(f"delete droplet {droplet}: {reason}: {result}")
-            if result in ("deleted", "gone"):
-                state["deleted"] = True
-            else:
-                outcome = 1
+        outcome = remove(state, reason, token, deadline, sleep)
     save_state(state_path, state)
     return outcome
 
