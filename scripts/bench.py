@@ -3,18 +3,26 @@
 
     python scripts/bench.py --stack dev --concurrency 1,8,32 --requests 64 \\
         --input-tokens 512 --max-tokens 128 --json bench.json --plot bench.png
+    python scripts/bench.py --stack dev --request-rate 5,10,20 --slo ttft=500,tpot=50
 
-At each concurrency level N it keeps N streamed chat completions in flight (a closed loop) until
-`--requests` have finished, then reports TTFT, inter-token latency (ITL), time per output token
-(TPOT) and end-to-end latency (mean, p50, p90, p99, in ms), requests/s and token throughput.
-Token counts come from the server's usage chunk (`stream_options.include_usage`), never from
-counting chunks. A failed or timed-out request is counted under its kind of error.
+Closed loop (`--concurrency N`): N streamed chat completions stay in flight until `--requests`
+have finished. Open loop (`--request-rate R`): requests start at R per second whatever the
+server's pace, Poisson arrivals by default (`--burstiness`), optionally capped at
+`--max-concurrency` in flight. Each level reports TTFT, inter-token latency (ITL), time per output
+token (TPOT) and end-to-end latency (mean, std, min, max and `--percentiles`, in ms), requests/s,
+token throughput and, with `--slo`, goodput: the requests/s that met every bound.
+
+A chunk counts as a token when it carries text, reasoning (Nemotron streams its reasoning first)
+or a tool-call delta. Token counts come from the server's usage chunk
+(`stream_options.include_usage`); a server that sends none is counted from the stream, and the
+report says so (`token_counts: client`). A failed or timed-out request is counted under its kind.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import math
 import random
@@ -22,13 +30,17 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import aiohttp
+import bench_stats as stats
 import target as target_mod
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+# The result file's format: bumped when its fields change meaning.
+VERSION = "2.0"
 
 # Short common words: each is one token for the usual BPE vocabularies, so a prompt of N words
 # is close to N tokens; the server's usage reports the exact count.
@@ -43,12 +55,16 @@ _WORDS = (  # noqa: SIM905 (a sentence reads better than a hundred quoted words)
 
 @dataclass
 class Record:
+    index: int = 0
+    start: float = 0.0  # seconds from the level's start
     error: str | None = None
     ttft: float | None = None
     itls: list[float] = field(default_factory=list)
     e2e: float = 0.0
-    prompt_tokens: int = 0
+    prompt_tokens: int | None = 0
     completion_tokens: int = 0
+    # "server": the usage chunk's counts; "client": token chunks counted (no usage was sent).
+    counted_by: str = "server"
 
     @property
     def ok(self) -> bool:
@@ -67,32 +83,18 @@ def synthetic_prompt(index: int, words: int, seed: int) -> str:
     return f"{index} " + " ".join(rng.choice(_WORDS) for _ in range(max(words - 1, 1)))
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = (len(sorted_values) - 1) * q / 100
-    low, high = math.floor(pos), math.ceil(pos)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
-
-
-def summary_ms(seconds: list[float]) -> dict[str, float | None]:
-    if not seconds:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    ms = sorted(s * 1000 for s in seconds)
-    return {
-        "mean": sum(ms) / len(ms),
-        "p50": percentile(ms, 50),
-        "p90": percentile(ms, 90),
-        "p99": percentile(ms, 99),
-    }
+def token_chunk(delta: dict[str, Any]) -> bool:
+    """A chunk that carries a token: text, reasoning, or a piece of a tool call."""
+    return bool(target_mod.text_of(delta) or delta.get("tool_calls"))
 
 
 async def _read_stream(
     response: aiohttp.ClientResponse, record: Record, start: float
-) -> dict[str, Any] | None:
-    """Time each chunk that carries text; return the usage chunk's counts."""
+) -> tuple[dict[str, Any] | None, int]:
+    """Time each chunk that carries a token; return the usage chunk's counts and the number of
+    token chunks."""
     usage: dict[str, Any] | None = None
+    chunks = 0
     last = start
     async for raw in response.content:
         line = raw.strip()
@@ -103,22 +105,28 @@ async def _read_stream(
             break
         event = json.loads(data)
         usage = event.get("usage") or usage
-        if any(target_mod.text_of(c.get("delta") or {}) for c in event.get("choices") or ()):
+        if any(token_chunk(c.get("delta") or {}) for c in event.get("choices") or ()):
+            chunks += 1
             now = time.perf_counter()
             if record.ttft is None:
                 record.ttft = now - start
             else:
                 record.itls.append(now - last)
             last = now
-    return usage
+    return usage, chunks
 
 
 async def one_request(
-    session: aiohttp.ClientSession, target: target_mod.Target, body: dict[str, Any], timeout: float
+    session: aiohttp.ClientSession,
+    target: target_mod.Target,
+    body: dict[str, Any],
+    timeout: float,
+    record: Record | None = None,
 ) -> Record:
-    record = Record()
+    record = record or Record()
     start = time.perf_counter()
     usage: dict[str, Any] | None = None
+    chunks = 0
     try:
         async with session.post(
             target.url("chat/completions"),
@@ -130,7 +138,7 @@ async def one_request(
                 await response.read()
                 record.error = f"http_{response.status}"
                 return record
-            usage = await _read_stream(response, record, start)
+            usage, chunks = await _read_stream(response, record, start)
     except TimeoutError:
         record.error = "timeout"
     except aiohttp.ClientError as err:
@@ -142,7 +150,11 @@ async def one_request(
         if record.ttft is None:
             record.error = "no_tokens"
         elif not usage:
-            record.error = "no_usage"
+            # No usage chunk: count what streamed (one token per chunk, as vLLM streams them);
+            # the prompt's length is then unknown.
+            record.counted_by = "client"
+            record.prompt_tokens = None
+            record.completion_tokens = chunks
         else:
             record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             record.completion_tokens = int(usage.get("completion_tokens") or 0)
@@ -159,56 +171,116 @@ def request_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> 
 
 @dataclass
 class Level:
-    concurrency: int
     records: list[Record]
     duration: float
+    concurrency: int | None = None  # closed loop: the streams in flight; open loop: the cap
+    request_rate: float | None = None  # open loop: requests/s asked for
 
-    def report(self) -> dict[str, Any]:
+    def report(
+        self, percentiles: tuple[float, ...], slo: dict[str, float] | None
+    ) -> dict[str, Any]:
         ok = [r for r in self.records if r.ok]
         output_tokens = sum(r.completion_tokens for r in ok)
-        prompt_tokens = sum(r.prompt_tokens for r in ok)
+        prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)
+        prompt_known = all(r.prompt_tokens is not None for r in ok)
         errors = Counter(r.error for r in self.records if r.error)
-        return {
+        per_s = (lambda n: n / self.duration) if self.duration else (lambda _: 0.0)
+        starts = sorted(r.start for r in self.records)
+        span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
+        counted = {r.counted_by for r in ok}
+        report: dict[str, Any] = {
+            "mode": "open" if self.request_rate is not None else "closed",
             "concurrency": self.concurrency,
+            "request_rate": (
+                None
+                if self.request_rate is None
+                else ("inf" if math.isinf(self.request_rate) else self.request_rate)
+            ),
+            # Starts per second as sent (open loop: the schedule actually kept).
+            "achieved_request_rate": (len(starts) - 1) / span if span else None,
             "requests": len(self.records),
             "errors": sum(errors.values()),
             "errors_by_kind": dict(sorted(errors.items())),
             "duration_s": self.duration,
-            "ttft_ms": summary_ms([r.ttft for r in ok if r.ttft is not None]),
-            "itl_ms": summary_ms([gap for r in ok for gap in r.itls]),
-            "tpot_ms": summary_ms([t for r in ok if (t := r.tpot) is not None]),
-            "e2e_ms": summary_ms([r.e2e for r in ok]),
-            "requests_per_s": len(ok) / self.duration if self.duration else 0.0,
-            "output_tokens_per_s": output_tokens / self.duration if self.duration else 0.0,
-            "total_tokens_per_s": (
-                (prompt_tokens + output_tokens) / self.duration if self.duration else 0.0
-            ),
-            "mean_prompt_tokens": prompt_tokens / len(ok) if ok else None,
+            "ttft_ms": stats.summary_ms([r.ttft for r in ok if r.ttft is not None], percentiles),
+            "itl_ms": stats.summary_ms([gap for r in ok for gap in r.itls], percentiles),
+            "tpot_ms": stats.summary_ms([t for r in ok if (t := r.tpot) is not None], percentiles),
+            "e2e_ms": stats.summary_ms([r.e2e for r in ok], percentiles),
+            "requests_per_s": per_s(len(ok)),
+            "output_tokens_per_s": per_s(output_tokens),
+            "total_tokens_per_s": per_s(prompt_tokens + output_tokens) if prompt_known else None,
+            "mean_prompt_tokens": prompt_tokens / len(ok) if ok and prompt_known else None,
             "mean_output_tokens": output_tokens / len(ok) if ok else None,
+            "token_counts": "/".join(sorted(counted)) if counted else None,
         }
+        if slo:
+            good = sum(
+                1 for r in ok if stats.meets(slo, {"ttft": r.ttft, "tpot": r.tpot, "e2e": r.e2e})
+            )
+            report["slo_ms"] = slo
+            report["goodput_requests_per_s"] = per_s(good)
+            report["slo_attainment_pct"] = 100 * good / len(self.records) if self.records else None
+        return report
 
 
-async def run_level(
+async def run_closed(
     session: aiohttp.ClientSession,
     target: target_mod.Target,
     bodies: list[dict[str, Any]],
     concurrency: int,
     timeout: float,
-    progress: Progress | None,
+    advance: Any,
 ) -> Level:
+    """Keep `concurrency` requests in flight until every body was sent."""
     records: list[Record] = []
-    pending = iter(bodies)
-    task = progress.add_task(f"concurrency {concurrency}", total=len(bodies)) if progress else None
+    pending = iter(enumerate(bodies))
+    start = time.perf_counter()
 
     async def worker() -> None:
-        for body in pending:  # a shared iterator: each body is taken by exactly one worker
-            records.append(await one_request(session, target, body, timeout))
-            if progress is not None and task is not None:
-                progress.advance(task)
+        for index, body in pending:  # a shared iterator: each body is taken by exactly one worker
+            record = Record(index=index, start=time.perf_counter() - start)
+            records.append(await one_request(session, target, body, timeout, record))
+            advance()
 
-    start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
-    return Level(concurrency, records, time.perf_counter() - start)
+    return Level(records, time.perf_counter() - start, concurrency=concurrency)
+
+
+async def run_open(
+    session: aiohttp.ClientSession,
+    target: target_mod.Target,
+    bodies: list[dict[str, Any]],
+    rate: float,
+    schedule: list[float],
+    max_concurrency: int | None,
+    timeout: float,
+    advance: Any,
+) -> Level:
+    """Start body i at schedule[i] seconds, whatever the server's pace (at most
+    `max_concurrency` in flight, the rest wait their turn in order)."""
+    records: list[Record] = []
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    start = time.perf_counter()
+
+    async def send(index: int, body: dict[str, Any]) -> None:
+        if gate is not None:
+            await gate.acquire()
+        try:
+            record = Record(index=index, start=time.perf_counter() - start)
+            records.append(await one_request(session, target, body, timeout, record))
+            advance()
+        finally:
+            if gate is not None:
+                gate.release()
+
+    tasks = []
+    for index, (body, at) in enumerate(zip(bodies, schedule, strict=True)):
+        delay = at - (time.perf_counter() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(index, body)))
+    await asyncio.gather(*tasks)
+    return Level(records, time.perf_counter() - start, max_concurrency, rate)
 
 
 async def first_model(session: aiohttp.ClientSession, target: target_mod.Target) -> str:
@@ -221,15 +293,51 @@ async def first_model(session: aiohttp.ClientSession, target: target_mod.Target)
     return str(data[0]["id"])
 
 
+def level_bodies(args: argparse.Namespace, model: str, level_index: int) -> list[dict[str, Any]]:
+    return [
+        request_body(
+            model,
+            synthetic_prompt(level_index * args.requests + i, args.input_tokens, args.seed),
+            args.max_tokens,
+            not args.no_ignore_eos,
+        )
+        for i in range(args.requests)
+    ]
+
+
+def request_line(level: int, report: dict[str, Any], record: Record) -> str:
+    """One line of --save-requests: what one request saw, in seconds."""
+    return json.dumps({
+        "level": level,
+        "mode": report["mode"],
+        "concurrency": report["concurrency"],
+        "request_rate": report["request_rate"],
+        "index": record.index,
+        "start_s": record.start,
+        "status": "ok" if record.ok else record.error,
+        "ttft_s": record.ttft,
+        "itl_s": record.itls,
+        "e2e_s": record.e2e,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "token_counts": record.counted_by if record.ok else None,
+    })  # fmt: skip
+
+
 async def bench(
-    args: argparse.Namespace, target: target_mod.Target, console: Console
-) -> list[dict[str, Any]]:
+    args: argparse.Namespace,
+    target: target_mod.Target,
+    console: Console,
+    requests_out: TextIO | None = None,
+) -> tuple[str, list[dict[str, Any]]]:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
         model = target.model or await first_model(session, target)
         for i in range(args.warmup):
             body = request_body(model, synthetic_prompt(-1 - i, 16, args.seed), 8, False)
             await one_request(session, target, body, args.timeout)
+        open_loop = args.request_rate is not None
+        levels: list[float] = args.request_rate if open_loop else args.concurrency
         reports = []
         with Progress(
             TextColumn("{task.description}"),
@@ -239,57 +347,68 @@ async def bench(
             console=console,
             disable=args.no_progress,
         ) as progress:
-            for level_index, concurrency in enumerate(args.concurrency):
-                bodies = [
-                    request_body(
-                        model,
-                        synthetic_prompt(
-                            level_index * args.requests + i, args.input_tokens, args.seed
-                        ),
-                        args.max_tokens,
-                        not args.no_ignore_eos,
+            for level_index, value in enumerate(levels):
+                bodies = level_bodies(args, model, level_index)
+                name = f"rate {value:g}/s" if open_loop else f"concurrency {value:g}"
+                task = progress.add_task(name, total=len(bodies))
+
+                def advance(task: Any = task) -> None:
+                    progress.advance(task)
+
+                if open_loop:
+                    schedule = stats.arrival_offsets(
+                        len(bodies), value, args.burstiness, args.seed + level_index
                     )
-                    for i in range(args.requests)
-                ]
-                level = await run_level(
-                    session, target, bodies, concurrency, args.timeout, progress
-                )
-                report = level.report()
-                report["model"] = model
+                    level = await run_open(
+                        session, target, bodies, value, schedule, args.max_concurrency,
+                        args.timeout, advance,
+                    )  # fmt: skip
+                else:
+                    level = await run_closed(
+                        session, target, bodies, int(value), args.timeout, advance
+                    )
+                report = level.report(args.percentiles, args.slo)
                 reports.append(report)
-        return reports
+                if requests_out is not None:
+                    for record in sorted(level.records, key=lambda r: r.index):
+                        requests_out.write(request_line(level_index, report, record) + "\n")
+        return model, reports
 
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
-def table(reports: list[dict[str, Any]]) -> Table:
-    t = Table(title="bench: latency in ms (p50 / p99), throughput per second")
-    for column in (
-        "conc",
-        "ok/err",
-        "TTFT",
-        "ITL",
-        "TPOT",
-        "E2E",
-        "req/s",
-        "out tok/s",
-        "tot tok/s",
-    ):
+def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Table:
+    high = stats.pkey(max(percentiles))
+    low = stats.pkey(50.0) if 50.0 in percentiles else stats.pkey(min(percentiles))
+    client = any(r["token_counts"] and "client" in r["token_counts"] for r in reports)
+    t = Table(
+        title=f"bench: latency in ms ({low} / {high}), throughput per second"
+        + (" (token counts from the stream: the server sent no usage)" if client else "")
+    )
+    open_loop = reports[0]["mode"] == "open"
+    goodput = "goodput_requests_per_s" in reports[0]
+    columns = ["rate" if open_loop else "conc", "ok/err", "TTFT", "ITL", "TPOT", "E2E", "req/s"]
+    columns += ["out tok/s", "tot tok/s"] + (["goodput", "SLO %"] if goodput else [])
+    for column in columns:
         t.add_column(column, justify="right")
     for r in reports:
-        t.add_row(
-            str(r["concurrency"]),
+        level = r["request_rate"] if open_loop else r["concurrency"]
+        row = [
+            str(level),
             f"{r['requests'] - r['errors']}/{r['errors']}",
             *(
-                f"{_fmt(r[k]['p50'])} / {_fmt(r[k]['p99'])}"
+                f"{_fmt(r[k][low])} / {_fmt(r[k][high])}"
                 for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
             ),
             _fmt(r["requests_per_s"]),
             _fmt(r["output_tokens_per_s"]),
             _fmt(r["total_tokens_per_s"]),
-        )
+        ]
+        if goodput:
+            row += [_fmt(r["goodput_requests_per_s"]), _fmt(r["slo_attainment_pct"])]
+        t.add_row(*row)
     return t
 
 
@@ -299,21 +418,28 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    conc = [r["concurrency"] for r in reports]
+    open_loop = reports[0]["mode"] == "open"
+    label = "request rate (/s)" if open_loop else "concurrency"
+    xs = [(r["achieved_request_rate"] or 0.0) if open_loop else r["concurrency"] for r in reports]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(conc, [r["output_tokens_per_s"] for r in reports], marker="o", label="output")
-    left.plot(conc, [r["total_tokens_per_s"] for r in reports], marker="o", label="total")
-    left.set(xlabel="concurrency", ylabel="tokens/s", title="Throughput", xscale="log", xticks=conc)
-    left.set_xticklabels([str(c) for c in conc])
-    left.minorticks_off()
-    left.legend()
-    for q in ("p50", "p99"):
-        right.plot(conc, [r["ttft_ms"][q] for r in reports], marker="o", label=f"TTFT {q}")
-    right.set(
-        xlabel="concurrency", ylabel="ms", title="Time to first token", xscale="log", xticks=conc
-    )
-    right.set_xticklabels([str(c) for c in conc])
-    right.minorticks_off()
+    left.plot(xs, [r["output_tokens_per_s"] for r in reports], marker="o", label="output")
+    if all(r["total_tokens_per_s"] is not None for r in reports):
+        left.plot(xs, [r["total_tokens_per_s"] for r in reports], marker="o", label="total")
+    if "goodput_requests_per_s" in reports[0]:
+        twin = left.twinx()
+        twin.plot(xs, [r["goodput_requests_per_s"] for r in reports], "k--", marker="s")
+        twin.set_ylabel("goodput (requests/s within the SLO)")
+    left.set(xlabel=label, ylabel="tokens/s", title="Throughput")
+    left.legend(loc="upper left")
+    keys = [k for k in reports[0]["ttft_ms"] if k.startswith("p")]
+    for q in (keys[0], keys[-1]) if len(keys) > 1 else keys:
+        right.plot(xs, [r["ttft_ms"][q] for r in reports], marker="o", label=f"TTFT {q}")
+    right.set(xlabel=label, ylabel="ms", title="Time to first token")
+    if not open_loop:
+        for axis in (left, right):
+            axis.set(xscale="log", xticks=xs)
+            axis.set_xticklabels([str(c) for c in xs])
+            axis.minorticks_off()
     right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -330,13 +456,49 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _checked(parse: Any) -> Any:
+    """An argparse type from a parser that raises ValueError with the accepted form."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return convert
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """Every setting of the run, for the result file; never the key."""
+    hidden = {"api_key", "json_path", "plot", "save_requests", "no_progress"}
+    out = {k: v for k, v in vars(args).items() if k not in hidden}
+    if out.get("request_rate"):
+        out["request_rate"] = ["inf" if math.isinf(r) else r for r in out["request_rate"]]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     target_mod.add_arguments(parser)
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency", type=_levels, help="closed loop: streams in flight per level, e.g. 1,8,32"
+    )
+    load.add_argument(
+        "--request-rate",
+        type=_checked(stats.parse_rates),
+        help="open loop: requests/s per level, e.g. 2,5,10 (inf: all at once)",
+    )
     parser.add_argument(
-        "--concurrency", type=_levels, default=[1, 8, 32], help="levels, e.g. 1,8,32"
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="open loop: shape of the gamma-distributed gaps (1: Poisson; <1: burstier)",
+    )
+    parser.add_argument(
+        "--max-concurrency", type=int, help="open loop: at most this many requests in flight"
     )
     parser.add_argument("--requests", type=int, default=64, help="requests per level")
     parser.add_argument(
@@ -345,22 +507,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per request")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the synthetic prompts")
+    parser.add_argument("--seed", type=int, default=0, help="seed for prompts and arrivals")
     parser.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
+    parser.add_argument(
+        "--percentiles",
+        type=_checked(stats.parse_percentiles),
+        default=stats.DEFAULT_PERCENTILES,
+        help="latency percentiles to report, e.g. 50,90,95,99,99.9 (default 50,90,99)",
+    )
+    parser.add_argument(
+        "--slo",
+        type=_checked(stats.parse_slo),
+        help="bounds in ms, e.g. ttft=500,tpot=50,e2e=10000: adds goodput and attainment",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--json", dest="json_path", help="write one object per level to this file")
-    parser.add_argument("--plot", help="draw throughput and TTFT against concurrency to this PNG")
+    parser.add_argument("--json", dest="json_path", help="write the results to this file")
+    parser.add_argument("--save-requests", help="write one JSON line per request to this file")
+    parser.add_argument("--plot", help="draw throughput and TTFT per level to this PNG")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.input_tokens < 1 or args.max_tokens < 1:
         parser.error("--requests, --input-tokens and --max-tokens must be positive")
+    if not math.isfinite(args.burstiness) or args.burstiness <= 0:
+        parser.error("--burstiness must be a positive number (1: Poisson arrivals)")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        parser.error("--max-concurrency must be a positive integer")
+    if args.request_rate is None and args.concurrency is None:
+        args.concurrency = [1, 8, 32]
+    if args.request_rate is None and args.max_concurrency is not None:
+        parser.error("--max-concurrency caps an open loop: use it with --request-rate")
     target = target_mod.resolve(args)
     console = Console(stderr=True)
-    reports = asyncio.run(bench(args, target, console))
+    started = datetime.datetime.now(datetime.UTC)
+    requests_out = open(args.save_requests, "w") if args.save_requests else None  # noqa: SIM115
+    try:
+        model, reports = asyncio.run(bench(args, target, console, requests_out))
+    finally:
+        if requests_out is not None:
+            requests_out.close()
     # Wide enough for the table when stdout is a file or a CI log.
-    Console(width=None if sys.stdout.isatty() else 140).print(table(reports))
+    Console(width=None if sys.stdout.isatty() else 160).print(table(reports, args.percentiles))
     if args.json_path:
+        result = {
+            "tool": "nemotron-droplet scripts/bench.py",
+            "version": VERSION,
+            "date": started.isoformat(timespec="seconds"),
+            "endpoint": target.endpoint,
+            "model": model,
+            "seed": args.seed,
+            "settings": settings_of(args),
+            "levels": reports,
+        }
         with open(args.json_path, "w") as f:
-            json.dump(reports, f, indent=2)
+            json.dump(result, f, indent=2)
     if args.plot:
         plot(reports, args.plot)
     return 0

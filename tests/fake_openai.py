@@ -7,9 +7,13 @@ Run it as a process of its own so that it does not share a GIL with the client u
 It prints `listening on http://127.0.0.1:PORT` once ready. Streams send one token per chunk:
 the first after `--ttft` seconds, the next ones `--itl` apart, then a usage chunk and [DONE],
 like vLLM with `stream_options.include_usage`. Faults for the tests: `--fail-every N` answers
-every Nth chat request with HTTP 500, `--stall-every N` never answers it, `--mode empty-deltas`
-streams empty content, `--mode no-auth` accepts any key, `--mode one-chunk` streams the whole
-answer in one chunk. `GET /_stats` reports requests seen and the most streams in flight at once.
+every Nth chat request with HTTP 500, `--stall-every N` never answers it, `--slow-every N` gives
+every Nth a TTFT of `--slow-ttft`, `--mode empty-deltas` streams empty content, `--mode no-auth`
+accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mode reasoning`
+streams the first half of the tokens as `reasoning_content` (as vLLM's reasoning parser does),
+`--mode tool-call` streams only tool-call deltas, `--mode no-usage` never sends the usage chunk.
+`GET /_stats` reports requests seen, the most streams in flight at once, and when each chat
+request arrived (seconds, monotonic).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class FakeServer:
         self.chat_requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.arrivals: list[float] = []
 
     # ---- helpers ----------------------------------------------------------------------------
     def authorized(self, request: web.Request) -> bool:
@@ -73,10 +78,15 @@ class FakeServer:
 
     async def stats(self, _: web.Request) -> web.Response:
         return web.json_response(
-            {"chat_requests": self.chat_requests, "max_in_flight": self.max_in_flight}
+            {
+                "chat_requests": self.chat_requests,
+                "max_in_flight": self.max_in_flight,
+                "arrivals": self.arrivals,
+            }
         )
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
         if not self.authorized(request):
             return self.unauthorized()
         body = await request.json()
@@ -92,6 +102,7 @@ class FakeServer:
                 status=404,
             )
         self.chat_requests += 1
+        self.arrivals.append(arrived)
         number = self.chat_requests
         if self.args.fail_every and number % self.args.fail_every == 0:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
@@ -100,8 +111,10 @@ class FakeServer:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            slow = bool(self.args.slow_every and number % self.args.slow_every == 0)
+            ttft = self.args.slow_ttft if slow else self.args.ttft
             if body.get("stream"):
-                return await self.stream(request, body)
+                return await self.stream(request, body, ttft)
             return await self.complete(body)
         finally:
             self.in_flight -= 1
@@ -131,7 +144,28 @@ class FakeServer:
             }
         )
 
-    async def stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    def delta(self, i: int, n: int) -> dict[str, Any]:
+        """What the i-th of n streamed tokens looks like in this mode."""
+        mode = self.args.mode
+        if mode == "empty-deltas":
+            return {"content": ""}
+        if mode == "reasoning" and i < n // 2:
+            return {"reasoning_content": " think"}
+        if mode == "tool-call":
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": '"x"'}}
+            if i == 0:
+                call = {
+                    "index": 0,
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": "{"},
+                }
+            return {"tool_calls": [call]}
+        return {"content": " tok"}
+
+    async def stream(
+        self, request: web.Request, body: dict[str, Any], ttft: float
+    ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -156,18 +190,18 @@ class FakeServer:
 
         n = self.completion_tokens(body)
         await response.write(chunk({"role": "assistant", "content": ""}))
-        await asyncio.sleep(self.args.ttft)
+        await asyncio.sleep(ttft)
         if self.args.mode == "one-chunk":
             await response.write(chunk({"content": " tok" * n}, finish="length"))
         else:
             for i in range(n):
                 if i:
                     await asyncio.sleep(self.args.itl)
-                text = "" if self.args.mode == "empty-deltas" else " tok"
                 await response.write(
-                    chunk({"content": text}, finish="length" if i == n - 1 else None)
+                    chunk(self.delta(i, n), finish="length" if i == n - 1 else None)
                 )
-        if (body.get("stream_options") or {}).get("include_usage"):
+        wants_usage = (body.get("stream_options") or {}).get("include_usage")
+        if wants_usage and self.args.mode != "no-usage":
             prompt = self.prompt_tokens(body)
             await response.write(
                 chunk(
@@ -204,8 +238,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--fail-every", type=int, default=0)
     p.add_argument("--stall-every", type=int, default=0)
+    p.add_argument("--slow-every", type=int, default=0)
+    p.add_argument("--slow-ttft", type=float, default=1.0)
     p.add_argument(
-        "--mode", choices=["healthy", "empty-deltas", "no-auth", "one-chunk"], default="healthy"
+        "--mode",
+        choices=[
+            "healthy",
+            "empty-deltas",
+            "no-auth",
+            "one-chunk",
+            "reasoning",
+            "tool-call",
+            "no-usage",
+        ],
+        default="healthy",
     )
     return p.parse_args(argv)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -65,7 +66,12 @@ def run_tool(
 
 
 def bench(base: str, tmp_path: Path, **flags: object) -> list[dict[str, Any]]:
-    """Run bench.py; `max_tokens=4` becomes `--max-tokens 4`."""
+    """Run bench.py; `max_tokens=4` becomes `--max-tokens 4`; return its levels."""
+    return bench_result(base, tmp_path, **flags)["levels"]
+
+
+def bench_result(base: str, tmp_path: Path, **flags: object) -> dict[str, Any]:
+    """Run bench.py and return its whole result file."""
     args = [a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     out = tmp_path / "bench.json"
     proc = run_tool(
@@ -82,8 +88,9 @@ def bench(base: str, tmp_path: Path, **flags: object) -> list[dict[str, Any]]:
         *args,
     )
     assert proc.returncode == 0, proc.stderr
-    reports: list[dict[str, Any]] = json.loads(out.read_text())
-    return reports
+    result: dict[str, Any] = json.loads(out.read_text())
+    assert KEY not in out.read_text(), "the key never reaches the result file"
+    return result
 
 
 # ---- the fake speaks the protocol -----------------------------------------------------------
@@ -136,7 +143,8 @@ def test_bench_reads_the_injected_ttft_and_itl_within_ten_percent(tmp_path: Path
         assert r["output_tokens_per_s"] == pytest.approx(8 * tokens / r["duration_s"])
         assert r["total_tokens_per_s"] == pytest.approx(8 * (tokens + 40) / r["duration_s"])
         for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-            assert set(r[key]) == {"mean", "p50", "p90", "p99"}
+            assert set(r[key]) == {"mean", "std", "min", "max", "p50", "p90", "p99"}
+        assert r["ttft_ms"]["min"] <= r["ttft_ms"]["p50"] <= r["ttft_ms"]["max"]
         assert r["requests_per_s"] == pytest.approx(8 / r["duration_s"])
 
 
@@ -181,6 +189,141 @@ def test_bench_keeps_256_streams_in_flight_from_one_process(tmp_path: Path) -> N
         seen = stats(base)
     assert r["errors"] == 0, r["errors_by_kind"]
     assert seen["max_in_flight"] == 256
+
+
+def test_bench_open_loop_sends_poisson_arrivals_at_the_rate_asked(tmp_path: Path) -> None:
+    """Open loop: the server sees requests arrive at the rate, with exponential gaps (their
+    standard deviation equals their mean), whatever its own pace."""
+    rate, n = 40.0, 240
+    with fake_server("--ttft", "0.05", "--itl", "0.005", "--tokens", "4") as base:
+        [r] = bench(
+            base, tmp_path, request_rate=rate, requests=n, warmup=0, max_tokens=4, input_tokens=8
+        )
+        arrivals = stats(base)["arrivals"]
+    assert r["mode"] == "open" and r["request_rate"] == rate and r["errors"] == 0
+    gaps = [b - a for a, b in itertools.pairwise(sorted(arrivals))]
+    mean = sum(gaps) / len(gaps)
+    std = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5
+    # 239 exponential gaps: the mean within about 4 standard errors, the CV near 1.
+    assert mean == pytest.approx(1 / rate, rel=0.25)
+    assert std / mean == pytest.approx(1.0, abs=0.3)
+    assert r["achieved_request_rate"] == pytest.approx(rate, rel=0.25)
+
+
+def test_bench_burstiness_below_one_bunches_the_arrivals(tmp_path: Path) -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001", "--tokens", "2") as base:
+        bench(
+            base, tmp_path, request_rate=50, burstiness=0.25, requests=200, warmup=0,
+            max_tokens=2, input_tokens=4,
+        )  # fmt: skip
+        arrivals = stats(base)["arrivals"]
+    gaps = [b - a for a, b in itertools.pairwise(sorted(arrivals))]
+    mean = sum(gaps) / len(gaps)
+    std = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5
+    assert std / mean > 1.4, "gamma shape 0.25: a CV of 2, far burstier than Poisson"
+
+
+def test_bench_max_concurrency_caps_an_open_loop(tmp_path: Path) -> None:
+    with fake_server("--ttft", "0.2", "--itl", "0.01", "--tokens", "4") as base:
+        [r] = bench(
+            base, tmp_path, request_rate="inf", max_concurrency=3, requests=12, warmup=0,
+            max_tokens=4, input_tokens=8,
+        )  # fmt: skip
+        seen = stats(base)
+    assert r["request_rate"] == "inf" and r["concurrency"] == 3 and r["errors"] == 0
+    assert seen["max_in_flight"] == 3
+
+
+def test_bench_goodput_counts_exactly_the_requests_within_the_slo(tmp_path: Path) -> None:
+    """Every 4th request is slow (TTFT 400 ms against 20 ms): with a 150 ms TTFT bound, 3 in 4
+    meet it."""
+    flags = ("--ttft", "0.02", "--itl", "0.002", "--slow-every", "4", "--slow-ttft", "0.4")
+    with fake_server(*flags) as base:
+        [r] = bench(
+            base, tmp_path, concurrency=2, requests=16, warmup=0, max_tokens=4, input_tokens=8,
+            slo="ttft=150,e2e=5000",
+        )  # fmt: skip
+    assert r["slo_ms"] == {"ttft": 150.0, "e2e": 5000.0}
+    assert r["slo_attainment_pct"] == 75.0
+    assert r["goodput_requests_per_s"] == pytest.approx(12 / r["duration_s"])
+    assert r["requests_per_s"] == pytest.approx(16 / r["duration_s"])
+
+
+@pytest.mark.parametrize("mode", ["reasoning", "tool-call"])
+def test_bench_times_reasoning_and_tool_call_chunks_as_tokens(tmp_path: Path, mode: str) -> None:
+    """Nemotron streams its reasoning first, and a tool call streams no content at all: both
+    are tokens, so TTFT is the first of them, not the first content."""
+    ttft, itl = 0.1, 0.03
+    with fake_server("--mode", mode, "--ttft", str(ttft), "--itl", str(itl)) as base:
+        [r] = bench(base, tmp_path, concurrency=1, requests=4, max_tokens=10, input_tokens=8)
+    assert r["errors"] == 0, r["errors_by_kind"]
+    assert r["ttft_ms"]["mean"] == pytest.approx(ttft * 1000, rel=0.15)
+    assert r["itl_ms"]["mean"] == pytest.approx(itl * 1000, rel=0.15)
+    assert r["mean_output_tokens"] == 10 and r["token_counts"] == "server"
+
+
+def test_bench_counts_a_stream_without_usage_from_its_chunks_and_says_so(tmp_path: Path) -> None:
+    with fake_server("--mode", "no-usage", "--ttft", "0.01", "--itl", "0.002") as base:
+        result = bench_result(
+            base, tmp_path, concurrency=2, requests=4, max_tokens=6, input_tokens=8
+        )
+    [r] = result["levels"]
+    assert r["errors"] == 0
+    assert r["token_counts"] == "client"
+    assert r["mean_output_tokens"] == 6
+    assert r["mean_prompt_tokens"] is None and r["total_tokens_per_s"] is None
+
+
+def test_bench_saves_one_line_per_request_and_describes_the_run(tmp_path: Path) -> None:
+    saved = tmp_path / "requests.jsonl"
+    with fake_server("--ttft", "0.01", "--itl", "0.002") as base:
+        result = bench_result(
+            base, tmp_path, concurrency="1,2", requests=5, max_tokens=3, input_tokens=8, seed=7,
+            percentiles="50,95,99.9", save_requests=str(saved),
+        )  # fmt: skip
+    lines = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert len(lines) == 10
+    assert [(x["level"], x["index"]) for x in lines] == [(lv, i) for lv in (0, 1) for i in range(5)]
+    first = lines[0]
+    assert first["status"] == "ok" and first["completion_tokens"] == 3
+    assert len(first["itl_s"]) == 2 and first["ttft_s"] > 0 and first["e2e_s"] >= first["ttft_s"]
+    assert result["version"] and result["tool"].endswith("bench.py")
+    assert result["endpoint"] == base and result["model"] == "nemotron" and result["seed"] == 7
+    assert result["date"].startswith(("20",))
+    settings = result["settings"]
+    assert settings["concurrency"] == [1, 2] and settings["max_tokens"] == 3
+    assert "api_key" not in settings
+    assert set(result["levels"][0]["ttft_ms"]) >= {"p50", "p95", "p99.9", "std", "max"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--slo", "ttft=fast"), "ttft=<milliseconds>"),
+        (("--slo", "latency=5"), "accepted: ttft, tpot, e2e"),
+        (("--request-rate", "0"), "positive request rates"),
+        (("--request-rate", "5", "--concurrency", "2"), "not allowed with argument"),
+        (("--percentiles", "50,120"), "between 0 and 100"),
+        (("--concurrency", "2", "--max-concurrency", "2"), "use it with --request-rate"),
+        (("--request-rate", "5", "--burstiness", "0"), "--burstiness must be a positive"),
+    ],
+)
+def test_bench_refuses_bad_load_settings_with_the_accepted_form(
+    flags: tuple[str, ...], message: str
+) -> None:
+    proc = run_tool("bench.py", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, *flags)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_bench_plots_an_open_loop_with_goodput(tmp_path: Path) -> None:
+    png = tmp_path / "open.png"
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        bench(
+            base, tmp_path, request_rate="20,40", requests=6, max_tokens=4, input_tokens=8,
+            slo="ttft=100", plot=str(png),
+        )  # fmt: skip
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_plots_throughput_and_ttft(tmp_path: Path) -> None:

@@ -1,0 +1,113 @@
+"""The numbers bench.py reports: latency summaries with chosen percentiles, goodput against an
+SLO, and the arrival schedule of an open-loop run. Pure functions, standard library only."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+# The metrics an SLO may bound, per request, in ms (as `vllm bench serve --goodput` names them:
+# ttft, tpot, e2el; e2e is ours and the same thing).
+SLO_METRICS = ("ttft", "tpot", "e2e")
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = (len(sorted_values) - 1) * q / 100
+    low, high = math.floor(pos), math.ceil(pos)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+
+
+def pkey(q: float) -> str:
+    """p50, p99, p99.9: the key a percentile is reported under."""
+    return f"p{q:g}"
+
+
+def summary_ms(
+    seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES
+) -> dict[str, float | None]:
+    """mean, std (population), min, max and the chosen percentiles, in ms; None without data."""
+    keys = ["mean", "std", "min", "max", *(pkey(q) for q in percentiles)]
+    if not seconds:
+        return dict.fromkeys(keys)
+    ms = sorted(s * 1000 for s in seconds)
+    mean = sum(ms) / len(ms)
+    out: dict[str, float | None] = {
+        "mean": mean,
+        "std": math.sqrt(sum((x - mean) ** 2 for x in ms) / len(ms)),
+        "min": ms[0],
+        "max": ms[-1],
+    }
+    out.update({pkey(q): percentile(ms, q) for q in percentiles})
+    return out
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """ "50,90,99.9" -> (50.0, 90.0, 99.9); each in (0, 100]."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{text!r}: accepted: percentiles like 50,90,95,99,99.9") from None
+    if not values or any(not 0 < v <= 100 for v in values):
+        raise ValueError(f"{text!r}: accepted: percentiles between 0 and 100, like 50,90,99")
+    return tuple(sorted(set(values)))
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """ "ttft=500,tpot=50" -> {"ttft": 500.0, "tpot": 50.0} (ms)."""
+    slo: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, value = part.partition("=")
+        name = {"e2el": "e2e"}.get(name.strip(), name.strip())
+        if name not in SLO_METRICS:
+            raise ValueError(f"{part!r}: accepted: {', '.join(SLO_METRICS)} bounds in ms")
+        try:
+            bound = float(value)
+        except ValueError:
+            raise ValueError(f"{part!r}: accepted: {name}=<milliseconds>") from None
+        if not math.isfinite(bound) or bound <= 0:
+            raise ValueError(f"{part!r}: the bound must be a positive number of ms")
+        slo[name] = bound
+    if not slo:
+        raise ValueError(f"{text!r}: accepted: bounds like ttft=500,tpot=50,e2e=10000")
+    return slo
+
+
+def meets(slo: dict[str, float], values_s: dict[str, float | None]) -> bool:
+    """A request meets the SLO when every bounded metric is known and within its bound."""
+    for name, bound_ms in slo.items():
+        value = values_s.get(name)
+        if value is None or value * 1000 > bound_ms:
+            return False
+    return True
+
+
+def parse_rates(text: str) -> list[float]:
+    """ "5,10,inf" -> [5.0, 10.0, inf] requests/s; inf sends every request at once."""
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{text!r}: accepted: request rates like 2,5,10 or inf") from None
+    if not rates or any(math.isnan(r) or r <= 0 for r in rates):
+        raise ValueError(f"{text!r}: accepted: positive request rates like 2,5,10 or inf")
+    return rates
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """When each of n requests starts, in seconds from the first: gaps drawn from a gamma
+    distribution of mean 1/rate and shape `burstiness` (1: Poisson arrivals, exponential gaps;
+    below 1 burstier, above 1 more even), as `vllm bench serve` draws them. inf: all at 0."""
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)  # noqa: S311 (load shape, not secrets)
+    theta = 1.0 / (rate * burstiness)
+    offsets, t = [], 0.0
+    for i in range(n):
+        if i:
+            t += rng.gammavariate(burstiness, theta)
+        offsets.append(t)
+    return offsets
