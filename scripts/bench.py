@@ -329,7 +329,10 @@ async def bench(
     target: target_mod.Target,
     console: Console,
     requests_out: TextIO | None = None,
+    knee: dict[str, Any] | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
+    """Run every level (or, with --find-knee, the search); `knee` receives its result."""
+    knee = {} if knee is None else knee
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
         model = target.model or await first_model(session, target)
@@ -337,8 +340,7 @@ async def bench(
             body = request_body(model, synthetic_prompt(-1 - i, 16, args.seed), 8, False)
             await one_request(session, target, body, args.timeout)
         open_loop = args.request_rate is not None
-        levels: list[float] = args.request_rate if open_loop else args.concurrency
-        reports = []
+        reports: list[dict[str, Any]] = []
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -347,12 +349,13 @@ async def bench(
             console=console,
             disable=args.no_progress,
         ) as progress:
-            for level_index, value in enumerate(levels):
+
+            async def run(level_index: int, value: float) -> dict[str, Any]:
                 bodies = level_bodies(args, model, level_index)
                 name = f"rate {value:g}/s" if open_loop else f"concurrency {value:g}"
                 task = progress.add_task(name, total=len(bodies))
 
-                def advance(task: Any = task) -> None:
+                def advance() -> None:
                     progress.advance(task)
 
                 if open_loop:
@@ -372,6 +375,17 @@ async def bench(
                 if requests_out is not None:
                     for record in sorted(level.records, key=lambda r: r.index):
                         requests_out.write(request_line(level_index, report, record) + "\n")
+                return report
+
+            if args.find_knee:
+                search = stats.KneeSearch(args.request_rate[0], args.slo_target)
+                while (rate := search.next_rate()) is not None:
+                    report = await run(len(reports), rate)
+                    search.record(rate, report["slo_attainment_pct"])
+                knee.update(search.result())
+            else:
+                for level_index, value in enumerate(args.request_rate or args.concurrency):
+                    await run(level_index, value)
         return model, reports
 
 
@@ -468,16 +482,120 @@ def _checked(parse: Any) -> Any:
     return convert
 
 
+# `vllm bench serve --save-result` names (vllm/benchmarks/serve.py: the result_json it writes,
+# and process_one_metric's mean_/median_/std_/p<q>_ keys per metric; e2el for end-to-end).
+_VLLM_METRICS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "itl", "e2e_ms": "e2el"}
+
+
+def vllm_result(
+    report: dict[str, Any], args: argparse.Namespace, model: str, started: datetime.datetime
+) -> dict[str, Any]:
+    """One level in the flat layout of `vllm bench serve --save-result`. A closed loop of N is
+    what vLLM runs as request rate inf with max concurrency N."""
+    open_loop = report["mode"] == "open"
+    completed = report["requests"] - report["errors"]
+    duration = report["duration_s"]
+    mean_in, mean_out = report["mean_prompt_tokens"], report["mean_output_tokens"] or 0
+    out: dict[str, Any] = {
+        "date": started.strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "openai-chat",
+        "backend": "openai-chat",
+        "label": None,
+        "model_id": model,
+        "tokenizer_id": model,
+        "num_prompts": report["requests"],
+        "request_rate": report["request_rate"] if open_loop else "inf",
+        "burstiness": args.burstiness,
+        "max_concurrency": report["concurrency"],
+        "duration": duration,
+        "completed": completed,
+        "failed": report["errors"],
+        "total_input_tokens": None if mean_in is None else round(mean_in * completed),
+        "total_output_tokens": round(mean_out * completed),
+        "request_throughput": report["requests_per_s"],
+        "request_goodput": report.get("goodput_requests_per_s"),
+        "output_throughput": report["output_tokens_per_s"],
+        "total_token_throughput": report["total_tokens_per_s"],
+    }
+    for ours, theirs in _VLLM_METRICS.items():
+        summary = report[ours]
+        out[f"mean_{theirs}_ms"] = summary["mean"]
+        out[f"median_{theirs}_ms"] = summary.get("p50")
+        out[f"std_{theirs}_ms"] = summary["std"]
+        for key, value in summary.items():
+            if key.startswith("p"):
+                out[f"{key}_{theirs}_ms"] = value
+    return out
+
+
+def compare(paths: list[str], plot_path: str | None) -> int:
+    """Earlier runs side by side: one row per level of each, and a plot with a line per run."""
+    runs = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            levels = data["levels"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"error: {path}: not a bench.py result file (--json): {err}", file=sys.stderr)
+            return 2
+        runs.append((path.rsplit("/", 1)[-1].removesuffix(".json"), data, levels))
+    t = Table(title="bench: runs compared (latency in ms, p50 / p99)")
+    for column in ("run", "level", "TTFT", "TPOT", "E2E", "req/s", "out tok/s", "goodput"):
+        t.add_column(column, justify="right")
+    for name, _, levels in runs:
+        for r in levels:
+            level = r["request_rate"] if r.get("mode") == "open" else r["concurrency"]
+            t.add_row(
+                name,
+                str(level),
+                *(
+                    f"{_fmt(r[k].get('p50'))} / {_fmt(r[k].get('p99'))}"
+                    for k in ("ttft_ms", "tpot_ms", "e2e_ms")
+                ),
+                _fmt(r["requests_per_s"]),
+                _fmt(r["output_tokens_per_s"]),
+                _fmt(r.get("goodput_requests_per_s")),
+            )
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    if plot_path:
+        compare_plot(runs, plot_path)
+    return 0
+
+
+def compare_plot(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]], path: str) -> None:
+    import matplotlib  # noqa: PLC0415 (only needed with --plot)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, _, levels in runs:
+        xs = [
+            (r.get("achieved_request_rate") or 0.0) if r.get("mode") == "open" else r["concurrency"]
+            for r in levels
+        ]
+        left.plot(xs, [r["output_tokens_per_s"] for r in levels], marker="o", label=name)
+        right.plot(xs, [r["ttft_ms"].get("p50") for r in levels], marker="o", label=name)
+    left.set(xlabel="level", ylabel="output tokens/s", title="Throughput")
+    right.set(xlabel="level", ylabel="ms", title="TTFT p50")
+    left.legend()
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the run, for the result file; never the key."""
-    hidden = {"api_key", "json_path", "plot", "save_requests", "no_progress"}
+    hidden = {"api_key", "json_path", "plot", "save_requests", "no_progress", "compare"}
     out = {k: v for k, v in vars(args).items() if k not in hidden}
     if out.get("request_rate"):
         out["request_rate"] = ["inf" if math.isinf(r) else r for r in out["request_rate"]]
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -520,11 +638,40 @@ def main(argv: list[str] | None = None) -> int:
         type=_checked(stats.parse_slo),
         help="bounds in ms, e.g. ttft=500,tpot=50,e2e=10000: adds goodput and attainment",
     )
+    parser.add_argument(
+        "--find-knee",
+        action="store_true",
+        help="with --slo: from the first --request-rate, double the rate until the SLO breaks, "
+        "then bisect; reports the highest rate that held it",
+    )
+    parser.add_argument(
+        "--slo-target",
+        type=float,
+        default=90.0,
+        help="--find-knee: the share of requests (%%) that must meet the SLO (default 90)",
+    )
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="RESULT",
+        help="compare result files of earlier runs (--json) side by side; sends no requests",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["native", "vllm"],
+        default="native",
+        help="--json layout: ours, or one object per level with the field names of "
+        "`vllm bench serve --save-result` (one per line)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", dest="json_path", help="write the results to this file")
     parser.add_argument("--save-requests", help="write one JSON line per request to this file")
     parser.add_argument("--plot", help="draw throughput and TTFT per level to this PNG")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse contradictory or out-of-range settings before any request is sent."""
     if args.requests < 1 or args.input_tokens < 1 or args.max_tokens < 1:
         parser.error("--requests, --input-tokens and --max-tokens must be positive")
     if not math.isfinite(args.burstiness) or args.burstiness <= 0:
@@ -535,18 +682,28 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency = [1, 8, 32]
     if args.request_rate is None and args.max_concurrency is not None:
         parser.error("--max-concurrency caps an open loop: use it with --request-rate")
-    target = target_mod.resolve(args)
-    console = Console(stderr=True)
-    started = datetime.datetime.now(datetime.UTC)
-    requests_out = open(args.save_requests, "w") if args.save_requests else None  # noqa: SIM115
-    try:
-        model, reports = asyncio.run(bench(args, target, console, requests_out))
-    finally:
-        if requests_out is not None:
-            requests_out.close()
-    # Wide enough for the table when stdout is a file or a CI log.
-    Console(width=None if sys.stdout.isatty() else 160).print(table(reports, args.percentiles))
-    if args.json_path:
+    if args.find_knee and (not args.slo or not args.request_rate):
+        parser.error("--find-knee needs --slo (what must hold) and --request-rate START")
+    if args.find_knee and (len(args.request_rate) != 1 or math.isinf(args.request_rate[0])):
+        parser.error("--find-knee starts from one finite rate: --request-rate 5")
+    if not 0 < args.slo_target <= 100:
+        parser.error("--slo-target is a share of requests, in (0, 100]")
+
+
+def write_results(
+    args: argparse.Namespace,
+    target: target_mod.Target,
+    model: str,
+    started: datetime.datetime,
+    reports: list[dict[str, Any]],
+    knee: dict[str, Any],
+) -> None:
+    """--json: our self-describing file, or vLLM's layout (one line per level)."""
+    if args.format == "vllm":
+        with open(args.json_path, "w") as f:
+            for report in reports:
+                f.write(json.dumps(vllm_result(report, args, model, started)) + "\n")
+    else:
         result = {
             "tool": "nemotron-droplet scripts/bench.py",
             "version": VERSION,
@@ -557,8 +714,40 @@ def main(argv: list[str] | None = None) -> int:
             "settings": settings_of(args),
             "levels": reports,
         }
+        if args.find_knee:
+            result["knee"] = {**knee, "slo_ms": args.slo, "slo_target_pct": args.slo_target}
         with open(args.json_path, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.compare:
+        return compare(args.compare, args.plot)
+    check(parser, args)
+    target = target_mod.resolve(args)
+    console = Console(stderr=True)
+    started = datetime.datetime.now(datetime.UTC)
+    requests_out = open(args.save_requests, "w") if args.save_requests else None  # noqa: SIM115
+    knee: dict[str, Any] = {}
+    try:
+        model, reports = asyncio.run(bench(args, target, console, requests_out, knee))
+    finally:
+        if requests_out is not None:
+            requests_out.close()
+    # Wide enough for the table when stdout is a file or a CI log.
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    out.print(table(reports, args.percentiles))
+    if args.find_knee:
+        held, failed = knee["request_rate"], knee["first_failing_rate"]
+        out.print(
+            f"knee: {'no rate' if held is None else f'{held:g} requests/s'} held the SLO "
+            f"({args.slo_target:g}% of requests within it)"
+            + ("" if failed is None else f"; {failed:g} requests/s did not")
+        )
+    if args.json_path:
+        write_results(args, target, model, started, reports, knee)
     if args.plot:
         plot(reports, args.plot)
     return 0

@@ -111,3 +111,41 @@ def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[f
             t += rng.gammavariate(burstiness, theta)
         offsets.append(t)
     return offsets
+
+
+class KneeSearch:
+    """The highest request rate that holds an SLO: double the rate from `start` until a level
+    fails, then bisect between the last that held and the first that did not, `steps` times.
+    A level holds when at least `target_pct` of its requests met every bound."""
+
+    def __init__(self, start: float, target_pct: float, steps: int = 3, doublings: int = 12):
+        self.target_pct, self.steps, self.doublings = target_pct, steps, doublings
+        self.held: float | None = None  # the highest rate that held so far
+        self.failed: float | None = None  # the lowest rate that failed so far
+        self._next: float | None = start
+        self._bisections = 0
+
+    def next_rate(self) -> float | None:
+        """The rate to run next; None when the search is done."""
+        return self._next
+
+    def record(self, rate: float, attainment_pct: float | None) -> None:
+        holds = attainment_pct is not None and attainment_pct >= self.target_pct
+        if holds:
+            self.held = rate if self.held is None else max(self.held, rate)
+        else:
+            self.failed = rate if self.failed is None else min(self.failed, rate)
+        if self.failed is None:  # still climbing
+            self.doublings -= 1
+            self._next = rate * 2 if self.doublings > 0 else None
+        elif self.held is None:  # the first rate already failed: halve towards one that holds
+            self.doublings -= 1
+            self._next = rate / 2 if self.doublings > 0 else None
+        elif self._bisections < self.steps:
+            self._bisections += 1
+            self._next = (self.held + self.failed) / 2
+        else:
+            self._next = None
+
+    def result(self) -> dict[str, float | None]:
+        return {"request_rate": self.held, "first_failing_rate": self.failed}

@@ -12,6 +12,7 @@ every Nth a TTFT of `--slow-ttft`, `--mode empty-deltas` streams empty content, 
 accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mode reasoning`
 streams the first half of the tokens as `reasoning_content` (as vLLM's reasoning parser does),
 `--mode tool-call` streams only tool-call deltas, `--mode no-usage` never sends the usage chunk.
+`--capacity N` serves at most N requests at once (the rest wait, as in a full engine).
 `GET /_stats` reports requests seen, the most streams in flight at once, and when each chat
 request arrived (seconds, monotonic).
 """
@@ -35,6 +36,7 @@ class FakeServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.arrivals: list[float] = []
+        self.slots = asyncio.Semaphore(args.capacity) if args.capacity else None
 
     # ---- helpers ----------------------------------------------------------------------------
     def authorized(self, request: web.Request) -> bool:
@@ -113,6 +115,9 @@ class FakeServer:
         try:
             slow = bool(self.args.slow_every and number % self.args.slow_every == 0)
             ttft = self.args.slow_ttft if slow else self.args.ttft
+            if body.get("stream") and self.slots is not None:
+                async with self.slots:
+                    return await self.stream(request, body, ttft)
             if body.get("stream"):
                 return await self.stream(request, body, ttft)
             return await self.complete(body)
@@ -239,6 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-every", type=int, default=0)
     p.add_argument("--stall-every", type=int, default=0)
     p.add_argument("--slow-every", type=int, default=0)
+    p.add_argument("--capacity", type=int, default=0)
     p.add_argument("--slow-ttft", type=float, default=1.0)
     p.add_argument(
         "--mode",

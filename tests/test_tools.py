@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -23,6 +24,17 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_stats = _load("bench_stats")
 FAKE = Path(__file__).resolve().parent / "fake_openai.py"
 KEY = "sk-test-0123456789"
 
@@ -72,7 +84,13 @@ def bench(base: str, tmp_path: Path, **flags: object) -> list[dict[str, Any]]:
 
 def bench_result(base: str, tmp_path: Path, **flags: object) -> dict[str, Any]:
     """Run bench.py and return its whole result file."""
-    args = [a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    args = [
+        a
+        for k, v in flags.items()
+        for a in (
+            (f"--{k.replace('_', '-')}",) if v is True else (f"--{k.replace('_', '-')}", str(v))
+        )
+    ]
     out = tmp_path / "bench.json"
     proc = run_tool(
         "bench.py",
@@ -306,6 +324,8 @@ def test_bench_saves_one_line_per_request_and_describes_the_run(tmp_path: Path) 
         (("--percentiles", "50,120"), "between 0 and 100"),
         (("--concurrency", "2", "--max-concurrency", "2"), "use it with --request-rate"),
         (("--request-rate", "5", "--burstiness", "0"), "--burstiness must be a positive"),
+        (("--request-rate", "5", "--find-knee"), "--find-knee needs --slo"),
+        (("--request-rate", "5,10", "--find-knee", "--slo", "ttft=5"), "one finite rate"),
     ],
 )
 def test_bench_refuses_bad_load_settings_with_the_accepted_form(
@@ -314,6 +334,85 @@ def test_bench_refuses_bad_load_settings_with_the_accepted_form(
     proc = run_tool("bench.py", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, *flags)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_bench_finds_the_knee_of_a_server_of_known_capacity(tmp_path: Path) -> None:
+    """2 slots of 90 ms each (TTFT 50 ms, then 4 tokens 10 ms apart): 22 requests/s at most.
+    Evenly spaced arrivals below that never wait; above it the queue grows and TTFT passes the
+    150 ms bound. The search doubles from 5/s, then bisects: the knee is within a step of 22."""
+    flags = ("--ttft", "0.05", "--itl", "0.01", "--tokens", "5", "--capacity", "2")
+    with fake_server(*flags) as base:
+        result = bench_result(
+            base, tmp_path, request_rate=5, find_knee=True, slo="ttft=150", burstiness=50,
+            requests=40, warmup=0, max_tokens=5, input_tokens=8,
+        )  # fmt: skip
+    knee = result["knee"]
+    assert 16 <= knee["request_rate"] <= 27, knee
+    assert knee["first_failing_rate"] > knee["request_rate"]
+    rates = [r["request_rate"] for r in result["levels"]]
+    assert rates[:3] == [5, 10, 20] and len(rates) == 3 + 1 + 3, (
+        "3 doublings held, 1 failed, 3 bisections"
+    )
+
+
+def test_knee_search_bisects_between_the_last_that_held_and_the_first_that_failed() -> None:
+    search = bench_stats.KneeSearch(start=4, target_pct=90, steps=2)
+    seen = []
+    while (rate := search.next_rate()) is not None:
+        seen.append(rate)
+        search.record(rate, 100.0 if rate <= 13 else 50.0)  # the truth: 13 requests/s
+    assert seen == [4, 8, 16, 12, 14]
+    assert search.result() == {"request_rate": 12, "first_failing_rate": 14}
+    failing = bench_stats.KneeSearch(start=8, target_pct=90, steps=1)
+    failing.record(8, 10.0)
+    assert failing.next_rate() == 4, "the start already fails: halve towards one that holds"
+
+
+def test_bench_writes_vllm_bench_serve_field_names(tmp_path: Path) -> None:
+    out = tmp_path / "vllm.jsonl"
+    with fake_server("--ttft", "0.02", "--itl", "0.002") as base:
+        run_tool(
+            "bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+            "--no-progress", "--request-rate", "20,inf", "--requests", "6", "--max-tokens", "4",
+            "--input-tokens", "8", "--slo", "ttft=500", "--format", "vllm", "--json", str(out),
+        )  # fmt: skip
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [x["request_rate"] for x in lines] == [20.0, "inf"]
+    first = lines[0]
+    for key in (
+        "date", "backend", "model_id", "num_prompts", "burstiness", "max_concurrency", "duration",
+        "completed", "failed", "total_input_tokens", "total_output_tokens",
+        "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+        "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+        "median_itl_ms", "p99_e2el_ms",
+    ):  # fmt: skip
+        assert key in first, key
+    assert first["completed"] == 6 and first["total_output_tokens"] == 24
+    assert first["num_prompts"] == 6 and first["model_id"] == "nemotron"
+    assert KEY not in out.read_text()
+
+
+def test_bench_compares_earlier_runs_side_by_side(tmp_path: Path) -> None:
+    runs = []
+    for name, ttft in (("before", "0.08"), ("after", "0.02")):
+        path = tmp_path / f"{name}.json"
+        with fake_server("--ttft", ttft, "--itl", "0.002") as base:
+            proc = run_tool(
+                "bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+                "--no-progress", "--concurrency", "1,2", "--requests", "4", "--max-tokens", "3",
+                "--input-tokens", "8", "--json", str(path),
+            )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        runs.append(str(path))
+    png = tmp_path / "compare.png"
+    proc = run_tool("bench.py", "--compare", *runs, "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert "before" in proc.stdout and "after" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    broken = tmp_path / "broken.json"
+    broken.write_text("[]")
+    bad = run_tool("bench.py", "--compare", str(broken))
+    assert bad.returncode == 2 and "not a bench.py result file" in bad.stderr
 
 
 def test_bench_plots_an_open_loop_with_goodput(tmp_path: Path) -> None:
