@@ -23,34 +23,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import json
 import math
-import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import aiohttp
 import bench_stats as stats
 import target as target_mod
+from bench_workload import Workload, WorkloadError, load_dataset, synthetic_prompt
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 # The result file's format: bumped when its fields change meaning.
 VERSION = "2.0"
-
-# Short common words: each is one token for the usual BPE vocabularies, so a prompt of N words
-# is close to N tokens; the server's usage reports the exact count.
-_WORDS = (  # noqa: SIM905 (a sentence reads better than a hundred quoted words)
-    "the of and to in is it you that he was for on are with as his they be at one have this "
-    "from or had by word but what some we can out other were all there when up use your how "
-    "said an each she which do their time if will way about many then them write would like so "
-    "these her long make thing see him two has look more day could go come did number sound no "
-    "most people my over know water than call first who may down side been now find"
-).split()
 
 
 @dataclass
@@ -75,12 +67,6 @@ class Record:
         if self.ttft is None or self.completion_tokens < 2:
             return None
         return (self.e2e - self.ttft) / (self.completion_tokens - 1)
-
-
-def synthetic_prompt(index: int, words: int, seed: int) -> str:
-    """About `words` tokens, different from the first word on, so no prefix cache is shared."""
-    rng = random.Random(seed * 1_000_003 + index)  # noqa: S311 (load shape, not secrets)
-    return f"{index} " + " ".join(rng.choice(_WORDS) for _ in range(max(words - 1, 1)))
 
 
 def token_chunk(delta: dict[str, Any]) -> bool:
@@ -175,17 +161,31 @@ class Level:
     duration: float
     concurrency: int | None = None  # closed loop: the streams in flight; open loop: the cap
     request_rate: float | None = None  # open loop: requests/s asked for
+    aborted: str | None = None
+
+    def window(self, warmup_s: float, cooldown_s: float) -> tuple[list[Record], float]:
+        """The requests that started inside the measured window, and its length: the first
+        `warmup_s` and the last `cooldown_s` seconds of the level are left out."""
+        end = self.duration - cooldown_s
+        kept = [r for r in self.records if warmup_s <= r.start <= end]
+        return kept, max(end - warmup_s, 0.0)
 
     def report(
-        self, percentiles: tuple[float, ...], slo: dict[str, float] | None
+        self,
+        percentiles: tuple[float, ...],
+        slo: dict[str, float] | None,
+        warmup_s: float = 0.0,
+        cooldown_s: float = 0.0,
     ) -> dict[str, Any]:
-        ok = [r for r in self.records if r.ok]
+        every = self.records
+        records, duration = self.window(warmup_s, cooldown_s)
+        ok = [r for r in records if r.ok]
         output_tokens = sum(r.completion_tokens for r in ok)
         prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)
         prompt_known = all(r.prompt_tokens is not None for r in ok)
-        errors = Counter(r.error for r in self.records if r.error)
-        per_s = (lambda n: n / self.duration) if self.duration else (lambda _: 0.0)
-        starts = sorted(r.start for r in self.records)
+        errors = Counter(r.error for r in records if r.error)
+        per_s = (lambda n: n / duration) if duration else (lambda _: 0.0)
+        starts = sorted(r.start for r in records)
         span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
         counted = {r.counted_by for r in ok}
         report: dict[str, Any] = {
@@ -198,10 +198,12 @@ class Level:
             ),
             # Starts per second as sent (open loop: the schedule actually kept).
             "achieved_request_rate": (len(starts) - 1) / span if span else None,
-            "requests": len(self.records),
+            "requests": len(records),
+            "excluded_requests": len(every) - len(records),
             "errors": sum(errors.values()),
             "errors_by_kind": dict(sorted(errors.items())),
-            "duration_s": self.duration,
+            "duration_s": duration,
+            "aborted": self.aborted,
             "ttft_ms": stats.summary_ms([r.ttft for r in ok if r.ttft is not None], percentiles),
             "itl_ms": stats.summary_ms([gap for r in ok for gap in r.itls], percentiles),
             "tpot_ms": stats.summary_ms([t for r in ok if (t := r.tpot) is not None], percentiles),
@@ -219,68 +221,108 @@ class Level:
             )
             report["slo_ms"] = slo
             report["goodput_requests_per_s"] = per_s(good)
-            report["slo_attainment_pct"] = 100 * good / len(self.records) if self.records else None
+            report["slo_attainment_pct"] = 100 * good / len(records) if records else None
         return report
+
+
+@dataclass
+class Plan:
+    """How much one level sends and when it stops: after `count` requests, or once `duration`
+    seconds have passed (no new request starts after that), or when the error rate passes
+    `max_error_rate` (after 10 requests finished, so one early error does not end it)."""
+
+    body: Callable[[int], dict[str, Any]]
+    count: int | None
+    duration: float | None = None
+    max_error_rate: float | None = None
+    finished: int = 0
+    errors: int = 0
+    aborted: str | None = None
+
+    def more(self, index: int, elapsed: float) -> bool:
+        return (
+            self.aborted is None
+            and (self.count is None or index < self.count)
+            and (self.duration is None or elapsed < self.duration)
+        )
+
+    def done(self, record: Record) -> None:
+        self.finished += 1
+        self.errors += not record.ok
+        limit = self.max_error_rate
+        if limit is not None and self.finished >= 10 and self.errors / self.finished > limit:
+            self.aborted = self.aborted or (
+                f"{self.errors} of {self.finished} requests failed, past --max-error-rate {limit:g}"
+            )
 
 
 async def run_closed(
     session: aiohttp.ClientSession,
     target: target_mod.Target,
-    bodies: list[dict[str, Any]],
+    plan: Plan,
     concurrency: int,
     timeout: float,
     advance: Any,
 ) -> Level:
-    """Keep `concurrency` requests in flight until every body was sent."""
+    """Keep `concurrency` requests in flight until the plan says stop."""
     records: list[Record] = []
-    pending = iter(enumerate(bodies))
+    indexes = itertools.count()  # shared: each index is taken by exactly one worker
     start = time.perf_counter()
 
     async def worker() -> None:
-        for index, body in pending:  # a shared iterator: each body is taken by exactly one worker
+        while plan.more(index := next(indexes), time.perf_counter() - start):
             record = Record(index=index, start=time.perf_counter() - start)
-            records.append(await one_request(session, target, body, timeout, record))
+            records.append(await one_request(session, target, plan.body(index), timeout, record))
+            plan.done(record)
             advance()
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
-    return Level(records, time.perf_counter() - start, concurrency=concurrency)
+    workers = concurrency if plan.count is None else min(concurrency, plan.count)
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return Level(
+        records, time.perf_counter() - start, concurrency=concurrency, aborted=plan.aborted
+    )
 
 
 async def run_open(
     session: aiohttp.ClientSession,
     target: target_mod.Target,
-    bodies: list[dict[str, Any]],
+    plan: Plan,
     rate: float,
-    schedule: list[float],
+    arrivals: Iterator[float],
     max_concurrency: int | None,
     timeout: float,
     advance: Any,
 ) -> Level:
-    """Start body i at schedule[i] seconds, whatever the server's pace (at most
-    `max_concurrency` in flight, the rest wait their turn in order)."""
+    """Start request i at the i-th arrival time, whatever the server's pace (at most
+    `max_concurrency` in flight, the rest wait their turn in order), until the plan says stop."""
     records: list[Record] = []
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     start = time.perf_counter()
 
-    async def send(index: int, body: dict[str, Any]) -> None:
+    async def send(index: int) -> None:
         if gate is not None:
             await gate.acquire()
         try:
             record = Record(index=index, start=time.perf_counter() - start)
-            records.append(await one_request(session, target, body, timeout, record))
+            records.append(await one_request(session, target, plan.body(index), timeout, record))
+            plan.done(record)
             advance()
         finally:
             if gate is not None:
                 gate.release()
 
     tasks = []
-    for index, (body, at) in enumerate(zip(bodies, schedule, strict=True)):
+    for index, at in enumerate(arrivals):
+        if not plan.more(index, at):
+            break
         delay = at - (time.perf_counter() - start)
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(send(index, body)))
+        if plan.aborted:
+            break
+        tasks.append(asyncio.create_task(send(index)))
     await asyncio.gather(*tasks)
-    return Level(records, time.perf_counter() - start, max_concurrency, rate)
+    return Level(records, time.perf_counter() - start, max_concurrency, rate, plan.aborted)
 
 
 async def first_model(session: aiohttp.ClientSession, target: target_mod.Target) -> str:
@@ -293,16 +335,16 @@ async def first_model(session: aiohttp.ClientSession, target: target_mod.Target)
     return str(data[0]["id"])
 
 
-def level_bodies(args: argparse.Namespace, model: str, level_index: int) -> list[dict[str, Any]]:
-    return [
-        request_body(
-            model,
-            synthetic_prompt(level_index * args.requests + i, args.input_tokens, args.seed),
-            args.max_tokens,
-            not args.no_ignore_eos,
-        )
-        for i in range(args.requests)
-    ]
+def level_plan(args: argparse.Namespace, workload: Workload, model: str, level_index: int) -> Plan:
+    # Each level its own prompts (no cache carried over); far apart so levels never overlap.
+    first = level_index * 1_000_000
+
+    def body(i: int) -> dict[str, Any]:
+        sample = workload.sample(first + i)
+        return request_body(model, sample.prompt, sample.max_tokens, not args.no_ignore_eos)
+
+    count = None if args.duration else args.requests
+    return Plan(body, count, args.duration, args.max_error_rate)
 
 
 def request_line(level: int, report: dict[str, Any], record: Record) -> str:
@@ -330,9 +372,11 @@ async def bench(
     console: Console,
     requests_out: TextIO | None = None,
     knee: dict[str, Any] | None = None,
+    workload: Workload | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
     """Run every level (or, with --find-knee, the search); `knee` receives its result."""
     knee = {} if knee is None else knee
+    workload = workload or Workload(args.input_tokens, args.max_tokens, args.seed)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
         model = target.model or await first_model(session, target)
@@ -351,26 +395,26 @@ async def bench(
         ) as progress:
 
             async def run(level_index: int, value: float) -> dict[str, Any]:
-                bodies = level_bodies(args, model, level_index)
+                plan = level_plan(args, workload, model, level_index)
                 name = f"rate {value:g}/s" if open_loop else f"concurrency {value:g}"
-                task = progress.add_task(name, total=len(bodies))
+                task = progress.add_task(name, total=plan.count)
 
                 def advance() -> None:
                     progress.advance(task)
 
                 if open_loop:
-                    schedule = stats.arrival_offsets(
-                        len(bodies), value, args.burstiness, args.seed + level_index
-                    )
+                    arrivals = stats.arrivals(value, args.burstiness, args.seed + level_index)
                     level = await run_open(
-                        session, target, bodies, value, schedule, args.max_concurrency,
+                        session, target, plan, value, arrivals, args.max_concurrency,
                         args.timeout, advance,
                     )  # fmt: skip
                 else:
                     level = await run_closed(
-                        session, target, bodies, int(value), args.timeout, advance
+                        session, target, plan, int(value), args.timeout, advance
                     )
-                report = level.report(args.percentiles, args.slo)
+                report = level.report(
+                    args.percentiles, args.slo, args.warmup_seconds, args.cooldown_seconds
+                )
                 reports.append(report)
                 if requests_out is not None:
                     for record in sorted(level.records, key=lambda r: r.index):
@@ -381,11 +425,14 @@ async def bench(
                 search = stats.KneeSearch(args.request_rate[0], args.slo_target)
                 while (rate := search.next_rate()) is not None:
                     report = await run(len(reports), rate)
+                    if report["aborted"]:
+                        break
                     search.record(rate, report["slo_attainment_pct"])
                 knee.update(search.result())
             else:
                 for level_index, value in enumerate(args.request_rate or args.concurrency):
-                    await run(level_index, value)
+                    if (await run(level_index, value))["aborted"]:
+                        break  # a broken server: no later level would say more
         return model, reports
 
 
@@ -620,9 +667,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--requests", type=int, default=64, help="requests per level")
     parser.add_argument(
+        "--duration",
+        type=float,
+        help="seconds per level instead of a request count (no request starts after that)",
+    )
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=0.0,
+        help="leave out of the statistics the requests that start in a level's first seconds",
+    )
+    parser.add_argument(
+        "--cooldown-seconds",
+        type=float,
+        default=0.0,
+        help="leave out of the statistics the requests that start in a level's last seconds",
+    )
+    parser.add_argument(
+        "--max-error-rate",
+        type=float,
+        help="stop (exit 3) when more than this share of requests fail, e.g. 0.05",
+    )
+    parser.add_argument(
         "--input-tokens", type=int, default=512, help="about this many prompt tokens"
     )
-    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help="output tokens per request (default 128; with --dataset: the recorded answer's "
+        "length, capped at this when given)",
+    )
+    parser.add_argument(
+        "--range-ratio",
+        type=float,
+        default=0.0,
+        help="spread synthetic input and output lengths uniformly over +-this share "
+        "(0.5: 256-768 for 512)",
+    )
+    parser.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="words every synthetic prompt starts with (measures prefix caching on purpose)",
+    )
+    parser.add_argument(
+        "--dataset",
+        help="prompts and answer lengths from conversations: ShareGPT or OpenAI messages, "
+        "JSON or JSONL",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds per request")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
     parser.add_argument("--seed", type=int, default=0, help="seed for prompts and arrivals")
@@ -672,22 +764,66 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse contradictory or out-of-range settings before any request is sent."""
-    if args.requests < 1 or args.input_tokens < 1 or args.max_tokens < 1:
-        parser.error("--requests, --input-tokens and --max-tokens must be positive")
-    if not math.isfinite(args.burstiness) or args.burstiness <= 0:
-        parser.error("--burstiness must be a positive number (1: Poisson arrivals)")
-    if args.max_concurrency is not None and args.max_concurrency < 1:
-        parser.error("--max-concurrency must be a positive integer")
-    if args.request_rate is None and args.concurrency is None:
+    rates = args.request_rate or []
+    closed = not rates
+    finite = math.isfinite
+    rules = (
+        (
+            args.requests < 1 or args.input_tokens < 1 or (args.max_tokens or 1) < 1,
+            "--requests, --input-tokens and --max-tokens must be positive",
+        ),
+        (
+            args.duration is not None and not (finite(args.duration) and args.duration > 0),
+            "--duration is a positive number of seconds",
+        ),
+        (
+            bool(args.duration) and any(math.isinf(r) for r in rates),
+            "--duration needs finite request rates (inf sends everything at once)",
+        ),
+        (
+            args.warmup_seconds < 0 or args.cooldown_seconds < 0,
+            "--warmup-seconds and --cooldown-seconds are 0 or more",
+        ),
+        (
+            args.max_error_rate is not None and not 0 <= args.max_error_rate < 1,
+            "--max-error-rate is a share in [0, 1), e.g. 0.05",
+        ),
+        (
+            not 0 <= args.range_ratio < 1,
+            "--range-ratio is a share in [0, 1): 0.5 spreads 512 over 256-768",
+        ),
+        (args.shared_prefix < 0, "--shared-prefix is a number of words, 0 or more"),
+        (
+            bool(args.dataset) and bool(args.range_ratio or args.shared_prefix),
+            "--range-ratio and --shared-prefix shape synthetic prompts, not --dataset",
+        ),
+        (
+            not finite(args.burstiness) or args.burstiness <= 0,
+            "--burstiness must be a positive number (1: Poisson arrivals)",
+        ),
+        (
+            args.max_concurrency is not None and args.max_concurrency < 1,
+            "--max-concurrency must be a positive integer",
+        ),
+        (
+            closed and args.max_concurrency is not None,
+            "--max-concurrency caps an open loop: use it with --request-rate",
+        ),
+        (
+            args.find_knee and (not args.slo or closed),
+            "--find-knee needs --slo (what must hold) and --request-rate START",
+        ),
+        (
+            args.find_knee and (len(rates) > 1 or any(math.isinf(r) for r in rates)),
+            "--find-knee starts from one finite rate: --request-rate 5",
+        ),
+        (not 0 < args.slo_target <= 100, "--slo-target is a share of requests, in (0, 100]"),
+    )
+    for broken, message in rules:
+        if broken:
+            parser.error(message)
+    if closed and args.concurrency is None:
         args.concurrency = [1, 8, 32]
-    if args.request_rate is None and args.max_concurrency is not None:
-        parser.error("--max-concurrency caps an open loop: use it with --request-rate")
-    if args.find_knee and (not args.slo or not args.request_rate):
-        parser.error("--find-knee needs --slo (what must hold) and --request-rate START")
-    if args.find_knee and (len(args.request_rate) != 1 or math.isinf(args.request_rate[0])):
-        parser.error("--find-knee starts from one finite rate: --request-rate 5")
-    if not 0 < args.slo_target <= 100:
-        parser.error("--slo-target is a share of requests, in (0, 100]")
 
 
 def write_results(
@@ -726,13 +862,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         return compare(args.compare, args.plot)
     check(parser, args)
+    try:
+        dataset = tuple(load_dataset(args.dataset)) if args.dataset else ()
+    except WorkloadError as err:
+        parser.error(str(err))
+    workload = Workload(
+        args.input_tokens, args.max_tokens, args.seed, args.range_ratio, args.shared_prefix, dataset
+    )
     target = target_mod.resolve(args)
     console = Console(stderr=True)
     started = datetime.datetime.now(datetime.UTC)
     requests_out = open(args.save_requests, "w") if args.save_requests else None  # noqa: SIM115
     knee: dict[str, Any] = {}
     try:
-        model, reports = asyncio.run(bench(args, target, console, requests_out, knee))
+        model, reports = asyncio.run(bench(args, target, console, requests_out, knee, workload))
     finally:
         if requests_out is not None:
             requests_out.close()
@@ -750,6 +893,10 @@ def main(argv: list[str] | None = None) -> int:
         write_results(args, target, model, started, reports, knee)
     if args.plot:
         plot(reports, args.plot)
+    aborted = [r["aborted"] for r in reports if r["aborted"]]
+    if aborted:
+        print(f"error: stopped: {aborted[0]}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -3,9 +3,10 @@ SLO, and the arrival schedule of an open-loop run. Pure functions, standard libr
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 # The metrics an SLO may bound, per request, in ms (as `vllm bench serve --goodput` names them:
@@ -97,20 +98,21 @@ def parse_rates(text: str) -> list[float]:
     return rates
 
 
-def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    """When each of n requests starts, in seconds from the first: gaps drawn from a gamma
-    distribution of mean 1/rate and shape `burstiness` (1: Poisson arrivals, exponential gaps;
-    below 1 burstier, above 1 more even), as `vllm bench serve` draws them. inf: all at 0."""
-    if math.isinf(rate):
-        return [0.0] * n
+def arrivals(rate: float, burstiness: float, seed: int) -> Iterator[float]:
+    """When each request starts, in seconds from the first, without end: gaps drawn from a
+    gamma distribution of mean 1/rate and shape `burstiness` (1: Poisson arrivals, exponential
+    gaps; below 1 burstier, above 1 more even), as `vllm bench serve` draws them. inf: all at 0."""
     rng = random.Random(seed)  # noqa: S311 (load shape, not secrets)
-    theta = 1.0 / (rate * burstiness)
-    offsets, t = [], 0.0
-    for i in range(n):
-        if i:
-            t += rng.gammavariate(burstiness, theta)
-        offsets.append(t)
-    return offsets
+    t = 0.0
+    while True:
+        yield t
+        if not math.isinf(rate):
+            t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """The first n of `arrivals`."""
+    return list(itertools.islice(arrivals(rate, burstiness, seed), n))
 
 
 class KneeSearch:

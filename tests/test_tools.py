@@ -30,11 +30,13 @@ def _load(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
 bench_stats = _load("bench_stats")
+bench_workload = _load("bench_workload")
 FAKE = Path(__file__).resolve().parent / "fake_openai.py"
 KEY = "sk-test-0123456789"
 
@@ -413,6 +415,122 @@ def test_bench_compares_earlier_runs_side_by_side(tmp_path: Path) -> None:
     broken.write_text("[]")
     bad = run_tool("bench.py", "--compare", str(broken))
     assert bad.returncode == 2 and "not a bench.py result file" in bad.stderr
+
+
+# ---- bench: workloads and run control --------------------------------------------------------
+
+
+def test_synthetic_lengths_spread_over_the_range_ratio_the_same_for_the_same_seed() -> None:
+    workload = bench_workload.Workload(100, 40, seed=3, range_ratio=0.5)
+    samples = [workload.sample(i) for i in range(200)]
+    words = [len(s.prompt.split()) for s in samples]
+    outs = [s.max_tokens for s in samples]
+    assert min(words) >= 50 and max(words) <= 150 and len(set(words)) > 30
+    assert min(outs) >= 20 and max(outs) <= 60 and len(set(outs)) > 15
+    again = bench_workload.Workload(100, 40, seed=3, range_ratio=0.5)
+    assert [again.sample(i) for i in range(200)] == samples
+    fixed = bench_workload.Workload(100, 40, seed=3)
+    assert {len(fixed.sample(i).prompt.split()) for i in range(20)} == {100}
+
+
+def test_a_shared_prefix_is_the_same_for_every_prompt_and_only_it() -> None:
+    workload = bench_workload.Workload(50, 8, seed=1, shared_prefix=30)
+    prompts = [workload.sample(i).prompt.split() for i in range(10)]
+    assert all(p[:30] == prompts[0][:30] for p in prompts)
+    assert len({p[30] for p in prompts}) == 10, "unique from the first word after the prefix"
+    plain = bench_workload.Workload(50, 8, seed=1)
+    assert len({plain.sample(i).prompt.split()[0] for i in range(10)}) == 10
+
+
+def sharegpt(tmp_path: Path) -> Path:
+    path = tmp_path / "sharegpt.json"
+    path.write_text(
+        json.dumps([
+            {"conversations": [
+                {"from": "human", "value": "tell me about the sea and the ships on it " * 2},
+                {"from": "gpt", "value": "word " * 30},
+            ]},
+            {"conversations": [{"from": "human", "value": "too short"}, {"from": "gpt", "value": "ok"}]},
+            {"conversations": [
+                {"from": "system", "value": "be brief"},
+                {"from": "human", "value": "list the planets of the solar system please now"},
+                {"from": "gpt", "value": "word " * 60},
+            ]},
+            {"id": "no conversation here"},
+        ])
+    )  # fmt: skip
+    return path
+
+
+def test_a_sharegpt_dataset_gives_prompts_and_answer_lengths(tmp_path: Path) -> None:
+    samples = bench_workload.load_dataset(str(sharegpt(tmp_path)))
+    assert [s.max_tokens for s in samples] == [40, 80], "30 and 60 words as tokens; short skipped"
+    assert samples[1].prompt.startswith("list the planets")
+    jsonl = tmp_path / "openai.jsonl"
+    jsonl.write_text(
+        json.dumps({"messages": [
+            {"role": "user", "content": "what is the capital city of france again"},
+            {"role": "assistant", "content": "word " * 15},
+        ]}) + "\n"
+    )  # fmt: skip
+    [sample] = bench_workload.load_dataset(str(jsonl))
+    assert sample.max_tokens == 20
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not JSON or JSONL"),
+        ("[]", "no usable conversation"),
+        ('[{"a": 1}]', "ShareGPT"),
+    ],
+)
+def test_a_dataset_that_cannot_be_used_is_refused_before_any_request(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    proc = run_tool(
+        "bench.py", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, "--dataset", str(bad)
+    )
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_bench_sends_the_datasets_prompts_and_lengths(tmp_path: Path) -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001", "--tokens", "500") as base:
+        [r] = bench(base, tmp_path, concurrency=2, requests=4, warmup=0, dataset=sharegpt(tmp_path))
+    assert r["errors"] == 0
+    assert r["mean_output_tokens"] == 60, "40 and 80 tokens, each sent twice"
+
+
+def test_bench_runs_a_level_for_a_duration_and_leaves_out_the_windows(tmp_path: Path) -> None:
+    saved = tmp_path / "requests.jsonl"
+    with fake_server("--ttft", "0.02", "--itl", "0.002", "--tokens", "4") as base:
+        [r] = bench(
+            base, tmp_path, request_rate=40, duration=1.5, warmup=0, max_tokens=4,
+            input_tokens=8, warmup_seconds=0.5, cooldown_seconds=0.25, save_requests=saved,
+        )  # fmt: skip
+    lines = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert 30 <= len(lines) <= 90, "about 40/s for 1.5 s"
+    assert max(x["start_s"] for x in lines) < 1.5, "no request starts after the duration"
+    kept = [x for x in lines if 0.5 <= x["start_s"] <= r["duration_s"] + 0.5]
+    assert r["excluded_requests"] == len(lines) - r["requests"] > 0
+    assert r["requests"] <= len(kept)
+
+
+def test_bench_stops_when_the_error_rate_passes_its_bound(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    with fake_server("--fail-every", "2", "--ttft", "0.01", "--itl", "0.001") as base:
+        proc = run_tool(
+            "bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+            "--no-progress", "--concurrency", "1,4", "--requests", "200", "--warmup", "0",
+            "--max-tokens", "2", "--input-tokens", "4", "--max-error-rate", "0.2",
+            "--json", str(out),
+        )  # fmt: skip
+    assert proc.returncode == 3
+    assert "past --max-error-rate 0.2" in proc.stderr
+    [r] = json.loads(out.read_text())["levels"]
+    assert r["aborted"] and r["requests"] < 200, "stopped early; the next level never ran"
 
 
 def test_bench_plots_an_open_loop_with_goodput(tmp_path: Path) -> None:
