@@ -57,6 +57,8 @@ class Record:
     completion_tokens: int = 0
     # "server": the usage chunk's counts; "client": token chunks counted (no usage was sent).
     counted_by: str = "server"
+    turn: int = 0  # with --turns: which request of its session
+    text: str = ""  # the answer's content, sent back as history in a session's next turn
 
     @property
     def ok(self) -> bool:
@@ -91,7 +93,9 @@ async def _read_stream(
             break
         event = json.loads(data)
         usage = event.get("usage") or usage
-        if any(token_chunk(c.get("delta") or {}) for c in event.get("choices") or ()):
+        deltas = [c.get("delta") or {} for c in event.get("choices") or ()]
+        record.text += "".join(str(d.get("content") or "") for d in deltas)
+        if any(token_chunk(d) for d in deltas):
             chunks += 1
             now = time.perf_counter()
             if record.ttft is None:
@@ -227,22 +231,24 @@ class Level:
 
 @dataclass
 class Plan:
-    """How much one level sends and when it stops: after `count` requests, or once `duration`
-    seconds have passed (no new request starts after that), or when the error rate passes
+    """How much one level sends and when it stops. Its unit is a request or, with `turns` > 1,
+    a session of that many requests in sequence. It stops after `count` units, or once
+    `duration` seconds have passed (no unit starts after that), or when the error rate passes
     `max_error_rate` (after 10 requests finished, so one early error does not end it)."""
 
-    body: Callable[[int], dict[str, Any]]
+    body: Callable[[int, list[dict[str, str]]], dict[str, Any]]
     count: int | None
     duration: float | None = None
     max_error_rate: float | None = None
+    turns: int = 1
     finished: int = 0
     errors: int = 0
     aborted: str | None = None
 
-    def more(self, index: int, elapsed: float) -> bool:
+    def more(self, unit: int, elapsed: float) -> bool:
         return (
             self.aborted is None
-            and (self.count is None or index < self.count)
+            and (self.count is None or unit < self.count)
             and (self.duration is None or elapsed < self.duration)
         )
 
@@ -256,73 +262,80 @@ class Plan:
             )
 
 
-async def run_closed(
-    session: aiohttp.ClientSession,
-    target: target_mod.Target,
-    plan: Plan,
-    concurrency: int,
-    timeout: float,
-    advance: Any,
-) -> Level:
-    """Keep `concurrency` requests in flight until the plan says stop."""
-    records: list[Record] = []
-    indexes = itertools.count()  # shared: each index is taken by exactly one worker
-    start = time.perf_counter()
+@dataclass
+class Runner:
+    """Sends a level's units and keeps what each request saw."""
+
+    session: aiohttp.ClientSession
+    target: target_mod.Target
+    plan: Plan
+    timeout: float
+    advance: Callable[[], None]
+    records: list[Record] = field(default_factory=list)
+    start: float = field(default_factory=time.perf_counter)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    async def unit(self, unit: int) -> None:
+        """One request, or a session: each turn sends the conversation so far, with the
+        answers the server gave, and starts when the previous one has finished."""
+        history: list[dict[str, str]] = []
+        for turn in range(self.plan.turns):
+            index = unit * self.plan.turns + turn
+            body = self.plan.body(index, history)
+            record = Record(index=index, start=self.elapsed(), turn=turn)
+            self.records.append(
+                await one_request(self.session, self.target, body, self.timeout, record)
+            )
+            self.plan.done(record)
+            self.advance()
+            if not record.ok or self.plan.aborted:
+                break
+            history = [*body["messages"], {"role": "assistant", "content": record.text}]
+
+
+async def run_closed(runner: Runner, concurrency: int) -> Level:
+    """Keep `concurrency` units in flight until the plan says stop."""
+    plan = runner.plan
+    units = itertools.count()  # shared: each unit is taken by exactly one worker
 
     async def worker() -> None:
-        while plan.more(index := next(indexes), time.perf_counter() - start):
-            record = Record(index=index, start=time.perf_counter() - start)
-            records.append(await one_request(session, target, plan.body(index), timeout, record))
-            plan.done(record)
-            advance()
+        while plan.more(unit := next(units), runner.elapsed()):
+            await runner.unit(unit)
 
     workers = concurrency if plan.count is None else min(concurrency, plan.count)
     await asyncio.gather(*(worker() for _ in range(workers)))
-    return Level(
-        records, time.perf_counter() - start, concurrency=concurrency, aborted=plan.aborted
-    )
+    return Level(runner.records, runner.elapsed(), concurrency=concurrency, aborted=plan.aborted)
 
 
 async def run_open(
-    session: aiohttp.ClientSession,
-    target: target_mod.Target,
-    plan: Plan,
-    rate: float,
-    arrivals: Iterator[float],
-    max_concurrency: int | None,
-    timeout: float,
-    advance: Any,
+    runner: Runner, rate: float, arrivals: Iterator[float], max_concurrency: int | None
 ) -> Level:
-    """Start request i at the i-th arrival time, whatever the server's pace (at most
+    """Start unit i at the i-th arrival time, whatever the server's pace (at most
     `max_concurrency` in flight, the rest wait their turn in order), until the plan says stop."""
-    records: list[Record] = []
+    plan = runner.plan
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    start = time.perf_counter()
 
-    async def send(index: int) -> None:
-        if gate is not None:
-            await gate.acquire()
-        try:
-            record = Record(index=index, start=time.perf_counter() - start)
-            records.append(await one_request(session, target, plan.body(index), timeout, record))
-            plan.done(record)
-            advance()
-        finally:
-            if gate is not None:
-                gate.release()
+    async def send(unit: int) -> None:
+        if gate is None:
+            await runner.unit(unit)
+            return
+        async with gate:
+            await runner.unit(unit)
 
     tasks = []
-    for index, at in enumerate(arrivals):
-        if not plan.more(index, at):
+    for unit, at in enumerate(arrivals):
+        if not plan.more(unit, at):
             break
-        delay = at - (time.perf_counter() - start)
+        delay = at - runner.elapsed()
         if delay > 0:
             await asyncio.sleep(delay)
         if plan.aborted:
             break
-        tasks.append(asyncio.create_task(send(index)))
+        tasks.append(asyncio.create_task(send(unit)))
     await asyncio.gather(*tasks)
-    return Level(records, time.perf_counter() - start, max_concurrency, rate, plan.aborted)
+    return Level(runner.records, runner.elapsed(), max_concurrency, rate, plan.aborted)
 
 
 async def first_model(session: aiohttp.ClientSession, target: target_mod.Target) -> str:
@@ -339,12 +352,14 @@ def level_plan(args: argparse.Namespace, workload: Workload, model: str, level_i
     # Each level its own prompts (no cache carried over); far apart so levels never overlap.
     first = level_index * 1_000_000
 
-    def body(i: int) -> dict[str, Any]:
+    def body(i: int, history: list[dict[str, str]]) -> dict[str, Any]:
         sample = workload.sample(first + i)
-        return request_body(model, sample.prompt, sample.max_tokens, not args.no_ignore_eos)
+        request = request_body(model, sample.prompt, sample.max_tokens, not args.no_ignore_eos)
+        request["messages"] = [*history, *request["messages"]]
+        return request
 
     count = None if args.duration else args.requests
-    return Plan(body, count, args.duration, args.max_error_rate)
+    return Plan(body, count, args.duration, args.max_error_rate, args.turns)
 
 
 def request_line(level: int, report: dict[str, Any], record: Record) -> str:
@@ -355,6 +370,7 @@ def request_line(level: int, report: dict[str, Any], record: Record) -> str:
         "concurrency": report["concurrency"],
         "request_rate": report["request_rate"],
         "index": record.index,
+        "turn": record.turn,
         "start_s": record.start,
         "status": "ok" if record.ok else record.error,
         "ttft_s": record.ttft,
@@ -397,21 +413,18 @@ async def bench(
             async def run(level_index: int, value: float) -> dict[str, Any]:
                 plan = level_plan(args, workload, model, level_index)
                 name = f"rate {value:g}/s" if open_loop else f"concurrency {value:g}"
-                task = progress.add_task(name, total=plan.count)
+                total = None if plan.count is None else plan.count * plan.turns
+                task = progress.add_task(name, total=total)
 
                 def advance() -> None:
                     progress.advance(task)
 
+                runner = Runner(session, target, plan, args.timeout, advance)
                 if open_loop:
                     arrivals = stats.arrivals(value, args.burstiness, args.seed + level_index)
-                    level = await run_open(
-                        session, target, plan, value, arrivals, args.max_concurrency,
-                        args.timeout, advance,
-                    )  # fmt: skip
+                    level = await run_open(runner, value, arrivals, args.max_concurrency)
                 else:
-                    level = await run_closed(
-                        session, target, plan, int(value), args.timeout, advance
-                    )
+                    level = await run_closed(runner, int(value))
                 report = level.report(
                     args.percentiles, args.slo, args.warmup_seconds, args.cooldown_seconds
                 )
@@ -667,6 +680,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--requests", type=int, default=64, help="requests per level")
     parser.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="multi-turn sessions: each of --requests is a conversation of this many requests, "
+        "each sending the history with the server's answers",
+    )
+    parser.add_argument(
         "--duration",
         type=float,
         help="seconds per level instead of a request count (no request starts after that)",
@@ -793,6 +813,7 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             "--range-ratio is a share in [0, 1): 0.5 spreads 512 over 256-768",
         ),
         (args.shared_prefix < 0, "--shared-prefix is a number of words, 0 or more"),
+        (args.turns < 1, "--turns is the number of requests per session, 1 or more"),
         (
             bool(args.dataset) and bool(args.range_ratio or args.shared_prefix),
             "--range-ratio and --shared-prefix shape synthetic prompts, not --dataset",

@@ -14,7 +14,7 @@ streams the first half of the tokens as `reasoning_content` (as vLLM's reasoning
 `--mode tool-call` streams only tool-call deltas, `--mode no-usage` never sends the usage chunk.
 `--capacity N` serves at most N requests at once (the rest wait, as in a full engine).
 `GET /_stats` reports requests seen, the most streams in flight at once, and when each chat
-request arrived (seconds, monotonic).
+request arrived (seconds, monotonic) with its messages.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class FakeServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.arrivals: list[float] = []
+        self.conversations: list[list[dict[str, Any]]] = []
         self.slots = asyncio.Semaphore(args.capacity) if args.capacity else None
 
     # ---- helpers ----------------------------------------------------------------------------
@@ -84,6 +85,7 @@ class FakeServer:
                 "chat_requests": self.chat_requests,
                 "max_in_flight": self.max_in_flight,
                 "arrivals": self.arrivals,
+                "conversations": self.conversations,
             }
         )
 
@@ -105,6 +107,7 @@ class FakeServer:
             )
         self.chat_requests += 1
         self.arrivals.append(arrived)
+        self.conversations.append(body.get("messages") or [])
         number = self.chat_requests
         if self.args.fail_every and number % self.args.fail_every == 0:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)

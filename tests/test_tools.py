@@ -503,6 +503,26 @@ def test_bench_sends_the_datasets_prompts_and_lengths(tmp_path: Path) -> None:
     assert r["mean_output_tokens"] == 60, "40 and 80 tokens, each sent twice"
 
 
+def test_bench_multi_turn_sessions_send_the_history_with_the_servers_answers(
+    tmp_path: Path,
+) -> None:
+    saved = tmp_path / "requests.jsonl"
+    with fake_server("--ttft", "0.01", "--itl", "0.001", "--tokens", "3") as base:
+        [r] = bench(
+            base, tmp_path, concurrency=2, requests=2, turns=3, warmup=0, max_tokens=3,
+            input_tokens=6, save_requests=saved,
+        )  # fmt: skip
+        conversations = stats(base)["conversations"]
+    assert r["requests"] == 6 and r["errors"] == 0
+    assert sorted(len(c) for c in conversations) == [1, 1, 3, 3, 5, 5]
+    for conversation in conversations:
+        roles = [m["role"] for m in conversation]
+        assert roles == ["user", "assistant"] * (len(roles) // 2) + ["user"]
+        assert all(m["content"] == " tok" * 3 for m in conversation if m["role"] == "assistant")
+    lines = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert sorted(x["turn"] for x in lines) == [0, 0, 1, 1, 2, 2]
+
+
 def test_bench_runs_a_level_for_a_duration_and_leaves_out_the_windows(tmp_path: Path) -> None:
     saved = tmp_path / "requests.jsonl"
     with fake_server("--ttft", "0.02", "--itl", "0.002", "--tokens", "4") as base:
