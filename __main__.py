@@ -88,6 +88,7 @@ pulumi.export(
 pulumi.export("sshHostPublicKey", gpu.host_public_key)
 pulumi.export("sshPrivateKey", gpu.private_key_openssh)
 pulumi.export("bootstrapSeconds", bootstrap.seconds)
+pulumi.export("bootstrapTimeline", bootstrap.timeline)
 pulumi.export(
     "autodown",
     {

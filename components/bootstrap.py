@@ -264,6 +264,22 @@ def parse_result(stdout: str) -> dict[str, Any]:
     raise ValueError(f"no JSON result line in: {stdout[-500:]!r}")
 
 
+def timeline(stdouts: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Each phase's start and end (epoch seconds, as the Droplet's clock read them), its seconds
+    and the phases it waited for: what scripts/timeline.py draws. A phase that did not run on
+    this `pulumi up` keeps the times of the run that last ran it."""
+    out: dict[str, dict[str, Any]] = {}
+    for phase in PHASES:
+        result = parse_result(stdouts[phase.name])
+        out[phase.name] = {
+            "start": result.get("started_at"),  # absent from results of earlier versions
+            "end": result.get("ended_at"),
+            "seconds": float(result["seconds"]),
+            "after": [a for a in phase.after if a in PHASE_NAMES],
+        }
+    return out
+
+
 @dataclass(frozen=True)
 class BootstrapArgs:
     config: StackConfig
@@ -300,6 +316,7 @@ class Bootstrap(pulumi.ComponentResource):
 
     commands: dict[str, command.remote.Command]
     seconds: pulumi.Output[dict[str, float]]
+    timeline: pulumi.Output[dict[str, dict[str, Any]]]
 
     def __init__(
         self, name: str, args: BootstrapArgs, opts: pulumi.ResourceOptions | None = None
@@ -366,7 +383,12 @@ class Bootstrap(pulumi.ComponentResource):
                 for name, out in zip(PHASE_NAMES, outs, strict=True)
             }
         )
-        self.register_outputs({"bootstrapSeconds": self.seconds})
+        self.timeline = pulumi.Output.all(*stdouts).apply(
+            lambda outs: timeline(dict(zip(PHASE_NAMES, outs, strict=True)))
+        )
+        self.register_outputs(
+            {"bootstrapSeconds": self.seconds, "bootstrapTimeline": self.timeline}
+        )
 
     def _stdin(
         self, cfg: StackConfig, phase: str, minutes: int, args: BootstrapArgs

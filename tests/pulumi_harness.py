@@ -48,6 +48,16 @@ DNS_RECORD = "digitalocean:index/dnsRecord:DnsRecord"
 FAKE_RECORD_ID = "31415926"
 
 
+# When each phase ran in the mocked bootstrap (epoch seconds): one after the other, from 1e9.
+FAKE_PHASE_START = {
+    name: 1_000_000_000.0 + 10 * i
+    for i, name in enumerate(
+        ("preflight", "driver", "cgroup", "reboot", "reboot-wait", "conda", "vllm", "model",
+         "service", "gateway", "autodown", "ready")
+    )
+}  # fmt: skip
+
+
 def fake_stdout(phase: str) -> str:
     """What a bootstrap phase prints last, as the mocked remote Command returns it."""
     return json.dumps(
@@ -55,6 +65,8 @@ def fake_stdout(phase: str) -> str:
             "phase": phase,
             "changed": True,
             "seconds": 1.5,
+            "started_at": FAKE_PHASE_START[phase],
+            "ended_at": FAKE_PHASE_START[phase] + 1.5,
             "boot_id": "b00t",
             "run": f"run-{phase}",
             "rebooting": False,

@@ -298,3 +298,22 @@ def test_autodown_token_in_plain_text_is_refused() -> None:
         "pulumi config set --secret --path autodown.token <value>"
     ]
     assert AUTODOWN_TOKEN not in str(run.error)
+
+
+def test_the_timeline_output_carries_each_phases_times_and_what_it_waited_for() -> None:
+    run = run_program(stack_config("dev"))
+    timeline = run.outputs["bootstrapTimeline"].value
+    assert list(timeline) == list(bootstrap.PHASE_NAMES)
+    assert timeline["preflight"] == {
+        "start": 1_000_000_000.0, "end": 1_000_000_001.5, "seconds": 1.5, "after": [],
+    }  # fmt: skip
+    assert timeline["vllm"]["after"] == ["conda"], "the lock copy is not a phase"
+    assert timeline["ready"]["after"] == ["gateway"]
+    assert run.outputs["bootstrapSeconds"].value["ready"] == 1.5
+
+
+def test_the_timeline_keeps_results_of_earlier_versions_without_times() -> None:
+    old = {"phase": "model", "changed": False, "seconds": 2.0, "boot_id": "b", "run": "r"}
+    stdouts = {name: json.dumps(old | {"phase": name}) for name in bootstrap.PHASE_NAMES}
+    timeline = bootstrap.timeline(stdouts)
+    assert timeline["model"] == {"start": None, "end": None, "seconds": 2.0, "after": ["conda"]}

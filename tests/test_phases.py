@@ -124,6 +124,11 @@ class Phases:
         result = run.result
         assert result["phase"] == phase
         assert isinstance(result["seconds"], float)
+        # The timeline's times: on the Droplet's clock, as long apart as the phase took.
+        assert result["ended_at"] - result["started_at"] == pytest.approx(
+            result["seconds"], abs=0.002
+        )
+        assert abs(result["ended_at"] - time.time()) < 60
         return result
 
     def failed(self, phase: str, step: str, fix: str, **kwargs: Any) -> PhaseRun:

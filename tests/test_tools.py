@@ -808,3 +808,50 @@ def test_logs_remembers_the_first_host_key_when_the_stack_exports_none(
     known = (tmp_path / "home" / ".ssh" / "nemotron-droplet-dev.known_hosts").read_text()
     assert sshd["host_pub"].split()[1] in known
     assert "--follow" not in (sshd["dir"] / "command").read_text()
+
+
+# ---- timeline --------------------------------------------------------------------------------
+
+# A bootstrap whose downloads ran beside the driver (seconds from 1e9): the critical path runs
+# through conda and vllm, not the driver; the gateway is off it.
+TIMELINE = {
+    name: {"start": 1e9 + start, "end": 1e9 + end, "seconds": end - start, "after": after}
+    for name, start, end, after in (
+        ("preflight", 0, 10, []),
+        ("driver", 10, 110, ["preflight"]),
+        ("cgroup", 110, 115, ["driver"]),
+        ("conda", 10, 70, ["preflight"]),
+        ("vllm", 70, 200, ["conda"]),
+        ("model", 70, 160, ["conda"]),
+        ("gateway", 10, 40, ["preflight"]),
+        ("reboot", 200, 205, ["cgroup", "vllm", "model"]),
+        ("reboot-wait", 205, 260, ["reboot"]),
+        ("service", 260, 270, ["reboot-wait"]),
+        ("autodown", 270, 275, ["service"]),
+        ("ready", 270, 400, ["service", "gateway"]),
+    )
+}
+
+
+def test_timeline_finds_the_critical_path_and_draws_it(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs.json"
+    timeline = {**TIMELINE, "old": {"start": None, "end": None, "seconds": 3.0, "after": []}}
+    outputs.write_text(json.dumps({"endpoint": "https://x/v1", "bootstrapTimeline": timeline}))
+    png = tmp_path / "timeline.png"
+    proc = run_tool("timeline.py", "--outputs", str(outputs), "--png", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert "bootstrap: 400 s from the first phase's start" in proc.stdout
+    path_lines = proc.stdout.split("critical path (share of the wall time):\n")[1].splitlines()
+    path = [line.split()[0] for line in path_lines if line.startswith("  ")]
+    assert path == ["preflight", "conda", "vllm", "reboot", "reboot-wait", "service", "ready"]
+    assert "  vllm             130.0 s   32.5%" in proc.stdout
+    assert "no times recorded for: old" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_timeline_without_the_output_says_what_to_do(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"endpoint": "https://x/v1"}))
+    proc = run_tool("timeline.py", "--outputs", str(outputs))
+    assert proc.returncode == 2
+    assert "no bootstrapTimeline output: pulumi up with this version first" in proc.stderr

@@ -73,9 +73,11 @@ finish() {
   local now seconds extra=${1:-}
   now=$(date +%s%N)
   seconds=$(( (now - PHASE_STARTED) / 1000000 ))
-  printf '{"phase":"%s","changed":%s,"seconds":%d.%03d,"boot_id":"%s","run":"%s"%s}\n' \
-    "$PHASE" "$CHANGED" $((seconds / 1000)) $((seconds % 1000)) "$(boot_id)" "$now" \
-    "${extra:+,$extra}"
+  # started_at/ended_at (epoch seconds): scripts/timeline.py draws the bootstrap from them.
+  printf '{"phase":"%s","changed":%s,"seconds":%d.%03d,"started_at":%d.%03d,"ended_at":%d.%03d,"boot_id":"%s","run":"%s"%s}\n' \
+    "$PHASE" "$CHANGED" $((seconds / 1000)) $((seconds % 1000)) \
+    $((PHASE_STARTED / 1000000000)) $((PHASE_STARTED / 1000000 % 1000)) \
+    $((now / 1000000000)) $((now / 1000000 % 1000)) "$(boot_id)" "$now" "${extra:+,$extra}"
   exit 0
 }
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Where the bootstrap's minutes went: each phase on a time line, and the critical path.
+
+    python scripts/timeline.py --stack dev --png timeline.png
+    python scripts/timeline.py --outputs outputs.json         # `pulumi stack output --json`
+
+Reads the stack's `bootstrapTimeline` output (each phase's start and end on the Droplet's clock
+and the phases it waited for). The critical path runs back from the phase that ended last,
+each time through the phase it waited for that ended last: shortening anything else would not
+bring the endpoint sooner. Each phase's share is of the whole bootstrap's wall time. A phase
+that did not run on the last `pulumi up` keeps the times of the run that last ran it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import target as target_mod
+
+
+@dataclass(frozen=True)
+class Span:
+    phase: str
+    start: float
+    end: float
+    after: tuple[str, ...]
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def spans(timeline: dict[str, Any]) -> tuple[list[Span], list[str]]:
+    """The phases with recorded times, in start order, and the names of those without."""
+    timed, untimed = [], []
+    for phase, entry in timeline.items():
+        start, end = entry.get("start"), entry.get("end")
+        if start is None or end is None:
+            untimed.append(phase)
+            continue
+        timed.append(Span(phase, float(start), float(end), tuple(entry.get("after") or ())))
+    timed.sort(key=lambda s: (s.start, s.end))
+    return timed, untimed
+
+
+def critical_path(timed: list[Span]) -> list[Span]:
+    """From the phase that ended last, back through the dependency that ended last."""
+    if not timed:
+        return []
+    by_name = {s.phase: s for s in timed}
+    path = [max(timed, key=lambda s: s.end)]
+    while True:
+        waited = [by_name[a] for a in path[-1].after if a in by_name]
+        if not waited:
+            break
+        path.append(max(waited, key=lambda s: s.end))
+    return list(reversed(path))
+
+
+def report(timed: list[Span], untimed: list[str]) -> str:
+    if not timed:
+        return "no phase has recorded times yet: pulumi up with this version first"
+    origin = min(s.start for s in timed)
+    wall = max(s.end for s in timed) - origin
+    path = critical_path(timed)
+    on_path = {s.phase for s in path}
+    lines = [f"bootstrap: {wall:,.0f} s from the first phase's start to the last one's end", ""]
+    lines.append(f"{'phase':<12} {'start':>8} {'seconds':>9}  critical")
+    for s in timed:
+        mark = "*" if s.phase in on_path else ""
+        lines.append(f"{s.phase:<12} {s.start - origin:>8,.0f} {s.seconds:>9,.1f}  {mark}")
+    lines += ["", "critical path (share of the wall time):"]
+    for s in path:
+        share = 100 * s.seconds / wall if wall else 0.0
+        lines.append(f"  {s.phase:<12} {s.seconds:>9,.1f} s  {share:5.1f}%")
+    waiting = wall - sum(s.seconds for s in path)
+    if wall and waiting > 0.5:
+        lines.append(f"  {'(between)':<12} {waiting:>9,.1f} s  {100 * waiting / wall:5.1f}%")
+    if untimed:
+        lines.append(f"\nno times recorded for: {', '.join(untimed)} (run by an earlier version)")
+    return "\n".join(lines)
+
+
+def gantt(timed: list[Span], path: str) -> None:
+    import matplotlib  # noqa: PLC0415 (only needed with --png)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    origin = min(s.start for s in timed)
+    on_path = {s.phase for s in critical_path(timed)}
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(timed) + 1.2))
+    for row, s in enumerate(timed):
+        color = "tab:red" if s.phase in on_path else "tab:blue"
+        ax.barh(row, max(s.seconds, 0.5), left=s.start - origin, color=color)
+        ax.text(s.end - origin, row, f" {s.seconds:,.0f} s", va="center", fontsize=8)
+    ax.set_yticks(range(len(timed)), [s.phase for s in timed])
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds from the first phase's start", title="bootstrap (red: critical path)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def load(args: argparse.Namespace) -> dict[str, Any]:
+    if args.outputs:
+        try:
+            with open(args.outputs) as f:
+                outputs = json.load(f)
+        except (OSError, ValueError) as err:
+            raise target_mod.TargetError(f"--outputs {args.outputs}: {err}") from None
+    else:
+        outputs = target_mod.stack_outputs(args.stack)
+    timeline = outputs.get("bootstrapTimeline") if isinstance(outputs, dict) else None
+    if not isinstance(timeline, dict):
+        raise target_mod.TargetError(
+            "no bootstrapTimeline output: pulumi up with this version first "
+            "(`pulumi stack output --json` shows the outputs)"
+        )
+    return timeline
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--stack", help="read the outputs of this Pulumi stack")
+    source.add_argument("--outputs", help="a saved `pulumi stack output --json` file")
+    parser.add_argument("--png", help="draw the bootstrap as a Gantt chart to this file")
+    args = parser.parse_args(argv)
+    timed, untimed = spans(load(args))
+    print(report(timed, untimed))
+    if args.png and timed:
+        gantt(timed, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
