@@ -50,17 +50,20 @@ class Phase:
 
 PHASES: tuple[Phase, ...] = (
     Phase("preflight", (), 30, wait_for_ssh=True),
+    # The downloads go beside the driver install: nothing in them needs the new driver.
     Phase("driver", ("preflight",), 45),
     Phase("cgroup", ("driver",), 15),
-    Phase("reboot", ("cgroup",), 5),
-    Phase("reboot-wait", ("reboot",), 20, wait_for_ssh=True),
-    Phase("conda", ("reboot-wait",), 30),
+    Phase("conda", ("preflight",), 30),
     Phase("vllm", ("conda", "lock"), 90),
     Phase("model", ("conda",), 150),
-    Phase("service", ("vllm", "model"), 15),
-    Phase("gateway", ("service",), 20),
+    # The one reboot (when a phase asked for it) never interrupts a download: it waits for all.
+    Phase("reboot", ("cgroup", "vllm", "model"), 5),
+    Phase("reboot-wait", ("reboot",), 20, wait_for_ssh=True),
+    # The gateway (and its certificate) comes up while vLLM loads the model; ready needs both.
+    Phase("service", ("reboot-wait",), 15),
+    Phase("gateway", ("reboot-wait",), 20),
     Phase("autodown", ("service",), 10),
-    Phase("ready", ("gateway",), 0),  # its minutes come from bootstrap.readyTimeoutMinutes
+    Phase("ready", ("service", "gateway"), 0),  # its minutes: bootstrap.readyTimeoutMinutes
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)
 SOURCE_BUILD_MINUTES = 300
@@ -326,7 +329,7 @@ class Bootstrap(pulumi.ComponentResource):
         self.commands = {}
         for phase in PHASES:
             if phase.name == "conda":
-                # The lock file goes over SFTP once SSH is back after any reboot; the vllm
+                # The lock file goes over SFTP once preflight saw the host ready; the vllm
                 # phase checks its hash, and a new lock re-runs it. An update copies again only
                 # when the file or the remote path changed, never for a new host: the Droplet's
                 # id in the triggers makes a new Droplet a new copy (pulumi-command
@@ -338,7 +341,7 @@ class Bootstrap(pulumi.ComponentResource):
                     remote_path=remote_lock_path(cfg),
                     triggers=[lock_sha256(cfg), args.droplet_id],
                     opts=pulumi.ResourceOptions(
-                        parent=self, depends_on=[self.commands["reboot-wait"]]
+                        parent=self, depends_on=[self.commands["preflight"]]
                     ),
                 )
             upstream: list[pulumi.Resource] = []

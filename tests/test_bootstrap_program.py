@@ -22,19 +22,21 @@ from test_program import HF_TOKEN, dev
 from components import bootstrap, config, vllm_service
 
 COMMAND = "command:remote:Command"
+# The overlap: conda, the vLLM env and the weights download beside the driver install; the one
+# reboot waits for all of them; the gateway comes up beside the service; ready needs both.
 EDGES = {
     "preflight": set(),
     "driver": {"preflight"},
     "cgroup": {"driver"},
-    "reboot": {"cgroup"},
-    "reboot-wait": {"reboot"},
-    "conda": {"reboot-wait"},
+    "conda": {"preflight"},
     "vllm": {"conda"},
     "model": {"conda"},
-    "service": {"vllm", "model"},
-    "gateway": {"service"},
+    "reboot": {"cgroup", "vllm", "model"},
+    "reboot-wait": {"reboot"},
+    "service": {"reboot-wait"},
+    "gateway": {"reboot-wait"},
     "autodown": {"service"},
-    "ready": {"gateway"},
+    "ready": {"service", "gateway"},
 }
 
 
@@ -58,7 +60,10 @@ def test_one_command_per_phase_with_the_documented_edges() -> None:
         expected = [fake_stdout(p) for p in parents] or [FAKE_DROPLET_ID]
         assert reg.inputs.get("triggers", []) == expected, name
     assert lock.urn in cmds["vllm"].dependencies
-    assert cmds["reboot-wait"].urn in lock.dependencies
+    # The lock goes over as soon as preflight saw the host ready: the vllm phase runs before the
+    # reboot, beside the driver install.
+    assert cmds["preflight"].urn in lock.dependencies
+    assert cmds["reboot-wait"].urn not in lock.dependencies
     assert lock.inputs["triggers"] == [bootstrap.lock_sha256(config_of(run)), FAKE_DROPLET_ID]
 
 
@@ -132,9 +137,11 @@ def reruns(before: Run, after: Run) -> set[str]:
     return changed
 
 
-AFTER_SERVICE = {"service", "gateway", "autodown", "ready"}
+AFTER_SERVICE = {"service", "autodown", "ready"}
+# A download re-runs the (no-op unless asked) reboot and everything after it.
+AFTER_REBOOT = {"reboot", "reboot-wait", "service", "gateway", "autodown", "ready"}
 RERUNS = [
-    ({"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}}, {"model", *AFTER_SERVICE}),
+    ({"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}}, {"model", *AFTER_REBOOT}),
     ({"model": {"servedName": "nemo"}}, AFTER_SERVICE),
     ({"vllm": {"maxModelLen": 16384}}, AFTER_SERVICE),
     ({"vllm": {"gpuMemoryUtilization": 0.8}}, AFTER_SERVICE),
@@ -142,9 +149,9 @@ RERUNS = [
     ({"access": {"maxRequestBodyMb": 64}}, {"gateway", "ready"}),
     ({"autodown": {"idleMinutes": 45}}, {"autodown"}),
     ({"bootstrap": {"readyTimeoutMinutes": 60}}, {"ready"}),
-    ({"bootstrap": {"driver": {"branch": "590"}}}, set(EDGES) - {"preflight"}),
-    ({"bootstrap": {"cgroup": {"mode": "legacy"}}}, set(EDGES) - {"preflight", "driver"}),
-    ({"vllm": {"install": "source"}}, {"vllm", *AFTER_SERVICE}),
+    ({"bootstrap": {"driver": {"branch": "590"}}}, {"driver", "cgroup", *AFTER_REBOOT}),
+    ({"bootstrap": {"cgroup": {"mode": "legacy"}}}, {"cgroup", *AFTER_REBOOT}),
+    ({"vllm": {"install": "source"}}, {"vllm", *AFTER_REBOOT}),
 ]
 
 
@@ -308,7 +315,8 @@ def test_the_timeline_output_carries_each_phases_times_and_what_it_waited_for() 
         "start": 1_000_000_000.0, "end": 1_000_000_001.5, "seconds": 1.5, "after": [],
     }  # fmt: skip
     assert timeline["vllm"]["after"] == ["conda"], "the lock copy is not a phase"
-    assert timeline["ready"]["after"] == ["gateway"]
+    assert timeline["ready"]["after"] == ["service", "gateway"]
+    assert timeline["reboot"]["after"] == ["cgroup", "vllm", "model"]
     assert run.outputs["bootstrapSeconds"].value["ready"] == 1.5
 
 

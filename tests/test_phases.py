@@ -219,6 +219,43 @@ def test_driver_auto_installs_the_branch_once_and_asks_for_one_reboot(
     assert third["changed"] is False and third["driver"] == "580.159.04"
 
 
+def test_the_driver_and_the_vllm_env_install_side_by_side(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """The overlap: the vllm phase (its compiler from apt) runs while the driver phase installs
+    from apt. Two apt-get updates at once collide on the lists lock, so the phases' apt calls
+    take turns on a lock of their own; both finish, nothing is lost."""
+    box.hw("driver", "550.127.05")
+    box.hw("apt_update_seconds", "1.0")
+    p = Phases(box, downloads)
+    p.ok("preflight")
+    p.ok("conda")
+    # One entry into the sandbox (its overlays allow one at a time), both phases inside it.
+    for name in ("driver", "vllm"):
+        box.file(f"/root/{name}.sh", bootstrap.render(name, p.settings(name)))
+    both = (
+        "bash /root/driver.sh >/root/driver.out 2>/root/driver.err & "
+        "bash /root/vllm.sh >/root/vllm.out 2>/root/vllm.err & "
+        "wait"
+    )
+    assert box.run("", inner=f"bash -c '{both}'").returncode == 0
+    runs = {
+        name: PhaseRun(
+            0 if box.file(f"/root/{name}.out").read_text() else 1,
+            box.file(f"/root/{name}.out").read_text(),
+            box.file(f"/root/{name}.err").read_text(),
+        )
+        for name in ("driver", "vllm")
+    }
+    for name, run in runs.items():
+        assert run.returncode == 0, f"{name}: {run.stderr}"
+        assert run.result["changed"] is True
+    assert box.file("/var/lib/fakeapt/nvidia-driver-580-server-open").exists()
+    assert box.file("/var/lib/fakeapt/gcc").exists()
+    updates = [line for line in apt_log(box) if line.split()[-1:] == ["update"]]
+    assert len(updates) >= 2, "each phase updated the lists, one after the other"
+
+
 def apt_log(box: Sandbox) -> list[str]:
     return box.file("/var/lib/fakeapt/log").read_text().splitlines()
 

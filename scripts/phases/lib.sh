@@ -159,9 +159,14 @@ bounded() {
 # apt_get ARGS...: every apt-get of the phases. Waits for the dpkg lock (unattended-upgrades
 # starts from a timer at any time after boot) instead of failing on it, keeps the config files
 # already there, never prompts, and is bounded in time (APT_SECONDS).
+# Phases run side by side (the driver beside the vllm env): our own apt calls take turns on one
+# flock, since two `apt-get update`s collide on the lists lock, which DPkg::Lock::Timeout does
+# not wait for.
 APT_LOCK_WAIT_SECONDS=900
 apt_get() {
-  bounded "${APT_SECONDS:-1800}" apt-get -q -y -o "DPkg::Lock::Timeout=${APT_LOCK_WAIT_SECONDS}" \
+  mkdir -p "$STATE_DIR"
+  bounded "${APT_SECONDS:-1800}" flock --wait "$APT_LOCK_WAIT_SECONDS" "$STATE_DIR/apt.lock" \
+    apt-get -q -y -o "DPkg::Lock::Timeout=${APT_LOCK_WAIT_SECONDS}" \
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@"
 }
 

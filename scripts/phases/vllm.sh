@@ -58,7 +58,7 @@ else
     log "nvcc for CUDA ${NEMO_CUDA} is installed"
   else
     download "$NEMO_CUDA_KEYRING_URL" /var/cache/nemotron/cuda-keyring.deb "$NEMO_CUDA_KEYRING_SHA256"
-    dpkg -i /var/cache/nemotron/cuda-keyring.deb >&2
+    flock --wait "$APT_LOCK_WAIT_SECONDS" "$STATE_DIR/apt.lock" dpkg -i /var/cache/nemotron/cuda-keyring.deb >&2
     APT_SECONDS=3600 apt_install "cuda-toolkit-${NEMO_CUDA//./-}" \
       || fail "could not install cuda-toolkit-${NEMO_CUDA//./-}" "check NVIDIA's apt repository for this Ubuntu release"
   fi
