@@ -960,7 +960,7 @@ def test_ready_waits_out_a_failure_that_may_pass(box: Sandbox, downloads: Downlo
     p.extra["ready"] = {
         "NEMO_PROBE_URL": f"https://{host}:{box.https_port}/v1/chat/completions",
         "NEMO_PROBE_RESOLVE": f"{host}:{box.https_port}:127.0.0.1",
-        "NEMO_READY_TIMEOUT": 8,
+        "NEMO_READY_TIMEOUT": 4,
         "NEMO_ACME_PATIENCE": 600,
     }
     run = p.failed("ready", "wait", "bootstrap.readyTimeoutMinutes", host=host)

@@ -341,20 +341,18 @@ def test_bench_refuses_bad_load_settings_with_the_accepted_form(
 def test_bench_finds_the_knee_of_a_server_of_known_capacity(tmp_path: Path) -> None:
     """2 slots of 90 ms each (TTFT 50 ms, then 4 tokens 10 ms apart): 22 requests/s at most.
     Evenly spaced arrivals below that never wait; above it the queue grows and TTFT passes the
-    150 ms bound. The search doubles from 5/s, then bisects: the knee is within a step of 22."""
+    150 ms bound. The search doubles from 10/s, then bisects: the knee is within a step of 22."""
     flags = ("--ttft", "0.05", "--itl", "0.01", "--tokens", "5", "--capacity", "2")
     with fake_server(*flags) as base:
         result = bench_result(
-            base, tmp_path, request_rate=5, find_knee=True, slo="ttft=150", burstiness=50,
+            base, tmp_path, request_rate=10, find_knee=True, slo="ttft=150", burstiness=50,
             requests=40, warmup=0, max_tokens=5, input_tokens=8,
         )  # fmt: skip
     knee = result["knee"]
     assert 16 <= knee["request_rate"] <= 27, knee
     assert knee["first_failing_rate"] > knee["request_rate"]
     rates = [r["request_rate"] for r in result["levels"]]
-    assert rates[:3] == [5, 10, 20] and len(rates) == 3 + 1 + 3, (
-        "3 doublings held, 1 failed, 3 bisections"
-    )
+    assert rates[:2] == [10, 20] and len(rates) == 2 + 1 + 3, "2 held, 1 failed, 3 bisections"
 
 
 def test_knee_search_bisects_between_the_last_that_held_and_the_first_that_failed() -> None:
