@@ -3,8 +3,9 @@
 vLLM's own --api-key leaves /metrics, /docs and others open, and older releases left
 /invocations, /tokenize, /pause and /update_weights open too (FACTS.md). So the gateway admits
 the exact OpenAI routes with `Authorization: Bearer <key>` and `GET /health`, and refuses
-everything else, key or not. HTTPS comes from a public ACME CA for
-`<ip-with-dashes>.sslip.io` (no domain needed) or `access.domain`. Streams pass chunk by chunk,
+everything else, key or not. HTTPS comes from a public ACME CA: by default a certificate for the
+Droplet's IPv4 address itself (Let's Encrypt's `shortlived` profile; no DNS, no third party),
+else for `access.domain` or, opted in, `<ip-with-dashes>.sslip.io`. Streams pass chunk by chunk,
 with no timeout on long generations.
 """
 
