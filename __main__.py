@@ -7,19 +7,32 @@ build the components, export what a user needs.
 import pulumi
 import pulumi_random as random
 
-from components import config, dns, gateway, region
+from components import cache, config, dns, gateway, region
 from components.bootstrap import Bootstrap, BootstrapArgs
 from components.droplet import REPLACEMENT_NOTE, GpuDroplet, GpuDropletArgs, ssh_command
 
 cfg = config.load()
 dns.check_zone(cfg)
-# An existing Droplet stays where it is; availability only places a new one.
+# An existing Droplet stays where it is; availability only places a new one, where the cache
+# Volume is if it can.
+existing = region.find_existing(cfg.droplet_name, cfg.stack_tag)
+found_cache = cache.find(cfg, existing.region if existing else None)
 placement = region.choose(
     cfg.droplet.size,
     cfg.droplet.regions,
     region.lookup(cfg.droplet.size),
-    region.find_existing(cfg.droplet_name, cfg.stack_tag),
+    existing,
+    cache_region=found_cache.region if found_cache else None,
 )
+cache_plan = cache.plan(
+    cfg,
+    placement.region,
+    found_cache,
+    cfg.cache.enabled and cache.region_offers_volumes(placement.region),
+    existing.id if existing else None,
+)
+if cache_plan.state in ("moved", "unavailable"):
+    pulumi.log.warn(f"cache: {cache_plan.note}")
 
 gpu = GpuDroplet(
     "gpu",
@@ -36,6 +49,10 @@ gpu = GpuDroplet(
         acme_port=gateway.HTTP_PORT if cfg.access.https else None,
         extra_ssh_keys=cfg.access.ssh_key_fingerprints,
     ),
+)
+
+cache_volume = (
+    cache.CacheVolume("cache", cfg, cache_plan, gpu.droplet_id) if cache_plan.create else None
 )
 
 # The key every request needs: given as a secret, or made once per stack.
@@ -65,6 +82,8 @@ bootstrap = Bootstrap(
         dns_record=(
             pulumi.Output.concat(record.domain, " ", record.id) if record is not None else ""
         ),
+        cache_device=cache.device_path(cfg) if cache_volume is not None else "",
+        cache_attachment=cache_volume.attachment if cache_volume is not None else None,
     ),
 )
 
@@ -79,6 +98,13 @@ pulumi.export("size", cfg.droplet.size)
 pulumi.export("placement", placement.reason)
 pulumi.export("hourlyPriceUsd", placement.price_hourly)
 pulumi.export("dropletReplacement", REPLACEMENT_NOTE)
+pulumi.export(
+    "cache",
+    cache_volume.volume.id.apply(lambda volume_id: cache.output(cfg, cache_plan, volume_id))
+    if cache_volume is not None
+    else cache.output(cfg, cache_plan),
+)
+pulumi.export("cacheMonthlyPriceUsd", cache_plan.monthly_price_usd)
 pulumi.export(
     "sshCommand",
     pulumi.Output.all(gpu.ipv4, gpu.host_public_key).apply(

@@ -53,7 +53,9 @@ PHASES: tuple[Phase, ...] = (
     # The downloads go beside the driver install: nothing in them needs the new driver.
     Phase("driver", ("preflight",), 45),
     Phase("cgroup", ("driver",), 15),
-    Phase("conda", ("preflight",), 30),
+    # The cache Volume (when there is one) is mounted before anything is put where it binds.
+    Phase("cache", ("preflight", "volume"), 10),
+    Phase("conda", ("cache",), 30),
     Phase("vllm", ("conda", "lock"), 90),
     Phase("model", ("conda",), 150),
     # The one reboot (when a phase asked for it) never interrupts a download: it waits for all.
@@ -119,6 +121,7 @@ def settings(
     api_key: str = "",
     host: str = "",
     dns_record: str = "",
+    cache_device: str = "",
 ) -> dict[str, Setting]:
     """The NEMO_* settings each phase script reads (see the header of each script)."""
     min_branch = catalog.min_driver_branch(cfg.vllm.version)
@@ -144,6 +147,15 @@ def settings(
             "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
         },
         "cgroup": {"NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode},
+        "cache": {
+            "NEMO_CACHE_DEVICE": cache_device,
+            "NEMO_CACHE_MOUNT": catalog.CACHE_MOUNT,
+            "NEMO_CACHE_LABEL": catalog.CACHE_LABEL,
+            "NEMO_CACHE_BINDS": [f"{folder}:{path}" for folder, path in catalog.CACHE_BINDS],
+            # DigitalOcean attaches in seconds; the device link follows once udev has seen it.
+            "NEMO_CACHE_WAIT_SECONDS": 300,
+            "NEMO_VLLM_UNIT": catalog.VLLM_UNIT,
+        },
         "reboot": {"NEMO_REBOOT_DELAY": 5},
         "reboot-wait": {
             "NEMO_REBOOTING": bool((reboot_result or {}).get("rebooting", False)),
@@ -190,7 +202,7 @@ def settings(
             "NEMO_HF_HOME": catalog.HF_HOME,
             "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
             "NEMO_UNIT": catalog.VLLM_UNIT,
-            "NEMO_UNIT_TEXT": vllm_service.unit_text(cfg),
+            "NEMO_UNIT_TEXT": vllm_service.unit_text(cfg, cached=bool(cache_device)),
             "NEMO_ENV_TEXT": vllm_service.env_text(api_key),
             # What the running service was started from: a change to any of them restarts it.
             "NEMO_RUNS_FROM": f"{catalog.VLLM_MARKER} {catalog.MODEL_MARKER}",
@@ -300,6 +312,10 @@ class BootstrapArgs:
     # "<zone> <record id>" of the endpoint's A record when the program keeps one: autodown
     # deletes it before the Droplet, so the name never points at an address someone else gets.
     dns_record: pulumi.Input[str] = ""
+    # The cache Volume's device on the Droplet ("": no cache) and its attachment, which the
+    # cache phase waits for; a new attachment (a new Droplet or Volume) runs it again.
+    cache_device: str = ""
+    cache_attachment: pulumi.CustomResource | None = None
     prefix: str = "bootstrap"
 
 
@@ -312,6 +328,10 @@ RUNTIME_INPUTS = {
     "ready": ("host",),
     "autodown": ("dns_record",),
 }
+
+
+# The plain values, known when the program runs, that a phase's settings need.
+STATIC_INPUTS = ("cache", "service")
 
 
 class Bootstrap(pulumi.ComponentResource):
@@ -346,9 +366,14 @@ class Bootstrap(pulumi.ComponentResource):
                 )
             upstream: list[pulumi.Resource] = []
             results: list[pulumi.Output[str]] = []
+            triggers: list[pulumi.Input[str]] = []
             for name_ in phase.after:
                 if name_ == "lock":
                     upstream.append(self.lock)
+                elif name_ == "volume":
+                    if args.cache_attachment is not None:
+                        upstream.append(args.cache_attachment)
+                        triggers.append(args.cache_attachment.id)
                 else:
                     upstream.append(self.commands[name_])
                     results.append(self.commands[name_].stdout)
@@ -356,7 +381,7 @@ class Bootstrap(pulumi.ComponentResource):
             stdin = self._stdin(cfg, phase.name, minutes, args)
             # Upstream results are unique per run: when one re-ran, this one re-runs too. The
             # first phase has no upstream: the Droplet's id starts the cascade on a new one.
-            triggers: list[pulumi.Input[str]] = [*results] if results else [args.droplet_id]
+            triggers = [*results, *triggers] if results else [args.droplet_id]
             self.commands[phase.name] = command.remote.Command(
                 f"{args.prefix}-{phase.name}",
                 connection=self._connection(args, wait=phase.wait_for_ssh),
@@ -405,6 +430,7 @@ class Bootstrap(pulumi.ComponentResource):
         if phase == "reboot-wait":
             available["reboot_result"] = self.commands["reboot"].stdout.apply(parse_result)
         needed = {name: available[name] for name in RUNTIME_INPUTS.get(phase, ())}
+        cache_device = args.cache_device if phase in STATIC_INPUTS else ""
         if phase == "autodown" and cfg.autodown.token is not None:
             # The token is in the config model, not an Output: mark the script secret here.
             return pulumi.Output.secret(
@@ -413,10 +439,12 @@ class Bootstrap(pulumi.ComponentResource):
                 )
             )
         if not needed:
-            return render(phase, settings(cfg, phase), minutes)
+            return render(phase, settings(cfg, phase, cache_device=cache_device), minutes)
         # Secrets stay secret: an Output built from a secret is a secret.
         return pulumi.Output.all(**needed).apply(
-            lambda values: render(phase, settings(cfg, phase, **values), minutes)
+            lambda values: render(
+                phase, settings(cfg, phase, **values, cache_device=cache_device), minutes
+            )
         )
 
     @staticmethod

@@ -50,12 +50,41 @@ HF_HOME = "/var/lib/nemotron/hf"
 # What the vllm and model phases installed, one line each; the service restarts when either
 # changes (a new vLLM, new weights), not only when its unit or env file does.
 VLLM_MARKER = "/opt/conda/envs/vllm/.nemotron-vllm"
-MODEL_MARKER = "/var/lib/nemotron/model.done"
+# The weights' marker lives with them (on the cache volume, when there is one).
+MODEL_MARKER = "/var/lib/nemotron/hf/.nemotron-model"
 # Triton compiles a small C launcher at first use and fails without a C compiler ("Failed to
 # find C compiler"); Nemotron 3's Mamba-2 kernels are Triton (FACTS.md, checked later). gcc
 # alone lacks the C library headers and start files it links with.
 VLLM_RUNTIME_PACKAGES = ("gcc", "libc6-dev")
 LOCKS_DIR = "/var/lib/nemotron/locks"
+
+# ---- the cache volume ------------------------------------------------------------------------
+# A DigitalOcean Volume (block storage) that outlives the Droplet: billed while it exists,
+# attached or not, at $0.10 per GiB per month, hourly (digitalocean.com/pricing/volumes; not
+# re-checked from here: this machine has no DigitalOcean access). Sizes 1 GiB to 16 TiB (API
+# reference, Block Storage: size_gigabytes); a volume can grow, never shrink.
+VOLUME_PRICE_GIB_MONTH = 0.10
+VOLUME_MAX_GIB = 16384
+# A region offers Volumes when its `features` list "storage" (GET /v2/regions; the provider's
+# getRegion data source). GPU sizes are not singled out: the check is the region's.
+VOLUME_REGION_FEATURE = "storage"
+# How DigitalOcean names an attached volume's device on the Droplet (docs: Volumes, "How to
+# mount"): the volume's name after this prefix.
+VOLUME_DEVICE_PREFIX = "/dev/disk/by-id/scsi-0DO_Volume_"
+CACHE_MOUNT = "/mnt/nemotron-cache"
+CACHE_LABEL = "nemotron-cache"  # ext4 labels hold at most 16 bytes
+# The volume's folders and where they are bound: the places the phases and the service already
+# use, so that nothing else changes with a cache. The vLLM user's caches hold torch.compile's
+# artifacts (VLLM_CACHE_ROOT defaults to ~/.cache/vllm: vllm/envs.py), FlashInfer's JIT builds
+# (~/.cache/flashinfer) and Triton's kernels (~/.triton).
+CACHE_BINDS = (
+    ("conda", CONDA_PREFIX),
+    ("hf", HF_HOME),
+    ("vllm-home-cache", f"/var/lib/{VLLM_USER}/.cache"),
+    ("triton", f"/var/lib/{VLLM_USER}/.triton"),
+)
+# The compile caches and the conda base beside the weights and the vLLM env, with headroom.
+CACHE_OVERHEAD_GB = 10
 
 # Ubuntu releases the phases are written for (DigitalOcean's GPU images are Ubuntu).
 OS_RELEASES = ("22.04", "24.04")

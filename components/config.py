@@ -238,6 +238,25 @@ def _access_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[st
     return problems
 
 
+def _cache_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
+    """The cache Volume must hold what it is for, or it only adds a bill."""
+    size_gb = parsed["cache"].size_gb
+    if size_gb is None or not ok("cache.sizeGb", "model", "vllm", "bootstrap"):
+        return []
+    model = parsed["model"]
+    known = catalog.MODELS.get(model.id)
+    disk = model.disk_gb or (known.disk_gb if known else model.vram_gb or 0)
+    need = disk + catalog.VLLM_ENV_DISK_GB + catalog.CACHE_OVERHEAD_GB
+    if size_gb < need:
+        return [
+            f"cache.sizeGb: {size_gb} GiB cannot hold {model.id} (about {disk} GB), the vLLM "
+            f"env ({catalog.VLLM_ENV_DISK_GB} GB) and the compile caches "
+            f"({catalog.CACHE_OVERHEAD_GB} GB); accepted: {need} to {catalog.VOLUME_MAX_GIB}, "
+            "or unset for no cache"
+        ]
+    return []
+
+
 def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
     """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
     value gives one message, not a cascade; the other rules still run."""
@@ -247,7 +266,7 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
         prefixes = {".".join(p.split(".")[:i]) for p in paths for i in range(1, p.count(".") + 2)}
         return not prefixes & bad
 
-    rules = (_hardware_rules, _version_rules, _install_rules, _access_rules)
+    rules = (_hardware_rules, _version_rules, _install_rules, _access_rules, _cache_rules)
     return [problem for rule in rules for problem in rule(parsed, ok)]
 
 

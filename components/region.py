@@ -89,11 +89,16 @@ def find_existing(name: str, stack_tag: str) -> Existing | None:
 
 
 def choose(
-    size: str, preferred: list[str], offer: Offer | None, existing: Existing | None = None
+    size: str,
+    preferred: list[str],
+    offer: Offer | None,
+    existing: Existing | None = None,
+    cache_region: str | None = None,
 ) -> Placement:
     """Keep an existing Droplet of this size where it is; else the first preferred region
-    offering the size now (the existing Droplet's region first, if it offers the new size),
-    else an error saying where the size is."""
+    offering the size now (the existing Droplet's region first, if it offers the new size; then
+    the cache Volume's, where a new Droplet starts warm), else an error saying where the size
+    is."""
     if existing is not None and existing.size == size:
         if offer is not None and existing.region not in offer.regions:
             pulumi.log.info(
@@ -121,15 +126,17 @@ def choose(
                 "later or choose another size"
             ]
         )
-    order = preferred
-    if existing is not None and existing.region in preferred:
-        order = [existing.region, *(r for r in preferred if r != existing.region)]
+    first = [
+        r for r in (existing.region if existing else None, cache_region) if r and r in preferred
+    ]
+    order = list(dict.fromkeys([*first, *preferred]))
     for region in order:
         if region in offer.regions:
+            why = f"{region} is the first of droplet.regions that offers {size} now"
+            if region == cache_region and region != (existing.region if existing else None):
+                why = f"{region} holds the cache Volume and offers {size} now"
             return Placement(
-                region=region,
-                price_hourly=offer.price_hourly,
-                reason=f"chosen: {region} is the first of droplet.regions that offers {size} now",
+                region=region, price_hourly=offer.price_hourly, reason=f"chosen: {why}"
             )
     raise ConfigError(
         [

@@ -473,6 +473,29 @@ class AutodownConfig(_Section):
         return "dry-run" if self.dry_run or self.token is None else "delete"
 
 
+class CacheConfig(_Section):
+    size_gb: int | None = Field(
+        None,
+        ge=1,
+        le=catalog.VOLUME_MAX_GIB,
+        description="GiB of a block-storage Volume that keeps the weights, the conda envs (vLLM's "
+        "keyed by its lock) and vLLM's compile caches across Droplets: a re-created Droplet "
+        "finds them and skips the downloads. Billed while it exists, at "
+        f"${catalog.VOLUME_PRICE_GIB_MONTH:.2f} per GiB per month (the `cache` output shows the "
+        "price). Can grow, never shrink. Unset: no cache, everything on the Droplet's disk.",
+    )
+    keep_on_destroy: bool = Field(
+        False,
+        description="Keep the Volume when `pulumi destroy` runs (still billed); the next "
+        "`pulumi up` of the stack adopts it, warm. Default: destroy deletes it. Autodown never "
+        "deletes it.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.size_gb is not None
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "droplet": DropletConfig,
     "access": AccessConfig,
@@ -480,6 +503,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "vllm": VllmConfig,
     "bootstrap": BootstrapConfig,
     "autodown": AutodownConfig,
+    "cache": CacheConfig,
 }
 SECRET_KEYS = ("hfToken", "apiKey")
 
@@ -496,6 +520,7 @@ class StackConfig(BaseModel):
     vllm: VllmConfig
     bootstrap: BootstrapConfig
     autodown: AutodownConfig
+    cache: CacheConfig
 
     @property
     def size(self) -> catalog.GpuSize:
@@ -545,6 +570,20 @@ class StackConfig(BaseModel):
         if self.model.disk_gb is not None:
             return self.model.disk_gb
         return known.disk_gb if known else self.model_vram_gb
+
+    @property
+    def cache_volume_name(self) -> str:
+        """The cache Volume's name: lowercase letters, digits and dashes, a letter first, at
+        most 64 (the API's rule), unique per region, found again by it after a destroy."""
+        base = re.sub(r"[^a-z0-9-]", "-", self.droplet_name.lower())
+        if not base[:1].isalpha():
+            base = f"n-{base}"
+        return f"{base[:58]}-cache"
+
+    @property
+    def cache_need_gb(self) -> int:
+        """What the cache holds: the weights, the vLLM env, the compile caches and conda."""
+        return self.model_disk_gb + catalog.VLLM_ENV_DISK_GB + catalog.CACHE_OVERHEAD_GB
 
 
 def _slug(text: str) -> str:

@@ -46,15 +46,20 @@ def serve_args(cfg: StackConfig) -> list[str]:
     return args + list(cfg.vllm.extra_args)
 
 
-def unit_text(cfg: StackConfig) -> str:
+def unit_text(cfg: StackConfig, cached: bool = False) -> str:
+    """The unit. `cached`: vLLM, the weights and its compile caches are on the cache Volume,
+    bound from fstab with nofail, so the unit waits for those mounts (and does not start from
+    the empty folders beneath them when the Volume is missing)."""
     exec_start = " ".join(
         systemd_quote(a) for a in [f"{catalog.VLLM_ENV}/bin/vllm", *serve_args(cfg)]
     )
+    mounts = " ".join(path for _, path in catalog.CACHE_BINDS)
+    requires_mounts = f"RequiresMountsFor={mounts}\n" if cached else ""
     return f"""[Unit]
 Description=vLLM OpenAI-compatible server for {cfg.model.id} (nemotron-droplet)
 After=network-online.target
 Wants=network-online.target
-
+{requires_mounts}
 [Service]
 Type=simple
 User={catalog.VLLM_USER}

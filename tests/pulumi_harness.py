@@ -44,6 +44,10 @@ FAKE_DROPLET_ID = "424242"
 SIZES_TOKEN = "digitalocean:index/getSizes:getSizes"
 DROPLETS_TOKEN = "digitalocean:index/getDroplets:getDroplets"
 DOMAIN_TOKEN = "digitalocean:index/getDomain:getDomain"
+VOLUME_TOKEN = "digitalocean:index/getVolume:getVolume"
+REGION_TOKEN = "digitalocean:index/getRegion:getRegion"
+VOLUME = "digitalocean:index/volume:Volume"
+VOLUME_ATTACHMENT = "digitalocean:index/volumeAttachment:VolumeAttachment"
 DNS_RECORD = "digitalocean:index/dnsRecord:DnsRecord"
 FAKE_RECORD_ID = "31415926"
 
@@ -52,8 +56,8 @@ FAKE_RECORD_ID = "31415926"
 FAKE_PHASE_START = {
     name: 1_000_000_000.0 + 10 * i
     for i, name in enumerate(
-        ("preflight", "driver", "cgroup", "reboot", "reboot-wait", "conda", "vllm", "model",
-         "service", "gateway", "autodown", "ready")
+        ("preflight", "driver", "cgroup", "reboot", "reboot-wait", "cache", "conda", "vllm",
+         "model", "service", "gateway", "autodown", "ready")
     )
 }  # fmt: skip
 
@@ -109,6 +113,30 @@ class Registration:
     parent: str
     custom_timeouts: dict[str, str]
     delete_before_replace: bool = False
+    retain_on_delete: bool = False
+    import_id: str = ""
+
+
+def existing_volume(
+    name: str = "nemotron-dev-cache",
+    region: str = "tor1",
+    size: int = 100,
+    droplet_ids: tuple[int, ...] = (),
+    volume_id: str = "vol-kept-0001",
+) -> dict:
+    """One Volume as the volume data source reports it (camelCase, as mocks expect)."""
+    return {
+        "id": volume_id,
+        "name": name,
+        "region": region,
+        "size": size,
+        "dropletIds": list(droplet_ids),
+        "description": "nemotron-droplet cache",
+        "filesystemType": "ext4",
+        "filesystemLabel": "nemotron-cache",
+        "tags": [],
+        "urn": f"do:volume:{volume_id}",
+    }
 
 
 def existing_droplet(
@@ -140,8 +168,13 @@ class FakeCloud(pulumi_mocks.Mocks):
         droplet_id: str = "",
         zones: tuple[str, ...] = (),
         ipv4: str = "",
+        volumes: list[dict] | None = None,
+        no_volumes_in: tuple[str, ...] = (),
     ):
         self.offers = offers
+        # The account's Volumes, and the regions that sell none (their features lack "storage").
+        self.volumes = volumes or []
+        self.no_volumes_in = no_volumes_in
         # The domains of the account (Networking > Domains).
         self.zones = zones
         self.ipv4 = ipv4 or FAKE_IPV4
@@ -152,38 +185,69 @@ class FakeCloud(pulumi_mocks.Mocks):
 
     def call(self, args: pulumi_mocks.MockCallArgs):
         self.calls.append(args)
-        if args.token == SIZES_TOKEN:
-            wanted = {v for f in args.args.get("filters", []) for v in f["values"]}
-            return {"sizes": [o for slug, o in self.offers.items() if slug in wanted]}, []
-        if args.token == DROPLETS_TOKEN:
-            # The provider's filters: every filter must match; a list attribute matches when
-            # any element is one of the values.
-            assert args.args.get("gpus") is True, "GPU Droplets are hidden without gpus=true"
+        handlers = {
+            SIZES_TOKEN: self._sizes,
+            DROPLETS_TOKEN: self._droplets,
+            DOMAIN_TOKEN: self._domain,
+            VOLUME_TOKEN: self._volume,
+            REGION_TOKEN: self._region,
+        }
+        if args.token not in handlers:
+            raise AssertionError(f"unexpected invoke {args.token}")
+        return handlers[args.token](args.args)
 
-            def matches(d: dict, f: dict) -> bool:
-                value = d.get(f["key"])
-                values = value if isinstance(value, list) else [value]
-                return any(str(v) in f["values"] for v in values)
+    # Each returns (outputs, failures): a failure is what a provider's error looks like to the
+    # program, a failed invoke it can catch (a plain exception would be an RPC-level crash).
 
-            found = [
-                d for d in self.droplets if all(matches(d, f) for f in args.args.get("filters", []))
-            ]
-            return {"droplets": found, "id": "droplets"}, []
-        if args.token == DOMAIN_TOKEN:
-            name = args.args["name"]
-            if name not in self.zones:
-                # What a provider's failure looks like to the program: a failed invoke it can
-                # catch (a plain exception here would be an RPC-level crash instead).
-                message = f"Error retrieving domain: 404 The resource could not be found ({name})"
-                return {}, [("name", message)]
-            return {
-                "name": name,
-                "ttl": 1800,
-                "zoneFile": "",
-                "urn": f"do:domain:{name}",
-                "id": name,
-            }, []
-        raise AssertionError(f"unexpected invoke {args.token}")
+    def _sizes(self, a: dict):
+        wanted = {v for f in a.get("filters", []) for v in f["values"]}
+        return {"sizes": [o for slug, o in self.offers.items() if slug in wanted]}, []
+
+    def _droplets(self, a: dict):
+        # The provider's filters: every filter must match; a list attribute matches when any
+        # element is one of the values.
+        assert a.get("gpus") is True, "GPU Droplets are hidden without gpus=true"
+
+        def matches(d: dict, f: dict) -> bool:
+            value = d.get(f["key"])
+            values = value if isinstance(value, list) else [value]
+            return any(str(v) in f["values"] for v in values)
+
+        found = [d for d in self.droplets if all(matches(d, f) for f in a.get("filters", []))]
+        return {"droplets": found, "id": "droplets"}, []
+
+    def _domain(self, a: dict):
+        name = a["name"]
+        if name not in self.zones:
+            message = f"Error retrieving domain: 404 The resource could not be found ({name})"
+            return {}, [("name", message)]
+        return {
+            "name": name,
+            "ttl": 1800,
+            "zoneFile": "",
+            "urn": f"do:domain:{name}",
+            "id": name,
+        }, []
+
+    def _volume(self, a: dict):
+        # The provider's data source (datasource_digitalocean_volume.go, findVolumeByName): the
+        # name among the account's Volumes (in `region` when given), exactly one.
+        name, region = a["name"], a.get("region")
+        found = [v for v in self.volumes if v["name"] == name and region in (None, v["region"])]
+        if not found:
+            return {}, [("name", f"no volumes found with name {name}")]
+        if len(found) > 1:
+            message = f"too many volumes found with name {name} (found {len(found)}, expected 1)"
+            return {}, [("name", message)]
+        return found[0], []
+
+    def _region(self, a: dict):
+        slug = a["slug"]
+        features = ["backups", "ipv6", "metadata", "install_agent", "image_transfer"]
+        if slug not in self.no_volumes_in:
+            features.append("storage")
+        region = {"slug": slug, "name": slug, "available": True, "sizes": [], "id": slug}
+        return {**region, "features": features}, []
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         outs = dict(args.inputs)
@@ -211,6 +275,9 @@ class FakeCloud(pulumi_mocks.Mocks):
             name, zone = args.inputs["name"], args.inputs["domain"]
             outs["fqdn"] = zone if name == "@" else f"{name}.{zone}"
             return FAKE_RECORD_ID, outs  # DigitalOcean's record ids are numbers
+        elif args.typ == VOLUME:
+            # An adopted Volume keeps its id; a new one gets one.
+            return args.resource_id or f"vol-{args.name}-new", outs
         elif args.typ == "digitalocean:index/droplet:Droplet":
             outs.update(ipv4Address=self.ipv4, status="active")
             return self.droplet_id, outs
@@ -241,6 +308,8 @@ class Recorder(pulumi_mocks.MockMonitor):
                         "delete": request.customTimeouts.delete,
                     },
                     delete_before_replace=request.deleteBeforeReplace,
+                    retain_on_delete=request.retainOnDelete,
+                    import_id=request.importId,
                 )
             )
         return response
@@ -306,11 +375,19 @@ def run_program(
     droplet_id: str = "",
     zones: tuple[str, ...] = (),
     ipv4: str = "",
+    volumes: list[dict] | None = None,
+    no_volumes_in: tuple[str, ...] = (),
 ) -> Run:
     """Run __main__.py with `config` (keys without namespace; plain values JSON-encoded the way
     the engine passes structured config) and `secrets` (marked secret)."""
     cloud = FakeCloud(
-        DEFAULT_OFFERS if offers is None else offers, droplets, droplet_id, zones, ipv4
+        DEFAULT_OFFERS if offers is None else offers,
+        droplets,
+        droplet_id,
+        zones,
+        ipv4,
+        volumes,
+        no_volumes_in,
     )
     monitor = Recorder(cloud)
     pulumi_settings.ROOT.set(None)

@@ -57,7 +57,7 @@ def caddy_release_tarball() -> bytes:
 
 
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200-ubuntu2404"
-OVERLAID = ("etc", "usr", "var", "opt", "root", "home", "srv")
+OVERLAID = ("etc", "usr", "var", "opt", "root", "home", "srv", "mnt")
 SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 UBUNTU_2404 = """PRETTY_NAME="Ubuntu 24.04.3 LTS"
 NAME="Ubuntu"
@@ -156,6 +156,8 @@ class Sandbox:
         (self.host / "cmdline").write_text(CMDLINE + "\n")
         (self.host / "cgroup.controllers").write_text(FIXTURE_CONTROLLERS + "\n")
         self.vllm_port, self.http_port, self.https_port = free_port(), free_port(), free_port()
+        # The cache Volume attached to this "Droplet": an image file (see tests/fakes/mount).
+        self.volume: Path | None = None
         self._install_fakes()
         self.set_gpus(1)
         self.hw("driver", "580.159.04")
@@ -235,6 +237,7 @@ class Sandbox:
             f"mount --bind {self.host / 'cmdline'} /proc/cmdline",
             f"mount --bind {self.host / 'pci'} /sys/bus/pci/devices",
         ]
+        lines += self._fstab_mounts()
         if self.cgroup == "v2":
             lines += [
                 "mount -t cgroup2 none /sys/fs/cgroup",
@@ -243,6 +246,52 @@ class Sandbox:
         else:
             lines.append("mount -t tmpfs tmpfs /sys/fs/cgroup")
         return "\n".join(lines)
+
+    def attach_volume(self, image: Path) -> None:
+        """Attach a cache Volume (an image file, empty or filled by another sandbox)."""
+        self.volume = image
+
+    def _fstab_mounts(self) -> list[str]:
+        """What systemd mounts at boot from the cache phase's fstab block, as commands: the
+        Volume (when its UUID is the attached image's: the fake mount binds its content) and the
+        binds. `nofail`: a line that cannot be mounted is skipped, the boot goes on."""
+        fstab = self.upper / "etc" / "fstab"
+        if not fstab.exists():
+            return []
+        uuid = ""
+        if self.volume is not None:
+            probe = subprocess.run(
+                ["blkid", "-p", "-s", "UUID", "-o", "value", str(self.volume)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            uuid = probe.stdout.strip()
+        lines, inside = [], False
+        for line in fstab.read_text().splitlines():
+            if line.startswith("# nemotron-cache: begin"):
+                inside = True
+            elif line.startswith("# nemotron-cache: end"):
+                inside = False
+            elif inside:
+                source, target, fstype, options = line.split()[:4]
+                assert "nofail" in options.split(","), (
+                    f"a cache mount must not hold the boot: {line}"
+                )
+                if fstype == "ext4":
+                    device = (
+                        str(self.volume) if uuid and source == f"UUID={uuid}" else "/nonexistent"
+                    )
+                    lines.append(
+                        f"mkdir -p {target} && mount {device} {target} 2>/dev/null || true"
+                    )
+                else:
+                    assert options.split(",")[0] == "bind", line
+                    lines.append(
+                        f"mountpoint -q {source.rsplit('/', 1)[0]} && mkdir -p {target} && "
+                        f"mount --bind {source} {target} || true"
+                    )
+        return [f"(PATH=/usr/local/bin:$PATH; {line})" for line in lines]
 
     def command(self, inner: str) -> list[str]:
         """argv that runs `inner` (bash) inside the sandbox with sshd's bare environment."""

@@ -22,13 +22,15 @@ from test_program import HF_TOKEN, dev
 from components import bootstrap, config, vllm_service
 
 COMMAND = "command:remote:Command"
-# The overlap: conda, the vLLM env and the weights download beside the driver install; the one
-# reboot waits for all of them; the gateway comes up beside the service; ready needs both.
+# The overlap: the cache, conda, the vLLM env and the weights download beside the driver
+# install; the one reboot waits for all of them; the gateway comes up beside the service; ready
+# needs both.
 EDGES = {
     "preflight": set(),
     "driver": {"preflight"},
     "cgroup": {"driver"},
-    "conda": {"preflight"},
+    "cache": {"preflight"},
+    "conda": {"cache"},
     "vllm": {"conda"},
     "model": {"conda"},
     "reboot": {"cgroup", "vllm", "model"},

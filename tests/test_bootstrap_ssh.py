@@ -155,12 +155,15 @@ def droplet(tmp_path: Path) -> Iterator[Droplet]:
     box.stop_services()
 
 
-def run_bootstrap(droplet: Droplet, p: Phases) -> dict[str, dict[str, Any]]:
-    """All phases in the program's order, vllm and model side by side, as `pulumi up` runs them."""
+def run_bootstrap(droplet: Droplet, p: Phases, cache_device: str = "") -> dict[str, dict[str, Any]]:
+    """All phases in the program's order (bootstrap.PHASES), the ones that overlap side by side,
+    as `pulumi up` runs them."""
     results: dict[str, dict[str, Any]] = {}
 
     def phase(name: str, **kwargs: Any) -> dict[str, Any]:
         spec = next(ph for ph in bootstrap.PHASES if ph.name == name)
+        if name in bootstrap.STATIC_INPUTS:
+            kwargs["cache_device"] = cache_device
         proc = droplet.run_phase(
             bootstrap.render(name, p.settings(name, **kwargs)), spec.wait_for_ssh
         )
@@ -168,31 +171,49 @@ def run_bootstrap(droplet: Droplet, p: Phases) -> dict[str, dict[str, Any]]:
         results[name] = bootstrap.parse_result(proc.stdout)
         return results[name]
 
-    for name in ("preflight", "driver", "cgroup"):
-        phase(name)
+    def downloads() -> None:
+        phase("cache")
+        phase("conda")
+        droplet.copy(p.cfg.lock_file, bootstrap.remote_lock_path(p.cfg))
+        with ThreadPoolExecutor(max_workers=2) as inner:
+            for future in [inner.submit(phase, "vllm"), inner.submit(phase, "model")]:
+                future.result()
+
+    phase("preflight")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        branches = [pool.submit(lambda: (phase("driver"), phase("cgroup"))), pool.submit(downloads)]
+        for future in branches:
+            future.result()
     asked = phase("reboot")
     results["rebooted"] = {"done": droplet.reboot_if_asked()}
     phase("reboot-wait", reboot_result=asked)
-    droplet.copy(p.cfg.lock_file, bootstrap.remote_lock_path(p.cfg))
-    phase("conda")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for future in [pool.submit(phase, "vllm"), pool.submit(phase, "model")]:
+        for future in [pool.submit(phase, "service"), pool.submit(phase, "gateway")]:
             future.result()
-    phase("service")
-    phase("gateway")
     phase("autodown")
     phase("ready")
     return results
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "cache-volume"])
 def test_the_whole_bootstrap_over_ssh_with_one_reboot_then_a_second_up_changes_nothing(
-    droplet: Droplet, tmp_path: Path
+    droplet: Droplet, tmp_path: Path, cached: bool
 ) -> None:
     downloads = Downloads(tmp_path / "www")
+    device = ""
+    if cached:
+        # The cache Volume: an image file (tests/fakes/mount); after the reboot only the fstab
+        # lines the cache phase wrote bring it back, as on a Droplet.
+        image = tmp_path / "volume.img"
+        with image.open("wb") as f:
+            f.truncate(64 * 1024 * 1024)
+        droplet.box.attach_volume(image)
+        device = str(image)
     try:
         droplet.box.hw("driver", "575.57.08")  # the image's driver is too old for CUDA 13
         p = Phases(droplet.box, downloads)
-        first = run_bootstrap(droplet, p)
+        p.extra["cache"] = {"NEMO_CACHE_DEVICE": device}
+        first = run_bootstrap(droplet, p, device)
         assert first["driver"]["changed"] is True
         assert first["reboot"]["rebooting"] is True
         assert first["rebooted"]["done"] is True
@@ -200,10 +221,15 @@ def test_the_whole_bootstrap_over_ssh_with_one_reboot_then_a_second_up_changes_n
         assert first["reboot-wait"]["driver"] == "580.159.04"
         for name in ("conda", "vllm", "model", "service", "gateway", "autodown"):
             assert first[name]["changed"] is True, name
+        assert first["cache"]["cache"] == ("new" if cached else "off")
         assert first["ready"]["ready_seconds"] >= 0
+        if cached:
+            # vLLM answered from the env and the weights on the Volume, after the reboot.
+            assert (Path(f"{device}.fs") / "conda" / "envs" / "vllm" / "bin" / "vllm").exists()
+            assert list((Path(f"{device}.fs") / "hf" / "hub").iterdir())
         boot = droplet.box.boot_id
 
-        second = run_bootstrap(droplet, p)
+        second = run_bootstrap(droplet, p, device)
         assert second["rebooted"]["done"] is False, "never a second reboot"
         assert droplet.box.boot_id == boot
         for name in bootstrap.PHASE_NAMES:

@@ -35,13 +35,6 @@ CADDY_ROOT_CA = "/var/lib/caddy/.local/share/caddy/pki/authorities/local/root.cr
 
 
 @pytest.fixture
-def downloads(tmp_path: Path) -> Iterator[Downloads]:
-    d = Downloads(tmp_path / "www")
-    yield d
-    d.close()
-
-
-@pytest.fixture
 def box(tmp_path: Path) -> Iterator[Sandbox]:
     tmp_before = set(Path("/tmp").iterdir())  # noqa: S108 (the shared /tmp the phases also see)
     s = Sandbox(tmp_path / "droplet")
@@ -594,12 +587,16 @@ def test_model_downloads_once_into_the_service_cache(box: Sandbox, downloads: Do
     p.ok("conda")
     first = p.ok("model")
     assert first["changed"] is True and first["model"] == f"{MODEL}@main"
-    snapshot = (
-        box.upper
-        / "var/lib/nemotron/hf/hub/models--nvidia--NVIDIA-Nemotron-3-Nano-4B-BF16/snapshots/main/config.json"
-    )
-    assert snapshot.exists()
-    assert p.ok("model")["changed"] is False
+    repo = box.upper / "var/lib/nemotron/hf/hub/models--nvidia--NVIDIA-Nemotron-3-Nano-4B-BF16"
+    commit = (repo / "refs" / "main").read_text()
+    assert (repo / "snapshots" / commit / "config.json").resolve().parent == repo / "blobs"
+    # What "complete" means for the next run (or the next Droplet on the same cache Volume).
+    manifest = box.file(catalog.MODEL_MARKER + ".manifest").read_text().splitlines()
+    assert manifest[0] == f"{MODEL}@main" and manifest[1].endswith(" config.json")
+    requests = len(downloads.requests)
+    again = p.run("model")
+    assert again.result["changed"] is False and "no download" in again.stderr
+    assert len(downloads.requests) == requests, "a complete snapshot is not fetched again"
 
 
 def test_model_gated_without_token_says_to_set_hf_token(box: Sandbox, downloads: Downloads) -> None:

@@ -9,12 +9,15 @@ conda=$NEMO_CONDA_PREFIX/bin/conda
 
 step miniforge "Miniforge in ${NEMO_CONDA_PREFIX}"
 if [[ -x $conda ]]; then
-  log "already installed: $("$conda" --version 2>&1)"
+  log "already installed: $("$conda" --version 2>&1), $(cache_note)"
 else
   installer=/var/cache/nemotron/miniforge.sh
   download "$NEMO_MINIFORGE_URL" "$installer" "$NEMO_MINIFORGE_SHA256"
-  rm -rf "$NEMO_CONDA_PREFIX"
-  bounded 900 bash "$installer" -b -p "$NEMO_CONDA_PREFIX" >&2 \
+  # The prefix may be a mount point (the cache Volume's folder): empty it, never remove it, and
+  # have the installer fill the folder that exists (-u; without it, it refuses one).
+  mkdir -p "$NEMO_CONDA_PREFIX"
+  find "$NEMO_CONDA_PREFIX" -mindepth 1 -delete
+  bounded 900 bash "$installer" -b -u -p "$NEMO_CONDA_PREFIX" >&2 \
     || fail "the Miniforge installer failed" "read the lines above; pulumi up again retries from scratch"
   changed
 fi

@@ -67,6 +67,18 @@ trap 'on_error $? "$BASH_COMMAND"' ERR
 
 boot_id() { cat /proc/sys/kernel/random/boot_id; }
 
+# cache_note: where a phase found its work already done, for its one "already" line: on the
+# cache Volume an earlier Droplet filled (the cache phase's record), or on this Droplet.
+cache_note() {
+  local state='' created=''
+  if [[ -f $STATE_DIR/cache.state ]]; then read -r state created < "$STATE_DIR/cache.state" || true; fi
+  if [[ $state == warm ]]; then
+    printf 'found on the cache Volume (made %s)' "$created"
+  else
+    printf 'found on this Droplet'
+  fi
+}
+
 # finish [extra JSON members]: the phase's result, the last line of stdout. `run` makes every
 # result unique, so a phase that ran again always changes what the next phases depend on.
 finish() {

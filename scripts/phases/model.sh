@@ -13,13 +13,41 @@ if [[ -n ${NEMO_HF_TOKEN:-} ]]; then
 fi
 unset NEMO_HF_TOKEN
 marker=$NEMO_MODEL_MARKER
+# Every file of the snapshot with its size, written after a download: what "complete" means for
+# weights found on a cache Volume that another Droplet filled (or left half-filled).
+manifest=${marker}.manifest
 want="${NEMO_MODEL_ID}@${NEMO_MODEL_REVISION}"
-snapshot_root=$HF_HOME/hub/models--${NEMO_MODEL_ID//\//--}/snapshots
+repo_dir=$HF_HOME/hub/models--${NEMO_MODEL_ID//\//--}
+
+# snapshot_dir: the folder hf filled for the revision (a branch or tag names a commit in refs/).
+snapshot_dir() {
+  local commit=$NEMO_MODEL_REVISION
+  if [[ -f $repo_dir/refs/$NEMO_MODEL_REVISION ]]; then
+    commit=$(<"$repo_dir/refs/$NEMO_MODEL_REVISION")
+  fi
+  printf '%s\n' "$repo_dir/snapshots/$commit"
+}
+
+# incomplete_files: the manifest's files that are missing or of another size, one per line.
+incomplete_files() {
+  local dir size path
+  dir=$(snapshot_dir)
+  tail -n +2 "$manifest" | while read -r size path; do
+    [[ $(stat -L -c %s "$dir/$path" 2>/dev/null) == "$size" ]] || printf '%s\n' "$path"
+  done
+}
 
 step cached "is ${want} already complete in ${HF_HOME}?"
-if [[ -f $marker && $(<"$marker") == "$want" && -d $snapshot_root ]]; then
-  log "already downloaded: ${want}"
-  finish "\"model\":\"${want}\""
+if [[ -f $marker && $(<"$marker") == "$want" && -f $manifest && $(head -n 1 "$manifest") == "$want" ]]; then
+  files=$(( $(wc -l < "$manifest") - 1 ))
+  missing=$(incomplete_files)
+  if [[ -z $missing ]]; then
+    log "complete: ${want}, all ${files} files at their sizes, $(cache_note); no download"
+    finish "\"model\":\"${want}\",\"files\":${files}"
+  fi
+  log "incomplete: $(grep -c . <<<"$missing") of ${files} files of ${want} are missing or short ($(head -n 3 <<<"$missing" | paste -sd ' ')); downloading them"
+elif [[ -f $marker ]]; then
+  log "the cache holds $(<"$marker"), not ${want}: downloading ${want} (files they share are not fetched again)"
 fi
 
 step disk "free disk for about ${NEMO_MODEL_DISK_GB} GB of weights"
@@ -31,7 +59,7 @@ if (( free_gb < NEMO_MODEL_DISK_GB + 2 )); then
 fi
 
 step download "hf download ${want}"
-rm -f "$marker"
+rm -f "$marker" "$manifest"
 # hf's messages of the last attempt, kept beside the phase's state (never in /tmp, where a
 # failed phase would leave them behind).
 errors="$STATE_DIR/hf-download.err"
@@ -58,8 +86,15 @@ until bounded 7200 "$NEMO_HF_ENV/bin/hf" download "$NEMO_MODEL_ID" --revision "$
   attempt=$((attempt + 1))
 done
 rm -f "$errors"
-size=$(du -sh "$HF_HOME/hub/models--${NEMO_MODEL_ID//\//--}" | cut -f1)
+
+step manifest "record every file of ${want} and its size"
+dir=$(snapshot_dir)
+[[ -d $dir ]] || fail "hf finished but there is no ${dir}" "pulumi up again; if it persists, check model.revision"
+{ printf '%s\n' "$want"; (cd "$dir" && find -L . -type f -printf '%s %P\n' | LC_ALL=C sort); } > "${manifest}.tmp"
+mv "${manifest}.tmp" "$manifest"
+files=$(( $(wc -l < "$manifest") - 1 ))
+size=$(du -sh "$repo_dir" | cut -f1)
 printf '%s\n' "$want" > "$marker"
 changed
-log "downloaded ${want} (${size})"
-finish "\"model\":\"${want}\""
+log "downloaded ${want} (${files} files, ${size})"
+finish "\"model\":\"${want}\",\"files\":${files}"

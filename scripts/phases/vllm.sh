@@ -40,7 +40,7 @@ fi
 
 step installed "is this exact vLLM already installed?"
 if [[ -f $marker && $(<"$marker") == "$want" ]] && "$NEMO_VLLM_ENV/bin/vllm" --version >/dev/null 2>&1; then
-  log "already installed: ${want}"
+  log "already installed: ${want} matches the lock, $(cache_note); no install"
   finish "\"vllm\":\"$("$NEMO_VLLM_ENV/bin/vllm" --version 2>/dev/null | tail -n 1)\""
 fi
 rm -f "$marker"
