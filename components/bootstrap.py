@@ -203,7 +203,7 @@ def settings(
             "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
             "NEMO_UNIT": catalog.VLLM_UNIT,
             "NEMO_UNIT_TEXT": vllm_service.unit_text(cfg, cached=bool(cache_device)),
-            "NEMO_ENV_TEXT": vllm_service.env_text(api_key),
+            "NEMO_ENV_TEXT": vllm_service.env_text(api_key, cfg),
             # What the running service was started from: a change to any of them restarts it.
             "NEMO_RUNS_FROM": f"{catalog.VLLM_MARKER} {catalog.MODEL_MARKER}",
         },
@@ -258,7 +258,11 @@ def preflight_model_disk_gb(cfg: StackConfig) -> int:
     """Disk preflight reserves for weights: the largest catalog model this size can serve (or
     the configured one, if larger). Sized by the droplet, not the model id, so that changing the
     model re-runs model, service and ready only; the model phase checks its own need again."""
-    fitting = [m.disk_gb for m in catalog.MODELS.values() if m.vram_gb <= cfg.size.total_vram_gb]
+    fitting = [
+        m.disk_gb
+        for m in catalog.MODELS.values()
+        if m.vram_gb <= cfg.size.total_vram_gb and not m.blackwell_only
+    ]
     return max([*fitting, cfg.model_disk_gb])
 
 

@@ -131,23 +131,33 @@ class GpuSize:
     # 8-GPU HGX boards join their GPUs through NVSwitch: CUDA initialises only while NVIDIA
     # Fabric Manager of exactly the driver's version runs (FACTS.md, Ubuntu driver packages).
     nvswitch: bool = False
+    # The GPU generation: NVFP4 checkpoints run only on Blackwell.
+    arch: Literal["ada", "hopper", "blackwell", "cdna"] = "hopper"
 
     @property
     def total_vram_gb(self) -> int:
         return self.gpu_count * self.vram_gb_per_gpu
 
 
+# The self-service NVIDIA sizes. DigitalOcean's Droplet pricing page (validated 28 May 2026) lists
+# no other NVIDIA self-service plan: its B300 sizes are "per contract after contacting sales",
+# with slugs that GET /v2/sizes does not return, so no Blackwell size is sold here.
 _SIZES = (
-    GpuSize("gpu-4000adax1-20gb", "RTX 4000 Ada", 1, 20, "nvidia", 0.76),
-    GpuSize("gpu-6000adax1-48gb", "RTX 6000 Ada", 1, 48, "nvidia", 1.57),
-    GpuSize("gpu-l40sx1-48gb", "L40S", 1, 48, "nvidia", 1.57),
+    GpuSize("gpu-4000adax1-20gb", "RTX 4000 Ada", 1, 20, "nvidia", 0.76, arch="ada"),
+    GpuSize("gpu-6000adax1-48gb", "RTX 6000 Ada", 1, 48, "nvidia", 1.57, arch="ada"),
+    GpuSize("gpu-l40sx1-48gb", "L40S", 1, 48, "nvidia", 1.57, arch="ada"),
     GpuSize("gpu-h100x1-80gb", "H100", 1, 80, "nvidia", 3.39),
     GpuSize("gpu-h100x8-640gb", "H100", 8, 80, "nvidia", 23.92, nvswitch=True),
     GpuSize("gpu-h200x1-141gb", "H200", 1, 141, "nvidia", None),
     GpuSize("gpu-h200x8-1128gb", "H200", 8, 141, "nvidia", None, nvswitch=True),
     # AMD sizes are known so that choosing one gets a precise "not supported" instead of "unknown".
-    GpuSize("gpu-mi300x1-192gb", "MI300X", 1, 192, "amd", None),
-    GpuSize("gpu-mi300x8-1536gb", "MI300X", 8, 192, "amd", None),
+    GpuSize("gpu-mi300x1-192gb", "MI300X", 1, 192, "amd", None, arch="cdna"),
+    GpuSize("gpu-mi300x8-1536gb", "MI300X", 8, 192, "amd", None, arch="cdna"),
+)
+# Where a Blackwell-only checkpoint would need to go, for the message that refuses it.
+BLACKWELL_NOTE = (
+    "DigitalOcean's self-service NVIDIA sizes are Ada and Hopper; its Blackwell (B300) sizes "
+    "are sold per contract only"
 )
 # DigitalOcean names every AMD Instinct size gpu-mi<model>x<count>-...; new ones are AMD too.
 AMD_SIZE_PREFIX = "gpu-mi"
@@ -185,7 +195,7 @@ def default_image(size: GpuSize) -> str:
 @dataclass(frozen=True)
 class Model:
     repo_id: str
-    # Minimum VRAM to load and serve at a modest context (vllm-project/recipes).
+    # Minimum VRAM to load and serve at a modest context (vllm-project/recipes vram_minimum_gb).
     vram_gb: int
     # Size of the weights on disk, for the disk check before download.
     disk_gb: int
@@ -193,38 +203,88 @@ class Model:
     # Flags the model needs or is meant to be served with (vllm-project/recipes).
     vllm_flags: tuple[str, ...]
     min_vllm: str
+    # bf16, fp8 or nvfp4. NVFP4 kernels run on Blackwell only (recipes: "NVFP4 weights for
+    # Blackwell"; FACTS.md).
+    precision: str = "bf16"
+    # A longer context the model card allows, reached with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+    long_context: int | None = None
+    # The recipe's Multi-Token Prediction setting (the model's own MTP heads), for
+    # vllm.speculative.method mtp: its num_speculative_tokens. None: no MTP heads.
+    mtp_tokens: int | None = None
+    # Where its facts come from.
+    source: str = "vllm-project/recipes models/nvidia/<repo>.yaml"
+
+    @property
+    def blackwell_only(self) -> bool:
+        return self.precision == "nvfp4"
+
+    @property
+    def family(self) -> str:
+        """The repo id without its precision suffix: the checkpoints of one model."""
+        return self.repo_id.rsplit("-", 1)[0]
 
 
-# Nemotron 3 Nano is a hybrid Mamba-2/attention model: remote code for its config, float32 SSM
-# state for best accuracy, its own reasoning parser, and qwen3_coder-style tool calls.
-_NEMOTRON3_FLAGS = (
-    *("--trust-remote-code",),
-    *("--mamba-ssm-cache-dtype", "float32"),
-    *("--reasoning-parser", "nemotron_v3"),
-    *("--enable-auto-tool-choice",),
-    *("--tool-call-parser", "qwen3_coder"),
-)
-_FP8_FLAGS = ("--kv-cache-dtype", "fp8")
-_NEMOTRON3_MIN_VLLM = "0.11.2"
-_NEMOTRON3_CONTEXT = 262_144
-
-
-def _nemotron3(repo_id: str, vram_gb: int, disk_gb: int, fp8: bool) -> Model:
-    return Model(
-        repo_id=repo_id,
-        vram_gb=vram_gb,
-        disk_gb=disk_gb,
-        max_context=_NEMOTRON3_CONTEXT,
-        vllm_flags=_NEMOTRON3_FLAGS + (_FP8_FLAGS if fp8 else ()),
-        min_vllm=_NEMOTRON3_MIN_VLLM,
+# Nemotron 3 is a hybrid Mamba-2/attention family: remote code for its config, float32 SSM state
+# for best accuracy, the built-in nemotron_v3 reasoning parser (vLLM PR #36393), and tool calls
+# in the style of its tool-call parser.
+def _nemotron3_flags(tool_parser: str, fp8_kv: bool, *extra: str) -> tuple[str, ...]:
+    """The family's flags (what each recipe's base and feature args have in common)."""
+    return (
+        *("--trust-remote-code",),
+        *("--mamba-ssm-cache-dtype", "float32"),
+        *("--reasoning-parser", "nemotron_v3"),
+        *("--enable-auto-tool-choice",),
+        *("--tool-call-parser", tool_parser),
+        *(("--kv-cache-dtype", "fp8") if fp8_kv else ()),
+        *extra,
     )
 
 
+_NEMOTRON3_CONTEXT = 262_144
+_ONE_MILLION = 1_048_576
+
+
+def _nano(repo_id: str, vram_gb: int, disk_gb: int, precision: str) -> Model:
+    """Nano: recipes NVIDIA-Nemotron-3-Nano-{4B,30B-A3B}-BF16.yaml (min vLLM 0.11.2, qwen3_coder
+    tool calls; the FP8 variants with an FP8 KV cache)."""
+    fp8 = precision == "fp8"
+    return Model(
+        repo_id, vram_gb, disk_gb, _NEMOTRON3_CONTEXT, _nemotron3_flags("qwen3_coder", fp8),
+        "0.11.2", precision,
+    )  # fmt: skip
+
+
+def _super(repo_id: str, vram_gb: int, disk_gb: int, precision: str) -> Model:
+    """Super 120B-A12B: recipe NVIDIA-Nemotron-3-Super-120B-A12B-BF16.yaml (min vLLM 0.17.1, an FP8
+    KV cache for every variant, qwen3_xml tool calls, MTP with 3 speculative tokens as an opt-in,
+    a 1M-token context window). Disk: parameters x bytes per weight, rounded up (unpublished)."""
+    return Model(
+        repo_id, vram_gb, disk_gb, _NEMOTRON3_CONTEXT, _nemotron3_flags("qwen3_xml", True),
+        "0.17.1", precision, long_context=_ONE_MILLION, mtp_tokens=3,
+    )  # fmt: skip
+
+
+def _ultra(repo_id: str, vram_gb: int, disk_gb: int, precision: str) -> Model:
+    """Ultra 550B-A55B: recipe NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16.yaml (min vLLM 0.22.0; BF16
+    needs 1320 GB and NVFP4 330 GB of Blackwell: no DigitalOcean size serves either; qwen3_coder
+    tool calls, MTP with 5 tokens)."""
+    flags = _nemotron3_flags("qwen3_coder", True, "--async-scheduling", "--mamba-backend", "triton")
+    return Model(
+        repo_id, vram_gb, disk_gb, _NEMOTRON3_CONTEXT, flags, "0.22.0", precision, mtp_tokens=5
+    )
+
+
+_N3 = "nvidia/NVIDIA-Nemotron-3"
 _MODELS = (
-    _nemotron3("nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16", vram_gb=10, disk_gb=8, fp8=False),
-    _nemotron3("nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8", vram_gb=5, disk_gb=5, fp8=True),
-    _nemotron3("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", vram_gb=72, disk_gb=63, fp8=False),
-    _nemotron3("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8", vram_gb=35, disk_gb=33, fp8=True),
+    _nano(f"{_N3}-Nano-4B-BF16", 10, 8, "bf16"),
+    _nano(f"{_N3}-Nano-4B-FP8", 5, 5, "fp8"),
+    _nano(f"{_N3}-Nano-30B-A3B-BF16", 72, 63, "bf16"),
+    _nano(f"{_N3}-Nano-30B-A3B-FP8", 35, 33, "fp8"),
+    _super(f"{_N3}-Super-120B-A12B-BF16", 298, 250, "bf16"),
+    _super(f"{_N3}-Super-120B-A12B-FP8", 149, 130, "fp8"),
+    _super(f"{_N3}-Super-120B-A12B-NVFP4", 75, 85, "nvfp4"),
+    _ultra(f"{_N3}-Ultra-550B-A55B-BF16", 1320, 1120, "bf16"),
+    _ultra(f"{_N3}-Ultra-550B-A55B-NVFP4", 330, 340, "nvfp4"),
 )
 MODELS: dict[str, Model] = {m.repo_id: m for m in _MODELS}
 DEFAULT_MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"

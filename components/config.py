@@ -112,6 +112,21 @@ def _hardware_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[
             f"{', '.join(catalog.MODELS)}"
         )
 
+    if ok("model.id", "droplet.size") and known_model and known_model.blackwell_only:
+        # Started on Ada or Hopper it would only crash at load, after the bill began.
+        others = [
+            m.repo_id
+            for m in catalog.MODELS.values()
+            if m.family == known_model.family and not m.blackwell_only
+        ]
+        problems.append(
+            f"model.id: {model.id} holds NVFP4 weights, which run only on Blackwell GPUs; "
+            f"{catalog.BLACKWELL_NOTE}. Serve "
+            + (" or ".join(others) if others else "another checkpoint")
+            + " instead"
+        )
+        return problems
+
     need = model.vram_gb or (known_model.vram_gb if known_model else None)
     fit_fields = ("model.id", "model.vramGb", "droplet.size", "vllm.gpuMemoryUtilization")
     if ok(*fit_fields) and size and need:
@@ -126,7 +141,7 @@ def _hardware_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[
                 f"model.id: {model.id} needs about {need} GB of VRAM; {size.slug} has "
                 f"{size.total_vram_gb} GB, {usable:.0f} GB usable at "
                 f"vllm.gpuMemoryUtilization {vllm.gpu_memory_utilization}; sizes that fit: "
-                f"{', '.join(fitting) or 'none'}"
+                f"{', '.join(fitting) or 'none that DigitalOcean sells'}"
             )
     return problems
 
@@ -139,11 +154,25 @@ def _version_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[s
     known_model = catalog.MODELS.get(model.id)
     problems: list[str] = []
 
-    too_long = known_model and vllm.max_model_len > known_model.max_context
-    if ok("model.id", "vllm.maxModelLen") and known_model and too_long:
+    longest = (known_model.long_context or known_model.max_context) if known_model else 0
+    if ok("model.id", "vllm.maxModelLen") and known_model and vllm.max_model_len > longest:
         problems.append(
             f"vllm.maxModelLen: {vllm.max_model_len} is more than {known_model.repo_id} "
-            f"supports; accepted: 1 to {known_model.max_context}"
+            f"supports; accepted: 1 to {longest}"
+        )
+    speculative = vllm.speculative
+    no_heads = (
+        known_model is not None
+        and speculative is not None
+        and speculative.method == "mtp"
+        and known_model.mtp_tokens is None
+    )
+    if ok("model.id", "vllm.speculative") and known_model and no_heads:
+        with_mtp = [m.repo_id for m in catalog.MODELS.values() if m.mtp_tokens]
+        problems.append(
+            f"vllm.speculative.method: mtp uses the model's own Multi-Token Prediction "
+            f"heads and {known_model.repo_id} has none; models with them: "
+            f"{', '.join(with_mtp)}. Unset vllm.speculative for this model"
         )
     too_old = known_model and (
         catalog.parse_version(vllm.version) < catalog.parse_version(known_model.min_vllm)

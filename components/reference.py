@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import apikey
+from . import apikey, catalog
 from .schema import SECTIONS
 
 
@@ -47,5 +47,43 @@ def reference_markdown() -> str:
     return "\n".join(rows)
 
 
+def serving_sizes(model: catalog.Model, utilization: float = 0.90) -> list[str]:
+    """The NVIDIA sizes whose VRAM holds the model's recipe minimum at this utilization."""
+    if model.blackwell_only:
+        return []
+    return [
+        s.slug
+        for s in catalog.SIZES.values()
+        if s.vendor == "nvidia" and model.vram_gb <= s.total_vram_gb * utilization
+    ]
+
+
+def models_markdown() -> str:
+    """The model catalog as a table: what each checkpoint needs and where it runs."""
+    rows = [
+        "| `model.id` | weights | VRAM (recipe minimum) | disk | serves on (`droplet.size`) | "
+        "tool-call parser, MTP, context |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in catalog.MODELS.values():
+        sizes = serving_sizes(m)
+        if m.blackwell_only:
+            where = "none: NVFP4 runs on Blackwell only, which DigitalOcean sells per contract"
+        else:
+            where = ", ".join(f"`{s}`" for s in sizes) or "none that DigitalOcean sells"
+        tool = m.vllm_flags[m.vllm_flags.index("--tool-call-parser") + 1]
+        mtp = f"MTP {m.mtp_tokens} tokens" if m.mtp_tokens else "no MTP"
+        context = f"{m.max_context // 1024}k" + (
+            f" ({m.long_context // 1048576}M allowed)" if m.long_context else ""
+        )
+        rows.append(
+            f"| `{m.repo_id}` | {m.precision.upper()} | {m.vram_gb} GB | {m.disk_gb} GB | "
+            f"{where} | `{tool}`, {mtp}, {context} |"
+        )
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     print(reference_markdown())
+    print()
+    print(models_markdown())

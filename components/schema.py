@@ -46,6 +46,7 @@ MANAGED_VLLM_FLAGS = (
     "--enforce-eager",
     "--download-dir",
     "--hf-token",
+    "--speculative-config",
 )
 
 
@@ -308,6 +309,20 @@ class ModelConfig(_Section):
         return v
 
 
+class SpeculativeConfig(_Section):
+    method: Literal["mtp"] = Field(
+        "mtp",
+        description="`mtp`: the model's own Multi-Token Prediction heads propose tokens that "
+        "one forward pass checks (Nemotron 3 Super and Ultra have them; no extra download).",
+    )
+    num_speculative_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=8,
+        description="Tokens proposed per step. Unset: the model recipe's value (Super 3, Ultra 5).",
+    )
+
+
 class VllmConfig(_Section):
     version: str = Field(catalog.DEFAULT_VLLM_VERSION, description="vLLM release to install.")
     install: Literal["wheel", "source"] = Field(
@@ -336,6 +351,10 @@ class VllmConfig(_Section):
     git_ref: str | None = Field(
         None,
         description="`source` only: the git ref of vLLM to build. Unset: `v<version>`.",
+    )
+    speculative: SpeculativeConfig | None = Field(
+        None,
+        description="Speculative decoding, as vLLM's `--speculative-config`. Unset: off.",
     )
     extra_args: list[str] = Field(
         default_factory=list,

@@ -6,6 +6,8 @@ writes what this module renders. vLLM listens on loopback only; the gateway is t
 
 from __future__ import annotations
 
+import json
+
 from . import catalog
 from .schema import StackConfig
 
@@ -43,6 +45,11 @@ def serve_args(cfg: StackConfig) -> list[str]:
     known = cfg.catalog_model
     if known is not None:
         args += list(known.vllm_flags)
+    speculative = cfg.vllm.speculative
+    if speculative is not None:
+        tokens = speculative.num_speculative_tokens or (known.mtp_tokens if known else None) or 1
+        spec = {"method": speculative.method, "num_speculative_tokens": tokens}
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     return args + list(cfg.vllm.extra_args)
 
 
@@ -82,8 +89,13 @@ TimeoutStopSec=120
 WantedBy=multi-user.target"""
 
 
-def env_text(api_key: str) -> str:
+def env_text(api_key: str, cfg: StackConfig | None = None) -> str:
+    # A context past the model's default needs vLLM's explicit consent (the model card allows
+    # it: catalog long_context).
+    known = cfg.catalog_model if cfg else None
+    long_context = bool(cfg and known and cfg.vllm.max_model_len > known.max_context)
     return "\n".join([
+        *(["VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"] if long_context else []),
         # vLLM checks the key too (defence in depth behind the gateway).
         f"VLLM_API_KEY={api_key}",
         f"HF_HOME={catalog.HF_HOME}",

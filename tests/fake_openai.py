@@ -13,6 +13,13 @@ accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mo
 streams the first half of the tokens as `reasoning_content` (as vLLM's reasoning parser does),
 `--mode tool-call` streams only tool-call deltas, `--mode no-usage` never sends the usage chunk.
 `--capacity N` serves at most N requests at once (the rest wait, as in a full engine).
+What vLLM's parsers make of a Nemotron 3 answer: `--thinking parsed` thinks unless the request's
+`chat_template_kwargs.enable_thinking` is false and returns the thinking in `reasoning` (the
+field vLLM uses since PR #27752; #33402 removed `reasoning_content`), `--thinking raw` leaves it
+in `content` between think tags (no reasoning parser); `--tools parsed` answers a request with
+tools with a parsed `tool_calls` entry (streamed as vLLM streams one: id and name first, then the
+arguments in pieces), `--tools raw` with the model's tool-call markup as text (the wrong tool-call
+parser), `--tools off` refuses `tool_choice: auto` with vLLM's own message.
 `GET /_stats` reports requests seen, the most streams in flight at once, and when each chat
 request arrived (seconds, monotonic) with its messages.
 """
@@ -94,17 +101,9 @@ class FakeServer:
         if not self.authorized(request):
             return self.unauthorized()
         body = await request.json()
-        if body.get("model") != self.args.model:
-            return web.json_response(
-                {
-                    "error": {
-                        "message": f"The model `{body.get('model')}` does not exist.",
-                        "type": "NotFoundError",
-                        "code": 404,
-                    }
-                },
-                status=404,
-            )
+        refused = self.refusal(body)
+        if refused is not None:
+            return refused
         self.chat_requests += 1
         self.arrivals.append(arrived)
         self.conversations.append(body.get("messages") or [])
@@ -127,23 +126,96 @@ class FakeServer:
         finally:
             self.in_flight -= 1
 
+    # ---- what the parsers make of the model's text ------------------------------------------
+    def thinks(self, body: dict[str, Any]) -> bool:
+        kwargs = body.get("chat_template_kwargs") or {}
+        return self.args.thinking != "off" and kwargs.get("enable_thinking", True) is not False
+
+    def tool_call(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        """The call the fake model makes: the first tool offered, its first string parameter
+        filled with the last word of the user's message."""
+        tools = body.get("tools") or []
+        if not tools or body.get("tool_choice") == "none":
+            return None
+        function = tools[0].get("function") or {}
+        params = list((function.get("parameters") or {}).get("properties") or {})
+        words = str((body.get("messages") or [{}])[-1].get("content", "")).split()
+        value = words[-1].strip(".?!") if words else "x"
+        return function.get("name", "f"), ({params[0]: value} if params else {})
+
+    @staticmethod
+    def tool_markup(name: str, arguments: dict[str, Any]) -> str:
+        """Nemotron 3's tool-call text (the qwen3_coder/qwen3_xml format) before any parser."""
+        params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in arguments.items())
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+    def refusal(self, body: dict[str, Any]) -> web.Response | None:
+        """What vLLM answers before running a request it cannot serve."""
+        if body.get("model") != self.args.model:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"The model `{body.get('model')}` does not exist.",
+                        "type": "NotFoundError",
+                        "code": 404,
+                    }
+                },
+                status=404,
+            )
+        if (
+            body.get("tools")
+            and body.get("tool_choice", "auto") == "auto"
+            and self.args.tools == "off"
+        ):
+            # vllm/entrypoints/openai/serving_chat.py, without --enable-auto-tool-choice.
+            message = (
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set"
+            )
+            return web.json_response(
+                {"error": {"message": message, "type": "BadRequestError", "code": 400}},
+                status=400,
+            )
+        return None
+
+    def answer(self, body: dict[str, Any], n: int) -> dict[str, Any]:
+        """The whole message, as vLLM returns it when not streaming."""
+        call = self.tool_call(body) if self.args.tools != "off" else None
+        thinking = " think" * (n // 2) if self.thinks(body) else ""
+        text = " tok" * (n - n // 2 if thinking else n)
+        if call is not None and self.args.tools == "parsed":
+            tool_call = {
+                "id": "chatcmpl-tool-0",
+                "type": "function",
+                "function": {"name": call[0], "arguments": json.dumps(call[1])},
+            }
+            return {
+                "role": "assistant",
+                "content": None,
+                "reasoning": thinking or None,
+                "tool_calls": [tool_call],
+            }
+        if call is not None:
+            text = self.tool_markup(*call)
+        if thinking and self.args.thinking == "raw":
+            return {"role": "assistant", "content": f"<think>{thinking}</think>{text}"}
+        return {"role": "assistant", "content": text, "reasoning": thinking or None}
+
     async def complete(self, body: dict[str, Any]) -> web.Response:
         n = self.completion_tokens(body)
         await asyncio.sleep(self.args.ttft + self.args.itl * (n - 1))
         prompt = self.prompt_tokens(body)
+        message = {"role": "assistant", "content": " tok" * n}
+        if self.parsing():
+            message = self.answer(body, n)
+        finish = "tool_calls" if message.get("tool_calls") else "length"
         return web.json_response(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": self.args.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "length",
-                        "message": {"role": "assistant", "content": " tok" * n},
-                    }
-                ],
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
                 "usage": {
                     "prompt_tokens": prompt,
                     "completion_tokens": n,
@@ -151,6 +223,33 @@ class FakeServer:
                 },
             }
         )
+
+    def parsing(self) -> bool:
+        return self.args.thinking != "off" or self.args.tools != "off"
+
+    def parsed_deltas(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        """The streamed form of `answer`: reasoning first, then text or a tool call (its id,
+        type and name in the first delta, its arguments in pieces after)."""
+        message = self.answer(body, n)
+        deltas: list[dict[str, Any]] = []
+        reasoning = message.get("reasoning") or ""
+        deltas += [{"reasoning": " think"} for _ in range(reasoning.count(" think"))]
+        for call in message.get("tool_calls") or []:
+            arguments = call["function"]["arguments"]
+            head = {"index": 0, "id": call["id"], "type": "function"}
+            deltas.append(
+                {
+                    "tool_calls": [
+                        {**head, "function": {"name": call["function"]["name"], "arguments": ""}}
+                    ]
+                }
+            )
+            pieces = [arguments[i : i + 8] for i in range(0, len(arguments), 8)]
+            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces]
+        content = message.get("content") or ""
+        words = content.split(" ")
+        deltas += [{"content": (" " if i else "") + w} for i, w in enumerate(words) if content]
+        return deltas
 
     def delta(self, i: int, n: int) -> dict[str, Any]:
         """What the i-th of n streamed tokens looks like in this mode."""
@@ -199,7 +298,14 @@ class FakeServer:
         n = self.completion_tokens(body)
         await response.write(chunk({"role": "assistant", "content": ""}))
         await asyncio.sleep(ttft)
-        if self.args.mode == "one-chunk":
+        if self.parsing():
+            deltas = self.parsed_deltas(body, n)
+            finish = "tool_calls" if any("tool_calls" in d for d in deltas) else "length"
+            for i, d in enumerate(deltas):
+                if i:
+                    await asyncio.sleep(self.args.itl)
+                await response.write(chunk(d, finish=finish if i == len(deltas) - 1 else None))
+        elif self.args.mode == "one-chunk":
             await response.write(chunk({"content": " tok" * n}, finish="length"))
         else:
             for i in range(n):
@@ -249,6 +355,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-every", type=int, default=0)
     p.add_argument("--capacity", type=int, default=0)
     p.add_argument("--slow-ttft", type=float, default=1.0)
+    p.add_argument("--thinking", choices=["off", "parsed", "raw"], default="off")
+    p.add_argument("--tools", choices=["off", "parsed", "raw"], default="off")
     p.add_argument(
         "--mode",
         choices=[

@@ -20,6 +20,14 @@ def test_readme_configuration_reference_is_generated_from_the_model() -> None:
     )
 
 
+def test_readme_model_table_is_generated_from_the_catalog() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- models:start -->", 1)[1].split("<!-- models:end -->", 1)[0]
+    assert block.strip() == reference.models_markdown(), (
+        "README is stale: replace the models block with reference.models_markdown()"
+    )
+
+
 def test_every_config_field_is_documented_with_a_description() -> None:
     for name, model in schema.SECTIONS.items():
         for field_name, field in model.model_fields.items():
@@ -39,7 +47,7 @@ def test_project_file_contract() -> None:
 
 def test_readme_outputs_table_lists_every_export() -> None:
     main = (ROOT / "__main__.py").read_text()
-    exported = set(re.findall(r'pulumi\.export\("(\w+)"', main))
+    exported = set(re.findall(r'pulumi\.export\(\s*"(\w+)"', main))
     readme = (ROOT / "README.md").read_text()
     documented = set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.MULTILINE))
     assert exported <= documented, f"undocumented outputs: {exported - documented}"

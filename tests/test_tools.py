@@ -627,6 +627,75 @@ def test_smoke_fails_naming_the_check(
     assert reason in fails[0]
 
 
+def smoke_lines(proc: subprocess.CompletedProcess[str]) -> dict[str, tuple[str, str]]:
+    """check name -> (status, the line)."""
+    out = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[0] in ("PASS", "FAIL", "OFF"):
+            out[parts[1]] = (parts[0], line)
+    return out
+
+
+def test_smoke_checks_reasoning_and_tool_calls_the_way_vllm_returns_them() -> None:
+    """A Nemotron 3 server with its parsers: reasoning in `reasoning` when on, none when off;
+    a tool call parsed into tool_calls, whole and streamed."""
+    with fake_server(
+        "--ttft", "0.01", "--itl", "0.001", "--thinking", "parsed", "--tools", "parsed"
+    ) as base:
+        proc = smoke(base, "--api-key", KEY, "--strict")
+        asked = stats(base)["conversations"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = smoke_lines(proc)
+    assert {name: status for name, (status, _) in lines.items()} == dict.fromkeys(
+        ["models", "chat", "stream", "auth", "think-on", "think-off", "tools", "tools-stream"],
+        "PASS",
+    )
+    assert "characters of reasoning, none in content" in lines["think-on"][1]
+    assert 'get_weather({"city": "Paris"})' in lines["tools"][1]
+    assert 'get_weather({"city": "Paris"}) in' in lines["tools-stream"][1]
+    assert all(" ms " in line for _, line in lines.values())
+    assert any("get_weather" in str(c) for c in asked)
+
+
+@pytest.mark.parametrize(
+    ("server_args", "check", "reason"),
+    [
+        (
+            ["--thinking", "raw"],
+            "think-on",
+            "the reasoning came back inside content, between think tags",
+        ),
+        (["--tools", "raw"], "tools", "the tool call came back as text in content"),
+        (["--tools", "raw"], "tools-stream", "the tool call came back as text in content"),
+    ],
+)
+def test_smoke_fails_a_server_whose_parsers_do_not_match(
+    server_args: list[str], check: str, reason: str
+) -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001", *server_args) as base:
+        proc = smoke(base, "--api-key", KEY)
+    assert proc.returncode == 1
+    status, line = smoke_lines(proc)[check]
+    assert status == "FAIL" and reason in line, proc.stdout
+
+
+def test_smoke_says_off_for_features_the_server_does_not_offer_and_strict_fails_them() -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        lenient = smoke(base, "--api-key", KEY)
+        strict = smoke(base, "--api-key", KEY, "--strict")
+    assert lenient.returncode == 0, lenient.stdout + lenient.stderr
+    lines = smoke_lines(lenient)
+    assert lines["think-on"][0] == "OFF" and "no reasoning came back" in lines["think-on"][1]
+    assert lines["think-off"][0] == "PASS"
+    for check in ("tools", "tools-stream"):
+        status, line = lines[check]
+        assert status == "OFF" and "runs without --enable-auto-tool-choice" in line, line
+    assert "Traceback" not in lenient.stdout + lenient.stderr
+    assert strict.returncode == 1
+    assert smoke_lines(strict)["tools"][0] == "OFF"
+
+
 def test_tools_explain_a_missing_endpoint() -> None:
     proc = run_tool("smoke.py", "--api-key", KEY)
     assert proc.returncode == 2

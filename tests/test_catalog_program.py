@@ -1,0 +1,173 @@
+"""Every catalog model on every NVIDIA size: it plans with the recipe's flags, or it is refused
+before anything is created, naming the field and the sizes that would serve it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from pulumi_harness import run_program, stack_config
+from test_program import merged
+
+from components import bootstrap, catalog, config, vllm_service
+from components.config import ConfigError
+
+SUPER_FP8 = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8"
+NANO_4B = "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
+UTILIZATION = 0.90
+
+
+def parse(model: str, size: str, **vllm: object) -> config.StackConfig:
+    raw = merged(
+        stack_config("dev"),
+        {"model": {"id": model}, "droplet": {"size": size}, "vllm": {"maxModelLen": 32768, **vllm}},
+    )
+    return config.parse(raw, "dev")
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize("size", catalog.NVIDIA_SIZES)
+@pytest.mark.parametrize("model", list(catalog.MODELS))
+def test_each_model_on_each_size_plans_with_its_flags_or_is_refused_with_the_sizes_that_fit(
+    model: str, size: str
+) -> None:
+    known, gpu = catalog.MODELS[model], catalog.SIZES[size]
+    fits = not known.blackwell_only and known.vram_gb <= gpu.total_vram_gb * UTILIZATION
+    if not fits:
+        with pytest.raises(ConfigError) as err:
+            parse(model, size)
+        problem = next(p for p in err.value.problems if p.startswith("model.id:"))
+        if known.blackwell_only:
+            assert "run only on Blackwell GPUs" in problem and "per contract" in problem
+        else:
+            serving = [
+                s.slug
+                for s in catalog.SIZES.values()
+                if s.vendor == "nvidia" and known.vram_gb <= s.total_vram_gb * UTILIZATION
+            ]
+            assert problem.endswith(", ".join(serving) or "none that DigitalOcean sells")
+        return
+    cfg = parse(model, size)
+    args = vllm_service.serve_args(cfg)
+    assert args[:2] == ["serve", model]
+    # Tensor parallel over every GPU of the size; the recipe's flags, in order.
+    assert flag(args, "--tensor-parallel-size") == str(gpu.gpu_count)
+    start = args.index(known.vllm_flags[0])
+    assert tuple(args[start : start + len(known.vllm_flags)]) == known.vllm_flags
+    # 8-GPU (NVSwitch) sizes: Fabric Manager in the driver phase and its check after the reboot.
+    assert bootstrap.settings(cfg, "driver")["NEMO_FABRIC_MANAGER"] is gpu.nvswitch
+    assert bootstrap.settings(cfg, "reboot-wait")["NEMO_FABRIC_MANAGER"] is gpu.nvswitch
+
+
+def test_the_family_tool_and_reasoning_parsers_come_from_the_recipes() -> None:
+    parsers = {
+        m.repo_id: (
+            flag(list(m.vllm_flags), "--tool-call-parser"),
+            flag(list(m.vllm_flags), "--reasoning-parser"),
+        )
+        for m in catalog.MODELS.values()
+    }
+    for repo, (tool, reasoning) in parsers.items():
+        assert reasoning == "nemotron_v3", repo
+        assert tool == ("qwen3_xml" if "-Super-" in repo else "qwen3_coder"), repo
+        assert "--enable-auto-tool-choice" in catalog.MODELS[repo].vllm_flags
+
+
+def test_ultra_is_served_by_no_digitalocean_size_and_says_so() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", "gpu-h200x8-1128gb")
+    assert any(
+        "needs about 1320 GB of VRAM" in p
+        and p.endswith("sizes that fit: none that DigitalOcean sells")
+        for p in err.value.problems
+    ), err.value.problems
+    with pytest.raises(ConfigError) as err:
+        parse("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4", "gpu-h200x8-1128gb")
+    assert any(
+        "NVFP4" in p and "Serve nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16 instead" in p
+        for p in err.value.problems
+    ), err.value.problems
+
+
+def test_super_nvfp4_names_the_checkpoints_that_do_run_here() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", "gpu-h100x8-640gb")
+    (problem,) = [p for p in err.value.problems if p.startswith("model.id:")]
+    assert problem.endswith(
+        "Serve nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 or "
+        "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8 instead"
+    )
+
+
+def test_mtp_speculative_decoding_uses_the_recipe_tokens_or_the_configured_ones() -> None:
+    cfg = parse(SUPER_FP8, "gpu-h100x8-640gb", speculative={"method": "mtp"})
+    spec = json.loads(flag(vllm_service.serve_args(cfg), "--speculative-config"))
+    assert spec == {"method": "mtp", "num_speculative_tokens": 3}
+    cfg = parse(SUPER_FP8, "gpu-h100x8-640gb", speculative={"numSpeculativeTokens": 2})
+    spec = json.loads(flag(vllm_service.serve_args(cfg), "--speculative-config"))
+    assert spec == {"method": "mtp", "num_speculative_tokens": 2}
+    # The unit's ExecStart keeps the JSON one argument (systemd quoting).
+    unit = vllm_service.unit_text(cfg)
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert shlex.split(exec_start)[shlex.split(exec_start).index("--speculative-config") + 1] == (
+        '{"method":"mtp","num_speculative_tokens":2}'
+    )
+    assert "--speculative-config" not in vllm_service.serve_args(
+        parse(SUPER_FP8, "gpu-h100x8-640gb")
+    )
+
+
+def test_mtp_for_a_model_without_mtp_heads_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(NANO_4B, "gpu-4000adax1-20gb", speculative={"method": "mtp"})
+    assert any(
+        p.startswith("vllm.speculative.method: mtp uses the model's own Multi-Token Prediction")
+        and f"{NANO_4B} has none" in p
+        for p in err.value.problems
+    ), err.value.problems
+
+
+@pytest.mark.parametrize(
+    ("speculative", "message"),
+    [
+        ({"method": "eagle"}, "vllm.speculative.method: Input should be 'mtp'"),
+        (
+            {"numSpeculativeTokens": 0},
+            "vllm.speculative.numSpeculativeTokens: Input should be greater than or equal to 1",
+        ),
+        ({"tokens": 3}, "vllm.speculative.tokens: unknown key"),
+    ],
+)
+def test_bad_speculative_input_names_the_field(speculative: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(SUPER_FP8, "gpu-h100x8-640gb", speculative=speculative)
+    assert any(p.startswith(message) for p in err.value.problems), err.value.problems
+
+
+def test_a_context_past_the_default_needs_the_model_cards_consent_and_vllms() -> None:
+    long = parse(SUPER_FP8, "gpu-h100x8-640gb", maxModelLen=1_048_576)
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in vllm_service.env_text("k" * 40, long)
+    default = parse(SUPER_FP8, "gpu-h100x8-640gb", maxModelLen=262_144)
+    assert "VLLM_ALLOW_LONG" not in vllm_service.env_text("k" * 40, default)
+    with pytest.raises(ConfigError) as err:
+        parse(SUPER_FP8, "gpu-h100x8-640gb", maxModelLen=1_048_577)
+    assert any("accepted: 1 to 1048576" in p for p in err.value.problems)
+    with pytest.raises(ConfigError) as err:  # Nano: no longer context than its default
+        parse(NANO_4B, "gpu-4000adax1-20gb", maxModelLen=262_145)
+    assert any("accepted: 1 to 262144" in p for p in err.value.problems)
+
+
+def test_the_super_stack_plans_on_eight_h100s_with_mtp_and_a_cache() -> None:
+    run = run_program(stack_config("super"), stack="super")
+    assert run.error is None, run.error
+    assert run.outputs["size"].value == "gpu-h100x8-640gb"
+    stdin = next(r.inputs["stdin"] for r in run.registrations if r.name == "bootstrap-service")
+    assert "--tensor-parallel-size 8" in stdin and "--tool-call-parser qwen3_xml" in stdin
+    assert '{\\"method\\":\\"mtp\\",\\"num_speculative_tokens\\":3}' in stdin
+    driver = next(r.inputs["stdin"] for r in run.registrations if r.name == "bootstrap-driver")
+    assert "NEMO_FABRIC_MANAGER=true" in driver
+    assert run.outputs["cache"].value["sizeGb"] == 170
