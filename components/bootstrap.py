@@ -192,6 +192,8 @@ def settings(
             "NEMO_MODEL_REVISION": cfg.model.revision,
             "NEMO_MODEL_DISK_GB": cfg.model_disk_gb,
             "NEMO_MODEL_MARKER": catalog.MODEL_MARKER,
+            "NEMO_DRAFT_ID": draft_id(cfg),
+            "NEMO_DRAFT_DISK_GB": draft_disk_gb(cfg),
             "NEMO_HF_ENV": catalog.HF_ENV,
             "NEMO_HF_HOME": catalog.HF_HOME,
             "NEMO_HF_ENDPOINT": "",
@@ -252,6 +254,21 @@ def settings(
 # How long ready lets Caddy retry an ACME failure that may pass (certmagic retries after 1, 2, 2,
 # 5 minutes...): three tries, time for a DNS record to reach the CA's resolvers.
 ACME_PATIENCE_SECONDS = 600
+
+
+def draft_id(cfg: StackConfig) -> str:
+    """The speculative-decoding draft the model phase downloads ("": none)."""
+    spec = cfg.vllm.speculative
+    return spec.model if spec is not None and spec.model is not None else ""
+
+
+def draft_disk_gb(cfg: StackConfig) -> int:
+    """Disk for the draft: the catalog's figure, or a generous default for one it lacks."""
+    if not draft_id(cfg):
+        return 0
+    known = cfg.catalog_model
+    drafts = {d.repo_id: d.disk_gb for d in (known.drafts if known else ())}
+    return drafts.get(draft_id(cfg), catalog.Draft("", "dflash").disk_gb)
 
 
 def preflight_model_disk_gb(cfg: StackConfig) -> int:

@@ -193,6 +193,17 @@ def default_image(size: GpuSize) -> str:
 
 
 @dataclass(frozen=True)
+class Draft:
+    """A draft model published for a target, for vllm.speculative (vLLM's speculative methods:
+    vllm/config/speculative.py SpeculativeMethod)."""
+
+    repo_id: str
+    method: Literal["dflash", "eagle3"]
+    # Not published: a small multi-layer drafter, with headroom.
+    disk_gb: int = 10
+
+
+@dataclass(frozen=True)
 class Model:
     repo_id: str
     # Minimum VRAM to load and serve at a modest context (vllm-project/recipes vram_minimum_gb).
@@ -211,6 +222,8 @@ class Model:
     # The recipe's Multi-Token Prediction setting (the model's own MTP heads), for
     # vllm.speculative.method mtp: its num_speculative_tokens. None: no MTP heads.
     mtp_tokens: int | None = None
+    # Draft models trained for it (RedHatAI's speculators on the Hub).
+    drafts: tuple[Draft, ...] = ()
     # Where its facts come from.
     source: str = "vllm-project/recipes models/nvidia/<repo>.yaml"
 
@@ -257,10 +270,12 @@ def _nano(repo_id: str, vram_gb: int, disk_gb: int, precision: str) -> Model:
 def _super(repo_id: str, vram_gb: int, disk_gb: int, precision: str) -> Model:
     """Super 120B-A12B: recipe NVIDIA-Nemotron-3-Super-120B-A12B-BF16.yaml (min vLLM 0.17.1, an FP8
     KV cache for every variant, qwen3_xml tool calls, MTP with 3 speculative tokens as an opt-in,
-    a 1M-token context window). Disk: parameters x bytes per weight, rounded up (unpublished)."""
+    a 1M-token context window). Disk: parameters x bytes per weight, rounded up (unpublished).
+    Its DFlash speculator is RedHatAI's (on the Hub; its config names this target as verifier)."""
     return Model(
         repo_id, vram_gb, disk_gb, _NEMOTRON3_CONTEXT, _nemotron3_flags("qwen3_xml", True),
         "0.17.1", precision, long_context=_ONE_MILLION, mtp_tokens=3,
+        drafts=(Draft("RedHatAI/NVIDIA-Nemotron-3-Super-120B-A12B-speculator.dflash", "dflash"),),
     )  # fmt: skip
 
 
@@ -270,8 +285,9 @@ def _ultra(repo_id: str, vram_gb: int, disk_gb: int, precision: str) -> Model:
     tool calls, MTP with 5 tokens)."""
     flags = _nemotron3_flags("qwen3_coder", True, "--async-scheduling", "--mamba-backend", "triton")
     return Model(
-        repo_id, vram_gb, disk_gb, _NEMOTRON3_CONTEXT, flags, "0.22.0", precision, mtp_tokens=5
-    )
+        repo_id, vram_gb, disk_gb, _NEMOTRON3_CONTEXT, flags, "0.22.0", precision, mtp_tokens=5,
+        drafts=(Draft("RedHatAI/NVIDIA-Nemotron-3-Ultra-550B-A55B-speculator.dflash", "dflash"),),
+    )  # fmt: skip
 
 
 _N3 = "nvidia/NVIDIA-Nemotron-3"

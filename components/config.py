@@ -25,6 +25,7 @@ from .schema import (
     BootstrapConfig,
     DropletConfig,
     ModelConfig,
+    SpeculativeConfig,
     StackConfig,
     VllmConfig,
     _Section,
@@ -161,19 +162,8 @@ def _version_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[s
             f"supports; accepted: 1 to {longest}"
         )
     speculative = vllm.speculative
-    no_heads = (
-        known_model is not None
-        and speculative is not None
-        and speculative.method == "mtp"
-        and known_model.mtp_tokens is None
-    )
-    if ok("model.id", "vllm.speculative") and known_model and no_heads:
-        with_mtp = [m.repo_id for m in catalog.MODELS.values() if m.mtp_tokens]
-        problems.append(
-            f"vllm.speculative.method: mtp uses the model's own Multi-Token Prediction "
-            f"heads and {known_model.repo_id} has none; models with them: "
-            f"{', '.join(with_mtp)}. Unset vllm.speculative for this model"
-        )
+    if ok("model.id", "vllm.speculative") and speculative is not None:
+        problems += _speculative_problems(speculative, known_model)
     too_old = known_model and (
         catalog.parse_version(vllm.version) < catalog.parse_version(known_model.min_vllm)
     )
@@ -191,6 +181,45 @@ def _version_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[s
                 f"{catalog.wheel_cuda(vllm.version)}, which needs driver branch >= "
                 f"{need_branch}; got {bootstrap.driver.branch}"
             )
+    return problems
+
+
+def _speculative_problems(spec: SpeculativeConfig, target: catalog.Model | None) -> list[str]:
+    """MTP needs the model's own heads; a draft must be one trained for the model."""
+    if spec.method == "mtp":
+        if spec.model is not None:
+            return [
+                "vllm.speculative.model: mtp uses the model's own heads, not a draft; unset "
+                "vllm.speculative.model, or set vllm.speculative.method to the draft's method"
+            ]
+        if target is not None and target.mtp_tokens is None:
+            with_mtp = [m.repo_id for m in catalog.MODELS.values() if m.mtp_tokens]
+            return [
+                f"vllm.speculative.method: mtp uses the model's own Multi-Token Prediction "
+                f"heads and {target.repo_id} has none; models with them: "
+                f"{', '.join(with_mtp)}. Unset vllm.speculative for this model"
+            ]
+        return []
+    problems: list[str] = []
+    drafts = [d for d in (target.drafts if target else ()) if d.method == spec.method]
+    known = ", ".join(d.repo_id for d in drafts) or "none in the catalog"
+    if spec.model is None:
+        problems.append(
+            f"vllm.speculative.model: method {spec.method} needs a draft model; drafts for "
+            f"{target.repo_id if target else 'model.id'}: {known}"
+        )
+    elif target is not None and spec.model not in [d.repo_id for d in drafts]:
+        # A draft trained for another model proposes tokens the target rejects: slower, not
+        # faster (and vLLM may refuse its shapes at load, after the bill began).
+        problems.append(
+            f"vllm.speculative.model: {spec.model} is not a {spec.method} draft trained for "
+            f"{target.repo_id}; drafts for it: {known}"
+        )
+    if spec.num_speculative_tokens is None:
+        problems.append(
+            f"vllm.speculative.numSpeculativeTokens: required with method {spec.method} (vLLM "
+            "needs it for a draft model); accepted: 1 to 16"
+        )
     return problems
 
 

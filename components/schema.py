@@ -310,17 +310,31 @@ class ModelConfig(_Section):
 
 
 class SpeculativeConfig(_Section):
-    method: Literal["mtp"] = Field(
+    method: Literal["mtp", "dflash", "eagle3"] = Field(
         "mtp",
         description="`mtp`: the model's own Multi-Token Prediction heads propose tokens that "
-        "one forward pass checks (Nemotron 3 Super and Ultra have them; no extra download).",
+        "one forward pass checks (Nemotron 3 Super and Ultra have them; no extra download). "
+        "`dflash`, `eagle3`: a draft model (`model`) proposes them.",
+    )
+    model: str | None = Field(
+        None,
+        description="The draft model's Hugging Face repo id (dflash, eagle3), downloaded by the "
+        "model phase beside the weights; it must be a draft trained for model.id.",
     )
     num_speculative_tokens: int | None = Field(
         None,
         ge=1,
-        le=8,
-        description="Tokens proposed per step. Unset: the model recipe's value (Super 3, Ultra 5).",
+        le=16,
+        description="Tokens proposed per step. Unset: the recipe's value for mtp (Super 3, "
+        "Ultra 5); required with a draft model.",
     )
+
+    @field_validator("model")
+    @classmethod
+    def _draft(cls, v: str | None) -> str | None:
+        if v is not None and not _REPO_ID.match(v):
+            raise ValueError(f"{v!r}: accepted: a Hugging Face repo id like owner/name")
+        return v
 
 
 class VllmConfig(_Section):

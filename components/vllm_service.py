@@ -48,7 +48,10 @@ def serve_args(cfg: StackConfig) -> list[str]:
     speculative = cfg.vllm.speculative
     if speculative is not None:
         tokens = speculative.num_speculative_tokens or (known.mtp_tokens if known else None) or 1
-        spec = {"method": speculative.method, "num_speculative_tokens": tokens}
+        spec: dict[str, object] = {"method": speculative.method}
+        if speculative.model is not None:
+            spec["model"] = speculative.model
+        spec["num_speculative_tokens"] = tokens
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     return args + list(cfg.vllm.extra_args)
 

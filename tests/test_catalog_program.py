@@ -134,7 +134,14 @@ def test_mtp_for_a_model_without_mtp_heads_is_refused() -> None:
 @pytest.mark.parametrize(
     ("speculative", "message"),
     [
-        ({"method": "eagle"}, "vllm.speculative.method: Input should be 'mtp'"),
+        (
+            {"method": "eagle"},
+            "vllm.speculative.method: Input should be 'mtp', 'dflash' or 'eagle3'",
+        ),
+        (
+            {"method": "dflash", "model": "not a repo"},
+            "vllm.speculative.model: 'not a repo': accepted: a Hugging Face repo id",
+        ),
         (
             {"numSpeculativeTokens": 0},
             "vllm.speculative.numSpeculativeTokens: Input should be greater than or equal to 1",
@@ -171,3 +178,71 @@ def test_the_super_stack_plans_on_eight_h100s_with_mtp_and_a_cache() -> None:
     driver = next(r.inputs["stdin"] for r in run.registrations if r.name == "bootstrap-driver")
     assert "NEMO_FABRIC_MANAGER=true" in driver
     assert run.outputs["cache"].value["sizeGb"] == 170
+
+
+SUPER_DRAFT = "RedHatAI/NVIDIA-Nemotron-3-Super-120B-A12B-speculator.dflash"
+ULTRA_DRAFT = "RedHatAI/NVIDIA-Nemotron-3-Ultra-550B-A55B-speculator.dflash"
+
+
+def test_a_draft_trained_for_the_model_is_rendered_and_downloaded_beside_it() -> None:
+    cfg = parse(
+        SUPER_FP8,
+        "gpu-h100x8-640gb",
+        speculative={"method": "dflash", "model": SUPER_DRAFT, "numSpeculativeTokens": 4},
+    )
+    spec = json.loads(flag(vllm_service.serve_args(cfg), "--speculative-config"))
+    assert spec == {"method": "dflash", "model": SUPER_DRAFT, "num_speculative_tokens": 4}
+    model = bootstrap.settings(cfg, "model")
+    assert model["NEMO_DRAFT_ID"] == SUPER_DRAFT and model["NEMO_DRAFT_DISK_GB"] == 10
+    # No draft: the model phase downloads the weights alone.
+    plain = bootstrap.settings(parse(SUPER_FP8, "gpu-h100x8-640gb"), "model")
+    assert plain["NEMO_DRAFT_ID"] == "" and plain["NEMO_DRAFT_DISK_GB"] == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "speculative", "message"),
+    [
+        (
+            SUPER_FP8,
+            {"method": "dflash", "numSpeculativeTokens": 4},
+            f"vllm.speculative.model: method dflash needs a draft model; drafts for {SUPER_FP8}: "
+            f"{SUPER_DRAFT}",
+        ),
+        (
+            SUPER_FP8,
+            {"method": "dflash", "model": ULTRA_DRAFT, "numSpeculativeTokens": 4},
+            f"vllm.speculative.model: {ULTRA_DRAFT} is not a dflash draft trained for {SUPER_FP8}",
+        ),
+        (
+            SUPER_FP8,
+            {"method": "dflash", "model": SUPER_DRAFT},
+            "vllm.speculative.numSpeculativeTokens: required with method dflash",
+        ),
+        (
+            SUPER_FP8,
+            {"method": "mtp", "model": SUPER_DRAFT},
+            "vllm.speculative.model: mtp uses the model's own heads, not a draft",
+        ),
+        (
+            SUPER_FP8,
+            {"method": "eagle3", "model": SUPER_DRAFT, "numSpeculativeTokens": 3},
+            f"vllm.speculative.model: {SUPER_DRAFT} is not a eagle3 draft trained for {SUPER_FP8}; "
+            "drafts for it: none in the catalog",
+        ),
+    ],
+)
+def test_a_draft_the_model_was_not_trained_with_is_refused(
+    model: str, speculative: dict, message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(model, "gpu-h100x8-640gb", speculative=speculative)
+    assert any(p.startswith(message) for p in err.value.problems), err.value.problems
+
+
+def test_a_vllm_older_than_the_recipe_minimum_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(SUPER_FP8, "gpu-h100x8-640gb", version="0.16.0")
+    assert any(
+        p.startswith(f"vllm.version: {SUPER_FP8} needs vLLM >= 0.17.1; got 0.16.0")
+        for p in err.value.problems
+    ), err.value.problems

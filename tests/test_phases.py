@@ -599,6 +599,27 @@ def test_model_downloads_once_into_the_service_cache(box: Sandbox, downloads: Do
     assert len(downloads.requests) == requests, "a complete snapshot is not fetched again"
 
 
+def test_model_downloads_the_speculative_draft_beside_the_weights(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    draft = "RedHatAI/some-target-speculator.dflash"
+    downloads.add(f"/{draft}/resolve/main/config.json", b'{"speculators_model_type": "dflash"}')
+    p = Phases(box, downloads)
+    p.ok("conda")
+    p.extra["model"] = {"NEMO_DRAFT_ID": draft, "NEMO_DRAFT_DISK_GB": 1}
+    first = p.ok("model")
+    assert first["changed"] is True and first["draft"] == f"{draft}@main"
+    assert box.file(catalog.MODEL_MARKER + ".draft").read_text() == f"{draft}@main\n"
+    requests = len(downloads.requests)
+    again = p.run("model")
+    assert again.result["changed"] is False
+    assert again.stderr.count("no download") == 2, again.stderr
+    assert len(downloads.requests) == requests
+    # A draft that does not exist fails naming the setting to check.
+    p.extra["model"]["NEMO_DRAFT_ID"] = "nvidia/missing-draft"
+    p.failed("model", "download", "check vllm.speculative.model")
+
+
 def test_model_gated_without_token_says_to_set_hf_token(box: Sandbox, downloads: Downloads) -> None:
     p = Phases(box, downloads, model={"id": "nvidia/gated-model", "vramGb": 8})
     p.ok("conda")
