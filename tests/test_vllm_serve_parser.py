@@ -1,0 +1,104 @@
+"""Every `vllm serve` line the program renders, for every catalog model on every size that
+serves it, parses and validates with the pinned vLLM's own serve parser, and names a reasoning
+parser, a tool-call parser and a speculative method that vLLM has. ./check installs that vLLM
+from the committed lock into .vllm-venv; the check runs there (tests/vllm_serve_check.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+from typing import Any
+
+import pytest
+from pulumi_harness import ROOT, stack_config
+from test_program import merged
+
+from components import catalog, config, reference, vllm_service
+
+VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
+CHECK = ROOT / "tests" / "vllm_serve_check.py"
+SUPER_DRAFT = "RedHatAI/NVIDIA-Nemotron-3-Super-120B-A12B-speculator.dflash"
+
+
+def argv(model: str, size: str, **vllm: Any) -> list[str]:
+    raw = merged(
+        stack_config("prod"),
+        {
+            "model": {"id": model},
+            "droplet": {"size": size, "image": None},
+            "vllm": {"maxModelLen": 32768, "maxNumSeqs": 64, **vllm},
+        },
+    )
+    raw["droplet"] = {k: v for k, v in raw["droplet"].items() if v is not None}
+    args = vllm_service.serve_args(config.parse(raw, "prod"))
+    assert args[0] == "serve"
+    return args[1:]
+
+
+def cases() -> dict[str, list[str]]:
+    out = {}
+    for model in catalog.MODELS.values():
+        for size in reference.serving_sizes(model):
+            out[f"{model.repo_id} on {size}"] = argv(model.repo_id, size)
+        if model.mtp_tokens and reference.serving_sizes(model):
+            size = reference.serving_sizes(model)[0]
+            out[f"{model.repo_id} MTP"] = argv(model.repo_id, size, speculative={"method": "mtp"})
+            out[f"{model.repo_id} 1M context"] = argv(
+                model.repo_id, size, maxModelLen=model.long_context or model.max_context
+            )
+    super_fp8 = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8"
+    out["Super DFlash draft"] = argv(
+        super_fp8,
+        "gpu-h100x8-640gb",
+        speculative={"method": "dflash", "model": SUPER_DRAFT, "numSpeculativeTokens": 4},
+    )
+    out["extra args pass through"] = argv(
+        "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16",
+        "gpu-4000adax1-20gb",
+        extraArgs=["--enable-prefix-caching", "--max-num-batched-tokens", "8192"],
+    )
+    return out
+
+
+# What the check must refuse, so that a pass means something.
+BROKEN = {
+    "unknown tool parser": ["m", "--enable-auto-tool-choice", "--tool-call-parser", "qwen9_xml"],
+    "unknown reasoning parser": ["m", "--reasoning-parser", "nemotron_v9"],
+    "unknown flag": ["m", "--tensor-parallel-sized", "8"],
+    "auto tool choice without a parser": ["m", "--enable-auto-tool-choice"],
+    "unknown speculative method": ["m", "--speculative-config", '{"method":"medusa2"}'],
+}
+
+
+@functools.cache
+def checked() -> dict[str, Any]:
+    assert VLLM_PYTHON.exists(), (
+        f"{VLLM_PYTHON} is missing: ./check installs the pinned vLLM there from locks/"
+    )
+    every = {**cases(), **BROKEN}
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(CHECK)],
+        input=json.dumps([{"name": n, "argv": a} for n, a in every.items()]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_check_runs_the_pinned_vllm() -> None:
+    assert checked()["version"] == catalog.DEFAULT_VLLM_VERSION
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_every_rendered_serve_line_parses_with_the_pinned_vllm(name: str) -> None:
+    assert checked()["results"][name] == "ok"
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_the_check_refuses_what_vllm_would(name: str) -> None:
+    assert checked()["results"][name] != "ok"
