@@ -28,7 +28,8 @@ def _tags(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 def _size(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if args.resource_type == rules.DROPLET:
-        _report(rules.size_outside_budget(args.props, args.get_config()), report)
+        budget = rules.budget_for(args.get_config(), args.urn)
+        _report(rules.size_outside_budget(args.props, budget), report)
 
 
 def _prod_access(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -58,6 +59,8 @@ POLICIES = [
             properties={
                 "allowedSizes": {"type": "array", "items": {"type": "string"}},
                 "maxHourlyPriceUsd": {"type": "number"},
+                # A stack's own budget (allowedSizes, maxHourlyPriceUsd) over the default.
+                "stacks": {"type": "object"},
             }
         ),
     ),

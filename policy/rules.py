@@ -51,6 +51,12 @@ def missing_tags(props: Mapping[str, Any], urn: str) -> list[str]:
     )
 
 
+def budget_for(config: Mapping[str, Any], urn: str) -> Mapping[str, Any]:
+    """The budget that applies to a stack: its own entry under `stacks`, else the default."""
+    own = (config.get("stacks") or {}).get(stack_of(urn)) or {}
+    return {**{k: v for k, v in config.items() if k != "stacks"}, **own}
+
+
 def size_outside_budget(props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     size = str(props.get("size"))
     allowed: Sequence[str] = config.get("allowedSizes") or catalog.NVIDIA_SIZES

@@ -115,6 +115,19 @@ def test_size_allowlist_and_price_ceiling(size: str, problem: str | None) -> Non
     assert (found == []) if problem is None else any(problem in f for f in found), found
 
 
+def test_a_stack_may_have_its_own_budget() -> None:
+    """super's budget admits eight H100s; the same size in dev is still refused."""
+    assert (
+        violations("droplet-size-within-budget", DROPLET, {"size": "gpu-h100x8-640gb"}, "super")
+        == []
+    )
+    assert violations(
+        "droplet-size-within-budget", DROPLET, {"size": "gpu-h100x1-80gb"}, "super"
+    ) == ["size gpu-h100x1-80gb is not in the allowlist ['gpu-h100x8-640gb']"]
+    dev = violations("droplet-size-within-budget", DROPLET, {"size": "gpu-h100x8-640gb"}, "dev")
+    assert any("is not in the allowlist" in f for f in dev), dev
+
+
 def test_price_ceiling_alone() -> None:
     assert size_outside_budget(
         {"size": "gpu-h100x8-640gb"},
@@ -143,7 +156,7 @@ def test_open_access_is_advised_against_only_in_prod() -> None:
     ]
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
+@pytest.mark.parametrize("stack", ["dev", "prod", "super"])
 def test_the_programs_own_resources_pass_every_mandatory_policy(stack: str) -> None:
     run = run_program(stack_config(stack), stack=stack)
     assert run.error is None
