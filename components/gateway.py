@@ -12,8 +12,9 @@ with no timeout on long generations.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 
-from . import catalog
+from . import balancer, catalog
 from .schema import StackConfig
 
 # The key reaches Caddy from a root-only EnvironmentFile, read by systemd, never the Caddyfile.
@@ -87,6 +88,7 @@ def caddyfile(
     acme_ca: str | None = None,
     acme_ca_root: str | None = None,
     ip_profile: str | None = IP_PROFILE,
+    upstreams: Sequence[balancer.Upstream] = (),
 ) -> str:
     """The whole Caddy configuration. `host` names the site (its certificate); with https off
     the site is every name on the HTTP port.
@@ -98,7 +100,10 @@ def caddyfile(
     target, against exact paths; anything else (a dot-segment, `//`, an encoded `/` or `.`, a
     case variant) is refused before it is proxied. The key check compares the whole
     Authorization field, all its values joined: a second Authorization header fails it (the
-    header matcher passes when any one matches, and vLLM reads the first)."""
+    header matcher passes when any one matches, and vLLM reads the first).
+
+    With `upstreams` this is the balancer's configuration: the same gate, in front of the
+    replicas' gateways (balancer.py) instead of the local vLLM."""
     options = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
     if acme_ca:  # another ACME CA than the public ones (the tests' own)
         options += f"\n\tacme_ca {acme_ca}"
@@ -118,6 +123,15 @@ def caddyfile(
 	}}
 """
     upstream = f"127.0.0.1:{upstream_port}"
+    if upstreams:
+        proxy = balancer.reverse_proxy(upstreams).replace("\n", "\n\t\t\t")
+        health_proxy = balancer.reverse_proxy(upstreams).replace("\n", "\n\t\t")
+    else:
+        proxy = f"""reverse_proxy {upstream} {{
+				# Server-sent events go out as they come; no response timeout cuts a long answer.
+				flush_interval -1
+			}}"""
+        health_proxy = f"reverse_proxy {upstream}"
     length = "{http.request.header.Content-Length}"
     limit = max_body_bytes(cfg)
     too_big = f"`{length}.matches('^[0-9]+$') && int({length}) > {limit}`"
@@ -154,17 +168,14 @@ def caddyfile(
 
 	@health expression {health}
 	handle @health {{
-		reverse_proxy {upstream}
+		{health_proxy}
 	}}
 
 	@api expression {api}
 	@authorized expression {key}
 	handle @api {{
 		handle @authorized {{
-			reverse_proxy {upstream} {{
-				# Server-sent events go out as they come; no response timeout cuts a long answer.
-				flush_interval -1
-			}}
+			{proxy}
 		}}
 		handle {{
 			header WWW-Authenticate "Bearer"

@@ -221,8 +221,12 @@ class FakeServer:
                     "completion_tokens": n,
                     "total_tokens": prompt + n,
                 },
-            }
+            },
+            headers=self.name_header(),
         )
+
+    def name_header(self) -> dict[str, str]:
+        return {"X-Upstream": self.args.name} if self.args.name else {}
 
     def parsing(self) -> bool:
         return self.args.thinking != "off" or self.args.tools != "off"
@@ -274,7 +278,11 @@ class FakeServer:
         self, request: web.Request, body: dict[str, Any], ttft: float
     ) -> web.StreamResponse:
         response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                **self.name_header(),
+            }
         )
         await response.prepare(request)
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -356,6 +364,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--capacity", type=int, default=0)
     p.add_argument("--slow-ttft", type=float, default=1.0)
     p.add_argument("--thinking", choices=["off", "parsed", "raw"], default="off")
+    # Sent back as X-Upstream on every chat answer: which replica served it (balancer tests).
+    p.add_argument("--name", default="")
     p.add_argument("--tools", choices=["off", "parsed", "raw"], default="off")
     p.add_argument(
         "--mode",

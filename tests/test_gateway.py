@@ -9,7 +9,7 @@ import os
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_tools import fake_server
 
-from components import config, gateway
+from components import balancer, config, gateway
 
 KEY = "sk-test-0123456789"  # fake_server's key: the upstream checks it too (defence in depth)
 
@@ -53,12 +53,18 @@ class Gateway:
 
 
 def start_gateway(
-    tmp_path: Path, upstream: str, https: bool, max_body_mb: int = 16
+    tmp_path: Path,
+    upstream: str,
+    https: bool,
+    max_body_mb: int = 16,
+    upstreams: Sequence[balancer.Upstream] = (),
 ) -> Iterator[Gateway]:
+    """Caddy with the rendered gateway config in front of `upstream` (a fake vLLM), or with
+    `upstreams` the balancer's config in front of those."""
     raw = stack_config("dev")
     raw["access"] = {**raw["access"], "https": https, "maxRequestBodyMb": max_body_mb}
     cfg = config.parse(raw, "dev")
-    upstream_port = int(upstream.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
+    upstream_port = int(upstream.rsplit(":", 1)[1].split("/", maxsplit=1)[0]) if upstream else 0
     http_port, https_port = free_port(), free_port()
     conf = tmp_path / "Caddyfile"
     # "localhost" makes Caddy use its own local CA instead of a public one: same config path.
@@ -69,6 +75,7 @@ def start_gateway(
             upstream_port=upstream_port,
             http_port=http_port,
             https_port=https_port,
+            upstreams=upstreams,
         )
     )
     data = tmp_path / "data"

@@ -1,0 +1,190 @@
+"""The balancer's rendered configuration, run in the real Caddy (the release the Droplet runs) in
+front of three fake replicas on loopback, under a steady streamed load: a replica stopped and
+started again, and replicas of unequal speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+from sandbox import free_port
+from test_gateway import KEY, Gateway, start_gateway
+
+from components import balancer
+
+FAKE = Path(__file__).resolve().parent / "fake_openai.py"
+TOKENS = 20
+
+
+@contextmanager
+def replica(name: str, port: int, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """A fake vLLM answering as `name` on `port`."""
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE), "--api-key", KEY, "--name", name, "--port", str(port),
+         "--tokens", str(TOKENS), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    upstream: str
+    tokens: int
+    error: str = ""
+
+    @property
+    def whole(self) -> bool:
+        return not self.error and self.tokens == TOKENS
+
+
+def stream_once(gw: Gateway) -> Outcome:
+    started = time.monotonic()
+    upstream, tokens = "", 0
+    try:
+        with requests.post(
+            gw.base + "/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={
+                "model": "nemotron",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": TOKENS,
+                "stream": True,
+            },
+            stream=True,
+            timeout=30,
+        ) as r:
+            upstream = r.headers.get("X-Upstream", "")
+            if r.status_code != 200:
+                return Outcome(started, time.monotonic(), upstream, 0, f"HTTP {r.status_code}")
+            for raw in r.iter_lines(decode_unicode=True):
+                if raw and raw.startswith("data:") and raw != "data: [DONE]":
+                    event = json.loads(raw[5:])
+                    tokens += sum(bool(c["delta"].get("content")) for c in event["choices"])
+    except (requests.RequestException, ValueError) as err:
+        return Outcome(started, time.monotonic(), upstream, tokens, type(err).__name__)
+    return Outcome(started, time.monotonic(), upstream, tokens)
+
+
+def load(gw: Gateway, workers: int, seconds: float) -> tuple[list[Outcome], threading.Thread]:
+    """`workers` clients streaming back to back for `seconds`; returns the outcomes list (filled
+    as they finish) and a thread to join."""
+    outcomes: list[Outcome] = []
+    stop = time.monotonic() + seconds
+
+    def worker() -> None:
+        while time.monotonic() < stop:
+            outcomes.append(stream_once(gw))
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for t in threads:
+        t.start()
+
+    def join() -> None:
+        for t in threads:
+            t.join()
+
+    return outcomes, threading.Thread(target=join)
+
+
+def test_a_stopped_replica_leaves_the_pool_without_failing_the_rest_and_comes_back(
+    tmp_path: Path,
+) -> None:
+    ports = [free_port() for _ in range(3)]
+    upstreams = [balancer.Upstream("127.0.0.1", p) for p in ports]
+    timing = ("--ttft", "0.02", "--itl", "0.02")
+    with ExitStack() as stack:
+        stack.enter_context(replica("r0", ports[0], *timing))
+        r1 = stack.enter_context(replica("r1", ports[1], *timing))
+        stack.enter_context(replica("r2", ports[2], *timing))
+        gw = next(start := start_gateway(tmp_path, "", https=False, upstreams=upstreams))
+        try:
+            outcomes, joiner = load(gw, workers=6, seconds=16)
+            time.sleep(2)
+            stopped = time.monotonic()
+            r1.kill()  # not drained: what a crash or a reboot does
+            r1.wait()
+            time.sleep(4)
+            restarted = time.monotonic()
+            stack.enter_context(replica("r1", ports[1], *timing))
+            joiner.start()
+            joiner.join()
+        finally:
+            start.close()
+
+    served = Counter(o.upstream for o in outcomes)
+    failed = [o for o in outcomes if not o.whole]
+    # Streams on the replicas that stayed up are all whole.
+    assert all(o.whole for o in outcomes if o.upstream in ("r0", "r2")), failed
+    # The only failures are streams r1 was serving when it was killed: none started after.
+    assert all(o.upstream == "r1" and o.started < stopped for o in failed), failed
+    assert len(failed) <= 6
+    # New requests kept flowing while r1 was out (retried on another replica, then r1 skipped).
+    during = [o for o in outcomes if stopped < o.started < restarted]
+    assert during and all(o.whole and o.upstream != "r1" for o in during), during
+    # r1 takes requests again once its health checks pass.
+    back = restarted + balancer.HEALTH_INTERVAL_SECONDS * (balancer.HEALTH_PASSES + 1)
+    assert any(o.upstream == "r1" and o.started > back and o.whole for o in outcomes), served
+    assert served["r0"] and served["r2"]
+
+
+def test_requests_go_to_the_replica_with_the_fewest_in_flight(tmp_path: Path) -> None:
+    """One replica is slow to first token (a long prefill, a busy engine): it holds its
+    requests longer, so least_conn sends it fewer; round robin would give all three the same."""
+    ports = [free_port() for _ in range(3)]
+    upstreams = [balancer.Upstream("127.0.0.1", p) for p in ports]
+    fast = ("--ttft", "0.02", "--itl", "0.01")
+    with ExitStack() as stack:
+        stack.enter_context(replica("slow", ports[0], "--ttft", "1.0", "--itl", "0.01"))
+        stack.enter_context(replica("fast1", ports[1], *fast))
+        stack.enter_context(replica("fast2", ports[2], *fast))
+        gw = next(start := start_gateway(tmp_path, "", https=False, upstreams=upstreams))
+        try:
+            outcomes, joiner = load(gw, workers=6, seconds=5)
+            joiner.start()
+            joiner.join()
+        finally:
+            start.close()
+    served = Counter(o.upstream for o in outcomes)
+    assert all(o.whole for o in outcomes), [o for o in outcomes if not o.whole]
+    assert served["slow"] >= 1, served
+    assert served["slow"] * 3 < min(served["fast1"], served["fast2"]), served
+
+
+def test_the_balancer_keeps_the_gateways_gate(tmp_path: Path) -> None:
+    """The key and the route allowlist hold at the public entry, as on one Droplet."""
+    port = free_port()
+    with replica("r0", port):
+        start = start_gateway(
+            tmp_path, "", https=False, upstreams=[balancer.Upstream("127.0.0.1", port)]
+        )
+        gw = next(start)
+        try:
+            assert gw.get("/v1/models", key=None).status_code == 401
+            assert gw.get("/v1/models", key="wrong").status_code == 401
+            assert gw.get("/metrics").status_code == 404
+            assert gw.get("/v1/../metrics").status_code == 404
+            assert gw.get("/v1/models").status_code == 200
+            assert gw.get("/health", key=None).status_code == 200
+        finally:
+            start.close()
