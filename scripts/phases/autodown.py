@@ -227,6 +227,9 @@ def delete(
 
 
 def delete_droplet(api_url: str, token: str, droplet: str, deadline: Deadline, sleep: Sleep) -> str:
+    # The plain DELETE: the Droplet's associated resources, the cache Volume among them, stay
+    # (only /destroy_with_associated_resources/* removes those; DigitalOcean API reference and
+    # changelog "Destroy a Droplet with associated resources"), so the next Droplet starts warm.
     return delete(
         api_url, token, f"/v2/droplets/{droplet}", "Droplets (droplet:delete)", deadline, sleep
     )
