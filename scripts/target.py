@@ -40,7 +40,8 @@ class Target:
 
 
 # Where a chat message or stream delta carries text: a reasoning model (Nemotron with vLLM's
-# reasoning parser) puts its first tokens in reasoning_content (newer vLLM: reasoning).
+# reasoning parser) puts its first tokens in `reasoning` (vLLM since PR #27752, which #33402
+# completed by removing the old name), or `reasoning_content` (older vLLM, other servers).
 TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
 
 

@@ -10,7 +10,8 @@ like vLLM with `stream_options.include_usage`. Faults for the tests: `--fail-eve
 every Nth chat request with HTTP 500, `--stall-every N` never answers it, `--slow-every N` gives
 every Nth a TTFT of `--slow-ttft`, `--mode empty-deltas` streams empty content, `--mode no-auth`
 accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mode reasoning`
-streams the first half of the tokens as `reasoning_content` (as vLLM's reasoning parser does),
+streams the first half of the tokens as `reasoning` (as vLLM's reasoning parser does since PR
+#27752), `--mode reasoning-content` as `reasoning_content` (vLLM before it, other servers),
 `--mode tool-call` streams only tool-call deltas, `--mode no-usage` never sends the usage chunk.
 `--capacity N` serves at most N requests at once (the rest wait, as in a full engine).
 What vLLM's parsers make of a Nemotron 3 answer: `--thinking parsed` thinks unless the request's
@@ -261,6 +262,8 @@ class FakeServer:
         if mode == "empty-deltas":
             return {"content": ""}
         if mode == "reasoning" and i < n // 2:
+            return {"reasoning": " think"}
+        if mode == "reasoning-content" and i < n // 2:
             return {"reasoning_content": " think"}
         if mode == "tool-call":
             call: dict[str, Any] = {"index": 0, "function": {"arguments": '"x"'}}
@@ -375,6 +378,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "no-auth",
             "one-chunk",
             "reasoning",
+            "reasoning-content",
             "tool-call",
             "no-usage",
         ],

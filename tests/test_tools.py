@@ -269,7 +269,7 @@ def test_bench_goodput_counts_exactly_the_requests_within_the_slo(tmp_path: Path
     assert r["requests_per_s"] == pytest.approx(16 / r["duration_s"])
 
 
-@pytest.mark.parametrize("mode", ["reasoning", "tool-call"])
+@pytest.mark.parametrize("mode", ["reasoning", "reasoning-content", "tool-call"])
 def test_bench_times_reasoning_and_tool_call_chunks_as_tokens(tmp_path: Path, mode: str) -> None:
     """Nemotron streams its reasoning first, and a tool call streams no content at all: both
     are tokens, so TTFT is the first of them, not the first content."""
