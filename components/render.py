@@ -5,8 +5,8 @@
 
 Each file is what `pulumi up` sends on stdin to `bash -s` for that phase, except what is known
 only at deploy time: the secrets (placeholders), the Droplet's address (203.0.113.10, which the
-gateway's certificate is for unless the stack names a domain) and, for reboot-wait, the boot id
-before the reboot.
+gateway's certificate is for unless the stack names a domain), for reboot-wait, the boot id
+before the reboot, and, with a cache, that the Droplet's region sells Volumes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from . import bootstrap, config, gateway
+from . import bootstrap, cache, config, gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Droplet's address is known only once it exists; renders name the gateway for this one.
@@ -67,6 +67,8 @@ def render_stack(stack: str, out: Path) -> list[Path]:
             extra["api_key"] = bootstrap.SECRET_PLACEHOLDER
         if name in ("gateway", "ready"):
             extra["host"] = gateway.hostname(cfg, HOST_PLACEHOLDER_IP)
+        if name in bootstrap.STATIC_INPUTS and cfg.cache.enabled:
+            extra["cache_device"] = cache.device_path(cfg)
         if name == "reboot-wait":
             extra["reboot_result"] = {"rebooting": True, "boot_id": "<boot id before the reboot>"}
         path = out / f"{index:02d}-{name}.sh"

@@ -1,3 +1,4 @@
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,3 +17,16 @@ def downloads(tmp_path: Path) -> Iterator[Downloads]:
     d = Downloads(tmp_path / "www")
     yield d
     d.close()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_tool_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tools the tests run (bench --plot, timeline --png) import matplotlib, which writes
+    its font cache under ~/.cache and ~/.config: give it the session's own folder instead."""
+    before = os.environ.get("MPLCONFIGDIR")
+    os.environ["MPLCONFIGDIR"] = str(tmp_path_factory.mktemp("matplotlib"))
+    yield
+    if before is None:
+        os.environ.pop("MPLCONFIGDIR", None)
+    else:
+        os.environ["MPLCONFIGDIR"] = before

@@ -23,6 +23,7 @@ from test_program import dev
 
 from components import catalog
 from components.config import ConfigError
+from components.render import render_stack
 
 DEVICE = f"{catalog.VOLUME_DEVICE_PREFIX}nemotron-dev-cache"
 
@@ -241,3 +242,13 @@ def test_a_volume_attached_to_another_droplet_is_refused_before_anything_is_decl
         for p in run.error.problems
     ), run.error.problems
     assert not run.registrations
+
+
+def test_the_offline_render_shows_the_cache_phase_with_its_device(tmp_path) -> None:
+    files = {p.name: p for p in render_stack("super", tmp_path)}
+    assert "NEMO_CACHE_DEVICE=/dev/disk/by-id/scsi-0DO_Volume_nemotron-super-cache\n" in (
+        files["04-cache.sh"].read_text()
+    )
+    assert "RequiresMountsFor=" in files["10-service.sh"].read_text()
+    dev = {p.name: p for p in render_stack("dev", tmp_path / "dev")}
+    assert "NEMO_CACHE_DEVICE=''" in dev["04-cache.sh"].read_text()

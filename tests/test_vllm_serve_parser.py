@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
+import tempfile
 from typing import Any
 
 import pytest
@@ -77,14 +79,28 @@ def checked() -> dict[str, Any]:
         f"{VLLM_PYTHON} is missing: ./check installs the pinned vLLM there from locks/"
     )
     every = {**cases(), **BROKEN}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), str(CHECK)],
-        input=json.dumps([{"name": n, "argv": a} for n, a in every.items()]),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    # Importing vLLM and torch writes caches (torch inductor's under TMPDIR, vLLM's under HOME):
+    # keep them in a folder of this run, and keep vLLM from reporting usage.
+    with tempfile.TemporaryDirectory() as private:
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": private,
+            "TMPDIR": private,
+            "XDG_CACHE_HOME": private,
+            "XDG_CONFIG_HOME": private,
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+        }
+        proc = subprocess.run(
+            [str(VLLM_PYTHON), str(CHECK)],
+            input=json.dumps([{"name": n, "argv": a} for n, a in every.items()]),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            check=False,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
