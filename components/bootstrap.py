@@ -54,7 +54,8 @@ PHASES: tuple[Phase, ...] = (
     Phase("driver", ("preflight",), 45),
     Phase("cgroup", ("driver",), 15),
     # The cache Volume (when there is one) is mounted before anything is put where it binds.
-    Phase("cache", ("preflight", "volume"), 10),
+    # Its bound leaves room to copy a live Droplet's weights in (the cache turned on later).
+    Phase("cache", ("preflight", "volume"), 60),
     Phase("conda", ("cache",), 30),
     Phase("vllm", ("conda", "lock"), 90),
     Phase("model", ("conda",), 150),

@@ -205,9 +205,15 @@ def test_turning_the_cache_on_copies_what_the_droplet_has_and_off_undoes_it(
         p.ok(phase)
     fetched = len(downloads.requests)
 
-    # cache.sizeGb set on a live Droplet: the Volume is attached and filled from its disk.
+    # cache.sizeGb set on a live Droplet: the Volume is attached and filled from its disk. A
+    # first try was cut short mid-copy: its side folder is discarded, the copy starts again.
     box.attach_volume(volume)
     p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", catalog.CACHE_LABEL, str(volume)], check=True)
+    Path(f"{volume}.fs-uuid").write_text(blkid(volume, "UUID") + "\n")  # mounted before
+    half = Path(f"{volume}.fs") / "conda.partial"
+    half.mkdir(parents=True)
+    (half / "half-copied").write_text("")
     run = p.run("cache")
     assert run.returncode == 0, run.stderr
     assert f"{catalog.CONDA_PREFIX}: copying what this Droplet has into the cache" in run.stderr
@@ -215,6 +221,7 @@ def test_turning_the_cache_on_copies_what_the_droplet_has_and_off_undoes_it(
         assert p.ok(phase)["changed"] is False, phase
     assert len(downloads.requests) == fetched, "a copy, not a download"
     assert (Path(f"{volume}.fs") / "conda" / "bin" / "conda").exists()
+    assert not half.exists() and not (Path(f"{volume}.fs") / "conda" / "half-copied").exists()
 
     # And unset again: no mounts, no fstab block, the later phases work on the boot disk.
     p.extra["cache"]["NEMO_CACHE_DEVICE"] = ""

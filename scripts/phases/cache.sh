@@ -118,8 +118,14 @@ for bind in "${NEMO_CACHE_BINDS[@]}"; do
   fi
   if [[ -z $(ls -A "$source_dir") && -n $(ls -A "$target") ]]; then
     # What this Droplet already has (the cache was turned on later): a copy, not a download.
+    # Into a side folder first, renamed when whole: a copy cut short (the phase's bound, a lost
+    # connection) leaves the cache's folder empty, and the next run copies again.
     log "${target}: copying what this Droplet has into the cache ($(du -sh "$target" | cut -f1))"
-    cp -a "$target/." "$source_dir/"
+    rm -rf "${source_dir}.partial"
+    mkdir -p "${source_dir}.partial"
+    cp -a "$target/." "${source_dir}.partial/"
+    rmdir "$source_dir"
+    mv "${source_dir}.partial" "$source_dir"
   fi
   mount --bind "$source_dir" "$target"
   changed
