@@ -12,30 +12,25 @@ the ones after it, and no earlier one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pulumi
 import pulumi_command as command
 
-from . import autodown, catalog, gateway, vllm_service
+from . import catalog
+from .phase_settings import PHASES_DIR, Setting, lock_sha256, remote_lock_path, settings
 from .schema import StackConfig
 
-PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
 RUNNER = "bash -s"
 # After the bound, `timeout` sends TERM to the phase's whole process group (lib.sh names the
 # step it stopped in); whatever ignores TERM is killed this many seconds later.
 KILL_AFTER_SECONDS = 60
 # custom_timeouts (the SSH dial) outlast the phase's own bound by this much.
 DIAL_MARGIN_MINUTES = 5
-SECRET_PLACEHOLDER = "<secret: set at deploy time>"  # noqa: S105 (a placeholder)
-
-Setting = str | int | bool | Sequence[str]
 
 
 @dataclass(frozen=True)
@@ -103,185 +98,6 @@ def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str
         (PHASES_DIR / f"{phase}.sh").read_text(),
     ]
     return "\n".join(lines)
-
-
-def lock_sha256(cfg: StackConfig) -> str:
-    return hashlib.sha256(cfg.lock_file.read_bytes()).hexdigest()
-
-
-def remote_lock_path(cfg: StackConfig) -> str:
-    return f"{catalog.LOCKS_DIR}/{cfg.lock_file.name}"
-
-
-def settings(
-    cfg: StackConfig,
-    phase: str,
-    *,
-    hf_token: str = "",
-    reboot_result: Mapping[str, Any] | None = None,
-    api_key: str = "",
-    host: str = "",
-    dns_record: str = "",
-    cache_device: str = "",
-) -> dict[str, Setting]:
-    """The NEMO_* settings each phase script reads (see the header of each script)."""
-    min_branch = catalog.min_driver_branch(cfg.vllm.version)
-    cuda = catalog.wheel_cuda(cfg.vllm.version)
-    common: dict[str, dict[str, Setting]] = {
-        "preflight": {
-            "NEMO_OS_RELEASES": " ".join(catalog.OS_RELEASES),
-            "NEMO_DISK_NEED_GB": catalog.VLLM_ENV_DISK_GB + preflight_model_disk_gb(cfg),
-            "NEMO_GPU_COUNT": cfg.size.gpu_count,
-            "NEMO_WAIT_SECONDS": 600,
-            "NEMO_FIRST_BOOTSTRAP_FILE": catalog.FIRST_BOOTSTRAP_FILE,
-        },
-        "driver": {
-            "NEMO_DRIVER_MODE": cfg.bootstrap.driver.mode,
-            "NEMO_DRIVER_BRANCH": cfg.bootstrap.driver.branch,
-            "NEMO_MIN_DRIVER_BRANCH": min_branch,
-            "NEMO_CUDA": cuda,
-            # Ada and Hopper run NVIDIA's open kernel modules (the default since R560).
-            "NEMO_DRIVER_OPEN": True,
-            "NEMO_RUNFILE_URL": cfg.bootstrap.driver.runfile_url or "",
-            "NEMO_RUNFILE_SHA256": cfg.bootstrap.driver.runfile_sha256 or "",
-            # NVSwitch systems: CUDA starts only with Fabric Manager of the driver's version.
-            "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
-        },
-        "cgroup": {"NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode},
-        "cache": {
-            "NEMO_CACHE_DEVICE": cache_device,
-            "NEMO_CACHE_MOUNT": catalog.CACHE_MOUNT,
-            "NEMO_CACHE_LABEL": catalog.CACHE_LABEL,
-            "NEMO_CACHE_BINDS": [f"{folder}:{path}" for folder, path in catalog.CACHE_BINDS],
-            # DigitalOcean attaches in seconds; the device link follows once udev has seen it.
-            "NEMO_CACHE_WAIT_SECONDS": 300,
-            "NEMO_VLLM_UNIT": catalog.VLLM_UNIT,
-        },
-        "reboot": {"NEMO_REBOOT_DELAY": 5},
-        "reboot-wait": {
-            "NEMO_REBOOTING": bool((reboot_result or {}).get("rebooting", False)),
-            "NEMO_PREVIOUS_BOOT_ID": str((reboot_result or {}).get("boot_id", "")),
-            "NEMO_MIN_DRIVER_BRANCH": min_branch,
-            "NEMO_CUDA": cuda,
-            "NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode,
-            "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
-        },
-        "conda": {
-            "NEMO_CONDA_PREFIX": catalog.CONDA_PREFIX,
-            "NEMO_MINIFORGE_URL": catalog.MINIFORGE_URL,
-            "NEMO_MINIFORGE_SHA256": catalog.MINIFORGE_SHA256,
-            "NEMO_PYTHON": cfg.bootstrap.python,
-            "NEMO_VLLM_ENV": catalog.VLLM_ENV,
-            "NEMO_HF_ENV": catalog.HF_ENV,
-        },
-        "vllm": {
-            "NEMO_VLLM_INSTALL": cfg.vllm.install,
-            "NEMO_VLLM_VERSION": cfg.vllm.version,
-            "NEMO_VLLM_ENV": catalog.VLLM_ENV,
-            "NEMO_VLLM_MARKER": catalog.VLLM_MARKER,
-            "NEMO_LOCK_FILE": remote_lock_path(cfg),
-            "NEMO_LOCK_SHA256": lock_sha256(cfg),
-            "NEMO_VLLM_GIT_URL": catalog.VLLM_GIT_URL,
-            "NEMO_VLLM_GIT_REF": cfg.vllm_git_ref,
-            "NEMO_CUDA": cuda,
-            "NEMO_CUDA_KEYRING_URL": catalog.CUDA_KEYRING_URL.format(distro="ubuntu2404"),
-            "NEMO_CUDA_KEYRING_SHA256": "",
-            "NEMO_RUNTIME_PACKAGES": " ".join(catalog.VLLM_RUNTIME_PACKAGES),
-        },
-        "model": {
-            "NEMO_MODEL_ID": cfg.model.id,
-            "NEMO_MODEL_REVISION": cfg.model.revision,
-            "NEMO_MODEL_DISK_GB": cfg.model_disk_gb,
-            "NEMO_MODEL_MARKER": catalog.MODEL_MARKER,
-            "NEMO_DRAFT_ID": draft_id(cfg),
-            "NEMO_DRAFT_DISK_GB": draft_disk_gb(cfg),
-            "NEMO_HF_ENV": catalog.HF_ENV,
-            "NEMO_HF_HOME": catalog.HF_HOME,
-            "NEMO_HF_ENDPOINT": "",
-            "NEMO_HF_TOKEN": hf_token,
-        },
-        "service": {
-            "NEMO_VLLM_USER": catalog.VLLM_USER,
-            "NEMO_HF_HOME": catalog.HF_HOME,
-            "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
-            "NEMO_UNIT": catalog.VLLM_UNIT,
-            "NEMO_UNIT_TEXT": vllm_service.unit_text(cfg, cached=bool(cache_device)),
-            "NEMO_ENV_TEXT": vllm_service.env_text(api_key, cfg),
-            # What the running service was started from: a change to any of them restarts it.
-            "NEMO_RUNS_FROM": f"{catalog.VLLM_MARKER} {catalog.MODEL_MARKER}",
-        },
-        "gateway": {
-            "NEMO_HOST": host,
-            "NEMO_CADDYFILE": gateway.caddyfile(cfg, host),
-            "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(),
-            "NEMO_GATEWAY_ENV_FILE": gateway.GATEWAY_ENV_FILE,
-            "NEMO_GATEWAY_ENV_TEXT": f"{gateway.API_KEY_ENV}={api_key}",
-            "NEMO_CADDY_VERSION": catalog.CADDY_VERSION,
-            "NEMO_CADDY_URL": catalog.CADDY_URL,
-            "NEMO_CADDY_SHA256": catalog.CADDY_SHA256,
-            "NEMO_CADDY_BIN": catalog.CADDY_BIN,
-            "NEMO_CADDY_USER": catalog.CADDY_USER,
-            "NEMO_CADDY_HOME": catalog.CADDY_HOME,
-        },
-        "autodown": {
-            "NEMO_AUTODOWN_MODE": cfg.autodown.mode,
-            "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(cfg, dns_record),
-            "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,
-            "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,
-            "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
-            "NEMO_AUTODOWN_TIMER_TEXT": autodown.timer_text(),
-            "NEMO_AUTODOWN_PY": (PHASES_DIR / "autodown.py").read_text(),
-        },
-        "ready": {
-            # Through the gateway, on the Droplet: its real TLS and routes, no DNS needed.
-            "NEMO_PROBE_URL": f"{gateway.endpoint(cfg, host)}/chat/completions",
-            "NEMO_PROBE_RESOLVE": f"{host}:{gateway.api_port(cfg)}:127.0.0.1",
-            "NEMO_PROBE_CA": "",
-            "NEMO_SERVED_NAME": cfg.model.served_name,
-            "NEMO_UNIT": catalog.VLLM_UNIT,
-            "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
-            "NEMO_READY_TIMEOUT": cfg.bootstrap.ready_timeout_minutes * 60,
-            # The gateway's certificate: a refusal that will not pass (a rate limit, a CAA
-            # record) ends the wait at once; one Caddy may still get past (the CA unreachable,
-            # a challenge that failed while DNS catches up) after this long.
-            "NEMO_GATEWAY_UNIT": catalog.CADDY_UNIT,
-            "NEMO_HOST": host,
-            "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https else 0,
-        },
-    }
-    return common[phase]
-
-
-# How long ready lets Caddy retry an ACME failure that may pass (certmagic retries after 1, 2, 2,
-# 5 minutes...): three tries, time for a DNS record to reach the CA's resolvers.
-ACME_PATIENCE_SECONDS = 600
-
-
-def draft_id(cfg: StackConfig) -> str:
-    """The speculative-decoding draft the model phase downloads ("": none)."""
-    spec = cfg.vllm.speculative
-    return spec.model if spec is not None and spec.model is not None else ""
-
-
-def draft_disk_gb(cfg: StackConfig) -> int:
-    """Disk for the draft: the catalog's figure, or a generous default for one it lacks."""
-    if not draft_id(cfg):
-        return 0
-    known = cfg.catalog_model
-    drafts = {d.repo_id: d.disk_gb for d in (known.drafts if known else ())}
-    return drafts.get(draft_id(cfg), catalog.Draft("", "dflash").disk_gb)
-
-
-def preflight_model_disk_gb(cfg: StackConfig) -> int:
-    """Disk preflight reserves for weights: the largest catalog model this size can serve (or
-    the configured one, if larger). Sized by the droplet, not the model id, so that changing the
-    model re-runs model, service and ready only; the model phase checks its own need again."""
-    fitting = [
-        m.disk_gb
-        for m in catalog.MODELS.values()
-        if m.vram_gb <= cfg.size.total_vram_gb and not m.blackwell_only
-    ]
-    return max([*fitting, cfg.model_disk_gb])
 
 
 def phase_minutes(cfg: StackConfig, phase: Phase) -> int:

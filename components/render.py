@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from . import bootstrap, cache, config, gateway
+from . import bootstrap, cache, config, gateway, phase_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Droplet's address is known only once it exists; renders name the gateway for this one.
@@ -47,7 +47,7 @@ def _without_secrets(value: Any) -> tuple[Any, bool]:
     """Replace encrypted values (`secure: ...`, at any depth) with a placeholder."""
     if isinstance(value, dict):
         if set(value) == {"secure"}:
-            return bootstrap.SECRET_PLACEHOLDER, True
+            return phase_settings.SECRET_PLACEHOLDER, True
         items = {k: _without_secrets(v) for k, v in value.items()}
         return {k: v for k, (v, _) in items.items()}, any(h for _, h in items.values())
     return value, False
@@ -62,9 +62,9 @@ def render_stack(stack: str, out: Path) -> list[Path]:
         name = phase.name
         extra: dict[str, Any] = {}
         if name == "model":
-            extra["hf_token"] = bootstrap.SECRET_PLACEHOLDER if "hfToken" in raw else ""
+            extra["hf_token"] = phase_settings.SECRET_PLACEHOLDER if "hfToken" in raw else ""
         if name in ("service", "gateway"):
-            extra["api_key"] = bootstrap.SECRET_PLACEHOLDER
+            extra["api_key"] = phase_settings.SECRET_PLACEHOLDER
         if name in ("gateway", "ready"):
             extra["host"] = gateway.hostname(cfg, HOST_PLACEHOLDER_IP)
         if name in bootstrap.STATIC_INPUTS and cfg.cache.enabled:
@@ -73,7 +73,9 @@ def render_stack(stack: str, out: Path) -> list[Path]:
             extra["reboot_result"] = {"rebooting": True, "boot_id": "<boot id before the reboot>"}
         path = out / f"{index:02d}-{name}.sh"
         minutes = bootstrap.phase_minutes(cfg, phase)
-        path.write_text(bootstrap.render(name, bootstrap.settings(cfg, name, **extra), minutes))
+        path.write_text(
+            bootstrap.render(name, phase_settings.settings(cfg, name, **extra), minutes)
+        )
         written.append(path)
     return written
 

@@ -19,7 +19,7 @@ from pulumi_harness import (
 )
 from test_program import HF_TOKEN, dev
 
-from components import bootstrap, config, vllm_service
+from components import bootstrap, config, phase_settings, vllm_service
 
 COMMAND = "command:remote:Command"
 # The overlap: the cache, conda, the vLLM env and the weights download beside the driver
@@ -66,7 +66,7 @@ def test_one_command_per_phase_with_the_documented_edges() -> None:
     # reboot, beside the driver install.
     assert cmds["preflight"].urn in lock.dependencies
     assert cmds["reboot-wait"].urn not in lock.dependencies
-    assert lock.inputs["triggers"] == [bootstrap.lock_sha256(config_of(run)), FAKE_DROPLET_ID]
+    assert lock.inputs["triggers"] == [phase_settings.lock_sha256(config_of(run)), FAKE_DROPLET_ID]
 
 
 def config_of(run: Run) -> Any:

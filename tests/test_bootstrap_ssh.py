@@ -18,7 +18,7 @@ import pytest
 from sandbox import Downloads, Sandbox, free_port
 from test_phases import Phases
 
-from components import bootstrap
+from components import bootstrap, phase_settings
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(
@@ -174,7 +174,7 @@ def run_bootstrap(droplet: Droplet, p: Phases, cache_device: str = "") -> dict[s
     def downloads() -> None:
         phase("cache")
         phase("conda")
-        droplet.copy(p.cfg.lock_file, bootstrap.remote_lock_path(p.cfg))
+        droplet.copy(p.cfg.lock_file, phase_settings.remote_lock_path(p.cfg))
         with ThreadPoolExecutor(max_workers=2) as inner:
             for future in [inner.submit(phase, "vllm"), inner.submit(phase, "model")]:
                 future.result()

@@ -20,7 +20,7 @@ from fake_acme import RefusingCA
 from pulumi_harness import stack_config
 from sandbox import CADDY, FAKES, Downloads, PhaseRun, Sandbox, caddy_release_tarball
 
-from components import bootstrap, catalog, config, gateway
+from components import bootstrap, catalog, config, gateway, phase_settings
 from components.render import render_stack
 
 pytestmark = pytest.mark.skipif(
@@ -65,7 +65,7 @@ class Phases:
             f"/{MODEL}/resolve/main/config.json", b'{"architectures": ["NemotronHForCausalLM"]}'
         )
         # The lock arrives by SFTP before the vllm phase (CopyToRemote); here, on the disk.
-        box.file(bootstrap.remote_lock_path(self.cfg), self.cfg.lock_file.read_text())
+        box.file(phase_settings.remote_lock_path(self.cfg), self.cfg.lock_file.read_text())
         self.extra: dict[str, dict[str, Any]] = {}
 
     def settings(self, phase: str, **kwargs: Any) -> dict[str, Any]:
@@ -73,7 +73,7 @@ class Phases:
             kwargs.setdefault("api_key", API_KEY)
         if phase in ("gateway", "ready"):
             kwargs.setdefault("host", "localhost")
-        s = dict(bootstrap.settings(self.cfg, phase, **kwargs))
+        s = dict(phase_settings.settings(self.cfg, phase, **kwargs))
         s["NEMO_RETRY_DELAY"] = 0
         test_values = {
             "preflight": {"NEMO_WAIT_SECONDS": 5},
@@ -539,7 +539,7 @@ def test_vllm_installs_from_the_lock_with_hashes_once(box: Sandbox, downloads: D
 def test_vllm_refuses_a_lock_that_did_not_arrive_intact(box: Sandbox, downloads: Downloads) -> None:
     p = Phases(box, downloads)
     p.ok("conda")
-    box.file(bootstrap.remote_lock_path(p.cfg), "vllm==0.33.0\n")
+    box.file(phase_settings.remote_lock_path(p.cfg), "vllm==0.33.0\n")
     p.failed("vllm", "lock", "the lock file is copied before this phase")
 
 
@@ -845,7 +845,7 @@ def test_a_new_vllm_restarts_the_service(box: Sandbox, downloads: Downloads) -> 
     p.ok("service")
     pid = box.file("/var/lib/fake-systemd/pid/vllm.service").read_text()
     assert p.ok("service")["changed"] is False
-    lock = box.file(bootstrap.remote_lock_path(p.cfg))
+    lock = box.file(phase_settings.remote_lock_path(p.cfg))
     lock.write_text(lock.read_text().replace("vllm==0.33.0", "vllm==0.33.1"))
     p.extra["vllm"] = {"NEMO_LOCK_SHA256": hashlib.sha256(lock.read_bytes()).hexdigest()}
     assert p.ok("vllm")["changed"] is True
