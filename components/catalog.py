@@ -141,10 +141,11 @@ class GpuSize:
 
 # The self-service NVIDIA sizes. DigitalOcean's Droplet pricing page (validated 28 May 2026) lists
 # no other NVIDIA self-service plan: its B300 sizes are "per contract after contacting sales",
-# with slugs that GET /v2/sizes does not return, so no Blackwell size is sold here.
+# with slugs that GET /v2/sizes does not return, so no Blackwell size is sold here. List prices
+# from that page (RTX 6000 Ada: $1.89, its 2025 version); deploys read the live price.
 _SIZES = (
     GpuSize("gpu-4000adax1-20gb", "RTX 4000 Ada", 1, 20, "nvidia", 0.76, arch="ada"),
-    GpuSize("gpu-6000adax1-48gb", "RTX 6000 Ada", 1, 48, "nvidia", 1.57, arch="ada"),
+    GpuSize("gpu-6000adax1-48gb", "RTX 6000 Ada", 1, 48, "nvidia", 1.89, arch="ada"),
     GpuSize("gpu-l40sx1-48gb", "L40S", 1, 48, "nvidia", 1.57, arch="ada"),
     GpuSize("gpu-h100x1-80gb", "H100", 1, 80, "nvidia", 3.39),
     GpuSize("gpu-h100x8-640gb", "H100", 8, 80, "nvidia", 23.92, nvswitch=True),
