@@ -25,6 +25,7 @@ import functools
 import io
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -134,10 +135,37 @@ class PhaseRun:
         )
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a test server to listen on: free now, never handed out before in this run,
+    and outside the kernel's ephemeral range, so that no outgoing connection (an ssh session, a
+    download) can be given it as its local port before the server binds it. A port from bind(0)
+    is in that range, and two calls can even return the same one: the likely cause of a CI run
+    where the sandbox's Caddy never came up while the service phase ran beside it over ssh."""
+    low, _ = _ephemeral_range()
+    lowest = 10000 if low > 11000 else 1024
+    for _ in range(1000):
+        port = random.randrange(lowest, low)  # noqa: S311 (a port to try, not a secret)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port below the ephemeral range ({lowest}-{low})")
 
 
 class Sandbox:
