@@ -119,7 +119,7 @@ def test_a_stopped_replica_leaves_the_pool_without_failing_the_rest_and_comes_ba
         stack.enter_context(replica("r2", ports[2], *timing))
         gw = next(start := start_gateway(tmp_path, "", https=False, upstreams=upstreams))
         try:
-            outcomes, joiner = load(gw, workers=6, seconds=16)
+            outcomes, joiner = load(gw, workers=6, seconds=20)
             time.sleep(2)
             stopped = time.monotonic()
             r1.kill()  # not drained: what a crash or a reboot does
