@@ -152,10 +152,15 @@ def plan(
             want,
             None,
             "moved",
-            f"unusable: the cache {name} is in {found.region}, but the Droplet is placed in "
-            f"{region} ({cfg.droplet.size} is not offered in {found.region} now, or "
-            f"droplet.regions no longer lists it); a Volume attaches only in its own region, so "
-            f"a new, empty one is made in {region}, and {left}",
+            f"unusable: the cache {name} is in {found.region}, but the Droplet "
+            + (
+                f"exists in {region} and stays there"
+                if droplet_id
+                else f"is placed in {region} ({cfg.droplet.size} is not offered in "
+                f"{found.region} now, or droplet.regions no longer lists it)"
+            )
+            + f"; a Volume attaches only in its own region, so a new, empty one is made in "
+            f"{region}, and {left}",
         )
     size = want
     notes = [f"kept: {name} in {region} is reused ({found.size_gb} GiB)"]

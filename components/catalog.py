@@ -193,6 +193,10 @@ def default_image(size: GpuSize) -> str:
     return "gpu-h100x8-base" if size.gpu_count == 8 else "gpu-h100x1-base"
 
 
+# Disk for a draft model: not published; a small multi-layer drafter, with headroom.
+DRAFT_DISK_GB = 10
+
+
 @dataclass(frozen=True)
 class Draft:
     """A draft model published for a target, for vllm.speculative (vLLM's speculative methods:
@@ -200,8 +204,7 @@ class Draft:
 
     repo_id: str
     method: Literal["dflash", "eagle3"]
-    # Not published: a small multi-layer drafter, with headroom.
-    disk_gb: int = 10
+    disk_gb: int = DRAFT_DISK_GB
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ def draft_disk_gb(cfg: StackConfig) -> int:
         return 0
     known = cfg.catalog_model
     drafts = {d.repo_id: d.disk_gb for d in (known.drafts if known else ())}
-    return drafts.get(draft_id(cfg), catalog.Draft("", "dflash").disk_gb)
+    return drafts.get(draft_id(cfg), catalog.DRAFT_DISK_GB)
 
 
 def preflight_model_disk_gb(cfg: StackConfig) -> int:

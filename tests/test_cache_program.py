@@ -125,13 +125,28 @@ def test_a_kept_volume_is_adopted_and_a_new_droplet_goes_to_its_region(
 
 
 def test_an_existing_droplet_keeps_its_region_over_the_caches() -> None:
+    """The live Droplet is in tor1, a detached cache in nyc2 (which offers the size too): the
+    Droplet is not moved for the cache; the cache is reported unusable there instead."""
+    run = run_program(
+        cached(100),
+        droplets=[existing_droplet(region="tor1")],
+        volumes=[existing_volume(region="nyc2")],
+    )
+    assert run.outputs["region"].value == "tor1"
+    assert run.outputs["placement"].value.startswith("kept: Droplet")
+    assert run.outputs["cache"].value["state"] == "moved"
+    assert "the Droplet exists in tor1 and stays there" in run.outputs["cache"].value["note"]
+    assert run.one(VOLUME).inputs["region"] == "tor1"
+
+
+def test_the_stacks_own_attached_volume_is_kept() -> None:
     run = run_program(
         cached(100),
         droplets=[existing_droplet(region="tor1")],
         volumes=[existing_volume(region="tor1", droplet_ids=(int(FAKE_DROPLET_ID),))],
     )
-    assert run.outputs["region"].value == "tor1"
     assert run.outputs["cache"].value["state"] == "kept"
+    assert run.one(VOLUME).import_id == "vol-kept-0001"
 
 
 def test_a_cache_in_a_region_without_the_size_is_reported_unusable_not_ignored(
