@@ -371,24 +371,12 @@ def run_program(
     stack: str = "dev",
     secrets: dict[str, str] | None = None,
     offers: dict[str, dict] | None = None,
-    droplets: list[dict] | None = None,
-    droplet_id: str = "",
-    zones: tuple[str, ...] = (),
-    ipv4: str = "",
-    volumes: list[dict] | None = None,
-    no_volumes_in: tuple[str, ...] = (),
+    **account: Any,
 ) -> Run:
     """Run __main__.py with `config` (keys without namespace; plain values JSON-encoded the way
-    the engine passes structured config) and `secrets` (marked secret)."""
-    cloud = FakeCloud(
-        DEFAULT_OFFERS if offers is None else offers,
-        droplets,
-        droplet_id,
-        zones,
-        ipv4,
-        volumes,
-        no_volumes_in,
-    )
+    the engine passes structured config) and `secrets` (marked secret), against a FakeCloud
+    with these `offers` and `account` (its other arguments: droplets, volumes, zones, ...)."""
+    cloud = FakeCloud(DEFAULT_OFFERS if offers is None else offers, **account)
     monitor = Recorder(cloud)
     pulumi_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(cloud, project=PROJECT, stack=stack, preview=False, monitor=monitor)

@@ -258,13 +258,10 @@ def test_the_key_is_in_no_gateway_log_line(gw: Gateway) -> None:
     assert KEY not in gw.log.read_text()
 
 
-def test_the_ip_certificate_config_is_what_caddy_runs(tmp_path: Path) -> None:
-    """The pinned Caddy adapts the default (IP) gateway: an ACME issuer with Let's Encrypt's
-    `shortlived` profile for the address (the only way it issues IP certificates), and the
-    certificate served to a handshake without SNI, as a client connecting to an IP sends."""
-    cfg = config.parse(stack_config("dev"), "dev")
+def adapt(tmp_path: Path, caddyfile: str) -> tuple[dict[str, Any], str]:
+    """The pinned Caddy's JSON for a rendered Caddyfile (`caddy adapt`), parsed and as text."""
     conf = tmp_path / "Caddyfile"
-    conf.write_text(gateway.caddyfile(cfg, "203.0.113.10"))
+    conf.write_text(caddyfile)
     out = subprocess.run(
         [str(CADDY), "adapt", "--config", str(conf), "--adapter", "caddyfile"],
         capture_output=True,
@@ -272,7 +269,15 @@ def test_the_ip_certificate_config_is_what_caddy_runs(tmp_path: Path) -> None:
         check=True,
         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
     )
-    adapted = json.loads(out.stdout)
+    return json.loads(out.stdout), out.stdout
+
+
+def test_the_ip_certificate_config_is_what_caddy_runs(tmp_path: Path) -> None:
+    """The pinned Caddy adapts the default (IP) gateway: an ACME issuer with Let's Encrypt's
+    `shortlived` profile for the address (the only way it issues IP certificates), and the
+    certificate served to a handshake without SNI, as a client connecting to an IP sends."""
+    cfg = config.parse(stack_config("dev"), "dev")
+    adapted, _ = adapt(tmp_path, gateway.caddyfile(cfg, "203.0.113.10"))
     [policy] = adapted["apps"]["tls"]["automation"]["policies"]
     assert policy["subjects"] == ["203.0.113.10"]
     [issuer] = policy["issuers"]
@@ -289,17 +294,8 @@ def test_a_named_endpoint_keeps_caddys_two_default_cas(tmp_path: Path) -> None:
     raw = stack_config("dev")
     raw["access"] = {**raw["access"], "domain": "llm.example.com", "acmeEmail": "o@example.com"}
     cfg = config.parse(raw, "dev")
-    conf = tmp_path / "Caddyfile"
-    conf.write_text(gateway.caddyfile(cfg, "llm.example.com"))
-    out = subprocess.run(
-        [str(CADDY), "adapt", "--config", str(conf), "--adapter", "caddyfile"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
-    )
-    adapted = json.loads(out.stdout)
-    assert "default_sni" not in out.stdout
+    adapted, text = adapt(tmp_path, gateway.caddyfile(cfg, "llm.example.com"))
+    assert "default_sni" not in text
     [policy] = adapted["apps"]["tls"]["automation"]["policies"]
     assert policy["subjects"] == ["llm.example.com"]
     lets_encrypt, zerossl = policy["issuers"]

@@ -140,25 +140,21 @@ def test_a_path_trick_never_reaches_vllm_with_or_without_the_key(
     assert upstream.seen == [], f"{target} reached the upstream: {upstream.seen}"
 
 
+EXACT = (
+    ("GET", "/health"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("GET", "/v1/models?limit=5"),
+    ("GET", "/v1/responses/resp_0123abc"),
+)
+
+
 def test_exact_paths_reach_vllm_as_sent(gw: Gateway, upstream: Upstream) -> None:
-    for method, target in (
-        ("GET", "/health"),
-        ("GET", "/v1/models"),
-        ("POST", "/v1/chat/completions"),
-        ("POST", "/v1/completions"),
-        ("GET", "/v1/models?limit=5"),
-        ("GET", "/v1/responses/resp_0123abc"),
-    ):
+    for method, target in EXACT:
         status, _ = raw(gw, method, target, AUTH, b"{}" if method == "POST" else b"")
         assert status == 200, (method, target, status)
-    assert [(s["method"], s["path"]) for s in upstream.seen] == [
-        ("GET", "/health"),
-        ("GET", "/v1/models"),
-        ("POST", "/v1/chat/completions"),
-        ("POST", "/v1/completions"),
-        ("GET", "/v1/models?limit=5"),
-        ("GET", "/v1/responses/resp_0123abc"),
-    ]
+    assert [(s["method"], s["path"]) for s in upstream.seen] == list(EXACT)
 
 
 @pytest.mark.parametrize(

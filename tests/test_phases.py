@@ -900,6 +900,36 @@ def test_ready_fails_when_systemd_cannot_enforce_the_metadata_guard(
     p.failed("ready", "metadata-guard", "bootstrap.cgroup.mode: unified")
 
 
+NAMED_HOST = "nemotron.test"
+
+
+def named_gateway(
+    box: Sandbox, downloads: Downloads, acme_ca: str, ready_timeout: int, acme_patience: int
+) -> Phases:
+    """vLLM up and the gateway for a name whose certificate comes from `acme_ca`; ready set to
+    probe through it with these bounds."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    p.extra["gateway"] = {
+        "NEMO_CADDYFILE": gateway.caddyfile(
+            p.cfg,
+            NAMED_HOST,
+            upstream_port=box.vllm_port,
+            http_port=box.http_port,
+            https_port=box.https_port,
+            acme_ca=acme_ca,
+        )
+    }
+    p.ok("gateway", host=NAMED_HOST)
+    p.extra["ready"] = {
+        "NEMO_PROBE_URL": f"https://{NAMED_HOST}:{box.https_port}/v1/chat/completions",
+        "NEMO_PROBE_RESOLVE": f"{NAMED_HOST}:{box.https_port}:127.0.0.1",
+        "NEMO_READY_TIMEOUT": ready_timeout,
+        "NEMO_ACME_PATIENCE": acme_patience,
+    }
+    return p
+
+
 @pytest.mark.parametrize(
     ("refusal", "fix"),
     [
@@ -924,26 +954,8 @@ def test_ready_names_the_cas_refusal_instead_of_waiting(
     ca = RefusingCA(*refusal) if refusal else None
     try:
         directory = ca.directory if ca else "http://127.0.0.1:1/directory"
-        p = prepared(box, downloads)
-        p.ok("service")
-        host = "nemotron.test"
-        p.extra["gateway"] = {
-            "NEMO_CADDYFILE": gateway.caddyfile(
-                p.cfg,
-                host,
-                upstream_port=box.vllm_port,
-                http_port=box.http_port,
-                https_port=box.https_port,
-                acme_ca=directory,
-            )
-        }
-        p.ok("gateway", host=host)
-        p.extra["ready"] = {
-            "NEMO_PROBE_URL": f"https://{host}:{box.https_port}/v1/chat/completions",
-            "NEMO_PROBE_RESOLVE": f"{host}:{box.https_port}:127.0.0.1",
-            "NEMO_READY_TIMEOUT": 60,
-            "NEMO_ACME_PATIENCE": 0,
-        }
+        p = named_gateway(box, downloads, directory, ready_timeout=60, acme_patience=0)
+        host = NAMED_HOST
         started = time.monotonic()
         run = p.failed("ready", "wait", fix, host=host)
         assert time.monotonic() - started < 40, "not after the whole timeout"
@@ -961,27 +973,10 @@ def test_ready_names_the_cas_refusal_instead_of_waiting(
 def test_ready_waits_out_a_failure_that_may_pass(box: Sandbox, downloads: Downloads) -> None:
     """A challenge refused while the user's DNS record propagates is retried by Caddy: within
     NEMO_ACME_PATIENCE ready keeps waiting."""
-    p = prepared(box, downloads)
-    p.ok("service")
-    host = "nemotron.test"
-    p.extra["gateway"] = {
-        "NEMO_CADDYFILE": gateway.caddyfile(
-            p.cfg,
-            host,
-            upstream_port=box.vllm_port,
-            http_port=box.http_port,
-            https_port=box.https_port,
-            acme_ca="http://127.0.0.1:1/directory",
-        )
-    }
-    p.ok("gateway", host=host)
-    p.extra["ready"] = {
-        "NEMO_PROBE_URL": f"https://{host}:{box.https_port}/v1/chat/completions",
-        "NEMO_PROBE_RESOLVE": f"{host}:{box.https_port}:127.0.0.1",
-        "NEMO_READY_TIMEOUT": 4,
-        "NEMO_ACME_PATIENCE": 600,
-    }
-    run = p.failed("ready", "wait", "bootstrap.readyTimeoutMinutes", host=host)
+    p = named_gateway(
+        box, downloads, "http://127.0.0.1:1/directory", ready_timeout=4, acme_patience=600
+    )
+    run = p.failed("ready", "wait", "bootstrap.readyTimeoutMinutes", host=NAMED_HOST)
     assert "no answer from" in run.failure
 
 
