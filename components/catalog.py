@@ -228,12 +228,14 @@ class Model:
     mtp_tokens: int | None = None
     # Draft models trained for it (RedHatAI's speculators on the Hub).
     drafts: tuple[Draft, ...] = ()
-    # Where its facts come from.
-    source: str = "vllm-project/recipes models/nvidia/<repo>.yaml"
 
     @property
     def blackwell_only(self) -> bool:
         return self.precision == "nvfp4"
+
+    def runs_on_arch(self, size: GpuSize) -> bool:
+        """Whether the GPU generation of `size` has the kernels for these weights."""
+        return not self.blackwell_only or size.arch == "blackwell"
 
     @property
     def family(self) -> str:

@@ -113,12 +113,17 @@ def _hardware_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[
             f"{', '.join(catalog.MODELS)}"
         )
 
-    if ok("model.id", "droplet.size") and known_model and known_model.blackwell_only:
+    if (
+        ok("model.id", "droplet.size")
+        and known_model
+        and size
+        and not known_model.runs_on_arch(size)
+    ):
         # Started on Ada or Hopper it would only crash at load, after the bill began.
         others = [
             m.repo_id
             for m in catalog.MODELS.values()
-            if m.family == known_model.family and not m.blackwell_only
+            if m.family == known_model.family and m.runs_on_arch(size)
         ]
         problems.append(
             f"model.id: {model.id} holds NVFP4 weights, which run only on Blackwell GPUs; "

@@ -196,6 +196,6 @@ def preflight_model_disk_gb(cfg: StackConfig) -> int:
     fitting = [
         m.disk_gb
         for m in catalog.MODELS.values()
-        if m.vram_gb <= cfg.size.total_vram_gb and not m.blackwell_only
+        if m.vram_gb <= cfg.size.total_vram_gb and m.runs_on_arch(cfg.size)
     ]
     return max([*fitting, cfg.model_disk_gb])

@@ -49,12 +49,12 @@ def reference_markdown() -> str:
 
 def serving_sizes(model: catalog.Model, utilization: float = 0.90) -> list[str]:
     """The NVIDIA sizes whose VRAM holds the model's recipe minimum at this utilization."""
-    if model.blackwell_only:
-        return []
     return [
         s.slug
         for s in catalog.SIZES.values()
-        if s.vendor == "nvidia" and model.vram_gb <= s.total_vram_gb * utilization
+        if s.vendor == "nvidia"
+        and model.runs_on_arch(s)
+        and model.vram_gb <= s.total_vram_gb * utilization
     ]
 
 
@@ -67,7 +67,7 @@ def models_markdown() -> str:
     ]
     for m in catalog.MODELS.values():
         sizes = serving_sizes(m)
-        if m.blackwell_only:
+        if not sizes and m.blackwell_only:
             where = "none: NVFP4 runs on Blackwell only, which DigitalOcean sells per contract"
         else:
             where = ", ".join(f"`{s}`" for s in sizes) or "none that DigitalOcean sells"

@@ -92,11 +92,11 @@ TimeoutStopSec=120
 WantedBy=multi-user.target"""
 
 
-def env_text(api_key: str, cfg: StackConfig | None = None) -> str:
+def env_text(api_key: str, cfg: StackConfig) -> str:
     # A context past the model's default needs vLLM's explicit consent (the model card allows
     # it: catalog long_context).
-    known = cfg.catalog_model if cfg else None
-    long_context = bool(cfg and known and cfg.vllm.max_model_len > known.max_context)
+    known = cfg.catalog_model
+    long_context = bool(known and cfg.vllm.max_model_len > known.max_context)
     return "\n".join([
         *(["VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"] if long_context else []),
         # vLLM checks the key too (defence in depth behind the gateway).

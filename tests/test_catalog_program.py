@@ -3,6 +3,7 @@ before anything is created, naming the field and the sizes that would serve it."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
@@ -36,7 +37,7 @@ def test_each_model_on_each_size_plans_with_its_flags_or_is_refused_with_the_siz
     model: str, size: str
 ) -> None:
     known, gpu = catalog.MODELS[model], catalog.SIZES[size]
-    fits = not known.blackwell_only and known.vram_gb <= gpu.total_vram_gb * UTILIZATION
+    fits = known.runs_on_arch(gpu) and known.vram_gb <= gpu.total_vram_gb * UTILIZATION
     if not fits:
         with pytest.raises(ConfigError) as err:
             parse(model, size)
@@ -246,3 +247,13 @@ def test_a_vllm_older_than_the_recipe_minimum_is_refused() -> None:
         p.startswith(f"vllm.version: {SUPER_FP8} needs vLLM >= 0.17.1; got 0.16.0")
         for p in err.value.problems
     ), err.value.problems
+
+
+def test_nvfp4_is_refused_for_the_gpu_generation_not_for_its_name() -> None:
+    """The refusal compares the checkpoint with the size's architecture: a Blackwell size, once
+    DigitalOcean sells one and the catalog lists it, would serve NVFP4."""
+    nvfp4 = catalog.MODELS["nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"]
+    hopper = catalog.SIZES["gpu-h100x8-640gb"]
+    blackwell = dataclasses.replace(hopper, slug="gpu-b300x8", arch="blackwell")
+    assert not nvfp4.runs_on_arch(hopper) and nvfp4.runs_on_arch(blackwell)
+    assert catalog.MODELS[SUPER_FP8].runs_on_arch(hopper)
