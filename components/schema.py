@@ -613,11 +613,6 @@ class StackConfig(BaseModel):
             base = f"n-{base}"
         return f"{base[:58]}-cache"
 
-    @property
-    def cache_need_gb(self) -> int:
-        """What the cache holds: the weights, the vLLM env, the compile caches and conda."""
-        return self.model_disk_gb + catalog.VLLM_ENV_DISK_GB + catalog.CACHE_OVERHEAD_GB
-
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", text)
