@@ -116,6 +116,43 @@ CADDY_USER = "caddy"
 CADDY_HOME = "/var/lib/caddy"
 CADDY_UNIT = "caddy.service"
 # NVIDIA's apt repository key package, for the CUDA toolkit a source build needs.
+# ---- replicas and the balancer in front of them (replicas >= 2) ----------------------------
+# More GPU Droplets than this is a quota request at DigitalOcean, and a set this large is a job
+# for a cluster scheduler, not a stack.
+MAX_REPLICAS = 8
+# Each replica's gateway listens here, on its private (VPC) address only; the balancer is the
+# only public entry. Plain HTTP inside the VPC, which carries only this account's traffic.
+REPLICA_PORT = 8080
+# A replica being updated answers /health with 503 while this file exists (the service phase
+# writes it before a restart, the ready phase removes it), so the balancer stops sending it new
+# requests before it goes down. In Caddy's home: the gateway (user caddy) must see it.
+DRAIN_FILE_NAME = "draining"
+# The Caddy balancer Droplet: a small CPU Droplet (no GPU needed to proxy) with Ubuntu LTS,
+# holding a Reserved IP (free while assigned: DigitalOcean pricing, Reserved IPs).
+BALANCER_SIZE = "s-1vcpu-1gb"
+BALANCER_IMAGE = "ubuntu-24-04-x64"
+# The replicas' upstream lines live one file per replica; the balancer's Caddyfile imports the
+# glob, and a replica joins or leaves with a graceful reload through this root-only socket
+# (Caddy keeps in-flight requests on the old config; admin API /reverse_proxy/upstreams counts
+# each upstream's requests in flight).
+BALANCER_UPSTREAMS_DIR = "/etc/caddy/upstreams"
+CADDY_ADMIN_SOCKET = "/run/caddy/admin.sock"
+# DigitalOcean's managed Load Balancer: $10 per node per month (docs.digitalocean.com/products/
+# networking/load-balancers, Plans and Pricing), billed hourly; DigitalOcean bills a month as
+# 672 hours at most, the same divisor as its Droplet prices.
+LB_NODE_PRICE_MONTH = 10.0
+HOURS_PER_BILLING_MONTH = 672
+# Idle timeout between bytes on a connection: default 60 s (Load Balancer support page). A long
+# prompt's prefill sends nothing until the first token; 600 s is the API's ceiling for
+# http_idle_timeout_seconds (the provider passes it through unchecked: terraform-provider-
+# digitalocean loadbalancer/resource_loadbalancer.go).
+LB_IDLE_TIMEOUT_SECONDS = 600
+# Health checks: the provider's bounds are interval and timeout 3-300 s, thresholds 2-10
+# (resource_loadbalancer.go); the fastest: out after 2 failed checks 3 s apart, back after 2.
+LB_CHECK_INTERVAL_SECONDS = 3
+LB_UNHEALTHY_THRESHOLD = 2
+LB_HEALTHY_THRESHOLD = 2
+
 CUDA_KEYRING_URL = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/cuda-keyring_1.1-1_all.deb"
 
 

@@ -22,6 +22,7 @@ from .schema import (
     SECRET_KEYS,
     SECTIONS,
     AccessConfig,
+    BalancerConfig,
     BootstrapConfig,
     DropletConfig,
     ModelConfig,
@@ -320,6 +321,43 @@ def _cache_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str
     return []
 
 
+def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
+    """What several replicas behind one balancer need."""
+    replicas = parsed["replicas"]
+    if replicas is None or replicas < 2:
+        return []
+    access: AccessConfig = parsed["access"]
+    balancer: BalancerConfig = parsed["balancer"]
+    problems: list[str] = []
+    if ok("cache.sizeGb") and parsed["cache"].size_gb is not None:
+        problems.append(
+            f"cache.sizeGb: a cache Volume attaches to one Droplet, and replicas: {replicas} "
+            "needs one per replica, which this version does not make; unset cache.sizeGb (each "
+            "replica downloads its own copy) or set replicas: 1"
+        )
+    if ok("access.apiCidrs") and not access.api_cidrs:
+        problems.append(
+            f"access.apiCidrs: [] closes the API port, and with replicas: {replicas} the "
+            "balancer is the only way in (the replicas are reachable only from it); list who "
+            "may connect, or set replicas: 1 and use an SSH tunnel"
+        )
+    if ok("balancer.kind", "access.https", "access.domain", "access.dnsZone") and (
+        balancer.kind == "managed"
+    ):
+        if not access.https:
+            problems.append(
+                "balancer.kind: managed terminates HTTPS with a DigitalOcean-managed Let's "
+                "Encrypt certificate; it needs access.https: true (or use balancer.kind: caddy)"
+            )
+        if not (access.domain and access.dns_zone):
+            problems.append(
+                "balancer.kind: managed needs a DigitalOcean-managed certificate, which "
+                "DigitalOcean issues only for a domain in its DNS: set access.domain and "
+                "access.dnsZone (the zone in this account), or use balancer.kind: caddy"
+            )
+    return problems
+
+
 def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
     """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
     value gives one message, not a cascade; the other rules still run."""
@@ -329,7 +367,14 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
         prefixes = {".".join(p.split(".")[:i]) for p in paths for i in range(1, p.count(".") + 2)}
         return not prefixes & bad
 
-    rules = (_hardware_rules, _version_rules, _install_rules, _access_rules, _cache_rules)
+    rules = (
+        _hardware_rules,
+        _version_rules,
+        _install_rules,
+        _access_rules,
+        _cache_rules,
+        _pool_rules,
+    )
     return [problem for rule in rules for problem in rule(parsed, ok)]
 
 
@@ -373,9 +418,11 @@ def parse(
     given_key = (secret_values or {}).get("apiKey")
     if given_key is not None and "apiKey" in secret_keys:
         problems.extend(f"apiKey: {p}" for p in apikey.problems(given_key))
-    known = set(SECTIONS) | set(SECRET_KEYS)
+    known = set(SECTIONS) | set(SECRET_KEYS) | {"replicas"}
     for key in sorted(set(raw) - known):
-        problems.append(f"{key}: unknown key; accepted: {', '.join([*SECTIONS, *SECRET_KEYS])}")
+        accepted = ", ".join([*SECTIONS, "replicas", *SECRET_KEYS])
+        problems.append(f"{key}: unknown key; accepted: {accepted}")
+    replicas = _replicas(raw.get("replicas", 1), problems)
     autodown = raw.get("autodown")
     if isinstance(autodown, Mapping) and "token" in autodown and "autodown" not in secret_keys:
         problems.append(
@@ -399,10 +446,30 @@ def parse(
             value = {}
         parsed[name] = _validate_section(name, model, value, problems, bad)
 
+    parsed["replicas"] = replicas
+    if replicas is None:
+        bad.add("replicas")
     problems.extend(_cross_check(parsed, bad))
     if problems:
         raise ConfigError(problems)
     return StackConfig(stack=stack, **parsed)
+
+
+def _replicas(value: Any, problems: list[str]) -> int | None:
+    """The top-level `replicas` count; None (and a problem) when it is not one."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # `pulumi config set replicas 3` stores the text "3"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (1 <= value <= catalog.MAX_REPLICAS)
+    ):
+        problems.append(
+            f"replicas: {value!r}: accepted: a whole number from 1 (one Droplet) to "
+            f"{catalog.MAX_REPLICAS}"
+        )
+        return None
+    return value
 
 
 def _raw_from_pulumi() -> tuple[dict[str, Any], frozenset[str], dict[str, str]]:

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import apikey, catalog
-from .schema import SECTIONS
+from .schema import REPLICAS_DESCRIPTION, SECTIONS
 
 
 def _default_text(field: Any) -> str:
@@ -32,6 +32,7 @@ def reference_markdown() -> str:
                 continue
             rows.append(f"| `{key}` | `{_default_text(field)}` | {field.description} |")
 
+    rows.append(f"| `replicas` | `1` | {REPLICAS_DESCRIPTION} |")
     for section, model in SECTIONS.items():
         walk(section, model)
     rows.append(

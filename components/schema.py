@@ -529,6 +529,45 @@ class CacheConfig(_Section):
         return self.size_gb is not None
 
 
+_CPU_SIZE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)+$")
+
+
+class BalancerConfig(_Section):
+    """The one endpoint in front of the replicas (read only with `replicas` >= 2)."""
+
+    kind: Literal["auto", "managed", "caddy"] = Field(
+        "auto",
+        description="`managed`: DigitalOcean's Load Balancer with a DigitalOcean-managed Let's "
+        "Encrypt certificate (needs `access.domain` in `access.dnsZone`, HTTPS on); it spreads "
+        "requests without regard to load. `caddy`: Caddy's load balancing on a small CPU "
+        "Droplet with a Reserved IP and the same certificate choices as one Droplet; it sends "
+        "each request to the replica with the fewest in flight. `auto`: managed when "
+        "`access.dnsZone` is set, else caddy.",
+    )
+    size: str = Field(
+        catalog.BALANCER_SIZE,
+        description="`caddy` only: the balancer Droplet's size slug (a CPU size; proxying needs "
+        "little).",
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=200,
+        description="`managed` only: Load Balancer nodes (each adds 10,000 connections; "
+        f"${catalog.LB_NODE_PRICE_MONTH:.0f} per node per month).",
+    )
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if not _CPU_SIZE.match(v) or v.startswith("gpu-"):
+            raise ValueError(
+                f"{v!r}: accepted: a CPU Droplet size slug like {catalog.BALANCER_SIZE} or "
+                "s-2vcpu-2gb (no GPU size: the balancer only proxies)"
+            )
+        return v
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "droplet": DropletConfig,
     "access": AccessConfig,
@@ -537,7 +576,15 @@ SECTIONS: dict[str, type[_Section]] = {
     "bootstrap": BootstrapConfig,
     "autodown": AutodownConfig,
     "cache": CacheConfig,
+    "balancer": BalancerConfig,
 }
+# Top-level plain values (not sections): name, description. `replicas` is checked in config.py.
+REPLICAS_DESCRIPTION = (
+    f"How many GPU Droplets serve the model (1 to {catalog.MAX_REPLICAS}). 1: one Droplet is "
+    "the endpoint, as without this key. 2 or more: that many Droplets of `droplet.size` in one "
+    "region and its VPC, each bootstrapped alike, behind one endpoint (`balancer`) whose "
+    "address does not change as replicas come and go; updates roll one replica at a time."
+)
 SECRET_KEYS = ("hfToken", "apiKey")
 
 
@@ -554,6 +601,8 @@ class StackConfig(BaseModel):
     bootstrap: BootstrapConfig
     autodown: AutodownConfig
     cache: CacheConfig
+    balancer: BalancerConfig
+    replicas: int = 1
 
     @property
     def size(self) -> catalog.GpuSize:
@@ -576,6 +625,35 @@ class StackConfig(BaseModel):
     def tags(self) -> list[str]:
         base = [catalog.PROJECT, self.stack_tag]
         return base + [t for t in self.droplet.tags if t not in base]
+
+    @property
+    def pooled(self) -> bool:
+        """Several replicas behind a balancer (replicas >= 2)."""
+        return self.replicas > 1
+
+    @property
+    def balancer_kind(self) -> Literal["managed", "caddy"]:
+        if self.balancer.kind != "auto":
+            return self.balancer.kind
+        return "managed" if self.access.dns_zone and self.access.https else "caddy"
+
+    def replica_name(self, index: int) -> str:
+        """Replica 0 keeps the one-Droplet name, so growing a stack keeps its Droplet."""
+        return self.droplet_name if index == 0 else f"{self.droplet_name}-{index}"
+
+    @property
+    def replica_tag(self) -> str:
+        """The tag every GPU replica of this stack carries, and nothing else: the balancer's
+        pool, the firewall's sources and autodown's one deletion."""
+        return f"{_slug(self.droplet_name)}:replica"
+
+    @property
+    def balancer_tag(self) -> str:
+        return f"{_slug(self.droplet_name)}:balancer"
+
+    @property
+    def balancer_name(self) -> str:
+        return f"{self.droplet_name}-lb"
 
     @property
     def lock_file(self) -> Path:
