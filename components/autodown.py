@@ -3,6 +3,8 @@ that run it every minute (scripts/phases/autodown.py decides; this module render
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from . import catalog
 from .schema import StackConfig
 
@@ -13,9 +15,17 @@ SCRIPT_PATH = "/usr/local/lib/nemotron/autodown.py"
 ENV_FILE = "/etc/nemotron/autodown.env"
 
 
-def env_text(cfg: StackConfig, dns_record: str = "") -> str:
+def env_text(
+    cfg: StackConfig,
+    dns_record: str = "",
+    peer_metrics: Sequence[str] = (),
+    peer_key: str = "",
+) -> str:
     """The rule's settings; `dns_record` ("<zone> <record id>") is the endpoint's A record,
-    deleted before the Droplet."""
+    deleted before the Droplet. With replicas, the rule runs on replica 0 for the set: idle
+    only when no replica did anything (`peer_metrics`: the others' /metrics through their
+    gateways, with the key), and one DELETE by the replicas' tag takes them all (the balancer
+    and its address stay, for the next `pulumi up`)."""
     rule = cfg.autodown
     token = rule.token.get_secret_value() if rule.token is not None else ""
     return "\n".join([
@@ -30,6 +40,9 @@ def env_text(cfg: StackConfig, dns_record: str = "") -> str:
         f"AUTODOWN_FIRST_BOOTSTRAP={catalog.FIRST_BOOTSTRAP_FILE}",
         f"AUTODOWN_RUN_SECONDS={RUN_SECONDS}",
         f"AUTODOWN_DNS_RECORD={dns_record}",
+        f"AUTODOWN_PEER_METRICS_URLS={' '.join(peer_metrics)}",
+        f"AUTODOWN_PEER_METRICS_KEY={peer_key if peer_metrics else ''}",
+        f"AUTODOWN_DELETE_TAG={cfg.replica_tag if cfg.pooled else ''}",
     ])  # fmt: skip
 
 

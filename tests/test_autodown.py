@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from pulumi_harness import stack_config
 
-from components import config
+from components import config, phase_settings, pool
 from components.autodown import env_text
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "phases" / "autodown.py"
@@ -671,6 +671,125 @@ def test_env_file_renders_the_rule_with_the_token() -> None:
     assert f"AUTODOWN_TOKEN={TOKEN}\n" in text
     assert "AUTODOWN_IDLE_MINUTES=20\nAUTODOWN_MAX_HOURS=\nAUTODOWN_DRY_RUN=false\n" in text
     assert "AUTODOWN_METADATA_URL=http://169.254.169.254/metadata/v1/id" in text
-    assert text.endswith("\nAUTODOWN_DNS_RECORD=")
-    assert env_text(cfg, RECORD).endswith(f"\nAUTODOWN_DNS_RECORD={RECORD}")
+    assert "\nAUTODOWN_DNS_RECORD=\n" in text
+    assert f"\nAUTODOWN_DNS_RECORD={RECORD}\n" in env_text(cfg, RECORD)
+    # A lone Droplet watches itself and deletes itself only.
+    assert text.endswith(
+        "\nAUTODOWN_PEER_METRICS_URLS=\nAUTODOWN_PEER_METRICS_KEY=\nAUTODOWN_DELETE_TAG="
+    )
     assert TOKEN not in repr(cfg), "the config model masks the token"
+
+
+# ---- the replica set: one rule on replica 0 for every replica ----------------------------------
+
+PEER_KEY = "FAKEreplicaSetApiKey0123456789abcdefghij"
+REPLICA_TAG = "nemotron-dev:replica"
+
+
+class Peer:
+    """Another replica's private gateway: /metrics for the API key only, as gateway.py renders."""
+
+    def __init__(self) -> None:
+        self.metrics = metrics_text()
+        self.auth_seen: list[str] = []
+        peer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                auth = self.headers.get("Authorization", "")
+                peer.auth_seen.append(auth)
+                ok = self.path == "/metrics" and auth == f"Bearer {PEER_KEY}"
+                body = (peer.metrics if ok else "unauthorized").encode()
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def peers() -> Iterator[list[Peer]]:
+    made = [Peer(), Peer()]
+    yield made
+    for p in made:
+        p.close()
+
+
+def set_rule(cloud: Cloud, tmp_path: Path, peers: list[Peer], key: str = PEER_KEY) -> Autodown:
+    return Autodown(
+        cloud,
+        tmp_path / "autodown.json",
+        AUTODOWN_PEER_METRICS_URLS=" ".join(p.url for p in peers),
+        AUTODOWN_PEER_METRICS_KEY=key,
+        AUTODOWN_DELETE_TAG=REPLICA_TAG,
+    )
+
+
+def test_the_set_is_busy_while_any_replica_works_and_goes_at_once_when_all_are_idle(
+    cloud: Cloud, tmp_path: Path, peers: list[Peer]
+) -> None:
+    rule = set_rule(cloud, tmp_path, peers)
+    rule.run()
+    rule.age(idle_minutes=45)
+    peers[1].metrics = metrics_text(finished=4)  # replica 2 served; replica 0 did nothing
+    proc = rule.run()
+    assert "keep: busy (running=0 waiting=0 finished=4" in proc.stdout, proc.stdout
+    assert all(a == f"Bearer {PEER_KEY}" for p in peers for a in p.auth_seen)
+    assert PEER_KEY not in proc.stdout + proc.stderr, "the API key is never printed"
+    rule.age(idle_minutes=31)
+    proc = rule.run()
+    assert f"delete the replicas tagged {REPLICA_TAG} (this Droplet {DROPLET} among them)" in (
+        proc.stdout
+    )
+    # One call for the whole set, by the replicas' tag (never the balancer's, never by id).
+    assert cloud.deletes == [
+        {"path": "/v2/droplets?tag_name=nemotron-dev%3Areplica", "auth": f"Bearer {TOKEN}"}
+    ]
+
+
+def test_a_replica_that_cannot_be_read_keeps_the_set_but_max_hours_still_applies(
+    cloud: Cloud, tmp_path: Path, peers: list[Peer]
+) -> None:
+    rule = set_rule(cloud, tmp_path, peers, key="not-the-key")
+    rule.run()
+    rule.age(idle_minutes=120)
+    proc = rule.run()
+    assert f"replica metrics unreadable at {peers[0].url}: the set counts as busy" in proc.stdout
+    assert "keep: metrics unreadable, counted as busy" in proc.stdout
+    rule.age(up_hours=9)
+    proc = rule.run()
+    assert "past max hours" in proc.stdout
+    assert [d["path"] for d in cloud.deletes] == ["/v2/droplets?tag_name=nemotron-dev%3Areplica"]
+
+
+def test_the_set_rule_renders_on_replica_0_only() -> None:
+    raw = stack_config("dev")
+    raw["replicas"] = 3
+    raw["autodown"] = {"idleMinutes": 20, "token": TOKEN}
+    cfg = config.parse(raw, "dev", frozenset({"autodown"}))
+    peers = ["10.110.0.3", "10.110.0.4"]
+    first = phase_settings.settings(
+        cfg, "autodown", api_key=PEER_KEY, replica=pool.Replica(0, 3), peers=peers
+    )
+    text = str(first["NEMO_AUTODOWN_ENV_TEXT"])
+    assert first["NEMO_AUTODOWN_MODE"] == "delete"
+    assert (
+        "AUTODOWN_PEER_METRICS_URLS=http://10.110.0.3:8080/metrics http://10.110.0.4:8080/metrics"
+        in text
+    )
+    assert f"AUTODOWN_PEER_METRICS_KEY={PEER_KEY}\n" in text
+    assert text.endswith(f"AUTODOWN_DELETE_TAG={REPLICA_TAG}")
+    # The endpoint's name is the balancer's: autodown leaves its record alone.
+    assert "\nAUTODOWN_DNS_RECORD=\n" in text
+    other = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=pool.Replica(1, 3))
+    assert other["NEMO_AUTODOWN_MODE"] == "off"

@@ -21,6 +21,12 @@ AUTODOWN_IDLE_MINUTES, AUTODOWN_MAX_HOURS (empty: no such rule), AUTODOWN_DRY_RU
 AUTODOWN_METRICS_URL, AUTODOWN_METADATA_URL, AUTODOWN_API_URL, AUTODOWN_STATE,
 AUTODOWN_FIRST_BOOTSTRAP, AUTODOWN_RUN_SECONDS, AUTODOWN_DNS_RECORD ("<zone> <record id>" of the
 endpoint's A record, deleted first).
+
+With replicas it runs on replica 0 for the whole set: AUTODOWN_PEER_METRICS_URLS are the other
+replicas' /metrics through their private gateways (AUTODOWN_PEER_METRICS_KEY is the API key
+they ask for); the set is busy when any replica is (the readings are summed, and one that
+cannot be read counts as busy, like this replica's own), and AUTODOWN_DELETE_TAG deletes every
+Droplet with the replicas' tag in one call (DigitalOcean API: DELETE /v2/droplets?tag_name=).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -57,6 +64,7 @@ _SAMPLE = re.compile(
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 DROPLET_ID = re.compile(r"[0-9]{1,20}")
+TAG = re.compile(r"[A-Za-z0-9_:.\-]{1,255}")
 ZONE = re.compile(r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
 # Per-request ceilings; the run's deadline lowers them as it nears.
 METRICS_TIMEOUT = 10.0
@@ -131,13 +139,16 @@ def parse_metrics(text: str) -> dict[str, float] | None:
     return sums
 
 
-def read_metrics(url: str, deadline: Deadline) -> dict[str, float] | None:
-    """This minute's reading, or None when vLLM cannot be read or answers anything odd."""
+def read_metrics(url: str, deadline: Deadline, key: str = "") -> dict[str, float] | None:
+    """This minute's reading, or None when vLLM cannot be read or answers anything odd. `key`:
+    the API key a replica's gateway asks for (never logged)."""
     timeout = deadline.timeout(METRICS_TIMEOUT)
     if timeout is None:
         return None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (URLs from config)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback URL from config)
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
             if response.status != 200:
                 return None
             body: bytes = response.read(MAX_METRICS_BYTES + 1)
@@ -146,6 +157,23 @@ def read_metrics(url: str, deadline: Deadline) -> dict[str, float] | None:
         return parse_metrics(body.decode("utf-8"))
     except Exception:  # noqa: BLE001 (any failure to read is "unreadable", never a crash)
         return None
+
+
+def read_set_metrics(
+    own_url: str, peer_urls: list[str], key: str, deadline: Deadline
+) -> dict[str, float] | None:
+    """This replica's reading plus every peer's, summed; None when any one cannot be read."""
+    total = read_metrics(own_url, deadline)
+    if total is None or not peer_urls:
+        return total
+    for url in peer_urls:
+        reading = read_metrics(url, deadline, key)
+        if reading is None:
+            log(f"replica metrics unreadable at {url}: the set counts as busy")
+            return None
+        for name, value in reading.items():
+            total[name] = total.get(name, 0.0) + value
+    return total
 
 
 def droplet_id(metadata_url: str, deadline: Deadline) -> str | None:
@@ -232,6 +260,18 @@ def delete_droplet(api_url: str, token: str, droplet: str, deadline: Deadline, s
     # changelog "Destroy a Droplet with associated resources"), so the next Droplet starts warm.
     return delete(
         api_url, token, f"/v2/droplets/{droplet}", "Droplets (droplet:delete)", deadline, sleep
+    )
+
+
+def delete_tagged(api_url: str, token: str, tag: str, deadline: Deadline, sleep: Sleep) -> str:
+    """Every Droplet with `tag` (the stack's replicas), in one call."""
+    return delete(
+        api_url,
+        token,
+        f"/v2/droplets?tag_name={quote(tag, safe='')}",
+        "Droplets (droplet:delete)",
+        deadline,
+        sleep,
     )
 
 
@@ -394,8 +434,18 @@ def remove(state: dict[str, Any], reason: str, token: str, deadline: Deadline, s
                 "anyway (it bills): run pulumi refresh, then pulumi up or pulumi destroy, to fix "
                 "the record"
             )
-    result = delete_droplet(api, token, droplet, deadline, sleep)
-    log(f"delete droplet {droplet}: {reason}: {result}")
+    tag = env("AUTODOWN_DELETE_TAG", "").strip()
+    if tag and TAG.fullmatch(tag):
+        result = delete_tagged(api, token, tag, deadline, sleep)
+        log(
+            f"delete the replicas tagged {tag} (this Droplet {droplet} among them): "
+            f"{reason}: {result}"
+        )
+    else:
+        if tag:
+            log("AUTODOWN_DELETE_TAG is not a tag; deleting this Droplet only")
+        result = delete_droplet(api, token, droplet, deadline, sleep)
+        log(f"delete droplet {droplet}: {reason}: {result}")
     if result not in ("deleted", "gone"):
         return 1
     state["deleted"] = True
@@ -428,7 +478,12 @@ def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = t
     if state["deleted"]:
         log("the delete was accepted earlier; waiting for the Droplet to go")
         return 0
-    metrics = read_metrics(env("AUTODOWN_METRICS_URL", "http://127.0.0.1:8000/metrics"), deadline)
+    metrics = read_set_metrics(
+        env("AUTODOWN_METRICS_URL", "http://127.0.0.1:8000/metrics"),
+        env("AUTODOWN_PEER_METRICS_URLS", "").split(),
+        env("AUTODOWN_PEER_METRICS_KEY", ""),
+        deadline,
+    )
     started = first_bootstrap(
         Path(env("AUTODOWN_FIRST_BOOTSTRAP", "/var/lib/nemotron/first-bootstrap")), state, start
     )
@@ -437,7 +492,12 @@ def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = t
     if not delete:
         log(f"keep: {reason}")
     elif dry_run:
-        log(f"dry run: would delete this Droplet: {reason}")
+        what = (
+            f"the replicas tagged {env('AUTODOWN_DELETE_TAG')}"
+            if env("AUTODOWN_DELETE_TAG", "").strip()
+            else "this Droplet"
+        )
+        log(f"dry run: would delete {what}: {reason}")
     else:
         outcome = remove(state, reason, token, deadline, sleep)
     save_state(state_path, state)
