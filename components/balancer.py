@@ -39,12 +39,30 @@ class Upstream:
         return f"{self.host}:{self.port}"
 
 
-def reverse_proxy(upstreams: Sequence[Upstream], dial_timeout_seconds: int = 2) -> str:
-    """The reverse_proxy block for the replicas (inside a `handle` of the public site)."""
-    if not upstreams:
-        raise ValueError("the balancer needs at least one upstream")
-    dials = " ".join(u.dial for u in upstreams)
-    return f"""reverse_proxy {dials} {{
+def upstream_line(upstream: Upstream) -> str:
+    """One replica's file in the upstreams folder: a `to` line the balancer's Caddyfile
+    imports inside its reverse_proxy block."""
+    return f"to {upstream.dial}"
+
+
+def reverse_proxy(
+    upstreams: Sequence[Upstream] = (),
+    import_glob: str | None = None,
+    dial_timeout_seconds: int = 2,
+) -> str:
+    """The reverse_proxy block for the replicas (inside a `handle` of the public site): the
+    given `upstreams`, or those of the files matching `import_glob`, one per replica, which
+    come and go with a graceful reload (no file yet: 503 until the first replica joins)."""
+    if not upstreams and import_glob is None:
+        raise ValueError("the balancer needs upstreams or a folder of them")
+    head = " ".join(["reverse_proxy", *(u.dial for u in upstreams)])
+    joined = (
+        f"\n\t# One file per replica (to <address>:<port>), written as it joins.\n"
+        f"\timport {import_glob}"
+        if import_glob
+        else ""
+    )
+    return f"""{head} {{{joined}
 	# The replica with the fewest requests in flight takes the next one.
 	lb_policy least_conn
 	# A request that could not reach a replica (stopped, restarting) goes to another one.

@@ -125,7 +125,10 @@ MAX_REPLICAS = 8
 REPLICA_PORT = 8080
 # A replica being updated answers /health with 503 while this file exists (the service phase
 # writes it before a restart, the ready phase removes it), so the balancer stops sending it new
-# requests before it goes down. In Caddy's home: the gateway (user caddy) must see it.
+# requests before it goes down. Under /run: a reboot ends a drain left behind by a failed
+# update (vLLM answering /health again is then what readmits the replica); world-readable, as
+# the gateway (user caddy) must see it.
+DRAIN_DIR = "/run/nemotron-drain"
 DRAIN_FILE_NAME = "draining"
 # The Caddy balancer Droplet: a small CPU Droplet (no GPU needed to proxy) with Ubuntu LTS,
 # holding a Reserved IP (free while assigned: DigitalOcean pricing, Reserved IPs).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from . import balancer, catalog
 from .schema import StackConfig
@@ -72,6 +73,17 @@ API_PATHS = ("models", "chat/completions", "completions", "responses", "embeddin
 _API_URI = "^/v1/(" + "|".join(API_PATHS) + "|responses/[A-Za-z0-9_-]+(/cancel)?)([?][^#]*)?$"
 
 
+@dataclass(frozen=True)
+class ReplicaListener:
+    """A replica's gateway behind the balancer: plain HTTP on its private address only, its
+    /health 503 while `drain_dir`/draining exists, its vLLM /metrics for the key (autodown reads
+    every replica's from one of them)."""
+
+    bind: str
+    port: int = catalog.REPLICA_PORT
+    drain_dir: str = catalog.DRAIN_DIR
+
+
 def max_body_bytes(cfg: StackConfig) -> int:
     """One unit for the body limit: MB as Caddy reads `16MB` (SI, 1,000,000 bytes), in bytes
     for both the up-front check and the cut-off, so no body passes one and fails the other."""
@@ -89,6 +101,9 @@ def caddyfile(
     acme_ca_root: str | None = None,
     ip_profile: str | None = IP_PROFILE,
     upstreams: Sequence[balancer.Upstream] = (),
+    upstreams_glob: str | None = None,
+    admin_socket: str | None = None,
+    replica: ReplicaListener | None = None,
 ) -> str:
     """The whole Caddy configuration. `host` names the site (its certificate); with https off
     the site is every name on the HTTP port.
@@ -102,16 +117,26 @@ def caddyfile(
     Authorization field, all its values joined: a second Authorization header fails it (the
     header matcher passes when any one matches, and vLLM reads the first).
 
-    With `upstreams` this is the balancer's configuration: the same gate, in front of the
-    replicas' gateways (balancer.py) instead of the local vLLM."""
+    With `upstreams` (or `upstreams_glob`, the files replicas join by) this is the balancer's
+    configuration: the same gate, in front of the replicas' gateways (balancer.py) instead of the
+    local vLLM; `admin_socket` opens Caddy's admin API on that root-only socket alone, for the
+    graceful reloads that add and remove replicas. With `replica` it is a replica's: the same
+    gate again (the key is checked at the entry and on every replica), on its private address."""
     options = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
     if acme_ca:  # another ACME CA than the public ones (the tests' own)
         options += f"\n\tacme_ca {acme_ca}"
     if acme_ca_root:
         options += f"\n\tacme_ca_root {acme_ca_root}"
-    site = host if cfg.access.https else f"http://:{http_port}"
+    https = cfg.access.https and replica is None
+    if replica is not None:
+        http_port = replica.port
+    site = host if https else f"http://:{http_port}"
     tls = ""
-    if cfg.access.https and is_ip(host):
+    if replica is not None:
+        # Only on the private address: nothing of this listener is on the public interface,
+        # whatever the firewall says.
+        tls = f"\n\tbind {replica.bind}\n"
+    if https and is_ip(host):
         # A client that connects to an IP sends no SNI: serve this certificate to it. Caddy gives
         # an IP the ACME issuer only when a policy names one (autohttps.go shouldUseInternal).
         options += f"\n\tdefault_sni {host}"
@@ -123,9 +148,10 @@ def caddyfile(
 	}}
 """
     upstream = f"127.0.0.1:{upstream_port}"
-    if upstreams:
-        proxy = balancer.reverse_proxy(upstreams).replace("\n", "\n\t\t\t")
-        health_proxy = balancer.reverse_proxy(upstreams).replace("\n", "\n\t\t")
+    if upstreams or upstreams_glob:
+        block = balancer.reverse_proxy(upstreams, upstreams_glob)
+        proxy = block.replace("\n", "\n\t\t\t")
+        health_proxy = block.replace("\n", "\n\t\t")
     else:
         proxy = f"""reverse_proxy {upstream} {{
 				# Server-sent events go out as they come; no response timeout cuts a long answer.
@@ -140,10 +166,38 @@ def caddyfile(
     health = "`{http.request.method} in ['GET', 'HEAD'] && {http.request.uri} == '/health'`"
     api = f"`{{http.request.uri}}.matches('{_API_URI}')`"
     key = f"`{{http.request.header.Authorization}} == 'Bearer ' + {{env.{API_KEY_ENV}}}`"
+    replica_routes = ""
+    if replica is not None:
+        # While draining, the balancer's checks fail and it sends no new request here; the
+        # requests already here finish. /metrics: vLLM's counters, for autodown, with the key.
+        health_proxy = f"""@draining file {{
+			root {replica.drain_dir}
+			try_files /{catalog.DRAIN_FILE_NAME}
+		}}
+		respond @draining "draining: this replica is being updated" 503
+		{health_proxy}"""
+        metrics = "`{http.request.method} == 'GET' && {http.request.uri} == '/metrics'`"
+        replica_routes = f"""
+	@metrics expression {metrics}
+	handle @metrics {{
+		handle @authorized {{
+			reverse_proxy {upstream}
+		}}
+		handle {{
+			respond "unauthorized" 401
+		}}
+	}}
+"""
+    admin = (
+        f"""# The admin API on a root-only socket alone: replicas join and leave by graceful reload.
+	admin unix/{admin_socket}"""
+        if admin_socket
+        else """# No admin API: nothing on the Droplet may reconfigure the gateway but this file.
+	admin off"""
+    )
     return f"""# nemotron-droplet gateway: written by the gateway phase; edits are overwritten.
 {{
-	# No admin API: nothing on the Droplet may reconfigure the gateway but this file.
-	admin off
+	{admin}
 	# Never touch the system trust store (Caddy would add its local CA root to it).
 	skip_install_trust
 	http_port {http_port}
@@ -172,7 +226,7 @@ def caddyfile(
 	}}
 
 	@api expression {api}
-	@authorized expression {key}
+	@authorized expression {key}{replica_routes}
 	handle @api {{
 		handle @authorized {{
 			{proxy}
@@ -192,11 +246,24 @@ def caddyfile(
 """
 
 
-def caddy_unit() -> str:
+def caddy_unit(admin_socket: str | None = None) -> str:
     """Caddy's unit, after the one Caddy ships (dist/init/caddy.service), with the key from a
     root-only file, no `--environ` (it would print the key to the journal), no metadata service.
     It takes the name of the Ubuntu package's unit, and /etc/systemd/system wins over it on a
-    Droplet that had the package from an earlier version."""
+    Droplet that had the package from an earlier version. With `admin_socket` (the balancer),
+    systemd makes its folder, the caddy user's alone, and reload is graceful (in-flight requests
+    finish on the old configuration)."""
+    runtime = ""
+    if admin_socket:
+        folder = admin_socket.rsplit("/", 1)[0].removeprefix("/run/")
+        reload = (
+            f"{catalog.CADDY_BIN} reload --config /etc/caddy/Caddyfile --adapter caddyfile "
+            f"--address unix/{admin_socket}"
+        )
+        runtime = f"""
+RuntimeDirectory={folder}
+RuntimeDirectoryMode=0700
+ExecReload={reload}"""
     return f"""[Unit]
 Description=nemotron-droplet gateway (Caddy {catalog.CADDY_VERSION})
 After=network-online.target
@@ -208,7 +275,7 @@ User={catalog.CADDY_USER}
 Group={catalog.CADDY_USER}
 Environment=HOME={catalog.CADDY_HOME}
 EnvironmentFile={GATEWAY_ENV_FILE}
-ExecStart={catalog.CADDY_BIN} run --config /etc/caddy/Caddyfile --adapter caddyfile
+ExecStart={catalog.CADDY_BIN} run --config /etc/caddy/Caddyfile --adapter caddyfile{runtime}
 TimeoutStopSec=5s
 LimitNOFILE=1048576
 PrivateTmp=true

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import autodown, catalog, gateway, vllm_service
+from . import autodown, balancer, catalog, gateway, pool, vllm_service
 from .schema import StackConfig
 
 PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
@@ -40,8 +40,15 @@ def settings(
     host: str = "",
     dns_record: str = "",
     cache_device: str = "",
+    replica: pool.Replica | None = None,
+    private_ip: str = "",
+    peers: Sequence[str] = (),
 ) -> dict[str, Setting]:
-    """The NEMO_* settings each phase script reads (see the header of each script)."""
+    """The NEMO_* settings each phase script reads (see the header of each script). With
+    replicas (`replica`), the gateway listens on `private_ip` for the balancer, updates drain
+    first, and replica 0's autodown watches the `peers` (the others' private addresses) too."""
+    pooled = cfg.pooled
+    site = private_ip if pooled else host
     min_branch = catalog.min_driver_branch(cfg.vllm.version)
     cuda = catalog.wheel_cuda(cfg.vllm.version)
     common: dict[str, dict[str, Setting]] = {
@@ -126,10 +133,19 @@ def settings(
             "NEMO_ENV_TEXT": vllm_service.env_text(api_key, cfg),
             # What the running service was started from: a change to any of them restarts it.
             "NEMO_RUNS_FROM": f"{catalog.VLLM_MARKER} {catalog.MODEL_MARKER}",
+            # A replica leaves the balancer's pool before a restart ("": a lone Droplet).
+            "NEMO_DRAIN_FILE": pool.drain_file() if pooled else "",
+            "NEMO_DRAIN_NOTICE_SECONDS": pool.notice_seconds(cfg) if pooled else 0,
+            "NEMO_DRAIN_SECONDS": pool.DRAIN_SECONDS,
+            "NEMO_METRICS_URL": f"http://127.0.0.1:{catalog.VLLM_PORT}/metrics",
         },
         "gateway": {
-            "NEMO_HOST": host,
-            "NEMO_CADDYFILE": gateway.caddyfile(cfg, host),
+            "NEMO_HOST": site,
+            "NEMO_CADDYFILE": (
+                gateway.caddyfile(cfg, site, replica=gateway.ReplicaListener(site))
+                if pooled
+                else gateway.caddyfile(cfg, host)
+            ),
             "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(),
             "NEMO_GATEWAY_ENV_FILE": gateway.GATEWAY_ENV_FILE,
             "NEMO_GATEWAY_ENV_TEXT": f"{gateway.API_KEY_ENV}={api_key}",
@@ -139,10 +155,20 @@ def settings(
             "NEMO_CADDY_BIN": catalog.CADDY_BIN,
             "NEMO_CADDY_USER": catalog.CADDY_USER,
             "NEMO_CADDY_HOME": catalog.CADDY_HOME,
+            "NEMO_CADDY_RELOAD": False,
+            "NEMO_UPSTREAMS_DIR": "",
         },
         "autodown": {
-            "NEMO_AUTODOWN_MODE": cfg.autodown.mode,
-            "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(cfg, dns_record),
+            # With replicas, replica 0 watches the set; the others run no rule of their own.
+            "NEMO_AUTODOWN_MODE": (
+                cfg.autodown.mode if replica is None or replica.runs_autodown else "off"
+            ),
+            "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(
+                cfg,
+                "" if pooled else dns_record,
+                [pool.metrics_url(ip) for ip in peers],
+                api_key,
+            ),
             "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,
             "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,
             "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
@@ -150,10 +176,20 @@ def settings(
             "NEMO_AUTODOWN_PY": (PHASES_DIR / "autodown.py").read_text(),
         },
         "ready": {
-            # Through the gateway, on the Droplet: its real TLS and routes, no DNS needed.
-            "NEMO_PROBE_URL": f"{gateway.endpoint(cfg, host)}/chat/completions",
-            "NEMO_PROBE_RESOLVE": f"{host}:{gateway.api_port(cfg)}:127.0.0.1",
+            # Through the gateway, on the Droplet: its real TLS and routes, no DNS needed (a
+            # replica's: its private listener).
+            "NEMO_PROBE_URL": (
+                f"http://{site}:{catalog.REPLICA_PORT}/v1/chat/completions"
+                if pooled
+                else f"{gateway.endpoint(cfg, host)}/chat/completions"
+            ),
+            "NEMO_PROBE_RESOLVE": (
+                f"{site}:{catalog.REPLICA_PORT}:{site}"
+                if pooled
+                else f"{host}:{gateway.api_port(cfg)}:127.0.0.1"
+            ),
             "NEMO_PROBE_CA": "",
+            "NEMO_KEY_VAR": "VLLM_API_KEY",
             "NEMO_SERVED_NAME": cfg.model.served_name,
             "NEMO_UNIT": catalog.VLLM_UNIT,
             "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
@@ -162,11 +198,71 @@ def settings(
             # record) ends the wait at once; one Caddy may still get past (the CA unreachable,
             # a challenge that failed while DNS catches up) after this long.
             "NEMO_GATEWAY_UNIT": catalog.CADDY_UNIT,
-            "NEMO_HOST": host,
-            "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https else 0,
+            "NEMO_HOST": site,
+            "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https and not pooled else 0,
+            # A replica back from an update rejoins the pool before the next one starts.
+            "NEMO_DRAIN_FILE": pool.drain_file() if pooled else "",
+            "NEMO_REJOIN_SECONDS": pool.rejoin_seconds(cfg) if pooled else 0,
         },
     }
     return common[phase]
+
+
+def balancer_settings(
+    cfg: StackConfig,
+    phase: str,
+    *,
+    api_key: str = "",
+    host: str = "",
+    replica: int = 0,
+    private_ip: str = "",
+) -> dict[str, Setting]:
+    """The settings of the Caddy balancer Droplet's phases: preflight (a CPU host), gateway (the
+    public gate in front of the replicas' files), member (one per replica: it enters the pool
+    once ready, and leaves it, drained, before it is replaced or removed), ready."""
+    if phase == "preflight":
+        return {
+            **settings(cfg, "preflight"),
+            "NEMO_DISK_NEED_GB": 1,
+            "NEMO_GPU_COUNT": 0,
+        }
+    if phase == "gateway":
+        return {
+            **settings(cfg, "gateway", api_key=api_key, host=host),
+            "NEMO_CADDYFILE": gateway.caddyfile(
+                cfg,
+                host,
+                upstreams_glob=f"{catalog.BALANCER_UPSTREAMS_DIR}/*.caddy",
+                admin_socket=catalog.CADDY_ADMIN_SOCKET,
+            ),
+            "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(catalog.CADDY_ADMIN_SOCKET),
+            # A new Caddyfile (a body limit, a replica's address) must not cut the streams
+            # running through the balancer: reload, never restart, while it runs.
+            "NEMO_CADDY_RELOAD": True,
+            "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
+        }
+    if phase == "member":
+        up = pool.upstream(private_ip)
+        return {
+            "NEMO_REPLICA": replica,
+            "NEMO_UPSTREAM": up.dial,
+            "NEMO_UPSTREAM_FILE": pool.upstream_file(replica, private_ip),
+            "NEMO_UPSTREAM_LINE": balancer.upstream_line(up),
+            "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
+            "NEMO_ADMIN_SOCKET": catalog.CADDY_ADMIN_SOCKET,
+            "NEMO_CADDY_UNIT": catalog.CADDY_UNIT,
+            "NEMO_CADDY_BIN": catalog.CADDY_BIN,
+            "NEMO_LEAVE_SECONDS": pool.DRAIN_SECONDS,
+        }
+    if phase == "ready":
+        return {
+            **settings(cfg, "ready", host=host),
+            "NEMO_ENV_FILE": gateway.GATEWAY_ENV_FILE,
+            "NEMO_KEY_VAR": gateway.API_KEY_ENV,
+            # No vLLM here: the answer comes from a replica through the balancer.
+            "NEMO_UNIT": "",
+        }
+    raise ValueError(f"the balancer has no phase {phase!r}")
 
 
 # How long ready lets Caddy retry an ACME failure that may pass (certmagic retries after 1, 2, 2,

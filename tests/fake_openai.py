@@ -41,6 +41,8 @@ class FakeServer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.chat_requests = 0
+        self.finished = 0
+        self.generated = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self.arrivals: list[float] = []
@@ -87,6 +89,24 @@ class FakeServer:
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def metrics(self, _: web.Request) -> web.Response:
+        """vLLM's Prometheus page, the samples autodown and a drain read (open, as vLLM's is)."""
+        labels = f'engine="0",model_name="{self.args.model}"'
+        return web.Response(
+            text=(
+                "# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{{{labels}}} {float(self.in_flight)}\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{{{labels}}} 0.0\n"
+                "# TYPE vllm:request_success_total counter\n"
+                f'vllm:request_success_total{{{labels},finished_reason="stop"}} '
+                f"{float(self.finished)}\n"
+                "# TYPE vllm:generation_tokens_total counter\n"
+                f"vllm:generation_tokens_total{{{labels}}} {float(self.generated)}\n"
+            ),
+            content_type="text/plain",
+        )
+
     async def stats(self, _: web.Request) -> web.Response:
         return web.json_response(
             {
@@ -122,8 +142,12 @@ class FakeServer:
                 async with self.slots:
                     return await self.stream(request, body, ttft)
             if body.get("stream"):
-                return await self.stream(request, body, ttft)
-            return await self.complete(body)
+                answer: web.StreamResponse = await self.stream(request, body, ttft)
+            else:
+                answer = await self.complete(body)
+            self.finished += 1
+            self.generated += self.completion_tokens(body)
+            return answer
         finally:
             self.in_flight -= 1
 
@@ -350,6 +374,7 @@ def build_app(args: argparse.Namespace) -> web.Application:
     app.router.add_post("/v1/chat/completions", server.chat)
     app.router.add_get("/health", server.health)
     app.router.add_get("/_stats", server.stats)
+    app.router.add_get("/metrics", server.metrics)
     return app
 
 

@@ -1004,9 +1004,13 @@ def test_ready_with_a_wrong_key_never_passes(box: Sandbox, downloads: Downloads)
 # ---- every rendered script passes shellcheck ---------------------------------------------------
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_shellcheck_passes_on_every_rendered_phase(stack: str, tmp_path: Path) -> None:
-    files = render_stack(stack, tmp_path)
+@pytest.mark.parametrize(("stack", "replicas"), [("dev", None), ("prod", None), ("dev", 3)])
+def test_shellcheck_passes_on_every_rendered_phase(
+    stack: str, replicas: int | None, tmp_path: Path
+) -> None:
+    files = render_stack(stack, tmp_path, replicas)
+    if replicas:
+        assert any(f.name == "balancer-3-member.sh" for f in files)
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     # SC2329: lib.sh defines helpers a given phase does not call.
     proc = subprocess.run(

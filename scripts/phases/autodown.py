@@ -140,7 +140,7 @@ def parse_metrics(text: str) -> dict[str, float] | None:
 
 
 def read_metrics(url: str, deadline: Deadline, key: str = "") -> dict[str, float] | None:
-    """This minute's reading, or None when vLLM cannot be read or answers anything odd. `key`:
+    """This minute's reading, or None when vLLM cannot be read or answers anything odd. key:
     the API key a replica's gateway asks for (never logged)."""
     timeout = deadline.timeout(METRICS_TIMEOUT)
     if timeout is None:
@@ -264,7 +264,7 @@ def delete_droplet(api_url: str, token: str, droplet: str, deadline: Deadline, s
 
 
 def delete_tagged(api_url: str, token: str, tag: str, deadline: Deadline, sleep: Sleep) -> str:
-    """Every Droplet with `tag` (the stack's replicas), in one call."""
+    """Every Droplet with this tag (the stack's replicas), in one call."""
     return delete(
         api_url,
         token,

@@ -5,7 +5,9 @@
 # which serves the user data (with the SSH host key).
 # Settings: NEMO_HOST NEMO_CADDYFILE NEMO_CADDY_UNIT_TEXT NEMO_GATEWAY_ENV_FILE NEMO_GATEWAY_ENV_TEXT
 #           NEMO_CADDY_VERSION NEMO_CADDY_URL NEMO_CADDY_SHA256 NEMO_CADDY_BIN NEMO_CADDY_USER
-#           NEMO_CADDY_HOME
+#           NEMO_CADDY_HOME NEMO_CADDY_RELOAD NEMO_UPSTREAMS_DIR
+# On the balancer (NEMO_CADDY_RELOAD) a running Caddy takes a new Caddyfile by graceful reload,
+# never a restart: the streams through it go on.
 
 restart=false
 unit=/etc/systemd/system/caddy.service
@@ -76,6 +78,8 @@ fi
 
 step config "/etc/caddy/Caddyfile for ${NEMO_HOST}"
 mkdir -p /etc/caddy
+[[ -z $NEMO_UPSTREAMS_DIR ]] || mkdir -p "$NEMO_UPSTREAMS_DIR"
+reload_only=false
 staged=$(mktemp /etc/caddy/Caddyfile.XXXXXX)
 printf '%s\n' "$NEMO_CADDYFILE" > "$staged"
 if ! errors=$(env NEMO_API_KEY=validation-only "$NEMO_CADDY_BIN" validate --config "$staged" --adapter caddyfile 2>&1); then
@@ -89,7 +93,11 @@ else
   chmod 644 "$staged"
   mv "$staged" /etc/caddy/Caddyfile
   changed
-  restart=true
+  if [[ $NEMO_CADDY_RELOAD == true && $restart == false ]] && systemctl is-active --quiet caddy.service; then
+    reload_only=true
+  else
+    restart=true
+  fi
 fi
 
 step start "enable and (re)start caddy"
@@ -97,6 +105,9 @@ systemctl enable caddy.service >&2 2>/dev/null || true
 if [[ $restart == true ]] || ! systemctl is-active --quiet caddy.service; then
   systemctl restart caddy.service >&2
   changed
+elif [[ $reload_only == true ]]; then
+  systemctl reload caddy.service >&2
+  log "reloaded gracefully: requests in flight finish on the old configuration"
 fi
 for _ in $(seq 1 30); do
   systemctl is-active --quiet caddy.service && break

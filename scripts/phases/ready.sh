@@ -6,16 +6,23 @@
 # A certificate the CA refuses ends it too: Caddy's log names the ACME problem (RFC 8555 types),
 # and a refusal that will not pass (a rate limit) fails at once, one that may (the CA
 # unreachable, a challenge refused while DNS catches up) after NEMO_ACME_PATIENCE seconds.
+# A replica behind a balancer (NEMO_DRAIN_FILE set) then ends its drain and waits
+# NEMO_REJOIN_SECONDS, until the balancer's checks have seen it healthy, before the next replica
+# may start its own update. On the balancer Droplet NEMO_UNIT is empty: no vLLM of its own.
 # Settings: NEMO_PROBE_URL NEMO_PROBE_RESOLVE NEMO_PROBE_CA NEMO_SERVED_NAME NEMO_UNIT
-#           NEMO_ENV_FILE NEMO_READY_TIMEOUT NEMO_GATEWAY_UNIT NEMO_HOST NEMO_ACME_PATIENCE
+#           NEMO_ENV_FILE NEMO_KEY_VAR NEMO_READY_TIMEOUT NEMO_GATEWAY_UNIT NEMO_HOST
+#           NEMO_ACME_PATIENCE NEMO_DRAIN_FILE NEMO_REJOIN_SECONDS
 
 url=$NEMO_PROBE_URL
 tls=()
 [[ -n $NEMO_PROBE_CA ]] && tls=(--cacert "$NEMO_PROBE_CA")
 body=$(printf '{"model":"%s","messages":[{"role":"user","content":"Say OK."}],"max_tokens":1}' "$NEMO_SERVED_NAME")
-journal_lines() { journalctl --unit "$NEMO_UNIT" --lines 60 --no-pager --output cat 2>&1; }
+journal_lines() { journalctl --unit "${NEMO_UNIT:-$NEMO_GATEWAY_UNIT}" --lines 60 --no-pager --output cat 2>&1; }
 journal() { journal_lines | sed "s/^/[$PHASE] journal: /" >&2; }
-restarts() { systemctl show -p NRestarts --value "$NEMO_UNIT" 2>/dev/null || echo 0; }
+restarts() {
+  [[ -n $NEMO_UNIT ]] || { echo 0; return; }
+  systemctl show -p NRestarts --value "$NEMO_UNIT" 2>/dev/null || echo 0
+}
 
 # why: the fix for what the journal says went wrong.
 why() {
@@ -78,19 +85,21 @@ step wait "a 1-token chat completion from ${NEMO_SERVED_NAME} (at most ${NEMO_RE
 deadline=$((SECONDS + NEMO_READY_TIMEOUT))
 started=$SECONDS
 # Restarts counted since the service phase (re)started it; without its record, from now.
-baseline=$(cat "$STATE_DIR/${NEMO_UNIT%.service}.restarts" 2>/dev/null || restarts)
+baseline=0
+[[ -z $NEMO_UNIT ]] || baseline=$(cat "$STATE_DIR/${NEMO_UNIT%.service}.restarts" 2>/dev/null || restarts)
 acme_since=0
 while true; do
   # The key comes from the service's root-only EnvironmentFile, through a pipe, not argv.
-  key=$(sed -n 's/^VLLM_API_KEY=//p' "$NEMO_ENV_FILE")
+  key=$(sed -n "s/^${NEMO_KEY_VAR}=//p" "$NEMO_ENV_FILE")
   if answer=$(curl --silent --fail --max-time 60 --resolve "$NEMO_PROBE_RESOLVE" "${tls[@]}" \
       --header @<(printf 'Authorization: Bearer %s\n' "$key") --header 'Content-Type: application/json' \
       --data "$body" "$url" 2>/dev/null) && [[ $answer == *'"choices"'* ]]; then
     break
   fi
-  sub=$(systemctl show -p SubState --value "$NEMO_UNIT" 2>/dev/null || true)
+  sub=""
+  [[ -z $NEMO_UNIT ]] || sub=$(systemctl show -p SubState --value "$NEMO_UNIT" 2>/dev/null || true)
   now=$(restarts)
-  if [[ $sub == auto-restart ]] || (( now > baseline )) || systemctl is-failed --quiet "$NEMO_UNIT"; then
+  if [[ -n $NEMO_UNIT ]] && { [[ $sub == auto-restart ]] || (( now > baseline )) || systemctl is-failed --quiet "$NEMO_UNIT"; }; then
     journal
     fail "${NEMO_UNIT} crashed while loading the model (state ${sub:-unknown}, restarted $((now - baseline)) time(s))" "$(why)"
   fi
@@ -112,6 +121,18 @@ while true; do
 done
 waited=$((SECONDS - started))
 log "answered after ${waited}s"
+
+if [[ -n $NEMO_DRAIN_FILE ]]; then
+  step rejoin "back in the balancer's pool"
+  if [[ -e $NEMO_DRAIN_FILE ]]; then
+    rm -f "$NEMO_DRAIN_FILE"
+    changed
+    log "/health answers 200 again; waiting ${NEMO_REJOIN_SECONDS}s for the balancer to see it"
+    sleep "$NEMO_REJOIN_SECONDS"
+  else
+    log "not draining"
+  fi
+fi
 
 step metadata-guard "systemd enforces the units' IPAddressDeny (the metadata service)"
 # Without a BPF cgroup firewall systemd starts units with IPAddressDeny= anyway, unfiltered, and

@@ -3,8 +3,13 @@
 # program rendered (vLLM on 127.0.0.1 only; Restart=on-failure; LimitNOFILE; no metadata
 # service). Restarts the service whenever what it runs with changed: its unit, its env file, the
 # vLLM installed under it, or the weights.
+# A replica behind a balancer (NEMO_DRAIN_FILE set) drains before it restarts a running vLLM:
+# its gateway's /health answers 503 while the file exists, the balancer stops sending it new
+# requests within NEMO_DRAIN_NOTICE_SECONDS, and the restart waits until vLLM has no request
+# running or waiting (its /metrics), at most NEMO_DRAIN_SECONDS. The ready phase ends the drain.
 # Settings: NEMO_VLLM_USER NEMO_HF_HOME NEMO_ENV_FILE NEMO_UNIT NEMO_UNIT_TEXT NEMO_ENV_TEXT
-#           NEMO_RUNS_FROM
+#           NEMO_RUNS_FROM NEMO_DRAIN_FILE NEMO_DRAIN_NOTICE_SECONDS NEMO_DRAIN_SECONDS
+#           NEMO_METRICS_URL
 
 stamp_file=$STATE_DIR/${NEMO_UNIT%.service}.runs-from
 baseline_file=$STATE_DIR/${NEMO_UNIT%.service}.restarts
@@ -51,6 +56,36 @@ runs_from=$(for f in "${sources[@]}"; do printf '%s: %s\n' "$f" "$(cat "$f" 2>/d
 if [[ $(cat "$stamp_file" 2>/dev/null) != "$runs_from" ]]; then
   log "what the service runs changed: ${runs_from//$'\n'/; }"
   restart=true
+fi
+
+# in_flight: requests vLLM is running or holding (its Prometheus gauges), or "" if unreadable.
+in_flight() {
+  curl --silent --fail --max-time 5 "$NEMO_METRICS_URL" 2>/dev/null \
+    | awk '/^vllm:num_requests_(running|waiting)[{ ]/ { n += $NF; seen = 1 } END { if (seen) printf "%d\n", n }'
+}
+
+if [[ -n $NEMO_DRAIN_FILE ]] && [[ $restart == true ]] && systemctl is-active --quiet "$NEMO_UNIT"; then
+  step drain "leave the balancer's pool before the restart"
+  install -d -m 755 "$(dirname "$NEMO_DRAIN_FILE")"
+  : > "$NEMO_DRAIN_FILE"
+  chmod 644 "$NEMO_DRAIN_FILE"
+  changed
+  log "/health answers 503; waiting ${NEMO_DRAIN_NOTICE_SECONDS}s for the balancer to see it"
+  sleep "$NEMO_DRAIN_NOTICE_SECONDS"
+  deadline=$((SECONDS + NEMO_DRAIN_SECONDS))
+  while true; do
+    n=$(in_flight)
+    if [[ $n == 0 ]]; then
+      log "no request in flight"
+      break
+    fi
+    if (( SECONDS >= deadline )); then
+      log "${n:-an unknown number of} request(s) still in flight after ${NEMO_DRAIN_SECONDS}s: restarting anyway"
+      break
+    fi
+    [[ -n $n ]] || { log "vLLM's metrics are unreadable: restarting now"; break; }
+    sleep 2
+  done
 fi
 
 step start "enable and (re)start ${NEMO_UNIT}"

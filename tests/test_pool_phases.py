@@ -1,0 +1,283 @@
+"""A replica's phases for real in the sandbox (the fake vLLM behind the real Caddy release): the
+private gateway, the drain before a restart and the return to the pool after ready."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import requests
+from pulumi_harness import stack_config
+from sandbox import Downloads, PhaseRun, Sandbox, free_port
+from test_balancer import replica as fake_replica
+from test_phases import API_KEY, Phases, box, prepared
+
+from components import bootstrap, catalog, config, gateway, phase_settings, pool
+
+__all__ = ["box"]  # the fixture, used by name
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def replica(box: Sandbox, downloads: Downloads) -> tuple[Phases, str]:
+    """Replica phases of a two-replica set; its gateway on the sandbox's HTTP port."""
+    p = prepared(box, downloads)
+    raw = stack_config("dev")
+    raw["replicas"] = 2
+    p.cfg = config.parse(raw, "dev", frozenset({"autodown"}))
+    url = f"http://127.0.0.1:{box.http_port}"
+    listener = gateway.ReplicaListener("127.0.0.1", box.http_port)
+    p.extra["gateway"] = {
+        "NEMO_HOST": "127.0.0.1",
+        "NEMO_CADDYFILE": gateway.caddyfile(
+            p.cfg, "127.0.0.1", upstream_port=box.vllm_port, replica=listener
+        ),
+    }
+    p.extra["service"] = {
+        "NEMO_DRAIN_NOTICE_SECONDS": 1,
+        "NEMO_METRICS_URL": f"http://127.0.0.1:{box.vllm_port}/metrics",
+    }
+    p.extra["ready"] = {
+        "NEMO_PROBE_URL": f"{url}/v1/chat/completions",
+        "NEMO_PROBE_RESOLVE": f"127.0.0.1:{box.http_port}:127.0.0.1",
+        "NEMO_PROBE_CA": "",
+        "NEMO_REJOIN_SECONDS": 1,
+    }
+    return p, url
+
+
+def health(url: str) -> int:
+    return requests.get(f"{url}/health", timeout=5).status_code
+
+
+def test_replica_settings_listen_privately_and_drain() -> None:
+    raw = stack_config("dev")
+    raw["replicas"] = 3
+    cfg = config.parse(raw, "dev")
+    s = phase_settings_for(cfg, "gateway")
+    assert "\tbind 10.110.0.3\n" in str(s["NEMO_CADDYFILE"])
+    assert "http://:8080 {" in str(s["NEMO_CADDYFILE"])
+    assert s["NEMO_HOST"] == "10.110.0.3"
+    service = phase_settings_for(cfg, "service")
+    assert service["NEMO_DRAIN_FILE"] == pool.drain_file()
+    # Caddy's checks: out after 2 failures 2 s apart, plus one interval for the cycle's phase.
+    assert service["NEMO_DRAIN_NOTICE_SECONDS"] == 6
+    ready = phase_settings_for(cfg, "ready")
+    assert ready["NEMO_PROBE_URL"] == "http://10.110.0.3:8080/v1/chat/completions"
+    assert ready["NEMO_ACME_PATIENCE"] == 0, "no certificate on a replica"
+    # The managed Load Balancer checks every 3 s: its notice is longer.
+    raw["access"] = {**raw["access"], "domain": "api.example.com", "dnsZone": "example.com"}
+    raw["access"]["acmeEmail"] = "ops@example.com"
+    managed = config.parse(raw, "dev")
+    assert managed.balancer_kind == "managed"
+    assert phase_settings_for(managed, "service")["NEMO_DRAIN_NOTICE_SECONDS"] == 9
+
+
+def phase_settings_for(cfg: config.StackConfig, phase: str) -> dict[str, Any]:
+    return dict(
+        phase_settings.settings(
+            cfg,
+            phase,
+            api_key=API_KEY,
+            host="203.0.113.201",
+            replica=pool.Replica(1, cfg.replicas),
+            private_ip="10.110.0.3",
+        )
+    )
+
+
+def test_a_replica_drains_before_its_restart_and_rejoins_after_ready(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    p, url = replica(box, downloads)
+    conf = box.file("/etc/fake-vllm.conf")
+    # Each answer takes 2 s: long enough to be in flight when the update starts.
+    conf.write_text(conf.read_text() + "FAKE_OPENAI_ARGS='--ttft 2'\n")
+    p.ok("service")
+    p.ok("gateway")
+    p.ok("ready")
+    assert health(url) == 200
+    # The replica's vLLM metrics, for the key only (autodown on replica 0 reads them).
+    assert requests.get(f"{url}/metrics", timeout=5).status_code == 401
+    metrics = requests.get(f"{url}/metrics", headers=AUTH, timeout=5)
+    assert "vllm:num_requests_running" in metrics.text
+
+    stream: dict[str, Any] = {}
+
+    def in_flight() -> None:
+        r = requests.post(
+            f"{url}/v1/chat/completions",
+            headers=AUTH,
+            json={
+                "model": "nemotron",
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            timeout=30,
+        )
+        stream.update(status=r.status_code, body=r.text, ended=time.monotonic())
+
+    client = threading.Thread(target=in_flight)
+    client.start()
+    time.sleep(0.5)
+    # New weights: the service restarts, and drains first.
+    box.file(catalog.MODEL_MARKER, "nvidia/other@main\n")
+    update: dict[str, Any] = {}
+    service = threading.Thread(target=lambda: update.update(run=p.run("service")))
+    service.start()
+    seen = []
+    while service.is_alive():
+        seen.append(health(url))
+        time.sleep(0.2)
+    client.join()
+    run = update["run"]
+    assert run.returncode == 0, run.stderr
+    assert 503 in seen, "the balancer's checks saw the drain"
+    assert "[service] step drain" in run.stderr
+    assert "[service] no request in flight" in run.stderr
+    # The request already running finished whole: the restart waited for it.
+    assert stream["status"] == 200 and "data: [DONE]" in stream["body"], stream
+    # Out of the pool until ready has seen it answer again.
+    assert (box.run_dir / pool.drain_file().removeprefix("/run/")).exists()
+    assert health(url) == 503
+    back = p.run("ready")
+    assert back.returncode == 0, back.stderr
+    assert "[ready] step rejoin" in back.stderr
+    assert health(url) == 200
+    # An update that does not restart vLLM does not drain.
+    again = p.run("service")
+    assert again.returncode == 0 and "step drain" not in again.stderr
+
+
+# ---- the Caddy balancer Droplet: join, reload, leave ------------------------------------------
+
+
+class Balancer:
+    """The balancer Droplet's phases in the sandbox: plain HTTP on the sandbox's port (the
+    certificate path is the lone gateway's, tested elsewhere), replicas on loopback."""
+
+    def __init__(self, box: Sandbox, downloads: Downloads) -> None:
+        self.p = Phases(box, downloads)
+        raw = stack_config("dev")
+        raw["replicas"] = 2
+        raw["access"] = {**raw["access"], "https": False}
+        self.cfg = config.parse(raw, "dev")
+        self.p.cfg = self.cfg
+        self.box = box
+        self.url = f"http://127.0.0.1:{box.http_port}"
+
+    def settings(self, phase: str, **kwargs: Any) -> dict[str, Any]:
+        s = dict(
+            phase_settings.balancer_settings(
+                self.cfg, phase, api_key=API_KEY, host="127.0.0.1", **kwargs
+            )
+        )
+        s["NEMO_RETRY_DELAY"] = 0
+        if phase == "gateway":
+            s["NEMO_CADDY_URL"] = self.p.caddy_url
+            s["NEMO_CADDYFILE"] = gateway.caddyfile(
+                self.cfg,
+                "127.0.0.1",
+                http_port=self.box.http_port,
+                upstreams_glob=f"{catalog.BALANCER_UPSTREAMS_DIR}/*.caddy",
+                admin_socket=catalog.CADDY_ADMIN_SOCKET,
+            )
+        return s
+
+    def run(self, phase: str, inner: str = "bash -s", **kwargs: Any) -> PhaseRun:
+        script = bootstrap.render(phase, self.settings(phase, **kwargs))
+        return self.box.run(script, inner=inner)
+
+    def join(self, index: int, port: int, leave: bool = False) -> PhaseRun:
+        s = self.settings("member", replica=index, private_ip="127.0.0.1")
+        s["NEMO_UPSTREAM"] = f"127.0.0.1:{port}"
+        s["NEMO_UPSTREAM_LINE"] = f"to 127.0.0.1:{port}"
+        s["NEMO_UPSTREAM_FILE"] = f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-{index}-{port}.caddy"
+        # The Command's delete runs the stored script with NEMO_ACTION=leave (entry.py).
+        inner = "NEMO_ACTION=leave timeout 60 bash -s" if leave else "bash -s"
+        return self.box.run(bootstrap.render("member", s), inner=inner)
+
+
+def test_the_balancer_joins_replicas_reloads_gracefully_and_drains_one_that_leaves(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    b = Balancer(box, downloads)
+    assert b.run("preflight").returncode == 0
+    first = b.run("gateway")
+    assert first.returncode == 0, first.stderr
+    # No replica yet: the gate stands, and the API answers 503 until one joins.
+    chat = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}]}
+    assert requests.post(f"{b.url}/v1/chat/completions", json=chat, timeout=10).status_code == 401
+    none = requests.post(f"{b.url}/v1/chat/completions", json=chat, headers=AUTH, timeout=10)
+    assert none.status_code == 503
+    ports = [free_port(), free_port()]
+    with ExitStack() as stack:
+        for i, port in enumerate(ports):
+            stack.enter_context(fake_replica(f"r{i}", port, "--ttft", "2", "--api-key", API_KEY))
+        for i, port in enumerate(ports):
+            joined = b.join(i, port)
+            assert joined.returncode == 0, joined.stderr
+            assert joined.result["changed"] is True
+        assert b.join(0, ports[0]).result["changed"] is False, "joining again changes nothing"
+        time.sleep(2.5)  # the first active health checks
+        answer = requests.post(f"{b.url}/v1/chat/completions", json=chat, headers=AUTH, timeout=10)
+        assert answer.status_code == 200 and answer.headers["X-Upstream"] in ("r0", "r1")
+
+        # A new Caddyfile (a body limit) on a live balancer: reloaded, the stream goes on.
+        streams: list[dict[str, Any]] = []
+        thread = threading.Thread(target=lambda: streams.append(post(b.url, chat)))
+        thread.start()
+        time.sleep(0.5)
+        b.cfg = config.parse(
+            {**stack_config("dev"), "replicas": 2, "access": {
+                **stack_config("dev")["access"], "https": False, "maxRequestBodyMb": 8}},
+            "dev",
+        )  # fmt: skip
+        reloaded = b.run("gateway")
+        assert reloaded.returncode == 0, reloaded.stderr
+        assert "reloaded gracefully" in reloaded.stderr
+        thread.join()
+        assert streams[0]["status"] == 200 and "data: [DONE]" in streams[0]["body"]
+        log = box.file("/var/lib/fake-systemd/log").read_text()
+        assert log.count("restart caddy.service") == 1, "a live balancer is never restarted"
+
+        # Replica 1 leaves (its Droplet is about to be replaced) with a stream in flight on it.
+        victim = ports[1]
+        through: list[dict[str, Any]] = []
+        waits = [
+            threading.Thread(target=lambda: through.append(post(b.url, chat))) for _ in range(4)
+        ]
+        for t in waits:
+            t.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        left = b.join(1, victim, leave=True)
+        took = time.monotonic() - started
+        for t in waits:
+            t.join()
+        assert left.returncode == 0, left.stderr
+        assert left.result["left"] is True
+        assert "[member] no request in flight to" in left.stderr
+        # Two of the four went to the replica leaving: it waited for them, and all finished.
+        assert took > 0.5, "the leave waited for the requests in flight"
+        assert all(r["status"] == 200 and "data: [DONE]" in r["body"] for r in through), through
+        assert not list((box.upper / catalog.BALANCER_UPSTREAMS_DIR.lstrip("/")).glob("*1-*"))
+        for _ in range(5):
+            answer = requests.post(
+                f"{b.url}/v1/chat/completions", json=chat, headers=AUTH, timeout=10
+            )
+            assert answer.headers["X-Upstream"] == "r0", "no new request to the replica that left"
+        again = b.join(1, victim, leave=True)
+        assert again.returncode == 0 and "not in the pool" in again.stderr
+
+
+def post(base: str, chat: dict[str, Any]) -> dict[str, Any]:
+    r = requests.post(
+        f"{base}/v1/chat/completions",
+        json={**chat, "stream": True},
+        headers=AUTH,
+        timeout=30,
+    )
+    return {"status": r.status_code, "body": r.text, "upstream": r.headers.get("X-Upstream")}
