@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_command as command
 
-from . import catalog
+from . import catalog, pool
 from .phase_settings import PHASES_DIR, Setting, lock_sha256, remote_lock_path, settings
 from .schema import StackConfig
 
@@ -155,6 +155,13 @@ class BootstrapArgs:
     cache_device: str = ""
     cache_attachment: pulumi.CustomResource | None = None
     prefix: str = "bootstrap"
+    # With replicas: which one this is, its private address (its gateway listens there for the
+    # balancer), the other replicas' private addresses (replica 0's autodown reads them), and
+    # what its restarts wait for: the replica before it back in the pool (a rolling update).
+    replica: pool.Replica | None = None
+    private_ip: pulumi.Input[str] = ""
+    peers: pulumi.Input[list[str]] | None = None
+    after_previous: list[pulumi.Resource] | None = None
 
 
 # The values only known at deploy time that each phase's settings need.
@@ -167,6 +174,16 @@ RUNTIME_INPUTS = {
     "autodown": ("dns_record",),
 }
 
+
+# What a replica's phases need besides: its private address, the set's addresses and the key
+# (replica 0's autodown reads the others' metrics through their gateways).
+POOL_INPUTS = {
+    "gateway": ("private_ip",),
+    "ready": ("private_ip",),
+    "autodown": ("api_key", "peers"),
+}
+# The phases that restart what serves (a reboot, vLLM): with replicas, one replica at a time.
+ROLLING_PHASES = ("reboot", "service")
 
 # The plain values, known when the program runs, that a phase's settings need.
 STATIC_INPUTS = ("cache", "service")
@@ -215,6 +232,10 @@ class Bootstrap(pulumi.ComponentResource):
                 else:
                     upstream.append(self.commands[name_])
                     results.append(self.commands[name_].stdout)
+            if phase.name in ROLLING_PHASES and args.after_previous:
+                # Ordering only: the previous replica's ready (and its return to the pool) is
+                # no input of this phase, so it never re-runs it.
+                upstream.extend(args.after_previous)
             minutes = phase_minutes(cfg, phase)
             stdin = self._stdin(cfg, phase.name, minutes, args)
             # Upstream results are unique per run: when one re-ran, this one re-runs too. The
@@ -264,24 +285,38 @@ class Bootstrap(pulumi.ComponentResource):
             "api_key": args.api_key,
             "host": args.hostname,
             "dns_record": args.dns_record,
+            "private_ip": args.private_ip,
+            "peers": args.peers if args.peers is not None else [],
         }
         if phase == "reboot-wait":
             available["reboot_result"] = self.commands["reboot"].stdout.apply(parse_result)
-        needed = {name: available[name] for name in RUNTIME_INPUTS.get(phase, ())}
+        wanted = RUNTIME_INPUTS.get(phase, ())
+        if args.replica is not None:
+            wanted = tuple(dict.fromkeys([*wanted, *POOL_INPUTS.get(phase, ())]))
+        needed = {name: available[name] for name in wanted}
         cache_device = args.cache_device if phase in STATIC_INPUTS else ""
+        replica = args.replica
         if phase == "autodown" and cfg.autodown.token is not None:
             # The token is in the config model, not an Output: mark the script secret here.
             return pulumi.Output.secret(
                 pulumi.Output.all(**needed).apply(
-                    lambda values: render(phase, settings(cfg, phase, **values), minutes)
+                    lambda values: render(
+                        phase, settings(cfg, phase, **values, replica=replica), minutes
+                    )
                 )
             )
         if not needed:
-            return render(phase, settings(cfg, phase, cache_device=cache_device), minutes)
+            return render(
+                phase,
+                settings(cfg, phase, cache_device=cache_device, replica=replica),
+                minutes,
+            )
         # Secrets stay secret: an Output built from a secret is a secret.
         return pulumi.Output.all(**needed).apply(
             lambda values: render(
-                phase, settings(cfg, phase, **values, cache_device=cache_device), minutes
+                phase,
+                settings(cfg, phase, **values, cache_device=cache_device, replica=replica),
+                minutes,
             )
         )
 

@@ -40,6 +40,19 @@ class GpuDropletArgs:
     # the gateway only answers its challenges and redirects there.
     acme_port: int | None
     extra_ssh_keys: list[str] = field(default_factory=list)
+    # A replica behind the balancer: its gateway's private port, open only to these sources
+    # (the balancer Droplet's tag or the Load Balancer; replica 0, whose autodown reads every
+    # replica's metrics), and nothing of the API on its public address.
+    private_port: int | None = None
+    private_from_tags: list[str] = field(default_factory=list)
+    private_from_droplets: list[pulumi.Input[int]] = field(default_factory=list)
+    private_from_load_balancers: list[pulumi.Input[str]] = field(default_factory=list)
+    # What this Droplet waits for before it is created or replaced (a rolling replacement:
+    # the replica before it back in the pool).
+    after: list[pulumi.Resource] = field(default_factory=list)
+    # Another Droplet of the stack whose login key this one takes (the replicas share one key,
+    # so one sshPrivateKey output opens each; every host key stays its own).
+    key_from: GpuDroplet | None = None
 
 
 def firewall_inbound_rules(args: GpuDropletArgs) -> list[digitalocean.FirewallInboundRuleArgs]:
@@ -54,6 +67,16 @@ def firewall_inbound_rules(args: GpuDropletArgs) -> list[digitalocean.FirewallIn
         rules.append(
             digitalocean.FirewallInboundRuleArgs(
                 protocol="tcp", port_range=str(args.api_port), source_addresses=args.api_cidrs
+            )
+        )
+    if args.private_port is not None:
+        rules.append(
+            digitalocean.FirewallInboundRuleArgs(
+                protocol="tcp",
+                port_range=str(args.private_port),
+                source_tags=args.private_from_tags or None,
+                source_droplet_ids=args.private_from_droplets or None,
+                source_load_balancer_uids=args.private_from_load_balancers or None,
             )
         )
     if args.acme_port is not None:
@@ -92,9 +115,11 @@ ssh_keys:
 
 
 class GpuDroplet(pulumi.ComponentResource):
-    """A GPU Droplet reachable by SSH with a key generated for the stack, behind a firewall."""
+    """A GPU Droplet reachable by SSH with a key generated for the stack, behind a firewall.
+    The Caddy balancer's CPU Droplet is built the same way (its own keys, pinned host key)."""
 
     ipv4: pulumi.Output[str]
+    ipv4_private: pulumi.Output[str]
     droplet_id: pulumi.Output[str]
     private_key_openssh: pulumi.Output[str]
     public_key_openssh: pulumi.Output[str]
@@ -106,7 +131,12 @@ class GpuDroplet(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         # Ed25519: short, fast, accepted by every OpenSSH the images ship.
-        self.key = tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
+        shared = args.key_from
+        self.key: tls.PrivateKey = (
+            shared.key
+            if shared is not None
+            else tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
+        )
         # The Droplet's SSH host key, made here so that every connection can pin it from the
         # first dial: cloud-init installs it at first boot and removes the generated ones.
         self.host_key = tls.PrivateKey(f"{name}-host-key", algorithm="ED25519", opts=child)
@@ -115,11 +145,15 @@ class GpuDroplet(pulumi.ComponentResource):
                 self.host_key.private_key_openssh, self.host_key.public_key_openssh
             ).apply(lambda keys: cloud_config(keys[0], keys[1]))
         )
-        self.ssh_key = digitalocean.SshKey(
-            f"{name}-ssh",
-            name=f"{args.name}-deploy",
-            public_key=self.key.public_key_openssh,
-            opts=child,
+        self.ssh_key: digitalocean.SshKey = (
+            shared.ssh_key
+            if shared is not None
+            else digitalocean.SshKey(
+                f"{name}-ssh",
+                name=f"{args.name}-deploy",
+                public_key=self.key.public_key_openssh,
+                opts=child,
+            )
         )
 
         self.droplet = digitalocean.Droplet(
@@ -134,8 +168,13 @@ class GpuDroplet(pulumi.ComponentResource):
             graceful_shutdown=True,
             ipv6=False,
             user_data=user_data,
+            # No vpc_uuid: every Droplet of the stack joins its region's default VPC, so one
+            # Droplet growing into a set keeps its VPC (a new one would replace it).
             opts=pulumi.ResourceOptions(
-                parent=self, custom_timeouts=DROPLET_TIMEOUTS, delete_before_replace=True
+                parent=self,
+                custom_timeouts=DROPLET_TIMEOUTS,
+                delete_before_replace=True,
+                depends_on=args.after or None,
             ),
         )
 
@@ -149,6 +188,7 @@ class GpuDroplet(pulumi.ComponentResource):
         )
 
         self.ipv4 = self.droplet.ipv4_address
+        self.ipv4_private = self.droplet.ipv4_address_private
         self.droplet_id = self.droplet.id
         # The tls provider marks it secret; say so here too so no use of it can drop the mark.
         self.private_key_openssh = pulumi.Output.secret(self.key.private_key_openssh)

@@ -18,6 +18,7 @@ import pulumi
 import pulumi_digitalocean as digitalocean
 
 from .config import ConfigError
+from .schema import StackConfig
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,13 @@ class Existing:
     region: str
     size: str
     price_hourly: float
+    image: str = ""
+
+
+def will_replace(existing: Existing, cfg: StackConfig) -> bool:
+    """Whether this `pulumi up` re-creates the Droplet (the provider forces a new one for a new
+    size or image: FACTS.md); with replicas such a change rolls, one Droplet at a time."""
+    return existing.size != cfg.droplet.size or bool(existing.image and existing.image != cfg.image)
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,11 @@ def find_existing(name: str, stack_tag: str) -> Existing | None:
         return None
     d = found[0]
     return Existing(
-        id=str(d.id), region=d.region, size=d.size, price_hourly=float(d.price_hourly or 0)
+        id=str(d.id),
+        region=d.region,
+        size=d.size,
+        price_hourly=float(d.price_hourly or 0),
+        image=str(d.image or ""),
     )
 
 

@@ -2,11 +2,14 @@
 
     python -m components.render --stack dev            # into ./rendered/dev/
     python -m components.render --stack prod --out /tmp/prod
+    python -m components.render --stack dev --replicas 3  # replica 0's, and the balancer's
 
 Each file is what `pulumi up` sends on stdin to `bash -s` for that phase, except what is known
 only at deploy time: the secrets (placeholders), the Droplet's address (203.0.113.10, which the
 gateway's certificate is for unless the stack names a domain), for reboot-wait, the boot id
-before the reboot, and, with a cache, that the Droplet's region sells Volumes.
+before the reboot, and, with a cache, that the Droplet's region sells Volumes. With replicas the
+phases are replica 0's (its private address 10.110.0.2, the others' after it), and with the
+Caddy balancer its Droplet's phases follow as balancer-*.sh (replica 0 joining).
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from typing import Any
 
 import yaml
 
-from . import bootstrap, cache, config, gateway, phase_settings
+from . import bootstrap, cache, config, entry, gateway, phase_settings, pool
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Droplet's address is known only once it exists; renders name the gateway for this one.
 HOST_PLACEHOLDER_IP = "203.0.113.10"
+# With replicas: their private addresses, in order, and the balancer's Reserved IP.
+PRIVATE_PLACEHOLDER_IPS = tuple(f"10.110.0.{2 + i}" for i in range(8))
+RESERVED_PLACEHOLDER_IP = "203.0.113.201"
 
 
 def stack_raw(stack: str) -> tuple[dict[str, Any], frozenset[str]]:
@@ -53,11 +59,19 @@ def _without_secrets(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
-def render_stack(stack: str, out: Path) -> list[Path]:
+def render_stack(stack: str, out: Path, replicas: int | None = None) -> list[Path]:
     raw, secret = stack_raw(stack)
+    if replicas is not None:
+        raw["replicas"] = replicas
     cfg = config.parse(raw, stack, secret)
     out.mkdir(parents=True, exist_ok=True)
     written = []
+    pooled: dict[str, Any] = {}
+    if cfg.pooled:
+        pooled = {
+            "replica": pool.Replica(0, cfg.replicas),
+            "private_ip": PRIVATE_PLACEHOLDER_IPS[0],
+        }
     for index, phase in enumerate(bootstrap.PHASES, start=1):
         name = phase.name
         extra: dict[str, Any] = {}
@@ -71,12 +85,28 @@ def render_stack(stack: str, out: Path) -> list[Path]:
             extra["cache_device"] = cache.device_path(cfg)
         if name == "reboot-wait":
             extra["reboot_result"] = {"rebooting": True, "boot_id": "<boot id before the reboot>"}
+        if pooled and name == "autodown":
+            extra["api_key"] = phase_settings.SECRET_PLACEHOLDER
+            extra["peers"] = list(PRIVATE_PLACEHOLDER_IPS[1 : cfg.replicas])
         path = out / f"{index:02d}-{name}.sh"
         minutes = bootstrap.phase_minutes(cfg, phase)
         path.write_text(
-            bootstrap.render(name, phase_settings.settings(cfg, name, **extra), minutes)
+            bootstrap.render(name, phase_settings.settings(cfg, name, **extra, **pooled), minutes)
         )
         written.append(path)
+    if cfg.pooled and cfg.balancer_kind == "caddy":
+        host = gateway.hostname(cfg, RESERVED_PLACEHOLDER_IP)
+        for index, name in enumerate(entry.BALANCER_MINUTES, start=1):
+            path = out / f"balancer-{index}-{name}.sh"
+            settings = phase_settings.balancer_settings(
+                cfg,
+                name,
+                api_key=phase_settings.SECRET_PLACEHOLDER,
+                host=host,
+                private_ip=PRIVATE_PLACEHOLDER_IPS[0],
+            )
+            path.write_text(bootstrap.render(name, settings, entry.BALANCER_MINUTES[name]))
+            written.append(path)
     return written
 
 
@@ -86,9 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--stack", required=True, help="stack name: stacks/Pulumi.<stack>.yaml")
     parser.add_argument("--out", type=Path, help="folder to write into (default rendered/<stack>)")
+    parser.add_argument(
+        "--replicas", type=int, help="render as with this many replicas (the stack's: unset)"
+    )
     args = parser.parse_args(argv)
     try:
-        written = render_stack(args.stack, args.out or ROOT / "rendered" / args.stack)
+        written = render_stack(
+            args.stack, args.out or ROOT / "rendered" / args.stack, args.replicas
+        )
     except config.ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

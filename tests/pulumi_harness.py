@@ -57,7 +57,7 @@ FAKE_PHASE_START = {
     name: 1_000_000_000.0 + 10 * i
     for i, name in enumerate(
         ("preflight", "driver", "cgroup", "reboot", "reboot-wait", "cache", "conda", "vllm",
-         "model", "service", "gateway", "autodown", "ready")
+         "model", "service", "gateway", "autodown", "ready", "member")
     )
 }  # fmt: skip
 
@@ -99,7 +99,12 @@ DEFAULT_OFFERS = {
     "gpu-h100x1-80gb": offer("gpu-h100x1-80gb", ["nyc2", "tor1", "ams3"], 3.39),
     "gpu-h100x8-640gb": offer("gpu-h100x8-640gb", ["nyc2"], 23.92),
     "gpu-l40sx1-48gb": offer("gpu-l40sx1-48gb", ["tor1"], 1.57),
+    # The Caddy balancer's CPU size, sold everywhere.
+    "s-1vcpu-1gb": offer("s-1vcpu-1gb", ["nyc2", "tor1", "ams3"], 0.00893),
 }
+# The Load Balancer's and the Reserved IP's addresses as the mocks give them.
+FAKE_LB_IPV4 = "203.0.113.200"
+FAKE_RESERVED_IPV4 = "203.0.113.201"
 
 
 @dataclass
@@ -249,7 +254,7 @@ class FakeCloud(pulumi_mocks.Mocks):
         region = {"slug": slug, "name": slug, "available": True, "sizes": [], "id": slug}
         return {**region, "features": features}, []
 
-    def new_resource(self, args: pulumi_mocks.MockResourceArgs):
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs):  # noqa: PLR0911 (one per type)
         outs = dict(args.inputs)
         if args.typ == "tls:index/privateKey:PrivateKey" and args.name.endswith("host-key"):
             outs.update(
@@ -268,7 +273,9 @@ class FakeCloud(pulumi_mocks.Mocks):
         elif args.typ == "digitalocean:index/sshKey:SshKey":
             outs.update(fingerprint=FAKE_FINGERPRINT)
         elif args.typ == "command:remote:Command":
-            phase = args.name.split("-", 1)[1]
+            # bootstrap-<phase>, bootstrap-<k>-<phase>, balancer-<phase>, balancer-member-<k>
+            name = args.name.removeprefix("balancer-").removeprefix("bootstrap-")
+            phase = next(p for p in sorted(FAKE_PHASE_START, key=len, reverse=True) if p in name)
             outs["stdout"] = fake_stdout(phase)
             outs["stderr"] = f"[{phase}] done"
         elif args.typ == DNS_RECORD:
@@ -279,8 +286,27 @@ class FakeCloud(pulumi_mocks.Mocks):
             # An adopted Volume keeps its id; a new one gets one.
             return args.resource_id or f"vol-{args.name}-new", outs
         elif args.typ == "digitalocean:index/droplet:Droplet":
-            outs.update(ipv4Address=self.ipv4, status="active")
-            return self.droplet_id, outs
+            # Replica k (gpu-k) and the balancer get addresses and ids of their own; replica 0
+            # (gpu) those the single-Droplet tests know.
+            n = (
+                0
+                if args.name == "gpu"
+                else 90
+                if args.name == "balancer"
+                else int(args.name.rsplit("-", 1)[1])
+            )
+            ipv4 = self.ipv4 if n == 0 else f"203.0.113.{10 + n}"
+            outs.update(ipv4Address=ipv4, ipv4AddressPrivate=f"10.110.0.{2 + n}", status="active")
+            return (self.droplet_id if n == 0 else f"{self.droplet_id}{n}"), outs
+        elif args.typ == "digitalocean:index/loadBalancer:LoadBalancer":
+            outs.update(ip=FAKE_LB_IPV4, status="active")
+            return "lb-uuid-0001", outs
+        elif args.typ == "digitalocean:index/reservedIp:ReservedIp":
+            outs.update(ipAddress=FAKE_RESERVED_IPV4)
+            return FAKE_RESERVED_IPV4, outs
+        elif args.typ == "digitalocean:index/certificate:Certificate":
+            outs.setdefault("name", f"{args.name}-a1b2c3")
+            return "cert-uuid-0001", outs
         return f"{args.name}-id", outs
 
 

@@ -1,0 +1,350 @@
+"""The one public entry in front of the replicas (replicas >= 2): an existing, proven balancer.
+
+- `ManagedEntry`: DigitalOcean's Load Balancer, terminating HTTPS with a DigitalOcean-managed
+  Let's Encrypt certificate (DigitalOcean issues those only for domains in its own DNS:
+  terraform-provider-digitalocean docs/resources/certificate.md, `domains`). Its pool is the
+  replicas' tag, evaluated at run time, so a replacement joins as soon as its /health passes
+  and the one it replaces leaves as it goes. It has no choice of algorithm (the provider's
+  `algorithm` is deprecated: "You can no longer specify an algorithm"), so load-aware routing
+  is Caddy's alone. Idle timeout 600 s (default 60 s would cut a long prefill, which sends
+  nothing until the first token). Entry HTTPS (HTTP/1.1, what OpenAI clients speak by
+  default; server-sent events stream on it), target plain HTTP on the VPC.
+- `CaddyEntry`: Caddy's reverse_proxy load balancing (balancer.py: least_conn, active /health
+  checks, retries of requests that never reached a replica) on a small CPU Droplet holding a
+  Reserved IP, with the same gate and certificate choices as a lone Droplet's gateway. A
+  replica joins (a file, a graceful reload) once ready and leaves, drained, before it is
+  replaced or removed: the member Command's delete.
+
+Either way the replicas' gateways check the key again and admit nothing else; their private
+port is open to the entry alone (droplet.py firewall rules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_command as command
+import pulumi_digitalocean as digitalocean
+
+from . import balancer, catalog, gateway, region
+from .bootstrap import DIAL_MARGIN_MINUTES, KILL_AFTER_SECONDS, RUNNER, render
+from .config import ConfigError
+from .droplet import GpuDroplet, GpuDropletArgs, ssh_command
+from .phase_settings import balancer_settings
+from .schema import StackConfig
+
+# The balancer's own phases: minutes each (the phases bound themselves on the host).
+BALANCER_MINUTES = {"preflight": 20, "gateway": 20, "member": 15, "ready": 0}
+# A replica leaving waits for its requests in flight (member.sh, NEMO_ACTION=leave).
+LEAVE_MINUTES = 15
+
+
+def caddy_price(cfg: StackConfig, region_slug: str) -> float:
+    """The balancer Droplet's hourly price; refused before anything is created when its size
+    is not sold in the replicas' region (it must share their VPC)."""
+    offer = region.lookup(cfg.balancer.size)
+    if offer is None or region_slug not in offer.regions:
+        where = ", ".join(sorted(offer.regions)) if offer else "nowhere for this account"
+        raise ConfigError(
+            [
+                f"balancer.size: {cfg.balancer.size} is not offered in {region_slug}, where the "
+                f"replicas are (it is offered in: {where}); choose a size sold there, such as "
+                f"{catalog.BALANCER_SIZE}"
+            ]
+        )
+    return offer.price_hourly
+
+
+def managed_hourly_price(cfg: StackConfig) -> float:
+    return round(
+        cfg.balancer.nodes * catalog.LB_NODE_PRICE_MONTH / catalog.HOURS_PER_BILLING_MONTH, 5
+    )
+
+
+def lb_firewall(cidrs: list[str]) -> digitalocean.LoadBalancerFirewallArgs | None:
+    """apiCidrs as the Load Balancer's allow list (it is IPv4-only: IPv6 ranges do not apply);
+    none when everyone may connect."""
+    if set(catalog.ANYWHERE) <= set(cidrs) or "0.0.0.0/0" in cidrs:
+        return None
+    allows = [f"cidr:{c}" for c in cidrs if ":" not in c]
+    return digitalocean.LoadBalancerFirewallArgs(allows=allows)
+
+
+class ManagedEntry(pulumi.ComponentResource):
+    """DigitalOcean's Load Balancer in front of the replicas' tag."""
+
+    ipv4: pulumi.Output[str]
+    load_balancer_id: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, cfg: StackConfig, region: str, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(f"{catalog.PROJECT}:index:ManagedEntry", name, None, opts)
+        assert cfg.access.domain, "validated: managed needs access.domain in access.dnsZone"
+        child = pulumi.ResourceOptions(parent=self)
+        # Auto-named (a new name per certificate), so a new domain's certificate is made before
+        # the old one goes: account certificate names are unique.
+        self.certificate = digitalocean.Certificate(
+            f"{name}-certificate", type="lets_encrypt", domains=[cfg.access.domain], opts=child
+        )
+        interval = catalog.LB_CHECK_INTERVAL_SECONDS
+        self.load_balancer = digitalocean.LoadBalancer(
+            name,
+            name=cfg.balancer_name,
+            region=region,
+            size_unit=cfg.balancer.nodes,
+            droplet_tag=cfg.replica_tag,
+            forwarding_rules=[
+                digitalocean.LoadBalancerForwardingRuleArgs(
+                    entry_port=gateway.HTTPS_PORT,
+                    entry_protocol="https",
+                    target_port=catalog.REPLICA_PORT,
+                    target_protocol="http",
+                    certificate_name=self.certificate.name,
+                )
+            ],
+            healthcheck=digitalocean.LoadBalancerHealthcheckArgs(
+                protocol="http",
+                port=catalog.REPLICA_PORT,
+                path="/health",
+                check_interval_seconds=interval,
+                response_timeout_seconds=interval,
+                unhealthy_threshold=catalog.LB_UNHEALTHY_THRESHOLD,
+                healthy_threshold=catalog.LB_HEALTHY_THRESHOLD,
+            ),
+            http_idle_timeout_seconds=catalog.LB_IDLE_TIMEOUT_SECONDS,
+            enable_backend_keepalive=True,
+            firewall=lb_firewall(cfg.access.api_cidrs),
+            # The program keeps the endpoint's A record itself (dns.py), at the balancer.
+            disable_lets_encrypt_dns_records=True,
+            opts=child,
+        )
+        self.ipv4 = self.load_balancer.ip
+        self.load_balancer_id = self.load_balancer.id
+        self.register_outputs({"ipv4": self.ipv4})
+
+
+@dataclass(frozen=True)
+class CaddyEntryArgs:
+    config: StackConfig
+    region: str
+    api_key: pulumi.Output[str]
+    # The replica whose login key the balancer Droplet takes (one key opens the whole set).
+    key_from: GpuDroplet | None = None
+
+
+class CaddyEntry(pulumi.ComponentResource):
+    """A CPU Droplet with a Reserved IP running Caddy in front of the replicas."""
+
+    ipv4: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: CaddyEntryArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(f"{catalog.PROJECT}:index:CaddyEntry", name, None, opts)
+        cfg = args.config
+        self.cfg = cfg
+        self.api_key = args.api_key
+        child = pulumi.ResourceOptions(parent=self)
+        self.host = GpuDroplet(
+            name,
+            GpuDropletArgs(
+                name=cfg.balancer_name,
+                size=cfg.balancer.size,
+                region=args.region,
+                image=catalog.BALANCER_IMAGE,
+                tags=[catalog.PROJECT, cfg.stack_tag, cfg.balancer_tag],
+                monitoring=cfg.droplet.monitoring,
+                ssh_cidrs=cfg.access.ssh_cidrs,
+                api_cidrs=cfg.access.api_cidrs,
+                api_port=gateway.api_port(cfg),
+                acme_port=gateway.HTTP_PORT if cfg.access.https else None,
+                extra_ssh_keys=cfg.access.ssh_key_fingerprints,
+                key_from=args.key_from,
+            ),
+            opts=child,
+        )
+        # The endpoint's address: it outlives the balancer Droplet (a new size re-creates the
+        # Droplet; the address moves to the new one).
+        self.reserved_ip = digitalocean.ReservedIp(f"{name}-ip", region=args.region, opts=child)
+        self.assignment = digitalocean.ReservedIpAssignment(
+            f"{name}-ip-assignment",
+            ip_address=self.reserved_ip.ip_address,
+            droplet_id=self.host.droplet_id.apply(int),
+            opts=child,
+        )
+        self.ipv4 = self.reserved_ip.ip_address
+        self.hostname: pulumi.Output[str] = self.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
+        self.preflight = self._command("preflight", [], wait=True)
+        # The CA checks the name at the Reserved IP: the gateway starts once it is assigned.
+        self.gateway = self._command("gateway", [self.preflight, self.assignment])
+        self.joins: dict[int, command.remote.Command] = {}
+        self.register_outputs({"ipv4": self.ipv4})
+
+    def join(
+        self, index: int, private_ip: pulumi.Input[str], ready: pulumi.Resource
+    ) -> command.remote.Command:
+        """Replica `index` enters the pool once `ready`; it leaves (drained) before its
+        Droplet is replaced or removed."""
+        joined = self._command(
+            "member", [self.gateway, ready], replica=index, private_ip=private_ip
+        )
+        self.joins[index] = joined
+        return joined
+
+    def ready(self, after: list[pulumi.Resource]) -> command.remote.Command:
+        """A chat completion through the balancer, its certificate included."""
+        self.ready_command = self._command("ready", [self.gateway, *after])
+        return self.ready_command
+
+    def _command(
+        self,
+        phase: str,
+        after: list[pulumi.Resource],
+        *,
+        wait: bool = False,
+        replica: int | None = None,
+        private_ip: pulumi.Input[str] = "",
+    ) -> command.remote.Command:
+        cfg = self.cfg
+        minutes = BALANCER_MINUTES[phase] or cfg.bootstrap.ready_timeout_minutes + 5
+
+        def script(values: dict[str, str]) -> str:
+            return render(
+                phase,
+                balancer_settings(
+                    cfg,
+                    phase,
+                    api_key=values["key"],
+                    host=values["host"],
+                    replica=replica or 0,
+                    private_ip=values["ip"],
+                ),
+                minutes,
+            )
+
+        # The key is in every script (the gateway's env file, the probe): secret throughout.
+        inputs: pulumi.Output[dict[str, str]] = pulumi.Output.all(
+            key=self.api_key, host=self.hostname, ip=private_ip
+        )
+        stdin: pulumi.Output[str] = pulumi.Output.secret(inputs.apply(script))
+        run = f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
+        name = f"balancer-{phase}" if replica is None else f"balancer-member-{replica}"
+        triggers: list[pulumi.Input[str]] = [self.host.droplet_id]
+        triggers += [c.stdout for c in after if isinstance(c, command.remote.Command)]
+        if replica is not None:
+            triggers = [self.host.droplet_id, private_ip]
+        bound = minutes + DIAL_MARGIN_MINUTES
+        return command.remote.Command(
+            name,
+            connection=command.remote.ConnectionArgs(
+                host=self.host.ipv4,
+                user=catalog.SSH_USER,
+                private_key=self.host.private_key_openssh,
+                host_key=self.host.host_public_key,
+                dial_error_limit=-1 if wait else 10,
+                per_dial_timeout=15,
+            ),
+            create=run,
+            # Leaving: the same script (the stored stdin) told to remove this replica and wait
+            # for its requests in flight. NEMO_ACTION is no secret and no setting.
+            delete=(
+                f"NEMO_ACTION=leave timeout --kill-after={KILL_AFTER_SECONDS} "
+                f"{LEAVE_MINUTES * 60} {RUNNER}"
+                if replica is not None
+                else None
+            ),
+            stdin=stdin,
+            triggers=triggers,
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=after,
+                custom_timeouts=pulumi.CustomTimeouts(
+                    create=f"{bound}m", update=f"{bound}m", delete=f"{LEAVE_MINUTES + 5}m"
+                ),
+            ),
+        )
+
+
+# ---- what the outputs say about the set -----------------------------------------------------
+
+
+def certificate(cfg: StackConfig, host: str) -> str:
+    if cfg.pooled and cfg.balancer_kind == "managed":
+        return (
+            f"Let's Encrypt, for {host}, issued and renewed by DigitalOcean for the Load Balancer"
+        )
+    return gateway.certificate(cfg, host)
+
+
+def balancer_hourly_price(cfg: StackConfig, caddy_price: float = 0.0) -> float:
+    """The entry's hourly price: the Load Balancer's nodes, or the Caddy Droplet's size (the
+    Reserved IP is free while assigned)."""
+    if not cfg.pooled:
+        return 0.0
+    return managed_hourly_price(cfg) if cfg.balancer_kind == "managed" else caddy_price
+
+
+def set_hourly_price(cfg: StackConfig, gpu_price: float, caddy_price: float = 0.0) -> float:
+    """What the endpoint costs per hour: every GPU replica and the entry in front of them."""
+    return round(cfg.replicas * gpu_price + balancer_hourly_price(cfg, caddy_price), 5)
+
+
+def replacement_note(cfg: StackConfig, single: str) -> str:
+    if not cfg.pooled:
+        return single
+    return (
+        "one replica at a time: a new droplet.size or droplet.image re-creates each replica "
+        "only after the one before it is back in the pool (replica 0 first), so the endpoint "
+        "keeps serving on the others; a new model, vLLM or flag restarts each replica's vLLM "
+        "in turn the same way, each drained first. A region move or a change to "
+        "access.sshKeyFingerprints re-creates every replica at once (the endpoint is down "
+        "until one is ready); balancer.size re-creates the balancer Droplet (its Reserved IP "
+        "stays; streams through it are cut)."
+    )
+
+
+def replica_output(
+    cfg: StackConfig,
+    index: int,
+    ipv4: str,
+    private_ipv4: str,
+    host_public_key: str,
+    seconds: dict[str, float],
+) -> dict[str, object]:
+    return {
+        "name": cfg.replica_name(index),
+        "ipv4": ipv4,
+        "privateIpv4": private_ipv4,
+        "sshCommand": ssh_command(cfg.stack, ipv4, host_public_key),
+        "logs": f"python scripts/logs.py --stack {cfg.stack} --replica {index}",
+        "bootstrapSeconds": round(sum(seconds.values()), 1),
+    }
+
+
+def balancer_output(
+    cfg: StackConfig,
+    caddy_price: float,
+    ipv4: str = "",
+    host_public_key: str = "",
+) -> dict[str, object]:
+    kind = cfg.balancer_kind
+    out: dict[str, object] = {
+        "kind": kind,
+        "routing": (
+            "least outstanding requests (Caddy least_conn), active /health checks every "
+            f"{balancer.HEALTH_INTERVAL_SECONDS} s"
+            if kind == "caddy"
+            else "DigitalOcean's own (no algorithm to choose), /health checks every "
+            f"{catalog.LB_CHECK_INTERVAL_SECONDS} s"
+        ),
+        "hourlyPriceUsd": balancer_hourly_price(cfg, caddy_price),
+    }
+    if kind == "caddy":
+        out["dropletIpv4"] = ipv4
+        out["sshCommand"] = ssh_command(cfg.stack, ipv4, host_public_key)
+    else:
+        out["nodes"] = cfg.balancer.nodes
+    return out
