@@ -42,6 +42,10 @@ cache_plan = cache.plan(
 if cache_plan.state in ("moved", "unavailable"):
     pulumi.log.warn(f"cache: {cache_plan.note}")
 
+# The Caddy balancer's size must be sold where the replicas are (checked before anything).
+use_caddy = cfg.pooled and cfg.balancer_kind == "caddy"
+caddy_price = entry.caddy_price(cfg, placement.region) if use_caddy else 0.0
+
 # The key every request needs: given as a secret, or made once per stack.
 api_key: pulumi.Output[str] = pulumi.Output.secret(
     config.api_key() or random.RandomPassword("api-key", length=48, special=False).result
@@ -52,8 +56,6 @@ managed: entry.ManagedEntry | None = None
 caddy: entry.CaddyEntry | None = None
 if cfg.pooled and cfg.balancer_kind == "managed":
     managed = entry.ManagedEntry("lb", cfg, placement.region)
-use_caddy = cfg.pooled and cfg.balancer_kind == "caddy"
-caddy_price = entry.caddy_price(cfg, placement.region) if use_caddy else 0.0
 
 gpus: list[GpuDroplet] = []
 bootstraps: list[Bootstrap] = []

@@ -1,0 +1,320 @@
+"""The Pulumi program with replicas, under mocks: the set, its entry (the Caddy Droplet or
+DigitalOcean's Load Balancer), the firewall between them, the rolling order, the outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pulumi_harness import (
+    DNS_RECORD,
+    FAKE_API_KEY,
+    FAKE_DROPLET_ID,
+    FAKE_LB_IPV4,
+    FAKE_RESERVED_IPV4,
+    Registration,
+    Run,
+    existing_droplet,
+    offer,
+    run_program,
+)
+from test_program import (
+    DROPLET,
+    EVERYWHERE,
+    FIREWALL,
+    NAMED,
+    OFFICE,
+    _assert_nowhere_plain,
+    dev,
+)
+
+from components import catalog, config, entry, pool
+from components.config import ConfigError
+
+COMMAND = "command:remote:Command"
+LOAD_BALANCER = "digitalocean:index/loadBalancer:LoadBalancer"
+CERTIFICATE = "digitalocean:index/certificate:Certificate"
+RESERVED_IP = "digitalocean:index/reservedIp:ReservedIp"
+ASSIGNMENT = "digitalocean:index/reservedIpAssignment:ReservedIpAssignment"
+# The dev stack's size and its mocked price (pulumi_harness.DEFAULT_OFFERS).
+GPU_PRICE = 0.76
+CADDY_PRICE = 0.00893
+MANAGED = {**NAMED, "dnsZone": "example.com"}
+
+
+def of(run: Run, type_: str) -> dict[str, Registration]:
+    return {r.name: r for r in run.registrations if r.type == type_}
+
+
+def rules(fw: Registration) -> dict[str, dict[str, Any]]:
+    return {r["portRange"]: r for r in fw.inputs["inboundRules"]}
+
+
+def depends(run: Run, reg: Registration) -> set[str]:
+    by_urn = {r.urn: r.name for r in run.registrations}
+    return {by_urn[u] for u in reg.dependencies if u in by_urn}
+
+
+def live_set(count: int, size: str = "gpu-4000adax1-20gb") -> list[dict[str, Any]]:
+    """The set's Droplets as DigitalOcean lists them once they exist."""
+    return [
+        existing_droplet(
+            name="nemotron-dev" if i == 0 else f"nemotron-dev-{i}",
+            size=size,
+            droplet_id=int(FAKE_DROPLET_ID) + i,
+        )
+        for i in range(count)
+    ]
+
+
+# ---- one Droplet stays one Droplet ----------------------------------------------------------
+
+
+def test_replicas_1_plans_exactly_what_a_stack_without_the_key_plans() -> None:
+    without = run_program(dev())
+    with_one = run_program({**dev(), "replicas": 1})
+    assert without.error is None and with_one.error is None
+
+    def plan(run: Run) -> list[tuple[str, str, str, list[str]]]:
+        return sorted(
+            (r.type, r.name, repr(r.inputs), sorted(r.dependencies)) for r in run.registrations
+        )
+
+    assert plan(without) == plan(with_one)
+    assert "replicas" not in without.outputs and "balancer" not in without.outputs
+    assert not of(without, LOAD_BALANCER) and not of(without, RESERVED_IP)
+
+
+# ---- the Caddy balancer (no DigitalOcean DNS zone) ------------------------------------------
+
+
+def test_three_replicas_behind_a_caddy_droplet_with_a_reserved_ip() -> None:
+    run = run_program({**dev(), "replicas": 3})
+    assert run.error is None, run.error
+    droplets = of(run, DROPLET)
+    assert set(droplets) == {"gpu", "gpu-1", "gpu-2", "balancer"}
+    gpus = [droplets[n] for n in ("gpu", "gpu-1", "gpu-2")]
+    # Replica 0 keeps a lone Droplet's name; all in one region, hence one (default) VPC.
+    assert [g.inputs["name"] for g in gpus] == ["nemotron-dev", "nemotron-dev-1", "nemotron-dev-2"]
+    assert {g.inputs["region"] for g in gpus} == {droplets["balancer"].inputs["region"]}
+    assert all("vpcUuid" not in g.inputs for g in [*gpus, droplets["balancer"]])
+    assert all("nemotron-dev:replica" in g.inputs["tags"] for g in gpus)
+    lb = droplets["balancer"]
+    assert lb.inputs["size"] == catalog.BALANCER_SIZE
+    assert lb.inputs["image"] == catalog.BALANCER_IMAGE
+    assert "nemotron-dev:balancer" in lb.inputs["tags"]
+    assert "nemotron-dev:replica" not in lb.inputs["tags"], "autodown deletes by that tag"
+    # One login key for the whole set (one sshPrivateKey output opens each).
+    assert len(of(run, "digitalocean:index/sshKey:SshKey")) == 1
+    assert {tuple(d.inputs["sshKeys"]) for d in droplets.values()} == {
+        (gpus[0].inputs["sshKeys"][0],)
+    }
+    # The endpoint is the Reserved IP, assigned to the balancer Droplet.
+    assert of(run, ASSIGNMENT)["balancer-ip-assignment"].inputs == {
+        "ipAddress": FAKE_RESERVED_IPV4,
+        "dropletId": int(f"{FAKE_DROPLET_ID}90"),
+    }
+    assert run.outputs["endpoint"].value == f"https://{FAKE_RESERVED_IPV4}/v1"
+    assert run.outputs["hourlyPriceUsd"].value == pytest.approx(3 * GPU_PRICE + CADDY_PRICE)
+    replicas = run.outputs["replicas"].value
+    assert [r["name"] for r in replicas] == ["nemotron-dev", "nemotron-dev-1", "nemotron-dev-2"]
+    assert [r["privateIpv4"] for r in replicas] == ["10.110.0.2", "10.110.0.3", "10.110.0.4"]
+    assert all(r["ipv4"] in r["sshCommand"] for r in replicas)
+    assert replicas[2]["logs"] == "python scripts/logs.py --stack dev --replica 2"
+    balancer = run.outputs["balancer"].value
+    assert balancer["kind"] == "caddy" and "least outstanding" in balancer["routing"]
+    assert balancer["hourlyPriceUsd"] == pytest.approx(CADDY_PRICE)
+    assert "one replica at a time" in run.outputs["dropletReplacement"].value
+
+
+def test_replicas_admit_their_gateway_port_only_from_the_balancer() -> None:
+    run = run_program(dev(access={"apiCidrs": [OFFICE], "sshCidrs": [OFFICE]}) | {"replicas": 3})
+    assert run.error is None, run.error
+    walls = of(run, FIREWALL)
+    port = str(catalog.REPLICA_PORT)
+    for name in ("gpu-fw", "gpu-1-fw", "gpu-2-fw"):
+        inbound = rules(walls[name])
+        # SSH as configured; no public API, no ACME port; the private port from the balancer.
+        assert set(inbound) == {"22", port}, name
+        assert inbound["22"]["sourceAddresses"] == [OFFICE]
+        assert inbound[port]["sourceTags"] == ["nemotron-dev:balancer"]
+        assert "sourceAddresses" not in inbound[port]
+    # Replica 0's autodown reads the others' metrics: they admit it too, and only it.
+    assert "sourceDropletIds" not in rules(walls["gpu-fw"])[port]
+    assert rules(walls["gpu-1-fw"])[port]["sourceDropletIds"] == [int(FAKE_DROPLET_ID)]
+    # The balancer: the API from apiCidrs, ACME from anywhere, SSH as configured.
+    front = rules(walls["balancer-fw"])
+    assert front["443"]["sourceAddresses"] == [OFFICE]
+    assert front["80"]["sourceAddresses"] == EVERYWHERE
+    assert front["22"]["sourceAddresses"] == [OFFICE]
+
+
+def test_each_replica_joins_the_balancer_once_ready_and_leaves_it_drained() -> None:
+    run = run_program({**dev(), "replicas": 3})
+    commands = of(run, COMMAND)
+    for i, prefix in enumerate(("bootstrap", "bootstrap-1", "bootstrap-2")):
+        member = commands[f"balancer-member-{i}"]
+        assert {f"{prefix}-ready", "balancer-gateway"} <= depends(run, member)
+        assert member.inputs["create"].endswith("bash -s")
+        assert member.inputs["delete"].startswith("NEMO_ACTION=leave timeout ")
+        # A new address (a replacement) is a new member: its own file, then the old one's leave.
+        assert member.inputs["triggers"] == [f"{FAKE_DROPLET_ID}90", f"10.110.0.{2 + i}"]
+        stdin = member.inputs["stdin"]
+        assert f"NEMO_UPSTREAM=10.110.0.{2 + i}:{catalog.REPLICA_PORT}" in stdin
+    assert "balancer-member-0" in depends(run, commands["balancer-ready"])
+    # A replica's gateway listens on its private address; its ready probes it there.
+    assert "\tbind 10.110.0.3" in commands["bootstrap-1-gateway"].inputs["stdin"]
+    probe = f"NEMO_PROBE_URL=http://10.110.0.3:{catalog.REPLICA_PORT}/v1/chat/completions"
+    assert probe in commands["bootstrap-1-ready"].inputs["stdin"]
+    # Replica 0 runs the set's autodown, the others none.
+    assert (
+        "AUTODOWN_PEER_METRICS_URLS=http://10.110.0.3:8080/metrics http://10.110.0.4:8080/metrics"
+        in (commands["bootstrap-autodown"].inputs["stdin"])
+    )
+    assert "NEMO_AUTODOWN_MODE=off" in commands["bootstrap-1-autodown"].inputs["stdin"]
+
+
+def test_a_new_set_starts_all_at_once() -> None:
+    run = run_program({**dev(), "replicas": 3})
+    commands = of(run, COMMAND)
+    for later in ("bootstrap-1", "bootstrap-2"):
+        for phase in ("reboot", "service"):
+            assert not any(
+                "ready" in d or "member" in d for d in depends(run, commands[f"{later}-{phase}"])
+            )
+    assert not any(
+        d.startswith(("bootstrap", "balancer-member"))
+        for d in depends(run, of(run, DROPLET)["gpu-1"])
+    )
+
+
+def test_a_live_set_restarts_one_replica_at_a_time() -> None:
+    run = run_program({**dev(), "replicas": 3}, droplets=live_set(3))
+    assert run.error is None, run.error
+    commands = of(run, COMMAND)
+    for previous, later in (("bootstrap", "bootstrap-1"), ("bootstrap-1", "bootstrap-2")):
+        index = previous.removeprefix("bootstrap").removeprefix("-") or "0"
+        for phase in ("reboot", "service"):
+            deps = depends(run, commands[f"{later}-{phase}"])
+            assert {f"{previous}-ready", f"balancer-member-{index}"} <= deps, (later, phase)
+        # Downloads and installs still run side by side: only restarts wait.
+        for phase in ("model", "vllm", "conda"):
+            assert f"{previous}-ready" not in depends(run, commands[f"{later}-{phase}"])
+    # Nothing replaces a Droplet here: they are created in parallel.
+    assert not depends(run, of(run, DROPLET)["gpu-1"]) & {"bootstrap-ready", "balancer-member-0"}
+
+
+def test_a_new_size_replaces_a_live_set_one_droplet_at_a_time() -> None:
+    offers = {"gpu-l40sx1-48gb": offer("gpu-l40sx1-48gb", ["tor1"], 1.57), **_caddy_offer()}
+    run = run_program(
+        {**dev(droplet={"size": "gpu-l40sx1-48gb", "regions": ["tor1"]}), "replicas": 3},
+        droplets=live_set(3),
+        offers=offers,
+    )
+    assert run.error is None, run.error
+    droplets = of(run, DROPLET)
+    assert {"bootstrap-ready", "balancer-member-0"} <= depends(run, droplets["gpu-1"])
+    assert {"bootstrap-1-ready", "balancer-member-1"} <= depends(run, droplets["gpu-2"])
+    assert all(d.delete_before_replace for n, d in droplets.items() if n.startswith("gpu"))
+
+
+def _caddy_offer() -> dict[str, dict[str, Any]]:
+    return {catalog.BALANCER_SIZE: offer(catalog.BALANCER_SIZE, ["tor1", "nyc2"], CADDY_PRICE)}
+
+
+def test_a_balancer_size_not_sold_in_the_replicas_region_is_refused_before_anything() -> None:
+    offers = {
+        "gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", ["tor1"], GPU_PRICE),
+        catalog.BALANCER_SIZE: offer(catalog.BALANCER_SIZE, ["ams3"], CADDY_PRICE),
+    }
+    run = run_program({**dev(droplet={"regions": ["tor1"]}), "replicas": 2}, offers=offers)
+    assert isinstance(run.error, ConfigError), run.error
+    assert run.error.problems[0].startswith(
+        "balancer.size: s-1vcpu-1gb is not offered in tor1, where the replicas are"
+    )
+    assert run.registrations == []
+
+
+def test_the_set_keeps_every_secret_secret() -> None:
+    run = run_program({**dev(), "replicas": 2})
+    assert run.error is None
+    _assert_nowhere_plain(run, FAKE_API_KEY)
+    for reg in of(run, COMMAND).values():
+        assert FAKE_API_KEY not in reg.inputs["create"] + str(reg.inputs.get("delete", ""))
+
+
+# ---- DigitalOcean's Load Balancer (a domain in DigitalOcean DNS) ------------------------------
+
+
+def test_a_dns_zone_puts_the_set_behind_a_managed_load_balancer() -> None:
+    run = run_program(
+        {**dev(access={**MANAGED, "apiCidrs": [OFFICE]}), "replicas": 2}, zones=("example.com",)
+    )
+    assert run.error is None, run.error
+    lb = of(run, LOAD_BALANCER)["lb"]
+    assert lb.inputs["dropletTag"] == "nemotron-dev:replica"
+    assert lb.inputs["forwardingRules"] == [
+        {
+            "entryPort": 443,
+            "entryProtocol": "https",
+            "targetPort": catalog.REPLICA_PORT,
+            "targetProtocol": "http",
+            # Auto-named: a new domain's certificate exists before the old one goes.
+            "certificateName": "lb-certificate-a1b2c3",
+        }
+    ]
+    assert lb.inputs["healthcheck"] == {
+        "protocol": "http",
+        "port": catalog.REPLICA_PORT,
+        "path": "/health",
+        "checkIntervalSeconds": 3,
+        "responseTimeoutSeconds": 3,
+        "unhealthyThreshold": 2,
+        "healthyThreshold": 2,
+    }
+    assert lb.inputs["httpIdleTimeoutSeconds"] == 600
+    assert lb.inputs["firewall"] == {"allows": [f"cidr:{OFFICE}"]}
+    assert of(run, CERTIFICATE)["lb-certificate"].inputs["type"] == "lets_encrypt"
+    assert of(run, CERTIFICATE)["lb-certificate"].inputs["domains"] == ["llm.example.com"]
+    # The name points at the Load Balancer; the replicas admit it alone.
+    assert of(run, DNS_RECORD)["endpoint-record"].inputs["value"] == FAKE_LB_IPV4
+    for name in ("gpu-fw", "gpu-1-fw"):
+        private = rules(of(run, FIREWALL)[name])[str(catalog.REPLICA_PORT)]
+        assert private["sourceLoadBalancerUids"] == ["lb-uuid-0001"]
+    assert not [d for d in of(run, DROPLET) if d == "balancer"]
+    assert run.outputs["endpoint"].value == "https://llm.example.com/v1"
+    price = 2 * GPU_PRICE + 10 / 672
+    assert run.outputs["hourlyPriceUsd"].value == pytest.approx(price, abs=1e-5)
+    assert run.outputs["balancer"].value["kind"] == "managed"
+    # Autodown leaves the name alone: it is the entry's, which stays.
+    assert "AUTODOWN_DNS_RECORD=\n" in of(run, COMMAND)["bootstrap-autodown"].inputs["stdin"]
+
+
+def test_the_managed_entry_everyone_may_reach_has_no_allow_list() -> None:
+    assert entry.lb_firewall(list(EVERYWHERE)) is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"balancer": {"kind": "managed"}}, "balancer.kind: managed needs a DigitalOcean-managed"),
+        ({"cache": {"sizeGb": 200}}, "cache.sizeGb: a cache Volume attaches to one Droplet"),
+        ({"access": {"apiCidrs": []}}, "access.apiCidrs: [] closes the API port"),
+        ({"replicas": 9}, "replicas: 9: accepted: a whole number from 1"),
+        ({"replicas": "two"}, "replicas: 'two': accepted"),
+    ],
+)
+def test_a_set_that_cannot_work_is_refused_before_anything(
+    override: dict[str, Any], message: str
+) -> None:
+    raw = dev(**{k: v for k, v in override.items() if k != "replicas"})
+    raw["replicas"] = override.get("replicas", 2)
+    run = run_program(raw)
+    assert isinstance(run.error, ConfigError), run.error
+    assert any(p.startswith(message) for p in run.error.problems), run.error.problems
+    assert run.registrations == []
+
+
+def test_drain_waits_cover_each_balancers_health_checks() -> None:
+    caddy = config.parse({**dev(), "replicas": 2}, "dev")
+    assert pool.notice_seconds(caddy) == 6 and pool.rejoin_seconds(caddy) == 6
