@@ -319,6 +319,7 @@ def replica_output(
         "ipv4": ipv4,
         "privateIpv4": private_ipv4,
         "sshCommand": ssh_command(cfg.stack, ipv4, host_public_key),
+        "sshHostPublicKey": host_public_key,
         "logs": f"python scripts/logs.py --stack {cfg.stack} --replica {index}",
         "bootstrapSeconds": round(sum(seconds.values()), 1),
     }
@@ -345,6 +346,8 @@ def balancer_output(
     if kind == "caddy":
         out["dropletIpv4"] = ipv4
         out["sshCommand"] = ssh_command(cfg.stack, ipv4, host_public_key)
+        out["sshHostPublicKey"] = host_public_key
+        out["logs"] = f"python scripts/logs.py --stack {cfg.stack} --balancer"
     else:
         out["nodes"] = cfg.balancer.nodes
     return out

@@ -10,7 +10,9 @@ have finished. Open loop (`--request-rate R`): requests start at R per second wh
 server's pace, Poisson arrivals by default (`--burstiness`), optionally capped at
 `--max-concurrency` in flight. Each level reports TTFT, inter-token latency (ITL), time per output
 token (TPOT) and end-to-end latency (mean, std, min, max and `--percentiles`, in ms), requests/s,
-token throughput and, with `--slo`, goodput: the requests/s that met every bound.
+token throughput and, with `--slo`, goodput: the requests/s that met every bound. Against a set
+of replicas (a stack with `replicas` >= 2, or `--replicas N`) each level also shows output
+tokens/s per replica: flat as the set grows means the replicas, not the balancer, set the pace.
 
 A chunk counts as a token when it carries text, reasoning (Nemotron streams its reasoning first)
 or a tool-call delta. Token counts come from the server's usage chunk
@@ -464,7 +466,11 @@ def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Tabl
     open_loop = reports[0]["mode"] == "open"
     goodput = "goodput_requests_per_s" in reports[0]
     columns = ["rate" if open_loop else "conc", "ok/err", "TTFT", "ITL", "TPOT", "E2E", "req/s"]
-    columns += ["out tok/s", "tot tok/s"] + (["goodput", "SLO %"] if goodput else [])
+    replicas = int(reports[0].get("replicas") or 1)
+    columns += ["out tok/s", "tot tok/s"] + (["out tok/s/replica"] if replicas > 1 else [])
+    columns += ["goodput", "SLO %"] if goodput else []
+    if replicas > 1:
+        t.title = f"{t.title}; {replicas} replicas"
     for column in columns:
         t.add_column(column, justify="right")
     for r in reports:
@@ -480,6 +486,8 @@ def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Tabl
             _fmt(r["output_tokens_per_s"]),
             _fmt(r["total_tokens_per_s"]),
         ]
+        if replicas > 1:
+            row.append(_fmt(r["output_tokens_per_s_per_replica"]))
         if goodput:
             row += [_fmt(r["goodput_requests_per_s"]), _fmt(r["slo_attainment_pct"])]
         t.add_row(*row)
@@ -777,6 +785,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", dest="json_path", help="write the results to this file")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        help="replicas behind the endpoint, for per-replica throughput (default: the stack's, "
+        "else 1)",
+    )
     parser.add_argument("--save-requests", help="write one JSON line per request to this file")
     parser.add_argument("--plot", help="draw throughput and TTFT per level to this PNG")
     return parser
@@ -843,6 +857,8 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for broken, message in rules:
         if broken:
             parser.error(message)
+    if args.replicas is not None and args.replicas < 1:
+        parser.error("--replicas is the number of replicas behind the endpoint, 1 or more")
     if closed and args.concurrency is None:
         args.concurrency = [1, 8, 32]
 
@@ -900,6 +916,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if requests_out is not None:
             requests_out.close()
+    replicas = args.replicas or target.replicas
+    for report in reports:
+        report["replicas"] = replicas
+        report["output_tokens_per_s_per_replica"] = report["output_tokens_per_s"] / replicas
     # Wide enough for the table when stdout is a file or a CI log.
     out = Console(width=None if sys.stdout.isatty() else 160)
     out.print(table(reports, args.percentiles))

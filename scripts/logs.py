@@ -3,6 +3,8 @@
 
     python scripts/logs.py --stack dev            # last 200 lines, then follow (Ctrl-C stops)
     python scripts/logs.py --stack dev -n 50 --no-follow
+    python scripts/logs.py --stack dev --replica 2   # one replica of a set (replicas >= 2)
+    python scripts/logs.py --stack dev --balancer    # the Caddy balancer Droplet's gateway
 
 The stack's private key goes to a file readable only by you in a temporary folder that is
 removed on exit; it never appears on a command line. When the stack exports the Droplet's SSH
@@ -23,7 +25,36 @@ from pathlib import Path
 import target as target_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from components.catalog import SSH_USER, VLLM_UNIT  # after the path is set
+from components.catalog import CADDY_UNIT, SSH_USER, VLLM_UNIT  # after the path is set
+
+
+def host_of(
+    outputs: dict[str, object], stack: str, replica: int | None, balancer: bool
+) -> tuple[str, str]:
+    """The address and pinned host key of the Droplet to read: the stack's (replica 0), replica
+    `replica` of a set, or the Caddy balancer's."""
+    if balancer:
+        entry = outputs.get("balancer")
+        if not isinstance(entry, dict) or not entry.get("dropletIpv4"):
+            raise target_mod.TargetError(
+                f"stack {stack} has no balancer Droplet (replicas: 1, or balancer.kind: managed, "
+                "which DigitalOcean runs and has no journal to read)"
+            )
+        return str(entry["dropletIpv4"]), str(entry.get("sshHostPublicKey") or "")
+    if replica:
+        replicas = outputs.get("replicas")
+        if not isinstance(replicas, list):
+            raise target_mod.TargetError(
+                f"stack {stack} has one Droplet (replicas: 1): use --replica 0 or leave it out"
+            )
+        if not 0 <= replica < len(replicas):
+            raise target_mod.TargetError(
+                f"stack {stack} has replicas 0 to {len(replicas) - 1}; "
+                f"--replica {replica} is not one of them"
+            )
+        chosen = replicas[replica]
+        return str(chosen["ipv4"]), str(chosen.get("sshHostPublicKey") or "")
+    return str(outputs.get("ipv4") or ""), str(outputs.get("sshHostPublicKey") or "")
 
 
 def ssh_argv(
@@ -71,17 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", required=True, help="the Pulumi stack whose Droplet to read")
     parser.add_argument("-n", "--lines", type=int, default=200, help="lines of history first")
     parser.add_argument("--no-follow", action="store_true", help="print and exit")
-    parser.add_argument("--unit", default=VLLM_UNIT, help="systemd unit to read")
+    parser.add_argument("--unit", help=f"systemd unit to read (default {VLLM_UNIT})")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--replica", type=int, help="which replica of a set (0: the first)")
+    where.add_argument(
+        "--balancer", action="store_true", help=f"the Caddy balancer Droplet ({CADDY_UNIT})"
+    )
     parser.add_argument("--port", type=int, default=22, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     outputs = target_mod.stack_outputs(args.stack)
-    host, key = outputs.get("ipv4"), outputs.get("sshPrivateKey")
-    if not host or not key:
+    key = outputs.get("sshPrivateKey")
+    if not outputs.get("ipv4") or not key:
         raise target_mod.TargetError(
             f"stack {args.stack} has no ipv4/sshPrivateKey outputs: run `pulumi up` for it first"
         )
-    host_key = outputs.get("sshHostPublicKey")
+    # One login key opens every Droplet of a set; each has its own pinned host key.
+    host, host_key = host_of(outputs, args.stack, args.replica, args.balancer)
+    unit = args.unit or (CADDY_UNIT if args.balancer else VLLM_UNIT)
 
     workdir = Path(tempfile.mkdtemp(prefix="nemotron-logs-"))  # mode 0700
     try:
@@ -96,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             known_hosts = Path.home() / ".ssh" / f"nemotron-droplet-{args.stack}.known_hosts"
             known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        remote = journal_command(args.unit, args.lines, not args.no_follow)
+        remote = journal_command(unit, args.lines, not args.no_follow)
         argv_ = ssh_argv(host, args.port, key_file, known_hosts, bool(host_key), remote)
         if shutil.which("ssh") is None:
             raise target_mod.TargetError("ssh (OpenSSH client) is not on PATH")

@@ -30,6 +30,8 @@ class Target:
     endpoint: str  # base URL ending in /v1
     api_key: str
     model: str | None
+    # How many replicas serve the endpoint (a stack's `replicas` output; 1 for one Droplet).
+    replicas: int = 1
 
     def url(self, path: str) -> str:
         return f"{self.endpoint.rstrip('/')}/{path.lstrip('/')}"
@@ -93,6 +95,7 @@ def stack_outputs(stack: str) -> dict[str, Any]:
 
 def resolve(args: argparse.Namespace) -> Target:
     endpoint, api_key, model = args.endpoint, args.api_key, args.model
+    replicas = 1
     if args.stack:
         outputs = stack_outputs(args.stack)
         missing = [k for k in ("endpoint", "apiKey") if not outputs.get(k)]
@@ -104,6 +107,7 @@ def resolve(args: argparse.Namespace) -> Target:
         endpoint = endpoint or outputs.get("endpoint")
         api_key = api_key or outputs.get("apiKey")
         model = model or outputs.get("servedModelName")
+        replicas = len(outputs.get("replicas") or []) or 1
     endpoint = endpoint or os.environ.get("OPENAI_BASE_URL")
     api_key = api_key or os.environ.get("OPENAI_API_KEY")
     if not endpoint:
@@ -112,4 +116,4 @@ def resolve(args: argparse.Namespace) -> Target:
         raise TargetError("no API key: pass --stack NAME, set OPENAI_API_KEY or pass --api-key")
     if not endpoint.rstrip("/").endswith("/v1"):
         raise TargetError(f"--endpoint {endpoint!r} should end in /v1")
-    return Target(endpoint=endpoint, api_key=api_key, model=model)
+    return Target(endpoint=endpoint, api_key=api_key, model=model, replicas=replicas)

@@ -5,6 +5,7 @@ started again, and replicas of unequal speed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 from sandbox import free_port
@@ -22,6 +24,7 @@ from test_gateway import KEY, Gateway, start_gateway
 from components import balancer
 
 FAKE = Path(__file__).resolve().parent / "fake_openai.py"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TOKENS = 20
 
 
@@ -188,3 +191,49 @@ def test_the_balancer_keeps_the_gateways_gate(tmp_path: Path) -> None:
             assert gw.get("/health", key=None).status_code == 200
         finally:
             start.close()
+
+
+def bench_through(gw: Gateway, tmp_path: Path, replicas: int) -> dict[str, Any]:
+    """bench.py at concurrency 12 through the balancer; its one level."""
+    out = tmp_path / f"bench-{replicas}.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench.py"), "--endpoint", gw.base, "--model", "nemotron",
+         "--no-progress", "--concurrency", "12", "--requests", "48", "--max-tokens", str(TOKENS),
+         "--replicas", str(replicas), "--json", str(out)],
+        env={"PATH": os.environ["PATH"], "OPENAI_API_KEY": KEY, "HOME": str(tmp_path)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    if replicas > 1:
+        assert f"{replicas} replicas" in proc.stdout and "out tok/s/replica" in proc.stdout
+    level: dict[str, Any] = json.loads(out.read_text())["levels"][0]
+    return level
+
+
+def test_bench_throughput_scales_with_the_replicas_behind_the_balancer(tmp_path: Path) -> None:
+    """Each fake replica serves at most 4 streams at once (a full engine): behind the balancer,
+    three of them carry about three times the tokens per second of one at the same load, and
+    each replica's share stays what one alone does."""
+    ports = [free_port() for _ in range(3)]
+    levels = {}
+    for count in (1, 3):
+        with ExitStack() as stack:
+            for i in range(count):
+                stack.enter_context(
+                    replica(f"r{i}", ports[i], "--capacity", "4", "--ttft", "0.05", "--itl", "0.02")
+                )
+            upstreams = [balancer.Upstream("127.0.0.1", p) for p in ports[:count]]
+            (tmp_path / f"gw{count}").mkdir()
+            start = start_gateway(tmp_path / f"gw{count}", "", https=False, upstreams=upstreams)
+            gw = next(start)
+            stack.callback(start.close)
+            time.sleep(2 * balancer.HEALTH_INTERVAL_SECONDS)  # every replica checked healthy
+            levels[count] = bench_through(gw, tmp_path, count)
+    one, three = levels[1], levels[3]
+    print(
+        f"bench through Caddy: 1 replica {one['output_tokens_per_s']:.0f} tok/s, 3 replicas {three['output_tokens_per_s']:.0f} tok/s ({three['output_tokens_per_s_per_replica']:.0f} per replica)"
+    )
+    assert one["errors"] == 0 and three["errors"] == 0
+    assert three["output_tokens_per_s"] > 2.2 * one["output_tokens_per_s"], (one, three)
+    per_replica = three["output_tokens_per_s_per_replica"]
+    assert per_replica > 0.7 * one["output_tokens_per_s"], (one, three)

@@ -877,6 +877,44 @@ def test_logs_remembers_the_first_host_key_when_the_stack_exports_none(
     assert "--follow" not in (sshd["dir"] / "command").read_text()
 
 
+def test_logs_follows_one_replica_of_a_set_or_the_balancer_each_with_its_own_host_key(
+    tmp_path: Path, sshd: dict[str, Any]
+) -> None:
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    stranger = " ".join(other.with_suffix(".pub").read_text().split()[:2])
+    outputs = {
+        # Replica 0 is elsewhere (a documentation address): only the chosen one is dialled.
+        "ipv4": "192.0.2.1",
+        "sshPrivateKey": sshd["client_key"],
+        "sshHostPublicKey": stranger,
+        "replicas": [
+            {"ipv4": "192.0.2.1", "sshHostPublicKey": stranger},
+            {"ipv4": "127.0.0.1", "sshHostPublicKey": sshd["host_pub"]},
+            {"ipv4": "127.0.0.1", "sshHostPublicKey": stranger},
+        ],
+        "balancer": {"dropletIpv4": "127.0.0.1", "sshHostPublicKey": sshd["host_pub"]},
+    }
+    proc = run_logs(tmp_path, sshd, outputs, "--replica", "1", "--no-follow")
+    assert proc.returncode == 0, proc.stderr
+    assert "--unit vllm.service" in (sshd["dir"] / "command").read_text()
+    (sshd["dir"] / "command").unlink()
+    # Replica 2's host key is not the one at that address: refused, nothing runs.
+    refused = run_logs(tmp_path, sshd, outputs, "--replica", "2", "--no-follow")
+    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr
+    assert not (sshd["dir"] / "command").exists()
+    balancer = run_logs(tmp_path, sshd, outputs, "--balancer", "--no-follow")
+    assert balancer.returncode == 0, balancer.stderr
+    assert "--unit caddy.service" in (sshd["dir"] / "command").read_text()
+    missing = run_logs(tmp_path, sshd, outputs, "--replica", "3")
+    assert missing.returncode == 2
+    assert "has replicas 0 to 2; --replica 3 is not one of them" in missing.stderr
+    lone = {k: v for k, v in outputs.items() if k not in ("replicas", "balancer")}
+    alone = run_logs(tmp_path, sshd, lone, "--replica", "1")
+    assert alone.returncode == 2 and "has one Droplet (replicas: 1)" in alone.stderr
+    assert "has no balancer Droplet" in run_logs(tmp_path, sshd, lone, "--balancer").stderr
+
+
 # ---- timeline --------------------------------------------------------------------------------
 
 # A bootstrap whose downloads ran beside the driver (seconds from 1e9): the critical path runs
