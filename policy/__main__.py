@@ -8,6 +8,8 @@ from pulumi_policy import (
     ReportViolation,
     ResourceValidationArgs,
     ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
 )
 
 
@@ -30,6 +32,14 @@ def _size(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if args.resource_type == rules.DROPLET:
         budget = rules.budget_for(args.get_config(), args.urn)
         _report(rules.size_outside_budget(args.props, budget), report)
+
+
+def _set_budget(args: StackValidationArgs, report: ReportViolation) -> None:
+    resources = [(r.resource_type, r.props) for r in args.resources]
+    urns = [r.urn for r in args.resources]
+    config = args.get_config()
+    budget = rules.budget_for(config, urns[0]) if urns else config
+    _report(rules.set_outside_budget(resources, budget), report)
 
 
 def _prod_access(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -59,7 +69,21 @@ POLICIES = [
             properties={
                 "allowedSizes": {"type": "array", "items": {"type": "string"}},
                 "maxHourlyPriceUsd": {"type": "number"},
+                # The Caddy balancer's CPU Droplet (replicas >= 2).
+                "allowedBalancerSizes": {"type": "array", "items": {"type": "string"}},
                 # A stack's own budget (allowedSizes, maxHourlyPriceUsd) over the default.
+                "stacks": {"type": "object"},
+            }
+        ),
+    ),
+    StackValidationPolicy(
+        name="stack-within-budget",
+        description="Every replica and the balancer together list at or under the ceiling.",
+        validate=_set_budget,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=PolicyConfigSchema(
+            properties={
+                "maxTotalHourlyPriceUsd": {"type": "number"},
                 "stacks": {"type": "object"},
             }
         ),

@@ -16,6 +16,7 @@ from components import catalog  # after the path is set
 
 DROPLET = "digitalocean:index/droplet:Droplet"
 FIREWALL = "digitalocean:index/firewall:Firewall"
+LOAD_BALANCER = "digitalocean:index/loadBalancer:LoadBalancer"
 
 
 def stack_of(urn: str) -> str:
@@ -59,6 +60,10 @@ def budget_for(config: Mapping[str, Any], urn: str) -> Mapping[str, Any]:
 
 def size_outside_budget(props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     size = str(props.get("size"))
+    if not size.startswith("gpu-"):
+        # The Caddy balancer's CPU Droplet (replicas >= 2): a small allowlist of its own.
+        small: Sequence[str] = config.get("allowedBalancerSizes") or [catalog.BALANCER_SIZE]
+        return [] if size in small else [f"size {size} is not in the allowlist {list(small)}"]
     allowed: Sequence[str] = config.get("allowedSizes") or catalog.NVIDIA_SIZES
     ceiling = config.get("maxHourlyPriceUsd")
     problems = []
@@ -88,3 +93,37 @@ def open_to_anywhere_in_prod(props: Mapping[str, Any], urn: str) -> list[str]:
         # redirects: it carries no API.
         and not (https and rule.get("portRange") == "80")
     ]
+
+
+def list_price(type_: str, props: Mapping[str, Any]) -> float:
+    """What one resource lists at per hour: a GPU Droplet's size, a Load Balancer's nodes (the
+    small CPU balancer Droplet and the rest count as nothing here)."""
+    if type_ == DROPLET:
+        known = catalog.SIZES.get(str(props.get("size")))
+        return known.list_price_usd_hour or 0.0 if known else 0.0
+    if type_ == LOAD_BALANCER:
+        nodes = int(props.get("sizeUnit") or 1)
+        return nodes * catalog.LB_NODE_PRICE_MONTH / catalog.HOURS_PER_BILLING_MONTH
+    return 0.0
+
+
+def set_outside_budget(
+    resources: Sequence[tuple[str, Mapping[str, Any]]], config: Mapping[str, Any]
+) -> list[str]:
+    """The whole stack's hourly list price (every replica, the balancer) under its ceiling."""
+    ceiling = config.get("maxTotalHourlyPriceUsd")
+    if ceiling is None:
+        return []
+    total = sum(list_price(type_, props) for type_, props in resources)
+    gpus = sum(
+        1
+        for type_, props in resources
+        if type_ == DROPLET and str(props.get("size")).startswith("gpu-")
+    )
+    if total > float(ceiling):
+        return [
+            f"the stack lists at ${total:.2f}/h ({gpus} GPU Droplet(s) and the balancer), above "
+            f"the ceiling ${ceiling}/h: fewer replicas, a smaller size, or a larger "
+            "maxTotalHourlyPriceUsd in policy/config.json"
+        ]
+    return []

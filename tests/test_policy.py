@@ -6,11 +6,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pulumi_harness import ROOT, run_program, stack_config
-from pulumi_policy import EnforcementLevel, ResourceValidationArgs, ResourceValidationPolicy
+from pulumi_policy import (
+    EnforcementLevel,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
 
 sys.path.insert(0, str(ROOT / "policy"))
 _spec = importlib.util.spec_from_file_location("policy_pack", ROOT / "policy" / "__main__.py")
@@ -18,7 +25,12 @@ assert _spec and _spec.loader
 pack = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pack)  # the guard keeps it from serving
 size_outside_budget = pack.rules.size_outside_budget
-POLICIES: dict[str, ResourceValidationPolicy] = {p.name: p for p in pack.POLICIES}
+POLICIES: dict[str, ResourceValidationPolicy] = {
+    p.name: p for p in pack.POLICIES if isinstance(p, ResourceValidationPolicy)
+}
+STACK_POLICIES: dict[str, StackValidationPolicy] = {
+    p.name: p for p in pack.POLICIES if isinstance(p, StackValidationPolicy)
+}
 CONFIG = json.loads((ROOT / "policy" / "config.json").read_text())
 
 DROPLET = "digitalocean:index/droplet:Droplet"
@@ -55,11 +67,26 @@ def rule(port: str, sources: list[str]) -> dict[str, Any]:
     return {"protocol": "tcp", "portRange": port, "sourceAddresses": sources}
 
 
+def check_stack(policy: str, run: Any) -> list[str]:
+    """Run one stack policy of the real pack on everything a run declared."""
+    found: list[str] = []
+    resources = [
+        SimpleNamespace(resource_type=r.type, props=r.inputs, urn=r.urn) for r in run.registrations
+    ]
+    args = StackValidationArgs(resources, config=CONFIG.get(policy, {}))  # type: ignore[arg-type]
+    validate = STACK_POLICIES[policy].validate
+    assert validate is not None
+    validate(args, lambda message, _urn=None: found.append(message))
+    return found
+
+
 def test_enforcement_levels() -> None:
-    assert {n: p.enforcement_level for n, p in POLICIES.items()} == {
+    levels = {p.name: p.enforcement_level for p in pack.POLICIES}
+    assert levels == {
         "no-public-vllm-port": EnforcementLevel.MANDATORY,
         "droplet-project-and-stack-tags": EnforcementLevel.MANDATORY,
         "droplet-size-within-budget": EnforcementLevel.MANDATORY,
+        "stack-within-budget": EnforcementLevel.MANDATORY,
         "prod-access-not-open-to-anywhere": EnforcementLevel.ADVISORY,
     }
 
@@ -156,10 +183,13 @@ def test_open_access_is_advised_against_only_in_prod() -> None:
     ]
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod", "super"])
-def test_the_programs_own_resources_pass_every_mandatory_policy(stack: str) -> None:
-    run = run_program(stack_config(stack), stack=stack)
+@pytest.mark.parametrize(
+    ("stack", "replicas"), [("dev", 1), ("prod", 1), ("super", 1), ("dev", 3), ("prod", 2)]
+)
+def test_the_programs_own_resources_pass_every_mandatory_policy(stack: str, replicas: int) -> None:
+    run = run_program({**stack_config(stack), "replicas": replicas}, stack=stack)
     assert run.error is None
+    assert check_stack("stack-within-budget", run) == []
     for reg in run.registrations:
         for name, policy in POLICIES.items():
             if policy.enforcement_level != EnforcementLevel.MANDATORY:
@@ -175,3 +205,17 @@ def test_the_shipped_prod_stack_is_advised_to_narrow_its_access() -> None:
     firewall = run.one("digitalocean:index/firewall:Firewall")
     found = check("prod-access-not-open-to-anywhere", firewall.type, firewall.inputs, firewall.urn)
     assert [f.split(" is ")[0] for f in found] == ["port 22", "port 443"]
+
+
+def test_a_set_over_its_stacks_ceiling_is_refused_and_the_balancer_size_is_allowlisted() -> None:
+    run = run_program({**stack_config("prod"), "replicas": 5}, stack="prod")
+    assert run.error is None
+    assert check_stack("stack-within-budget", run) == [
+        "the stack lists at $16.95/h (5 GPU Droplet(s) and the balancer), above the ceiling "
+        "$16.0/h: fewer replicas, a smaller size, or a larger maxTotalHourlyPriceUsd in "
+        "policy/config.json"
+    ]
+    assert violations("droplet-size-within-budget", DROPLET, {"size": "s-1vcpu-1gb"}) == []
+    assert violations("droplet-size-within-budget", DROPLET, {"size": "c-32"}) == [
+        "size c-32 is not in the allowlist ['s-1vcpu-1gb', 's-1vcpu-2gb', 's-2vcpu-2gb']"
+    ]
