@@ -171,9 +171,10 @@ def balancer_output(
     cfg: StackConfig, built: Endpoint, caddy_price: float
 ) -> pulumi.Input[dict[str, object]]:
     """The `balancer` output: its kind, routing and price (and the Caddy Droplet's access)."""
-    caddy = built.caddy
+    caddy, managed = built.caddy, built.managed
     if caddy is None:
-        return entry.balancer_output(cfg, caddy_price)
-    return pulumi.Output.all(caddy.host.ipv4, caddy.host.host_public_key).apply(
-        lambda v: entry.balancer_output(cfg, caddy_price, v[0], v[1])
+        assert managed is not None, "with replicas there is one entry or the other"
+        return managed.ipv4.apply(lambda address: entry.balancer_output(cfg, caddy_price, address))
+    return pulumi.Output.all(caddy.ipv4, caddy.host.ipv4, caddy.host.host_public_key).apply(
+        lambda v: entry.balancer_output(cfg, caddy_price, v[0], v[1], v[2])
     )

@@ -328,12 +328,16 @@ def replica_output(
 def balancer_output(
     cfg: StackConfig,
     caddy_price: float,
+    address: str,
     ipv4: str = "",
     host_public_key: str = "",
 ) -> dict[str, object]:
+    """`address`: the endpoint's own IPv4 (the Reserved IP or the Load Balancer's): where
+    access.domain's A record points when you keep it yourself."""
     kind = cfg.balancer_kind
     out: dict[str, object] = {
         "kind": kind,
+        "address": address,
         "routing": (
             "least outstanding requests (Caddy least_conn), active /health checks every "
             f"{balancer.HEALTH_INTERVAL_SECONDS} s"

@@ -60,13 +60,21 @@ def start_gateway(
     upstreams: Sequence[balancer.Upstream] = (),
 ) -> Iterator[Gateway]:
     """Caddy with the rendered gateway config in front of `upstream` (a fake vLLM), or with
-    `upstreams` the balancer's config in front of those."""
+    `upstreams` the balancer's config in front of those, each joined by its own file."""
     raw = stack_config("dev")
     raw["access"] = {**raw["access"], "https": https, "maxRequestBodyMb": max_body_mb}
     cfg = config.parse(raw, "dev")
     upstream_port = int(upstream.rsplit(":", 1)[1].split("/", maxsplit=1)[0]) if upstream else 0
     http_port, https_port = free_port(), free_port()
     conf = tmp_path / "Caddyfile"
+    # The balancer as deployed: one file per replica in a folder its Caddyfile imports.
+    glob = None
+    if upstreams:
+        folder = tmp_path / "upstreams"
+        folder.mkdir()
+        for i, up in enumerate(upstreams):
+            (folder / f"replica-{i}.caddy").write_text(balancer.upstream_line(up) + "\n")
+        glob = f"{folder}/*.caddy"
     # "localhost" makes Caddy use its own local CA instead of a public one: same config path.
     conf.write_text(
         gateway.caddyfile(
@@ -75,7 +83,7 @@ def start_gateway(
             upstream_port=upstream_port,
             http_port=http_port,
             https_port=https_port,
-            upstreams=upstreams,
+            upstreams_glob=glob,
         )
     )
     data = tmp_path / "data"

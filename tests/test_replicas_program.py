@@ -123,6 +123,7 @@ def test_three_replicas_behind_a_caddy_droplet_with_a_reserved_ip() -> None:
     assert replicas[2]["logs"] == "python scripts/logs.py --stack dev --replica 2"
     balancer = run.outputs["balancer"].value
     assert balancer["kind"] == "caddy" and "least outstanding" in balancer["routing"]
+    assert balancer["address"] == FAKE_RESERVED_IPV4
     assert balancer["hourlyPriceUsd"] == pytest.approx(CADDY_PRICE)
     assert "one replica at a time" in run.outputs["dropletReplacement"].value
 
@@ -286,6 +287,7 @@ def test_a_dns_zone_puts_the_set_behind_a_managed_load_balancer() -> None:
     price = 2 * GPU_PRICE + 10 / 672
     assert run.outputs["hourlyPriceUsd"].value == pytest.approx(price, abs=1e-5)
     assert run.outputs["balancer"].value["kind"] == "managed"
+    assert run.outputs["balancer"].value["address"] == FAKE_LB_IPV4
     # Autodown leaves the name alone: it is the entry's, which stays.
     assert "AUTODOWN_DNS_RECORD=\n" in of(run, COMMAND)["bootstrap-autodown"].inputs["stdin"]
 
