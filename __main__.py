@@ -33,10 +33,24 @@ cache_plan = cache.plan(
     placement.region,
     found_cache,
     cfg.cache.enabled and cache.region_offers_volumes(placement.region),
-    existing.id if existing else None,
+    replicas_existing[0].id if replicas_existing[0] else None,
 )
-if cache_plan.state in ("moved", "unavailable"):
-    pulumi.log.warn(f"cache: {cache_plan.note}")
+# Each replica has a cache of its own (a Volume attaches to one Droplet), in the set's region.
+offers_volumes = cfg.cache.enabled and cache.region_offers_volumes(placement.region)
+cache_plans = [cache_plan] + [
+    cache.plan(
+        cfg,
+        placement.region,
+        cache.find(cfg, placement.region, replica=i),
+        offers_volumes,
+        live.id if (live := replicas_existing[i]) else None,
+        replica=i,
+    )
+    for i in range(1, cfg.replicas)
+]
+for i, each in enumerate(cache_plans):
+    if each.state in ("moved", "unavailable"):
+        pulumi.log.warn(f"cache{f' of replica {i}' if i else ''}: {each.note}")
 
 # The Caddy balancer's size must be sold where the replicas are (checked before anything).
 caddy_price = (
@@ -48,13 +62,8 @@ api_key: pulumi.Output[str] = pulumi.Output.secret(
     config.api_key() or random.RandomPassword("api-key", length=48, special=False).result
 )
 
-built = endpoint.build(cfg, placement, cache_plan, replicas_existing, api_key)
-gpus, bootstraps, hostname, cache_volume = (
-    built.gpus,
-    built.bootstraps,
-    built.hostname,
-    built.cache_volume,
-)
+built = endpoint.build(cfg, placement, cache_plans, replicas_existing, api_key)
+gpus, bootstraps, hostname = built.gpus, built.bootstraps, built.hostname
 
 first = gpus[0]
 pulumi.export("endpoint", hostname.apply(lambda host: gateway.endpoint(cfg, host)))
@@ -68,13 +77,8 @@ pulumi.export("size", cfg.droplet.size)
 pulumi.export("placement", placement.reason)
 pulumi.export("hourlyPriceUsd", entry.set_hourly_price(cfg, placement.price_hourly, caddy_price))
 pulumi.export("dropletReplacement", entry.replacement_note(cfg, REPLACEMENT_NOTE))
-pulumi.export(
-    "cache",
-    cache_volume.volume.id.apply(lambda volume_id: cache.output(cfg, cache_plan, volume_id))
-    if cache_volume is not None
-    else cache.output(cfg, cache_plan),
-)
-pulumi.export("cacheMonthlyPriceUsd", cache_plan.monthly_price_usd)
+pulumi.export("cache", endpoint.cache_output(cfg, cache_plans, built, 0))
+pulumi.export("cacheMonthlyPriceUsd", round(sum(p.monthly_price_usd for p in cache_plans), 2))
 pulumi.export(
     "sshCommand",
     pulumi.Output.all(first.ipv4, first.host_public_key).apply(
@@ -94,7 +98,7 @@ pulumi.export(
     },
 )
 if cfg.pooled:
-    pulumi.export("replicas", endpoint.replica_outputs(cfg, built))
+    pulumi.export("replicas", endpoint.replica_outputs(cfg, cache_plans, built))
     pulumi.export("balancer", endpoint.balancer_output(cfg, built, caddy_price))
 if cfg.autodown.enabled and cfg.autodown.token is None:
     pulumi.log.warn(

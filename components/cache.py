@@ -76,14 +76,14 @@ def _lookup(name: str, region: str | None) -> Found | None:
     )
 
 
-def find(cfg: StackConfig, preferred_region: str | None = None) -> Found | None:
-    """This stack's cache Volume, if DigitalOcean has one: the one Pulumi manages, or one an
-    earlier `pulumi destroy` kept. Volume names are unique per region only: with one in several
-    regions (a move kept the old one), the one in `preferred_region`, else the first of
-    droplet.regions that has one."""
+def find(cfg: StackConfig, preferred_region: str | None = None, replica: int = 0) -> Found | None:
+    """This stack's cache Volume (replica `replica`'s: each replica has its own), if
+    DigitalOcean has one: the one Pulumi manages, or one an earlier `pulumi destroy` kept.
+    Volume names are unique per region only: with one in several regions (a move kept the old
+    one), the one in `preferred_region`, else the first of droplet.regions that has one."""
     if not cfg.cache.enabled:
         return None
-    name = cfg.cache_volume_name
+    name = cfg.cache_volume_name_for(replica)
     try:
         return _lookup(name, None)
     except Exception as err:
@@ -108,13 +108,14 @@ def plan(
     found: Found | None,
     offers_volumes: bool,
     droplet_id: str | None = None,
+    replica: int = 0,
 ) -> Plan:
     """Decide the cache for a Droplet placed in `region` (`droplet_id`: this stack's Droplet,
-    when it exists)."""
+    when it exists; `replica`: which replica's cache)."""
     want = cfg.cache.size_gb
     if want is None:
         return Plan(False, region, 0, None, "off", "no cache: cache.sizeGb is unset")
-    name = cfg.cache_volume_name
+    name = cfg.cache_volume_name_for(replica)
     others = [d for d in (found.droplet_ids if found else ()) if str(d) != droplet_id]
     if found is not None and others:
         # A Volume attaches to one Droplet: taking it would fail half-way, after the bill began.
@@ -195,6 +196,7 @@ class CacheVolume(pulumi.ComponentResource):
         cache_plan: Plan,
         droplet_id: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
+        replica: int = 0,
     ) -> None:
         super().__init__(f"{catalog.PROJECT}:index:CacheVolume", name, None, opts)
         # No initial filesystem: the cache phase formats it only when it finds it empty, and an
@@ -203,7 +205,7 @@ class CacheVolume(pulumi.ComponentResource):
         # depends on it.
         self.volume = digitalocean.Volume(
             name,
-            name=cfg.cache_volume_name,
+            name=cfg.cache_volume_name_for(replica),
             region=cache_plan.region,
             size=cache_plan.size_gb,
             description=DESCRIPTION,
@@ -225,18 +227,21 @@ class CacheVolume(pulumi.ComponentResource):
         self.register_outputs({"volumeId": self.volume.id})
 
 
-def device_path(cfg: StackConfig) -> str:
+def device_path(cfg: StackConfig, replica: int = 0) -> str:
     """Where the attached Volume appears on the Droplet."""
-    return f"{catalog.VOLUME_DEVICE_PREFIX}{cfg.cache_volume_name}"
+    return f"{catalog.VOLUME_DEVICE_PREFIX}{cfg.cache_volume_name_for(replica)}"
 
 
-def output(cfg: StackConfig, cache_plan: Plan, volume_id: str = "") -> dict[str, Any]:
-    """The `cache` stack output: what the cache is, what it costs, and why."""
+def output(
+    cfg: StackConfig, cache_plan: Plan, volume_id: str = "", replica: int = 0
+) -> dict[str, Any]:
+    """The `cache` stack output (a replica's, with replicas): what the cache is, what it
+    costs, and why."""
     if cache_plan.state == "off":
         return {"state": "off", "monthlyPriceUsd": 0.0, "note": cache_plan.note}
     out: dict[str, Any] = {
         "state": cache_plan.state,
-        "volume": cfg.cache_volume_name if cache_plan.create else None,
+        "volume": cfg.cache_volume_name_for(replica) if cache_plan.create else None,
         "volumeId": volume_id or None,
         "region": cache_plan.region,
         "sizeGb": cache_plan.size_gb if cache_plan.create else 0,

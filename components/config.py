@@ -329,12 +329,6 @@ def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
     access: AccessConfig = parsed["access"]
     balancer: BalancerConfig = parsed["balancer"]
     problems: list[str] = []
-    if ok("cache.sizeGb") and parsed["cache"].size_gb is not None:
-        problems.append(
-            f"cache.sizeGb: a cache Volume attaches to one Droplet, and replicas: {replicas} "
-            "needs one per replica, which this version does not make; unset cache.sizeGb (each "
-            "replica downloads its own copy) or set replicas: 1"
-        )
     if ok("access.apiCidrs") and not access.api_cidrs:
         problems.append(
             f"access.apiCidrs: [] closes the API port, and with replicas: {replicas} the "

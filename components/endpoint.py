@@ -31,7 +31,8 @@ class Endpoint:
     gpus: list[GpuDroplet]
     bootstraps: list[Bootstrap]
     hostname: pulumi.Output[str]
-    cache_volume: cache.CacheVolume | None
+    # Each replica's own cache Volume (a Volume attaches to one Droplet), None without one.
+    cache_volumes: list[cache.CacheVolume | None]
     caddy: entry.CaddyEntry | None
     managed: entry.ManagedEntry | None
 
@@ -39,7 +40,7 @@ class Endpoint:
 def build(
     cfg: StackConfig,
     placement: region.Placement,
-    cache_plan: cache.Plan,
+    cache_plans: list[cache.Plan],
     live: list[region.Existing | None],
     api_key: pulumi.Output[str],
 ) -> Endpoint:
@@ -51,7 +52,7 @@ def build(
     caddy: entry.CaddyEntry | None = None
     gpus: list[GpuDroplet] = []
     bootstraps: list[Bootstrap] = []
-    cache_volume: cache.CacheVolume | None = None
+    cache_volumes: list[cache.CacheVolume | None] = []
     record = None
     hostname: pulumi.Output[str] | None = None
 
@@ -98,6 +99,13 @@ def build(
             ),
         )
         gpus.append(gpu)
+        plan = cache_plans[index]
+        cache_volume = (
+            cache.CacheVolume(f"cache{suffix}", cfg, plan, gpu.droplet_id, replica=index)
+            if plan.create
+            else None
+        )
+        cache_volumes.append(cache_volume)
         if index == 0:
             if use_caddy:
                 # The balancer Droplet opens with replica 0's login key, like every replica.
@@ -105,8 +113,6 @@ def build(
                     "balancer",
                     entry.CaddyEntryArgs(cfg, placement.region, api_key, key_from=gpu),
                 )
-            if cache_plan.create:
-                cache_volume = cache.CacheVolume("cache", cfg, cache_plan, gpu.droplet_id)
             # With a DigitalOcean DNS zone the name comes from its record, so the gateway
             # (whose certificate the CA checks against that name) waits until the record
             # exists. With replicas the name is the entry's.
@@ -136,7 +142,7 @@ def build(
                     if record is not None and not cfg.pooled
                     else ""
                 ),
-                cache_device=cache.device_path(cfg) if cache_volume is not None else "",
+                cache_device=cache.device_path(cfg, index) if cache_volume is not None else "",
                 cache_attachment=cache_volume.attachment if cache_volume is not None else None,
                 prefix=f"bootstrap{suffix}",
                 replica=pool.Replica(index, cfg.replicas) if cfg.pooled else None,
@@ -152,16 +158,39 @@ def build(
     if caddy is not None:
         caddy.ready(after=[caddy.joins[0]])
     assert hostname is not None
-    return Endpoint(gpus, bootstraps, hostname, cache_volume, caddy, managed)
+    return Endpoint(gpus, bootstraps, hostname, cache_volumes, caddy, managed)
 
 
-def replica_outputs(cfg: StackConfig, built: Endpoint) -> list[pulumi.Output[dict[str, object]]]:
-    """The `replicas` output: each replica's addresses, SSH command and logs line."""
+def cache_output(
+    cfg: StackConfig, plans: list[cache.Plan], built: Endpoint, index: int
+) -> pulumi.Input[dict[str, Any]]:
+    """Replica `index`'s cache, as the `cache` output describes it."""
+    volume = built.cache_volumes[index]
+    if volume is None:
+        return cache.output(cfg, plans[index], replica=index)
+    return volume.volume.id.apply(
+        lambda volume_id: cache.output(cfg, plans[index], volume_id, replica=index)
+    )
+
+
+def replica_outputs(
+    cfg: StackConfig, plans: list[cache.Plan], built: Endpoint
+) -> list[pulumi.Output[dict[str, object]]]:
+    """The `replicas` output: each replica's addresses, SSH command, logs line and cache."""
 
     def one(index: int) -> pulumi.Output[dict[str, object]]:
         g, b = built.gpus[index], built.bootstraps[index]
-        return pulumi.Output.all(g.ipv4, g.ipv4_private, g.host_public_key, b.seconds).apply(
-            lambda v: entry.replica_output(cfg, index, v[0], v[1], v[2], v[3])
+        return pulumi.Output.all(
+            g.ipv4,
+            g.ipv4_private,
+            g.host_public_key,
+            b.seconds,
+            cache_output(cfg, plans, built, index),
+        ).apply(
+            lambda v: {
+                **entry.replica_output(cfg, index, v[0], v[1], v[2], v[3]),
+                "cache": v[4],
+            }
         )
 
     return [one(i) for i in range(cfg.replicas)]

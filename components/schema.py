@@ -684,9 +684,13 @@ class StackConfig(BaseModel):
 
     @property
     def cache_volume_name(self) -> str:
-        """The cache Volume's name: lowercase letters, digits and dashes, a letter first, at
-        most 64 (the API's rule), unique per region, found again by it after a destroy."""
-        base = re.sub(r"[^a-z0-9-]", "-", self.droplet_name.lower())
+        """Replica 0's (a lone Droplet's) cache Volume name."""
+        return self.cache_volume_name_for(0)
+
+    def cache_volume_name_for(self, replica: int) -> str:
+        """A replica's cache Volume name: lowercase letters, digits and dashes, a letter first,
+        at most 64 (the API's rule), unique per region, found again by it after a destroy."""
+        base = re.sub(r"[^a-z0-9-]", "-", self.replica_name(replica).lower())
         if not base[:1].isalpha():
             base = f"n-{base}"
         return f"{base[:58]}-cache"

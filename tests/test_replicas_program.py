@@ -12,9 +12,12 @@ from pulumi_harness import (
     FAKE_DROPLET_ID,
     FAKE_LB_IPV4,
     FAKE_RESERVED_IPV4,
+    VOLUME,
+    VOLUME_ATTACHMENT,
     Registration,
     Run,
     existing_droplet,
+    existing_volume,
     offer,
     run_program,
 )
@@ -300,7 +303,6 @@ def test_the_managed_entry_everyone_may_reach_has_no_allow_list() -> None:
     ("override", "message"),
     [
         ({"balancer": {"kind": "managed"}}, "balancer.kind: managed needs a DigitalOcean-managed"),
-        ({"cache": {"sizeGb": 200}}, "cache.sizeGb: a cache Volume attaches to one Droplet"),
         ({"access": {"apiCidrs": []}}, "access.apiCidrs: [] closes the API port"),
         ({"replicas": 9}, "replicas: 9: accepted: a whole number from 1"),
         ({"replicas": "two"}, "replicas: 'two': accepted"),
@@ -320,3 +322,36 @@ def test_a_set_that_cannot_work_is_refused_before_anything(
 def test_drain_waits_cover_each_balancers_health_checks() -> None:
     caddy = config.parse({**dev(), "replicas": 2}, "dev")
     assert pool.notice_seconds(caddy) == 6 and pool.rejoin_seconds(caddy) == 6
+
+
+# ---- a cache Volume per replica ---------------------------------------------------------------
+
+
+def test_each_replica_has_its_own_cache_volume_and_a_kept_one_is_adopted() -> None:
+    kept = existing_volume(name="nemotron-dev-1-cache", region="tor1", size=60, volume_id="vol-r1")
+    run = run_program(
+        {**dev(droplet={"regions": ["tor1"]}, cache={"sizeGb": 60}), "replicas": 3},
+        volumes=[kept],
+    )
+    assert run.error is None, run.error
+    volumes = of(run, VOLUME)
+    assert {n: v.inputs["name"] for n, v in volumes.items()} == {
+        "cache": "nemotron-dev-cache",
+        "cache-1": "nemotron-dev-1-cache",
+        "cache-2": "nemotron-dev-2-cache",
+    }
+    assert {v.inputs["region"] for v in volumes.values()} == {"tor1"}
+    assert volumes["cache-1"].import_id == "vol-r1", "the kept Volume is adopted, warm"
+    assert volumes["cache"].import_id == "" and volumes["cache-2"].import_id == ""
+    attached = {n: a.inputs["dropletId"] for n, a in of(run, VOLUME_ATTACHMENT).items()}
+    assert attached == {
+        "cache-attachment": int(FAKE_DROPLET_ID),
+        "cache-1-attachment": int(f"{FAKE_DROPLET_ID}1"),
+        "cache-2-attachment": int(f"{FAKE_DROPLET_ID}2"),
+    }
+    device = "NEMO_CACHE_DEVICE=/dev/disk/by-id/scsi-0DO_Volume_nemotron-dev-1-cache"
+    assert device in of(run, COMMAND)["bootstrap-1-cache"].inputs["stdin"]
+    states = [r["cache"]["state"] for r in run.outputs["replicas"].value]
+    assert states == ["new", "kept", "new"]
+    assert run.outputs["cache"].value["volume"] == "nemotron-dev-cache"
+    assert run.outputs["cacheMonthlyPriceUsd"].value == pytest.approx(3 * 6.0)
