@@ -349,6 +349,16 @@ def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
                 "DigitalOcean issues only for a domain in its DNS: set access.domain and "
                 "access.dnsZone (the zone in this account), or use balancer.kind: caddy"
             )
+    managed = balancer.kind == "managed" or (
+        balancer.kind == "auto" and bool(access.dns_zone) and access.https
+    )
+    ipv4 = [c for c in access.api_cidrs if ":" not in c]
+    if ok("balancer.kind", "access.apiCidrs") and managed and access.api_cidrs and not ipv4:
+        problems.append(
+            "access.apiCidrs: DigitalOcean's Load Balancer is IPv4-only and its allow list "
+            f"takes IPv4 ranges; {access.api_cidrs} has none, so no client could connect: "
+            "add your clients' IPv4 ranges, or use balancer.kind: caddy"
+        )
     return problems
 
 

@@ -153,7 +153,7 @@ def build(
         )
         bootstraps.append(bootstrap)
         if caddy is not None:
-            caddy.join(index, gpu.ipv4_private, bootstrap.commands["ready"])
+            caddy.join(index, gpu.ipv4_private, gpu.droplet_id, bootstrap.commands["ready"])
     peer_addresses.set_result([g.ipv4_private for g in gpus[1:]])
     if caddy is not None:
         caddy.ready(after=[caddy.joins[0]])

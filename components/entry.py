@@ -183,12 +183,20 @@ class CaddyEntry(pulumi.ComponentResource):
         self.register_outputs({"ipv4": self.ipv4})
 
     def join(
-        self, index: int, private_ip: pulumi.Input[str], ready: pulumi.Resource
+        self,
+        index: int,
+        private_ip: pulumi.Input[str],
+        droplet_id: pulumi.Input[str],
+        ready: pulumi.Resource,
     ) -> command.remote.Command:
         """Replica `index` enters the pool once `ready`; it leaves (drained) before its
         Droplet is replaced or removed."""
         joined = self._command(
-            "member", [self.gateway, ready], replica=index, private_ip=private_ip
+            "member",
+            [self.gateway, ready],
+            replica=index,
+            private_ip=private_ip,
+            droplet_id=droplet_id,
         )
         self.joins[index] = joined
         return joined
@@ -206,6 +214,7 @@ class CaddyEntry(pulumi.ComponentResource):
         wait: bool = False,
         replica: int | None = None,
         private_ip: pulumi.Input[str] = "",
+        droplet_id: pulumi.Input[str] = "",
     ) -> command.remote.Command:
         cfg = self.cfg
         minutes = BALANCER_MINUTES[phase] or cfg.bootstrap.ready_timeout_minutes + 5
@@ -220,13 +229,14 @@ class CaddyEntry(pulumi.ComponentResource):
                     host=values["host"],
                     replica=replica or 0,
                     private_ip=values["ip"],
+                    droplet_id=values["droplet"],
                 ),
                 minutes,
             )
 
         # The key is in every script (the gateway's env file, the probe): secret throughout.
         inputs: pulumi.Output[dict[str, str]] = pulumi.Output.all(
-            key=self.api_key, host=self.hostname, ip=private_ip
+            key=self.api_key, host=self.hostname, ip=private_ip, droplet=droplet_id
         )
         stdin: pulumi.Output[str] = pulumi.Output.secret(inputs.apply(script))
         run = f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
@@ -234,7 +244,7 @@ class CaddyEntry(pulumi.ComponentResource):
         triggers: list[pulumi.Input[str]] = [self.host.droplet_id]
         triggers += [c.stdout for c in after if isinstance(c, command.remote.Command)]
         if replica is not None:
-            triggers = [self.host.droplet_id, private_ip]
+            triggers = [self.host.droplet_id, droplet_id, private_ip]
         bound = minutes + DIAL_MARGIN_MINUTES
         return command.remote.Command(
             name,

@@ -81,7 +81,7 @@ def settings(
             "NEMO_CACHE_WAIT_SECONDS": 300,
             "NEMO_VLLM_UNIT": catalog.VLLM_UNIT,
         },
-        "reboot": {"NEMO_REBOOT_DELAY": 5},
+        "reboot": {"NEMO_REBOOT_DELAY": 5, **drain_settings(cfg)},
         "reboot-wait": {
             "NEMO_REBOOTING": bool((reboot_result or {}).get("rebooting", False)),
             "NEMO_PREVIOUS_BOOT_ID": str((reboot_result or {}).get("boot_id", "")),
@@ -133,20 +133,24 @@ def settings(
             "NEMO_ENV_TEXT": vllm_service.env_text(api_key, cfg),
             # What the running service was started from: a change to any of them restarts it.
             "NEMO_RUNS_FROM": f"{catalog.VLLM_MARKER} {catalog.MODEL_MARKER}",
-            # A replica leaves the balancer's pool before a restart ("": a lone Droplet).
-            "NEMO_DRAIN_FILE": pool.drain_file() if pooled else "",
-            "NEMO_DRAIN_NOTICE_SECONDS": pool.notice_seconds(cfg) if pooled else 0,
-            "NEMO_DRAIN_SECONDS": pool.DRAIN_SECONDS,
-            "NEMO_METRICS_URL": f"http://127.0.0.1:{catalog.VLLM_PORT}/metrics",
+            **drain_settings(cfg),
         },
         "gateway": {
             "NEMO_HOST": site,
             "NEMO_CADDYFILE": (
-                gateway.caddyfile(cfg, site, replica=gateway.ReplicaListener(site))
+                gateway.caddyfile(
+                    cfg,
+                    site,
+                    replica=gateway.ReplicaListener(site),
+                    admin_socket=catalog.CADDY_ADMIN_SOCKET,
+                )
                 if pooled
                 else gateway.caddyfile(cfg, host)
             ),
-            "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(),
+            # A replica's gateway takes a new Caddyfile by graceful reload, as the balancer does.
+            "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(
+                catalog.CADDY_ADMIN_SOCKET if pooled else None
+            ),
             "NEMO_GATEWAY_ENV_FILE": gateway.GATEWAY_ENV_FILE,
             "NEMO_GATEWAY_ENV_TEXT": f"{gateway.API_KEY_ENV}={api_key}",
             "NEMO_CADDY_VERSION": catalog.CADDY_VERSION,
@@ -155,7 +159,7 @@ def settings(
             "NEMO_CADDY_BIN": catalog.CADDY_BIN,
             "NEMO_CADDY_USER": catalog.CADDY_USER,
             "NEMO_CADDY_HOME": catalog.CADDY_HOME,
-            "NEMO_CADDY_RELOAD": False,
+            "NEMO_CADDY_RELOAD": pooled,
             "NEMO_UPSTREAMS_DIR": "",
         },
         "autodown": {
@@ -208,6 +212,17 @@ def settings(
     return common[phase]
 
 
+def drain_settings(cfg: StackConfig) -> dict[str, Setting]:
+    """What lib.sh's drain reads: a replica leaves the balancer's pool before a vLLM restart or
+    a reboot ("": a lone Droplet, nothing to leave)."""
+    return {
+        "NEMO_DRAIN_FILE": pool.drain_file() if cfg.pooled else "",
+        "NEMO_DRAIN_NOTICE_SECONDS": pool.notice_seconds(cfg) if cfg.pooled else 0,
+        "NEMO_DRAIN_SECONDS": pool.DRAIN_SECONDS,
+        "NEMO_METRICS_URL": f"http://127.0.0.1:{catalog.VLLM_PORT}/metrics",
+    }
+
+
 def balancer_settings(
     cfg: StackConfig,
     phase: str,
@@ -216,6 +231,7 @@ def balancer_settings(
     host: str = "",
     replica: int = 0,
     private_ip: str = "",
+    droplet_id: str = "",
 ) -> dict[str, Setting]:
     """The settings of the Caddy balancer Droplet's phases: preflight (a CPU host), gateway (the
     public gate in front of the replicas' files), member (one per replica: it enters the pool
@@ -246,7 +262,7 @@ def balancer_settings(
         return {
             "NEMO_REPLICA": replica,
             "NEMO_UPSTREAM": up.dial,
-            "NEMO_UPSTREAM_FILE": pool.upstream_file(replica, private_ip),
+            "NEMO_UPSTREAM_FILE": pool.upstream_file(replica, droplet_id),
             "NEMO_UPSTREAM_LINE": balancer.upstream_line(up),
             "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
             "NEMO_ADMIN_SOCKET": catalog.CADDY_ADMIN_SOCKET,

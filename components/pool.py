@@ -67,12 +67,11 @@ def upstream(private_ip: str) -> balancer.Upstream:
     return balancer.Upstream(private_ip, catalog.REPLICA_PORT)
 
 
-def upstream_file(index: int, private_ip: str) -> str:
-    """A replica's file in the balancer's upstreams folder, named by its address too: a
-    replacement writes its own file before the old one's is removed (the Command that joins
-    is replaced create-before-delete), so the two never clash."""
-    safe = private_ip.replace(".", "-").replace(":", "-")
-    return f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-{index}-{safe}.caddy"
+def upstream_file(index: int, droplet_id: str) -> str:
+    """A replica's file in the balancer's upstreams folder, named by its Droplet too: a new
+    Droplet's file is never an old one's, even should it get the freed private address back,
+    so a leave removes only what its own join wrote."""
+    return f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-{index}-{droplet_id}.caddy"
 
 
 def metrics_url(private_ip: str) -> str:

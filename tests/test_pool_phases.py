@@ -32,7 +32,11 @@ def replica(box: Sandbox, downloads: Downloads) -> tuple[Phases, str]:
     p.extra["gateway"] = {
         "NEMO_HOST": "127.0.0.1",
         "NEMO_CADDYFILE": gateway.caddyfile(
-            p.cfg, "127.0.0.1", upstream_port=box.vllm_port, replica=listener
+            p.cfg,
+            "127.0.0.1",
+            upstream_port=box.vllm_port,
+            replica=listener,
+            admin_socket=catalog.CADDY_ADMIN_SOCKET,
         ),
     }
     p.extra["service"] = {
@@ -281,3 +285,26 @@ def post(base: str, chat: dict[str, Any]) -> dict[str, Any]:
         timeout=30,
     )
     return {"status": r.status_code, "body": r.text, "upstream": r.headers.get("X-Upstream")}
+
+
+def test_a_replica_drains_before_a_reboot_too(box: Sandbox, downloads: Downloads) -> None:
+    p, url = replica(box, downloads)
+    p.extra["reboot"] = {
+        "NEMO_DRAIN_NOTICE_SECONDS": 1,
+        "NEMO_METRICS_URL": f"http://127.0.0.1:{box.vllm_port}/metrics",
+    }
+    p.ok("service")
+    p.ok("gateway")
+    p.ok("ready")
+    assert p.ok("reboot")["rebooting"] is False, "no reason: no drain, no reboot"
+    assert health(url) == 200
+    reasons = box.run_dir / "nemotron" / "reboot-required.d"
+    reasons.mkdir(parents=True, exist_ok=True)
+    (reasons / "driver").write_text("driver 580 installed\n")
+    run = p.run("reboot")
+    assert run.returncode == 0, run.stderr
+    assert run.result["rebooting"] is True
+    assert "[reboot] step drain" in run.stderr and "[reboot] no request in flight" in run.stderr
+    # Out of the pool while it goes down; the reboot empties /run, which ends the drain.
+    assert health(url) == 503
+    assert (box.run_dir / pool.drain_file().removeprefix("/run/")).exists()

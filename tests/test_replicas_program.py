@@ -162,7 +162,13 @@ def test_each_replica_joins_the_balancer_once_ready_and_leaves_it_drained() -> N
         assert member.inputs["create"].endswith("bash -s")
         assert member.inputs["delete"].startswith("NEMO_ACTION=leave timeout ")
         # A new address (a replacement) is a new member: its own file, then the old one's leave.
-        assert member.inputs["triggers"] == [f"{FAKE_DROPLET_ID}90", f"10.110.0.{2 + i}"]
+        replica_id = FAKE_DROPLET_ID + (str(i) if i else "")
+        assert member.inputs["triggers"] == [
+            f"{FAKE_DROPLET_ID}90",
+            replica_id,
+            f"10.110.0.{2 + i}",
+        ]
+        assert f"/etc/caddy/upstreams/replica-{i}-{replica_id}.caddy" in member.inputs["stdin"]
         stdin = member.inputs["stdin"]
         assert f"NEMO_UPSTREAM=10.110.0.{2 + i}:{catalog.REPLICA_PORT}" in stdin
     assert "balancer-member-0" in depends(run, commands["balancer-ready"])
@@ -305,6 +311,10 @@ def test_the_managed_entry_everyone_may_reach_has_no_allow_list() -> None:
         ({"balancer": {"kind": "managed"}}, "balancer.kind: managed needs a DigitalOcean-managed"),
         ({"access": {"apiCidrs": []}}, "access.apiCidrs: [] closes the API port"),
         ({"replicas": 9}, "replicas: 9: accepted: a whole number from 1"),
+        (
+            {"access": {**MANAGED, "apiCidrs": ["2a00:1450::/32"]}},
+            "access.apiCidrs: DigitalOcean's Load Balancer is IPv4-only",
+        ),
         ({"replicas": "two"}, "replicas: 'two': accepted"),
     ],
 )

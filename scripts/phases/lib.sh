@@ -195,6 +195,39 @@ request_reboot() {
   log "asked for a reboot: $1"
 }
 
+# drain: a replica leaves its balancer's pool before it goes down (a vLLM restart, a reboot).
+# Its gateway answers /health with 503 while NEMO_DRAIN_FILE exists; the balancer stops sending
+# it new requests within NEMO_DRAIN_NOTICE_SECONDS; then this waits until vLLM has no request
+# running or waiting (NEMO_METRICS_URL), at most NEMO_DRAIN_SECONDS. The ready phase (or the
+# reboot, the file being under /run) ends the drain.
+drain() {
+  local n deadline
+  install -d -m 755 "$(dirname "$NEMO_DRAIN_FILE")"
+  : > "$NEMO_DRAIN_FILE"
+  chmod 644 "$NEMO_DRAIN_FILE"
+  changed
+  log "/health answers 503; waiting ${NEMO_DRAIN_NOTICE_SECONDS}s for the balancer to see it"
+  sleep "$NEMO_DRAIN_NOTICE_SECONDS"
+  deadline=$((SECONDS + NEMO_DRAIN_SECONDS))
+  while true; do
+    n=$(curl --silent --fail --max-time 5 "$NEMO_METRICS_URL" 2>/dev/null \
+      | awk '/^vllm:num_requests_(running|waiting)[{ ]/ { n += $NF; seen = 1 } END { if (seen) printf "%d\n", n }') || n=""
+    if [[ $n == 0 ]]; then
+      log "no request in flight"
+      return 0
+    fi
+    if [[ -z $n ]]; then
+      log "vLLM's metrics are unreadable (not running?): going on now"
+      return 0
+    fi
+    if (( SECONDS >= deadline )); then
+      log "${n} request(s) still in flight after ${NEMO_DRAIN_SECONDS}s: going on (they are cut)"
+      return 0
+    fi
+    sleep 2
+  done
+}
+
 # driver_status: "ok VERSION", "old VERSION" or "none MESSAGE", for NEMO_MIN_DRIVER_BRANCH.
 driver_status() {
   local out version

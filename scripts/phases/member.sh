@@ -26,12 +26,19 @@ for up in json.load(sys.stdin) or []:
 ' "$NEMO_UPSTREAM" 2>/dev/null || true
 }
 
+# reload_caddy: check the whole configuration, then reload it gracefully (a stopped Caddy is
+# started instead: nothing is in flight through it).
 reload_caddy() {
   if ! errors=$(env NEMO_API_KEY=validation-only "$NEMO_CADDY_BIN" validate --config /etc/caddy/Caddyfile --adapter caddyfile 2>&1); then
     printf '%s\n' "$errors" | tail -n 5 | sed "s/^/[$PHASE] caddy: /" >&2
     return 1
   fi
-  systemctl reload "$NEMO_CADDY_UNIT" >&2
+  if systemctl is-active --quiet "$NEMO_CADDY_UNIT"; then
+    systemctl reload "$NEMO_CADDY_UNIT" >&2
+  else
+    log "${NEMO_CADDY_UNIT} was not running: starting it"
+    systemctl restart "$NEMO_CADDY_UNIT" >&2
+  fi
 }
 
 if [[ $action == join ]]; then

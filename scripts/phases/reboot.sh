@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # reboot: reboot once if a phase asked for it (or Ubuntu's /var/run/reboot-required exists),
 # detached so that this command exits 0; reboot-wait then waits for SSH and a new boot id.
-# Settings: NEMO_REBOOT_DELAY
+# A replica behind a balancer (NEMO_DRAIN_FILE set) drains first (lib.sh drain).
+# Settings: NEMO_REBOOT_DELAY NEMO_DRAIN_FILE NEMO_DRAIN_NOTICE_SECONDS NEMO_DRAIN_SECONDS
+#           NEMO_METRICS_URL
 
 step reasons "did any phase ask for a reboot?"
 reasons=()
@@ -16,6 +18,11 @@ if (( ${#reasons[@]} == 0 )); then
   finish '"rebooting":false'
 fi
 for r in "${reasons[@]}"; do log "reboot reason: ${r}"; done
+
+if [[ -n $NEMO_DRAIN_FILE ]]; then
+  step drain "leave the balancer's pool before the reboot"
+  drain
+fi
 
 step schedule "reboot in ${NEMO_REBOOT_DELAY}s, detached from this session"
 systemd-run --quiet --unit=nemotron-reboot --on-active="${NEMO_REBOOT_DELAY}" systemctl reboot >&2

@@ -58,34 +58,9 @@ if [[ $(cat "$stamp_file" 2>/dev/null) != "$runs_from" ]]; then
   restart=true
 fi
 
-# in_flight: requests vLLM is running or holding (its Prometheus gauges), or "" if unreadable.
-in_flight() {
-  curl --silent --fail --max-time 5 "$NEMO_METRICS_URL" 2>/dev/null \
-    | awk '/^vllm:num_requests_(running|waiting)[{ ]/ { n += $NF; seen = 1 } END { if (seen) printf "%d\n", n }'
-}
-
 if [[ -n $NEMO_DRAIN_FILE ]] && [[ $restart == true ]] && systemctl is-active --quiet "$NEMO_UNIT"; then
   step drain "leave the balancer's pool before the restart"
-  install -d -m 755 "$(dirname "$NEMO_DRAIN_FILE")"
-  : > "$NEMO_DRAIN_FILE"
-  chmod 644 "$NEMO_DRAIN_FILE"
-  changed
-  log "/health answers 503; waiting ${NEMO_DRAIN_NOTICE_SECONDS}s for the balancer to see it"
-  sleep "$NEMO_DRAIN_NOTICE_SECONDS"
-  deadline=$((SECONDS + NEMO_DRAIN_SECONDS))
-  while true; do
-    n=$(in_flight)
-    if [[ $n == 0 ]]; then
-      log "no request in flight"
-      break
-    fi
-    if (( SECONDS >= deadline )); then
-      log "${n:-an unknown number of} request(s) still in flight after ${NEMO_DRAIN_SECONDS}s: restarting anyway"
-      break
-    fi
-    [[ -n $n ]] || { log "vLLM's metrics are unreadable: restarting now"; break; }
-    sleep 2
-  done
+  drain
 fi
 
 step start "enable and (re)start ${NEMO_UNIT}"
