@@ -49,7 +49,10 @@ class RefusingCA:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # A short poll: shutdown() returns within it (the default waits up to 0.5 s).
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         self.directory = f"http://127.0.0.1:{self.server.server_address[1]}/directory"
 
     def close(self) -> None:
