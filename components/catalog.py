@@ -145,10 +145,13 @@ CADDY_ADMIN_SOCKET = "/run/caddy/admin.sock"
 # 672 hours at most, the same divisor as its Droplet prices.
 LB_NODE_PRICE_MONTH = 10.0
 HOURS_PER_BILLING_MONTH = 672
-# Idle timeout between bytes on a connection: default 60 s (Load Balancer support page). A long
-# prompt's prefill sends nothing until the first token; 600 s is the API's ceiling for
-# http_idle_timeout_seconds (the provider passes it through unchecked: terraform-provider-
-# digitalocean loadbalancer/resource_loadbalancer.go).
+# Idle timeout between bytes on a connection: default 60 s (docs.digitalocean.com, Load Balancer
+# support: "time out after the connection has been idle for 60 seconds. You can customize the
+# timeout duration"). A long prompt's prefill sends nothing until the first token. 600 s is the
+# upper bound the API reference gives for http_idle_timeout_seconds as we read it; the stored
+# docs here do not show the range and the provider passes the value through unchecked
+# (terraform-provider-digitalocean loadbalancer/resource_loadbalancer.go): were the API to
+# refuse it, `pulumi up` would fail on the Load Balancer, naming the field.
 LB_IDLE_TIMEOUT_SECONDS = 600
 # Health checks: the provider's bounds are interval and timeout 3-300 s, thresholds 2-10
 # (resource_loadbalancer.go); the fastest: out after 2 failed checks 3 s apart, back after 2.
