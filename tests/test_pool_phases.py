@@ -179,6 +179,10 @@ class Balancer:
             )
         )
         s["NEMO_RETRY_DELAY"] = 0
+        if phase == "ready":
+            s["NEMO_PROBE_URL"] = f"{self.url}/v1/chat/completions"
+            s["NEMO_PROBE_RESOLVE"] = f"127.0.0.1:{self.box.http_port}:127.0.0.1"
+            s["NEMO_READY_TIMEOUT"] = 20
         if phase == "gateway":
             s["NEMO_CADDY_URL"] = self.p.caddy_url
             s["NEMO_CADDYFILE"] = gateway.caddyfile(
@@ -228,6 +232,11 @@ def test_the_balancer_joins_replicas_reloads_gracefully_and_drains_one_that_leav
         time.sleep(2.5)  # the first active health checks
         answer = requests.post(f"{b.url}/v1/chat/completions", json=chat, headers=AUTH, timeout=10)
         assert answer.status_code == 200 and answer.headers["X-Upstream"] in ("r0", "r1")
+        # The balancer's ready: a chat completion through it, with the key from its gateway's
+        # env file (no vLLM of its own to watch).
+        ready = b.run("ready")
+        assert ready.returncode == 0, ready.stderr
+        assert "[ready] answered after" in ready.stderr
 
         # A new Caddyfile (a body limit) on a live balancer: reloaded, the stream goes on.
         streams: list[dict[str, Any]] = []
