@@ -56,6 +56,18 @@ def caddy_price(cfg: StackConfig, region_slug: str) -> float:
     return offer.price_hourly
 
 
+def tag_exists(name: str) -> bool:
+    """Whether the account has this tag (the provider's data source fails with "tag not found"
+    for one it has not: terraform-provider-digitalocean tag/datasource_tag.go)."""
+    try:
+        digitalocean.get_tag(name=name)
+    except Exception as err:
+        if "not found" in str(err):
+            return False
+        raise
+    return True
+
+
 def managed_hourly_price(cfg: StackConfig) -> float:
     return round(
         cfg.balancer.nodes * catalog.LB_NODE_PRICE_MONTH / catalog.HOURS_PER_BILLING_MONTH, 5
@@ -88,13 +100,29 @@ class ManagedEntry(pulumi.ComponentResource):
         self.certificate = digitalocean.Certificate(
             f"{name}-certificate", type="lets_encrypt", domains=[cfg.access.domain], opts=child
         )
+        # The replicas' tag as a resource of its own, made before the Load Balancer that selects
+        # by it, as the provider's own tests do (loadbalancer/resource_loadbalancer_test.go:
+        # droplet_tag = digitalocean_tag.<name>.name): the pool may not name a tag that does
+        # not exist yet, and the replicas may come after the Load Balancer. Deleting a tag
+        # untags everything that carries it, which would leave autodown nothing to delete, so
+        # Pulumi never deletes it (a tag costs nothing); one that exists already (a live set
+        # moving to this entry) is adopted.
+        self.tag = digitalocean.Tag(
+            f"{name}-replica-tag",
+            name=cfg.replica_tag,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                retain_on_delete=True,
+                import_=cfg.replica_tag if tag_exists(cfg.replica_tag) else None,
+            ),
+        )
         interval = catalog.LB_CHECK_INTERVAL_SECONDS
         self.load_balancer = digitalocean.LoadBalancer(
             name,
             name=cfg.balancer_name,
             region=region,
             size_unit=cfg.balancer.nodes,
-            droplet_tag=cfg.replica_tag,
+            droplet_tag=self.tag.name,
             forwarding_rules=[
                 digitalocean.LoadBalancerForwardingRuleArgs(
                     entry_port=gateway.HTTPS_PORT,

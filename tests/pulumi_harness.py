@@ -46,6 +46,7 @@ DROPLETS_TOKEN = "digitalocean:index/getDroplets:getDroplets"
 DOMAIN_TOKEN = "digitalocean:index/getDomain:getDomain"
 VOLUME_TOKEN = "digitalocean:index/getVolume:getVolume"
 REGION_TOKEN = "digitalocean:index/getRegion:getRegion"
+TAG_TOKEN = "digitalocean:index/getTag:getTag"
 VOLUME = "digitalocean:index/volume:Volume"
 VOLUME_ATTACHMENT = "digitalocean:index/volumeAttachment:VolumeAttachment"
 DNS_RECORD = "digitalocean:index/dnsRecord:DnsRecord"
@@ -175,11 +176,14 @@ class FakeCloud(pulumi_mocks.Mocks):
         ipv4: str = "",
         volumes: list[dict] | None = None,
         no_volumes_in: tuple[str, ...] = (),
+        tags: tuple[str, ...] = (),
     ):
         self.offers = offers
         # The account's Volumes, and the regions that sell none (their features lack "storage").
         self.volumes = volumes or []
         self.no_volumes_in = no_volumes_in
+        # The account's tags (a tag exists once something carried it).
+        self.tags = tags
         # The domains of the account (Networking > Domains).
         self.zones = zones
         self.ipv4 = ipv4 or FAKE_IPV4
@@ -196,6 +200,7 @@ class FakeCloud(pulumi_mocks.Mocks):
             DOMAIN_TOKEN: self._domain,
             VOLUME_TOKEN: self._volume,
             REGION_TOKEN: self._region,
+            TAG_TOKEN: self._tag,
         }
         if args.token not in handlers:
             raise AssertionError(f"unexpected invoke {args.token}")
@@ -245,6 +250,12 @@ class FakeCloud(pulumi_mocks.Mocks):
             message = f"too many volumes found with name {name} (found {len(found)}, expected 1)"
             return {}, [("name", message)]
         return found[0], []
+
+    def _tag(self, a: dict):
+        name = a["name"]
+        if name not in self.tags:
+            return {}, [("name", f"tag not found: GET /v2/tags/{name}: 404 tag not found")]
+        return {"name": name, "id": name, "totalResourceCount": 1, "dropletsCount": 1}, []
 
     def _region(self, a: dict):
         slug = a["slug"]

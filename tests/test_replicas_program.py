@@ -263,6 +263,10 @@ def test_a_dns_zone_puts_the_set_behind_a_managed_load_balancer() -> None:
     assert run.error is None, run.error
     lb = of(run, LOAD_BALANCER)["lb"]
     assert lb.inputs["dropletTag"] == "nemotron-dev:replica"
+    tag = of(run, "digitalocean:index/tag:Tag")["lb-replica-tag"]
+    assert tag.inputs["name"] == "nemotron-dev:replica" and tag.urn in lb.dependencies
+    # Never deleted (that would untag the replicas); adopted when it exists (next test).
+    assert tag.retain_on_delete and tag.import_id == ""
     assert lb.inputs["forwardingRules"] == [
         {
             "entryPort": 443,
@@ -365,3 +369,15 @@ def test_each_replica_has_its_own_cache_volume_and_a_kept_one_is_adopted() -> No
     assert states == ["new", "kept", "new"]
     assert run.outputs["cache"].value["volume"] == "nemotron-dev-cache"
     assert run.outputs["cacheMonthlyPriceUsd"].value == pytest.approx(3 * 6.0)
+
+
+def test_a_live_set_moving_to_the_load_balancer_adopts_its_tag() -> None:
+    run = run_program(
+        {**dev(access=MANAGED), "replicas": 2},
+        zones=("example.com",),
+        droplets=live_set(2),
+        tags=("nemotron-dev:replica",),
+    )
+    assert run.error is None, run.error
+    tag = of(run, "digitalocean:index/tag:Tag")["lb-replica-tag"]
+    assert tag.import_id == "nemotron-dev:replica"
