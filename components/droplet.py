@@ -44,7 +44,7 @@ class GpuDropletArgs:
     # (the balancer Droplet's tag or the Load Balancer; replica 0, whose autodown reads every
     # replica's metrics), and nothing of the API on its public address.
     private_port: int | None = None
-    private_from_tags: list[str] = field(default_factory=list)
+    private_from_tags: list[pulumi.Input[str]] = field(default_factory=list)
     private_from_droplets: list[pulumi.Input[int]] = field(default_factory=list)
     private_from_load_balancers: list[pulumi.Input[str]] = field(default_factory=list)
     # What this Droplet waits for before it is created or replaced (a rolling replacement:

@@ -55,6 +55,9 @@ def build(
     cache_volumes: list[cache.CacheVolume | None] = []
     record = None
     hostname: pulumi.Output[str] | None = None
+    # The replicas admit their gateway port from the balancer Droplet's tag: a resource, so
+    # the firewalls that name it come after it exists.
+    balancer_tag = entry.adopted_tag("balancer-tag", cfg.balancer_tag) if use_caddy else None
 
     def rolling_gate(index: int) -> list[pulumi.Resource]:
         """What the next replica waits for: replica `index` ready and back in the pool."""
@@ -89,7 +92,7 @@ def build(
                 acme_port=gateway.HTTP_PORT if cfg.access.https and not cfg.pooled else None,
                 extra_ssh_keys=cfg.access.ssh_key_fingerprints,
                 private_port=catalog.REPLICA_PORT if cfg.pooled else None,
-                private_from_tags=[cfg.balancer_tag] if use_caddy else [],
+                private_from_tags=[balancer_tag.name] if balancer_tag else [],
                 private_from_droplets=[gpus[0].droplet_id.apply(int)] if index > 0 else [],
                 private_from_load_balancers=[managed.load_balancer_id] if managed else [],
                 after=rolling_gate(index - 1)

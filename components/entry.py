@@ -68,6 +68,26 @@ def tag_exists(name: str) -> bool:
     return True
 
 
+def adopted_tag(
+    resource_name: str, tag: str, parent: pulumi.Resource | None = None
+) -> digitalocean.Tag:
+    """A tag as a resource of its own, for what names it before any Droplet carries it (a Load
+    Balancer's pool, a firewall's sources), as the provider's own tests do
+    (loadbalancer/resource_loadbalancer_test.go: droplet_tag = digitalocean_tag.<name>.name).
+    Deleting a tag untags everything that carries it (which would leave autodown nothing to
+    delete and the firewall no source), so Pulumi never deletes it (a tag costs nothing); one
+    that exists already (a live set moving to a new entry) is adopted."""
+    return digitalocean.Tag(
+        resource_name,
+        name=tag,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            retain_on_delete=True,
+            import_=tag if tag_exists(tag) else None,
+        ),
+    )
+
+
 def managed_hourly_price(cfg: StackConfig) -> float:
     return round(
         cfg.balancer.nodes * catalog.LB_NODE_PRICE_MONTH / catalog.HOURS_PER_BILLING_MONTH, 5
@@ -100,22 +120,8 @@ class ManagedEntry(pulumi.ComponentResource):
         self.certificate = digitalocean.Certificate(
             f"{name}-certificate", type="lets_encrypt", domains=[cfg.access.domain], opts=child
         )
-        # The replicas' tag as a resource of its own, made before the Load Balancer that selects
-        # by it, as the provider's own tests do (loadbalancer/resource_loadbalancer_test.go:
-        # droplet_tag = digitalocean_tag.<name>.name): the pool may not name a tag that does
-        # not exist yet, and the replicas may come after the Load Balancer. Deleting a tag
-        # untags everything that carries it, which would leave autodown nothing to delete, so
-        # Pulumi never deletes it (a tag costs nothing); one that exists already (a live set
-        # moving to this entry) is adopted.
-        self.tag = digitalocean.Tag(
-            f"{name}-replica-tag",
-            name=cfg.replica_tag,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                retain_on_delete=True,
-                import_=cfg.replica_tag if tag_exists(cfg.replica_tag) else None,
-            ),
-        )
+        # The pool is the replicas' tag, made before the Load Balancer that selects by it.
+        self.tag = adopted_tag(f"{name}-replica-tag", cfg.replica_tag, parent=self)
         interval = catalog.LB_CHECK_INTERVAL_SECONDS
         self.load_balancer = digitalocean.LoadBalancer(
             name,

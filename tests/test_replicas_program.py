@@ -143,6 +143,10 @@ def test_replicas_admit_their_gateway_port_only_from_the_balancer() -> None:
         assert inbound["22"]["sourceAddresses"] == [OFFICE]
         assert inbound[port]["sourceTags"] == ["nemotron-dev:balancer"]
         assert "sourceAddresses" not in inbound[port]
+    # The tag exists before any firewall names it, and outlives the stack's changes.
+    tag = of(run, "digitalocean:index/tag:Tag")["balancer-tag"]
+    assert tag.inputs["name"] == "nemotron-dev:balancer" and tag.retain_on_delete
+    assert all(tag.urn in walls[n].dependencies for n in ("gpu-fw", "gpu-1-fw", "gpu-2-fw"))
     # Replica 0's autodown reads the others' metrics: they admit it too, and only it.
     assert "sourceDropletIds" not in rules(walls["gpu-fw"])[port]
     assert rules(walls["gpu-1-fw"])[port]["sourceDropletIds"] == [int(FAKE_DROPLET_ID)]
