@@ -104,7 +104,7 @@ def render_stack(stack: str, out: Path, replicas: int | None = None) -> list[Pat
                 api_key=phase_settings.SECRET_PLACEHOLDER,
                 host=host,
                 private_ip=PRIVATE_PLACEHOLDER_IPS[0],
-                droplet_id="<replica 0's Droplet id>",
+                droplet_id="<droplet-id>",
             )
             path.write_text(bootstrap.render(name, settings, entry.BALANCER_MINUTES[name]))
             written.append(path)
