@@ -4,9 +4,10 @@ order request gets the problem document it was given, as a CA's refusal reaches 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+import loopback
 
 
 class RefusingCA:
@@ -48,13 +49,8 @@ class RefusingCA:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # A short poll: shutdown() returns within it (the default waits up to 0.5 s).
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-        self.directory = f"http://127.0.0.1:{self.server.server_address[1]}/directory"
+        self.server = loopback.serve(Handler)
+        self.directory = f"{loopback.url(self.server)}/directory"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        loopback.stop(self.server)

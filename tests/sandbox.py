@@ -33,13 +33,14 @@ import stat
 import subprocess
 import sys
 import tarfile
-import threading
 import uuid
 from dataclasses import dataclass
 from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
@@ -93,15 +94,11 @@ class Downloads:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
+        self.server = loopback.serve(partial(Handler, directory=str(root)))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return loopback.url(self.server)
 
     def add(self, path: str, content: bytes) -> str:
         target = self.root / path.lstrip("/")
@@ -110,8 +107,7 @@ class Downloads:
         return f"{self.url}/{path.lstrip('/')}"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        loopback.stop(self.server)
 
 
 @dataclass

@@ -12,11 +12,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import loopback
 import pytest
 from pulumi_harness import stack_config
 
@@ -50,10 +51,14 @@ vllm:kv_cache_usage_perc{{engine="0",model_name="nemotron"}} 0.0
 
 
 class Cloud:
-    """The three services autodown talks to, on one loopback server."""
+    """The three services autodown talks to, on one loopback server. With `metrics_key` it is
+    another replica's private gateway instead: /metrics for that API key only, as gateway.py
+    renders it."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics_key: str = "") -> None:
         self.metrics: str | bytes | None = metrics_text()
+        self.metrics_key = metrics_key
+        self.auth_seen: list[str] = []
         self.metrics_status = 200
         self.hang_seconds = 0.0  # how long /metrics takes to answer
         self.droplet_id = DROPLET
@@ -65,7 +70,11 @@ class Cloud:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == "/metrics" and cloud.metrics is not None:
+                auth = self.headers.get("Authorization", "")
+                cloud.auth_seen.append(auth)
+                if cloud.metrics_key and auth != f"Bearer {cloud.metrics_key}":
+                    self._send(401, "unauthorized")
+                elif self.path == "/metrics" and cloud.metrics is not None:
                     cloud.stop.wait(cloud.hang_seconds)
                     self._send(cloud.metrics_status, cloud.metrics)
                 elif self.path == "/metadata/v1/id":
@@ -95,12 +104,8 @@ class Cloud:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # A short poll: shutdown() returns within it (the default waits up to 0.5 s).
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = loopback.serve(Handler)
+        self.url = loopback.url(self.server)
 
     def delete_fails(self, *statuses: int, **headers: str) -> None:
         self.delete_answers = [
@@ -109,8 +114,7 @@ class Cloud:
 
     def close(self) -> None:
         self.stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        loopback.stop(self.server)
 
 
 class Garbage:
@@ -689,60 +693,26 @@ PEER_KEY = "FAKEreplicaSetApiKey0123456789abcdefghij"
 REPLICA_TAG = "nemotron-dev:replica"
 
 
-class Peer:
-    """Another replica's private gateway: /metrics for the API key only, as gateway.py renders."""
-
-    def __init__(self) -> None:
-        self.metrics = metrics_text()
-        self.auth_seen: list[str] = []
-        peer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                auth = self.headers.get("Authorization", "")
-                peer.auth_seen.append(auth)
-                ok = self.path == "/metrics" and auth == f"Bearer {PEER_KEY}"
-                body = (peer.metrics if ok else "unauthorized").encode()
-                self.send_response(200 if ok else 401)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # A short poll: shutdown() returns within it (the default waits up to 0.5 s).
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def peers() -> Iterator[list[Peer]]:
-    made = [Peer(), Peer()]
+def peers() -> Iterator[list[Cloud]]:
+    made = [Cloud(metrics_key=PEER_KEY), Cloud(metrics_key=PEER_KEY)]
     yield made
     for p in made:
         p.close()
 
 
-def set_rule(cloud: Cloud, tmp_path: Path, peers: list[Peer], key: str = PEER_KEY) -> Autodown:
+def set_rule(cloud: Cloud, tmp_path: Path, peers: list[Cloud], key: str = PEER_KEY) -> Autodown:
     return Autodown(
         cloud,
         tmp_path / "autodown.json",
-        AUTODOWN_PEER_METRICS_URLS=" ".join(p.url for p in peers),
+        AUTODOWN_PEER_METRICS_URLS=" ".join(f"{p.url}/metrics" for p in peers),
         AUTODOWN_PEER_METRICS_KEY=key,
         AUTODOWN_DELETE_TAG=REPLICA_TAG,
     )
 
 
 def test_the_set_is_busy_while_any_replica_works_and_goes_at_once_when_all_are_idle(
-    cloud: Cloud, tmp_path: Path, peers: list[Peer]
+    cloud: Cloud, tmp_path: Path, peers: list[Cloud]
 ) -> None:
     rule = set_rule(cloud, tmp_path, peers)
     rule.run()
@@ -764,13 +734,14 @@ def test_the_set_is_busy_while_any_replica_works_and_goes_at_once_when_all_are_i
 
 
 def test_a_replica_that_cannot_be_read_keeps_the_set_but_max_hours_still_applies(
-    cloud: Cloud, tmp_path: Path, peers: list[Peer]
+    cloud: Cloud, tmp_path: Path, peers: list[Cloud]
 ) -> None:
     rule = set_rule(cloud, tmp_path, peers, key="not-the-key")
     rule.run()
     rule.age(idle_minutes=120)
     proc = rule.run()
-    assert f"replica metrics unreadable at {peers[0].url}: the set counts as busy" in proc.stdout
+    unreadable = f"replica metrics unreadable at {peers[0].url}/metrics: the set counts as busy"
+    assert unreadable in proc.stdout
     assert "keep: metrics unreadable, counted as busy" in proc.stdout
     rule.age(up_hours=9)
     proc = rule.run()

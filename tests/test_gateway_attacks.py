@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import http.client
 import ssl
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import loopback
 import pytest
 from test_gateway import KEY, Gateway, start_gateway
 
@@ -49,19 +49,14 @@ class Upstream:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # A short poll: shutdown() returns within it (the default waits up to 0.5 s).
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        self.server = loopback.serve(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return loopback.url(self.server)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        loopback.stop(self.server)
 
 
 @pytest.fixture
