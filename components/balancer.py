@@ -14,7 +14,6 @@ Caddy's selection policies and health checks: modules/caddyhttp/reverseproxy
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 # How fast a stopped replica leaves the pool: a failed check every 2 s, out after 2 failures,
@@ -45,24 +44,13 @@ def upstream_line(upstream: Upstream) -> str:
     return f"to {upstream.dial}"
 
 
-def reverse_proxy(
-    upstreams: Sequence[Upstream] = (),
-    import_glob: str | None = None,
-    dial_timeout_seconds: int = 2,
-) -> str:
-    """The reverse_proxy block for the replicas (inside a `handle` of the public site): the
-    given `upstreams`, or those of the files matching `import_glob`, one per replica, which
-    come and go with a graceful reload (no file yet: 503 until the first replica joins)."""
-    if not upstreams and import_glob is None:
-        raise ValueError("the balancer needs upstreams or a folder of them")
-    head = " ".join(["reverse_proxy", *(u.dial for u in upstreams)])
-    joined = (
-        f"\n\t# One file per replica (to <address>:<port>), written as it joins.\n"
-        f"\timport {import_glob}"
-        if import_glob
-        else ""
-    )
-    return f"""{head} {{{joined}
+def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
+    """The reverse_proxy block for the replicas (inside a `handle` of the public site): those
+    of the files matching `import_glob`, one per replica, which come and go with a graceful
+    reload (no file yet: 503 until the first replica joins)."""
+    return f"""reverse_proxy {{
+	# One file per replica (to <address>:<port>), written as it joins.
+	import {import_glob}
 	# The replica with the fewest requests in flight takes the next one.
 	lb_policy least_conn
 	# A request that could not reach a replica (stopped, restarting) goes to another one.

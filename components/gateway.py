@@ -12,7 +12,6 @@ with no timeout on long generations.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import balancer, catalog
@@ -100,7 +99,6 @@ def caddyfile(
     acme_ca: str | None = None,
     acme_ca_root: str | None = None,
     ip_profile: str | None = IP_PROFILE,
-    upstreams: Sequence[balancer.Upstream] = (),
     upstreams_glob: str | None = None,
     admin_socket: str | None = None,
     replica: ReplicaListener | None = None,
@@ -117,11 +115,12 @@ def caddyfile(
     Authorization field, all its values joined: a second Authorization header fails it (the
     header matcher passes when any one matches, and vLLM reads the first).
 
-    With `upstreams` (or `upstreams_glob`, the files replicas join by) this is the balancer's
-    configuration: the same gate, in front of the replicas' gateways (balancer.py) instead of the
-    local vLLM; `admin_socket` opens Caddy's admin API on that root-only socket alone, for the
-    graceful reloads that add and remove replicas. With `replica` it is a replica's: the same
-    gate again (the key is checked at the entry and on every replica), on its private address."""
+    With `upstreams_glob` (the files replicas join by) this is the balancer's configuration:
+    the same gate, in front of the replicas' gateways (balancer.py) instead of the local vLLM;
+    `admin_socket` opens Caddy's admin API on that root-only socket alone, for graceful
+    reloads (replicas joining and leaving, a new Caddyfile). With `replica` it is a replica's:
+    the same gate again (the key is checked at the entry and on every replica), on its private
+    address."""
     options = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
     if acme_ca:  # another ACME CA than the public ones (the tests' own)
         options += f"\n\tacme_ca {acme_ca}"
@@ -131,25 +130,26 @@ def caddyfile(
     if replica is not None:
         http_port = replica.port
     site = host if https else f"http://:{http_port}"
-    tls = ""
+    # What the site block opens with: the certificate's issuer, or a replica's private bind.
+    site_head = ""
     if replica is not None:
         # Only on the private address: nothing of this listener is on the public interface,
         # whatever the firewall says.
-        tls = f"\n\tbind {replica.bind}\n"
+        site_head = f"\n\tbind {replica.bind}\n"
     if https and is_ip(host):
         # A client that connects to an IP sends no SNI: serve this certificate to it. Caddy gives
         # an IP the ACME issuer only when a policy names one (autohttps.go shouldUseInternal).
         options += f"\n\tdefault_sni {host}"
         profile = f"\n\t\t\tprofile {ip_profile}" if ip_profile else ""
-        tls = f"""
+        site_head = f"""
 	tls {{
 		issuer acme {{{profile}
 		}}
 	}}
 """
     upstream = f"127.0.0.1:{upstream_port}"
-    if upstreams or upstreams_glob:
-        block = balancer.reverse_proxy(upstreams, upstreams_glob)
+    if upstreams_glob:
+        block = balancer.reverse_proxy(upstreams_glob)
         proxy = block.replace("\n", "\n\t\t\t")
         health_proxy = block.replace("\n", "\n\t\t")
     else:
@@ -210,7 +210,7 @@ def caddyfile(
 	}}
 }}
 
-{site} {{{tls}
+{site} {{{site_head}
 	# A declared length over the limit is refused up front; a chunked body is cut at the limit.
 	@too_big expression {too_big}
 	handle @too_big {{
@@ -250,9 +250,9 @@ def caddy_unit(admin_socket: str | None = None) -> str:
     """Caddy's unit, after the one Caddy ships (dist/init/caddy.service), with the key from a
     root-only file, no `--environ` (it would print the key to the journal), no metadata service.
     It takes the name of the Ubuntu package's unit, and /etc/systemd/system wins over it on a
-    Droplet that had the package from an earlier version. With `admin_socket` (the balancer),
-    systemd makes its folder, the caddy user's alone, and reload is graceful (in-flight requests
-    finish on the old configuration)."""
+    Droplet that had the package from an earlier version. With `admin_socket` (the balancer and
+    the replicas of a set), systemd makes its folder, the caddy user's alone, and reload is
+    graceful (in-flight requests finish on the old configuration)."""
     runtime = ""
     if admin_socket:
         folder = admin_socket.rsplit("/", 1)[0].removeprefix("/run/")
