@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_command as command
 
-from . import catalog, pool
+from . import catalog
 from .phase_settings import PHASES_DIR, Setting, lock_sha256, remote_lock_path, settings
 from .schema import StackConfig
 
@@ -82,6 +82,25 @@ def runner(minutes: int) -> str:
     a command already running (FACTS.md), so the phase bounds itself on the Droplet. Fixed text:
     no setting and no secret is ever on this command line."""
     return f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
+
+
+def connection(
+    host: pulumi.Input[str],
+    private_key: pulumi.Input[str],
+    host_key: pulumi.Input[str],
+    wait: bool,
+) -> command.remote.ConnectionArgs:
+    """How a phase reaches its Droplet: the stack's key, exactly this host key, and (`wait`)
+    dialling until SSH answers, bounded by the command's custom timeout."""
+    return command.remote.ConnectionArgs(
+        host=host,
+        user=catalog.SSH_USER,
+        private_key=private_key,
+        host_key=host_key,
+        # -1: dial until SSH answers, bounded by the command's custom timeout.
+        dial_error_limit=-1 if wait else 10,
+        per_dial_timeout=15,
+    )
 
 
 def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str:
@@ -158,7 +177,7 @@ class BootstrapArgs:
     # With replicas: which one this is, its private address (its gateway listens there for the
     # balancer), the other replicas' private addresses (replica 0's autodown reads them), and
     # what its restarts wait for: the replica before it back in the pool (a rolling update).
-    replica: pool.Replica | None = None
+    replica: int | None = None
     private_ip: pulumi.Input[str] = ""
     peers: pulumi.Input[list[str]] | None = None
     after_previous: list[pulumi.Resource] | None = None
@@ -211,7 +230,9 @@ class Bootstrap(pulumi.ComponentResource):
                 # copyController.go Update; >= 1.2.1 creates the parent folders, #1161).
                 self.lock = command.remote.CopyToRemote(
                     f"{args.prefix}-lock",
-                    connection=self._connection(args, wait=False),
+                    connection=connection(
+                        args.ipv4, args.private_key, args.host_public_key, wait=False
+                    ),
                     source=pulumi.FileAsset(str(cfg.lock_file)),
                     remote_path=remote_lock_path(cfg),
                     triggers=[lock_sha256(cfg), args.droplet_id],
@@ -243,7 +264,9 @@ class Bootstrap(pulumi.ComponentResource):
             triggers = [*results, *triggers] if results else [args.droplet_id]
             self.commands[phase.name] = command.remote.Command(
                 f"{args.prefix}-{phase.name}",
-                connection=self._connection(args, wait=phase.wait_for_ssh),
+                connection=connection(
+                    args.ipv4, args.private_key, args.host_public_key, wait=phase.wait_for_ssh
+                ),
                 create=runner(minutes),
                 stdin=stdin,
                 triggers=triggers,
@@ -318,16 +341,4 @@ class Bootstrap(pulumi.ComponentResource):
                 settings(cfg, phase, **values, cache_device=cache_device, replica=replica),
                 minutes,
             )
-        )
-
-    @staticmethod
-    def _connection(args: BootstrapArgs, wait: bool) -> command.remote.ConnectionArgs:
-        return command.remote.ConnectionArgs(
-            host=args.ipv4,
-            user=catalog.SSH_USER,
-            private_key=args.private_key,
-            host_key=args.host_public_key,
-            # -1: dial until SSH answers, bounded by the command's custom timeout.
-            dial_error_limit=-1 if wait else 10,
-            per_dial_timeout=15,
         )

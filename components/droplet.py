@@ -116,7 +116,8 @@ ssh_keys:
 
 class GpuDroplet(pulumi.ComponentResource):
     """A GPU Droplet reachable by SSH with a key generated for the stack, behind a firewall.
-    The Caddy balancer's CPU Droplet is built the same way (its own keys, pinned host key)."""
+    The Caddy balancer's CPU Droplet and a set's other replicas are built the same way, with
+    replica 0's login key (`key_from`) and a pinned host key of their own."""
 
     ipv4: pulumi.Output[str]
     ipv4_private: pulumi.Output[str]

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import pulumi
 
-from . import cache, catalog, config, dns, entry, gateway, pool, region
+from . import cache, catalog, config, dns, entry, gateway, region
 from .bootstrap import Bootstrap, BootstrapArgs
 from .droplet import GpuDroplet, GpuDropletArgs
 from .schema import StackConfig
@@ -148,7 +148,7 @@ def build(
                 cache_device=cache.device_path(cfg, index) if cache_volume is not None else "",
                 cache_attachment=cache_volume.attachment if cache_volume is not None else None,
                 prefix=f"bootstrap{suffix}",
-                replica=pool.Replica(index, cfg.replicas) if cfg.pooled else None,
+                replica=index if cfg.pooled else None,
                 private_ip=gpu.ipv4_private if cfg.pooled else "",
                 peers=peers if cfg.pooled and index == 0 else None,
                 after_previous=rolling_gate(index - 1) if rolls else None,

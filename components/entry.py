@@ -28,7 +28,7 @@ import pulumi_command as command
 import pulumi_digitalocean as digitalocean
 
 from . import balancer, catalog, gateway, region
-from .bootstrap import DIAL_MARGIN_MINUTES, KILL_AFTER_SECONDS, RUNNER, render
+from .bootstrap import DIAL_MARGIN_MINUTES, connection, render, runner
 from .config import ConfigError
 from .droplet import GpuDroplet, GpuDropletArgs, ssh_command
 from .phase_settings import balancer_settings
@@ -273,7 +273,6 @@ class CaddyEntry(pulumi.ComponentResource):
             key=self.api_key, host=self.hostname, ip=private_ip, droplet=droplet_id
         )
         stdin: pulumi.Output[str] = pulumi.Output.secret(inputs.apply(script))
-        run = f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
         name = f"balancer-{phase}" if replica is None else f"balancer-member-{replica}"
         triggers: list[pulumi.Input[str]] = [self.host.droplet_id]
         triggers += [c.stdout for c in after if isinstance(c, command.remote.Command)]
@@ -282,23 +281,13 @@ class CaddyEntry(pulumi.ComponentResource):
         bound = minutes + DIAL_MARGIN_MINUTES
         return command.remote.Command(
             name,
-            connection=command.remote.ConnectionArgs(
-                host=self.host.ipv4,
-                user=catalog.SSH_USER,
-                private_key=self.host.private_key_openssh,
-                host_key=self.host.host_public_key,
-                dial_error_limit=-1 if wait else 10,
-                per_dial_timeout=15,
+            connection=connection(
+                self.host.ipv4, self.host.private_key_openssh, self.host.host_public_key, wait
             ),
-            create=run,
+            create=runner(minutes),
             # Leaving: the same script (the stored stdin) told to remove this replica and wait
             # for its requests in flight. NEMO_ACTION is no secret and no setting.
-            delete=(
-                f"NEMO_ACTION=leave timeout --kill-after={KILL_AFTER_SECONDS} "
-                f"{LEAVE_MINUTES * 60} {RUNNER}"
-                if replica is not None
-                else None
-            ),
+            delete=f"NEMO_ACTION=leave {runner(LEAVE_MINUTES)}" if replica is not None else None,
             stdin=stdin,
             triggers=triggers,
             add_previous_output_in_env=False,

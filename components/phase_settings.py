@@ -40,13 +40,14 @@ def settings(
     host: str = "",
     dns_record: str = "",
     cache_device: str = "",
-    replica: pool.Replica | None = None,
+    replica: int | None = None,
     private_ip: str = "",
     peers: Sequence[str] = (),
 ) -> dict[str, Setting]:
     """The NEMO_* settings each phase script reads (see the header of each script). With
-    replicas (`replica`), the gateway listens on `private_ip` for the balancer, updates drain
-    first, and replica 0's autodown watches the `peers` (the others' private addresses) too."""
+    replicas (`replica`: which one), the gateway listens on `private_ip` for the balancer,
+    updates drain first, and replica 0's autodown watches the `peers` (the others' private
+    addresses) too."""
     pooled = cfg.pooled
     site = private_ip if pooled else host
     min_branch = catalog.min_driver_branch(cfg.vllm.version)
@@ -164,9 +165,7 @@ def settings(
         },
         "autodown": {
             # With replicas, replica 0 watches the set; the others run no rule of their own.
-            "NEMO_AUTODOWN_MODE": (
-                cfg.autodown.mode if replica is None or replica.runs_autodown else "off"
-            ),
+            "NEMO_AUTODOWN_MODE": (cfg.autodown.mode if not replica else "off"),
             "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(
                 cfg,
                 "" if pooled else dns_record,
@@ -205,7 +204,7 @@ def settings(
             "NEMO_HOST": site,
             "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https and not pooled else 0,
             # A replica back from an update rejoins the pool before the next one starts.
-            "NEMO_DRAIN_FILE": pool.drain_file() if pooled else "",
+            "NEMO_DRAIN_FILE": drain_settings(cfg)["NEMO_DRAIN_FILE"],
             "NEMO_REJOIN_SECONDS": pool.rejoin_seconds(cfg) if pooled else 0,
         },
     }
@@ -252,8 +251,8 @@ def balancer_settings(
                 admin_socket=catalog.CADDY_ADMIN_SOCKET,
             ),
             "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(catalog.CADDY_ADMIN_SOCKET),
-            # A new Caddyfile (a body limit, a replica's address) must not cut the streams
-            # running through the balancer: reload, never restart, while it runs.
+            # A new Caddyfile (a body limit, a route) must not cut the streams running
+            # through the balancer: reload, never restart, while it runs.
             "NEMO_CADDY_RELOAD": True,
             "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
         }

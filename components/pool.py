@@ -3,16 +3,15 @@ how a replica leaves and rejoins the balancer's pool during an update.
 
 A replica's gateway listens on its private address only (gateway.ReplicaListener); the
 balancer (the Caddy Droplet or DigitalOcean's Load Balancer, entry.py) is the public entry and
-asks each replica's /health. An update that restarts vLLM drains first: the service phase
-makes /health answer 503, waits until the balancer has seen it (its checks' interval times
-their failure threshold) and until vLLM has no request in flight, then restarts; the ready
-phase, once vLLM answers again, ends the drain and waits until the balancer has seen the
-replica healthy again. Only then may the next replica start (bootstrap.py chains them).
+asks each replica's /health. An update that restarts vLLM or reboots drains first (lib.sh
+drain, from the service and reboot phases): /health answers 503, the phase waits until the
+balancer has seen it (its checks' interval times their failure threshold) and until vLLM has no
+request in flight, then goes on; the ready phase, once vLLM answers again, ends the drain and
+waits until the balancer has seen the replica healthy again. Only then may the next replica
+start (endpoint.py chains them). Replica 0 runs the set's autodown.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from . import balancer, catalog
 from .schema import StackConfig
@@ -20,19 +19,6 @@ from .schema import StackConfig
 # How long a drain may wait for the requests in flight to finish before it restarts anyway:
 # a long generation at the largest context runs minutes.
 DRAIN_SECONDS = 600
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One replica of the set: its index (0 keeps the one-Droplet names and runs autodown)
-    and how many there are."""
-
-    index: int
-    count: int
-
-    @property
-    def runs_autodown(self) -> bool:
-        return self.index == 0
 
 
 def drain_file() -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from . import bootstrap, cache, config, entry, gateway, phase_settings, pool
+from . import bootstrap, cache, config, entry, gateway, phase_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Droplet's address is known only once it exists; renders name the gateway for this one.
@@ -69,7 +69,7 @@ def render_stack(stack: str, out: Path, replicas: int | None = None) -> list[Pat
     pooled: dict[str, Any] = {}
     if cfg.pooled:
         pooled = {
-            "replica": pool.Replica(0, cfg.replicas),
+            "replica": 0,
             "private_ip": PRIVATE_PLACEHOLDER_IPS[0],
         }
     for index, phase in enumerate(bootstrap.PHASES, start=1):

@@ -21,7 +21,7 @@ import loopback
 import pytest
 from pulumi_harness import stack_config
 
-from components import config, phase_settings, pool
+from components import config, phase_settings
 from components.autodown import env_text
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "phases" / "autodown.py"
@@ -755,9 +755,7 @@ def test_the_set_rule_renders_on_replica_0_only() -> None:
     raw["autodown"] = {"idleMinutes": 20, "token": TOKEN}
     cfg = config.parse(raw, "dev", frozenset({"autodown"}))
     peers = ["10.110.0.3", "10.110.0.4"]
-    first = phase_settings.settings(
-        cfg, "autodown", api_key=PEER_KEY, replica=pool.Replica(0, 3), peers=peers
-    )
+    first = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=0, peers=peers)
     text = str(first["NEMO_AUTODOWN_ENV_TEXT"])
     assert first["NEMO_AUTODOWN_MODE"] == "delete"
     assert (
@@ -768,5 +766,5 @@ def test_the_set_rule_renders_on_replica_0_only() -> None:
     assert text.endswith(f"AUTODOWN_DELETE_TAG={REPLICA_TAG}")
     # The endpoint's name is the balancer's: autodown leaves its record alone.
     assert "\nAUTODOWN_DNS_RECORD=\n" in text
-    other = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=pool.Replica(1, 3))
+    other = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=1)
     assert other["NEMO_AUTODOWN_MODE"] == "off"

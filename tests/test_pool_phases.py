@@ -69,6 +69,8 @@ def test_replica_settings_listen_privately_and_drain() -> None:
     # Caddy's checks: out after 2 failures 2 s apart, plus one interval for the cycle's phase.
     assert service["NEMO_DRAIN_NOTICE_SECONDS"] == 6
     ready = phase_settings_for(cfg, "ready")
+    # Back in the pool after 2 passes 2 s apart, plus one interval.
+    assert ready["NEMO_REJOIN_SECONDS"] == 6
     assert ready["NEMO_PROBE_URL"] == "http://10.110.0.3:8080/v1/chat/completions"
     assert ready["NEMO_ACME_PATIENCE"] == 0, "no certificate on a replica"
     # The managed Load Balancer checks every 3 s: its notice is longer.
@@ -86,7 +88,7 @@ def phase_settings_for(cfg: config.StackConfig, phase: str) -> dict[str, Any]:
             phase,
             api_key=API_KEY,
             host="203.0.113.201",
-            replica=pool.Replica(1, cfg.replicas),
+            replica=1,
             private_ip="10.110.0.3",
         )
     )

@@ -31,7 +31,7 @@ from test_program import (
     dev,
 )
 
-from components import catalog, config, entry, pool
+from components import catalog, entry
 from components.config import ConfigError
 
 COMMAND = "command:remote:Command"
@@ -335,11 +335,6 @@ def test_a_set_that_cannot_work_is_refused_before_anything(
     assert isinstance(run.error, ConfigError), run.error
     assert any(p.startswith(message) for p in run.error.problems), run.error.problems
     assert run.registrations == []
-
-
-def test_drain_waits_cover_each_balancers_health_checks() -> None:
-    caddy = config.parse({**dev(), "replicas": 2}, "dev")
-    assert pool.notice_seconds(caddy) == 6 and pool.rejoin_seconds(caddy) == 6
 
 
 # ---- a cache Volume per replica ---------------------------------------------------------------
