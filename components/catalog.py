@@ -145,6 +145,13 @@ CADDY_ADMIN_SOCKET = "/run/caddy/admin.sock"
 # 672 hours at most, the same divisor as its Droplet prices.
 LB_NODE_PRICE_MONTH = 10.0
 HOURS_PER_BILLING_MONTH = 672
+
+
+def lb_hourly_price(nodes: int) -> float:
+    """What a Load Balancer of `nodes` nodes lists at per hour."""
+    return round(nodes * LB_NODE_PRICE_MONTH / HOURS_PER_BILLING_MONTH, 5)
+
+
 # Idle timeout between bytes on a connection: default 60 s (docs.digitalocean.com, Load Balancer
 # support: "time out after the connection has been idle for 60 seconds. You can customize the
 # timeout duration"). A long prompt's prefill sends nothing until the first token. 600 s is the

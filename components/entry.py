@@ -88,12 +88,6 @@ def adopted_tag(
     )
 
 
-def managed_hourly_price(cfg: StackConfig) -> float:
-    return round(
-        cfg.balancer.nodes * catalog.LB_NODE_PRICE_MONTH / catalog.HOURS_PER_BILLING_MONTH, 5
-    )
-
-
 def lb_firewall(cidrs: list[str]) -> digitalocean.LoadBalancerFirewallArgs | None:
     """apiCidrs as the Load Balancer's allow list (it is IPv4-only: IPv6 ranges do not apply);
     none when everyone may connect."""
@@ -317,7 +311,11 @@ def balancer_hourly_price(cfg: StackConfig, caddy_price: float = 0.0) -> float:
     Reserved IP is free while assigned)."""
     if not cfg.pooled:
         return 0.0
-    return managed_hourly_price(cfg) if cfg.balancer_kind == "managed" else caddy_price
+    return (
+        catalog.lb_hourly_price(cfg.balancer.nodes)
+        if cfg.balancer_kind == "managed"
+        else caddy_price
+    )
 
 
 def set_hourly_price(cfg: StackConfig, gpu_price: float, caddy_price: float = 0.0) -> float:

@@ -102,8 +102,7 @@ def list_price(type_: str, props: Mapping[str, Any]) -> float:
         known = catalog.SIZES.get(str(props.get("size")))
         return known.list_price_usd_hour or 0.0 if known else 0.0
     if type_ == LOAD_BALANCER:
-        nodes = int(props.get("sizeUnit") or 1)
-        return nodes * catalog.LB_NODE_PRICE_MONTH / catalog.HOURS_PER_BILLING_MONTH
+        return catalog.lb_hourly_price(int(props.get("sizeUnit") or 1))
     return 0.0
 
 
