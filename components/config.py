@@ -30,6 +30,7 @@ from .schema import (
     StackConfig,
     VllmConfig,
     _Section,
+    resolved_balancer_kind,
 )
 
 __all__ = ["NAMESPACE", "SECTIONS", "ConfigError", "StackConfig", "load", "parse"]
@@ -349,9 +350,7 @@ def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
                 "DigitalOcean issues only for a domain in its DNS: set access.domain and "
                 "access.dnsZone (the zone in this account), or use balancer.kind: caddy"
             )
-    managed = balancer.kind == "managed" or (
-        balancer.kind == "auto" and bool(access.dns_zone) and access.https
-    )
+    managed = resolved_balancer_kind(balancer, access) == "managed"
     ipv4 = [c for c in access.api_cidrs if ":" not in c]
     if ok("balancer.kind", "access.apiCidrs") and managed and access.api_cidrs and not ipv4:
         problems.append(

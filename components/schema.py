@@ -633,9 +633,7 @@ class StackConfig(BaseModel):
 
     @property
     def balancer_kind(self) -> Literal["managed", "caddy"]:
-        if self.balancer.kind != "auto":
-            return self.balancer.kind
-        return "managed" if self.access.dns_zone and self.access.https else "caddy"
+        return resolved_balancer_kind(self.balancer, self.access)
 
     def replica_name(self, index: int) -> str:
         """Replica 0 keeps the one-Droplet name, so growing a stack keeps its Droplet."""
@@ -694,6 +692,16 @@ class StackConfig(BaseModel):
         if not base[:1].isalpha():
             base = f"n-{base}"
         return f"{base[:58]}-cache"
+
+
+def resolved_balancer_kind(
+    balancer: BalancerConfig, access: AccessConfig
+) -> Literal["managed", "caddy"]:
+    """`auto`: DigitalOcean's Load Balancer when its certificate can be had (a domain in
+    DigitalOcean DNS, HTTPS on), else Caddy."""
+    if balancer.kind != "auto":
+        return balancer.kind
+    return "managed" if access.dns_zone and access.https else "caddy"
 
 
 def _slug(text: str) -> str:
