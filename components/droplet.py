@@ -15,9 +15,14 @@ from . import catalog
 DROPLET_TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="20m")
 
 # What replaces the Droplet, and how: the provider forces a new Droplet when its region, image,
-# size (GPU sizes) or user data change, and when its SSH keys change. The old one is deleted
-# first (delete_before_replace): never two GPU Droplets billing at once, never a second quota
-# request that the GPU limit would refuse. The price is downtime until the new one is ready.
+# user data, SSH keys or VPC change (terraform-provider-digitalocean
+# digitalocean/droplet/resource_droplet.go, ForceNew). Its `size` is NOT ForceNew: the provider's
+# update powers a live Droplet off hard, resizes it (resize_disk, which forbids a later shrink) and
+# powers it on, with no drain and no balancer leave (FACTS.md, "corrected"). So a new size is a
+# replacement here (replace_on_changes), made like every other: the old one is deleted first
+# (delete_before_replace), never two GPU Droplets billing at once, never a second quota request
+# that the GPU limit would refuse; with replicas, one at a time, each left and drained first.
+REPLACE_ON_CHANGES = ["size"]
 REPLACEMENT_NOTE = (
     "delete-then-create: a new droplet.size or droplet.image, a region move, or a change to "
     "access.sshKeyFingerprints deletes this Droplet first, then creates and bootstraps a new "
@@ -175,6 +180,7 @@ class GpuDroplet(pulumi.ComponentResource):
                 parent=self,
                 custom_timeouts=DROPLET_TIMEOUTS,
                 delete_before_replace=True,
+                replace_on_changes=REPLACE_ON_CHANGES,
                 depends_on=args.after or None,
             ),
         )

@@ -43,8 +43,9 @@ class Existing:
 
 
 def will_replace(existing: Existing, cfg: StackConfig) -> bool:
-    """Whether this `pulumi up` re-creates the Droplet (the provider forces a new one for a new
-    size or image: FACTS.md); with replicas such a change rolls, one Droplet at a time."""
+    """Whether this `pulumi up` re-creates the Droplet: a new image (the provider forces a new
+    one) or a new size (replace_on_changes, droplet.py: the provider would resize it in place);
+    with replicas such a change rolls, one Droplet at a time."""
     return existing.size != cfg.droplet.size or bool(existing.image and existing.image != cfg.image)
 
 

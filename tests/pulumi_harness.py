@@ -119,6 +119,7 @@ class Registration:
     parent: str
     custom_timeouts: dict[str, str]
     delete_before_replace: bool = False
+    replace_on_changes: tuple[str, ...] = ()
     retain_on_delete: bool = False
     import_id: str = ""
 
@@ -345,6 +346,7 @@ class Recorder(pulumi_mocks.MockMonitor):
                         "delete": request.customTimeouts.delete,
                     },
                     delete_before_replace=request.deleteBeforeReplace,
+                    replace_on_changes=tuple(request.replaceOnChanges),
                     retain_on_delete=request.retainOnDelete,
                     import_id=request.importId,
                 )

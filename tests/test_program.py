@@ -120,6 +120,9 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     assert droplet.custom_timeouts == {"create": "60m", "update": "60m", "delete": "20m"}
     # A replacement deletes first: never two GPU Droplets billing, never a second quota ask.
     assert droplet.delete_before_replace is True
+    # A new size replaces it too: the provider's own update would resize it in place, powered
+    # off hard with nothing drained (resource_droplet.go: size is not ForceNew).
+    assert droplet.replace_on_changes == ("size",)
     assert ssh_key.urn in droplet.dependencies
 
     firewall = run.one(FIREWALL)

@@ -229,7 +229,12 @@ def test_a_new_size_replaces_a_live_set_one_droplet_at_a_time() -> None:
     droplets = of(run, DROPLET)
     assert {"bootstrap-ready", "balancer-member-0"} <= depends(run, droplets["gpu-1"])
     assert {"bootstrap-1-ready", "balancer-member-1"} <= depends(run, droplets["gpu-2"])
-    assert all(d.delete_before_replace for n, d in droplets.items() if n.startswith("gpu"))
+    # Every Droplet of the set, the balancer's too, is replaced (deleted first) for a new size,
+    # never resized in place by the provider's update.
+    assert set(droplets) == {"gpu", "gpu-1", "gpu-2", "balancer"}
+    for droplet in droplets.values():
+        assert droplet.delete_before_replace, droplet.name
+        assert droplet.replace_on_changes == ("size",), droplet.name
 
 
 def _caddy_offer() -> dict[str, dict[str, Any]]:
