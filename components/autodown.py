@@ -4,9 +4,19 @@ that run it every minute (scripts/phases/autodown.py decides; this module render
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from . import catalog
+from . import catalog, pool
 from .schema import StackConfig
+
+
+class Peer(NamedTuple):
+    """Another replica, as replica 0's rule sees it: its Droplet id (what it deletes) and its
+    private address (where it reads that replica's metrics)."""
+
+    droplet_id: str
+    private_ip: str
+
 
 # One run must end before the next minute's: its own deadline, and systemd's beneath it.
 RUN_SECONDS = 45
@@ -18,14 +28,14 @@ ENV_FILE = "/etc/nemotron/autodown.env"
 def env_text(
     cfg: StackConfig,
     dns_record: str = "",
-    peer_metrics: Sequence[str] = (),
+    peers: Sequence[Peer] = (),
     peer_key: str = "",
 ) -> str:
     """The rule's settings; `dns_record` ("<zone> <record id>") is the endpoint's A record,
     deleted before the Droplet. With replicas, the rule runs on replica 0 for the set: idle
-    only when no replica did anything (`peer_metrics`: the others' /metrics through their
-    gateways, with the key), and one DELETE by the replicas' tag takes them all (the balancer
-    and its address stay, for the next `pulumi up`)."""
+    only when no replica did anything (each of the other `peers`' /metrics through its
+    gateway, with the key), and then it deletes each of them by its Droplet id, itself last
+    (the balancer and its address stay, for the next `pulumi up`)."""
     rule = cfg.autodown
     token = rule.token.get_secret_value() if rule.token is not None else ""
     return "\n".join([
@@ -40,10 +50,20 @@ def env_text(
         f"AUTODOWN_FIRST_BOOTSTRAP={catalog.FIRST_BOOTSTRAP_FILE}",
         f"AUTODOWN_RUN_SECONDS={RUN_SECONDS}",
         f"AUTODOWN_DNS_RECORD={dns_record}",
-        f"AUTODOWN_PEER_METRICS_URLS={' '.join(peer_metrics)}",
-        f"AUTODOWN_PEER_METRICS_KEY={peer_key if peer_metrics else ''}",
-        f"AUTODOWN_DELETE_TAG={cfg.replica_tag if cfg.pooled else ''}",
+        f"AUTODOWN_PEER_METRICS_URLS={' '.join(pool.metrics_url(p.private_ip) for p in peers)}",
+        f"AUTODOWN_PEER_METRICS_KEY={peer_key if peers else ''}",
+        f"AUTODOWN_PEER_DROPLET_IDS={' '.join(p.droplet_id for p in peers)}",
     ])  # fmt: skip
+
+
+def token_scopes(cfg: StackConfig) -> list[str]:
+    """Exactly the scopes the rule's calls need (DigitalOcean OpenAPI: droplets_destroy.yml,
+    domains_delete_record.yml): its Droplets by id, and the endpoint's A record first when the
+    program keeps one for a lone Droplet (with replicas the name is the entry's and stays)."""
+    scopes = ["droplet:delete"]
+    if cfg.access.dns_zone and not cfg.pooled:
+        scopes.append("domain:delete")
+    return scopes
 
 
 def service_text() -> str:

@@ -175,11 +175,12 @@ class BootstrapArgs:
     cache_attachment: pulumi.CustomResource | None = None
     prefix: str = "bootstrap"
     # With replicas: which one this is, its private address (its gateway listens there for the
-    # balancer), the other replicas' private addresses (replica 0's autodown reads them), and
+    # balancer), the other replicas' Droplet ids and private addresses (replica 0's autodown
+    # reads their metrics and deletes them: autodown.Peer), and
     # what its restarts wait for: the replica before it back in the pool (a rolling update).
     replica: int | None = None
     private_ip: pulumi.Input[str] = ""
-    peers: pulumi.Input[list[str]] | None = None
+    peers: pulumi.Input[list[list[str]]] | None = None
     after_previous: list[pulumi.Resource] | None = None
 
 

@@ -66,10 +66,11 @@ def build(
             gate.append(caddy.joins[index])
         return gate
 
-    # Replica 0's autodown watches the others, whose addresses exist once they are declared.
-    peer_addresses: asyncio.Future[list[pulumi.Output[str]]] = asyncio.Future()
-    peers: pulumi.Output[list[str]] = pulumi.Output.from_input(cast(Any, peer_addresses)).apply(
-        lambda ips: cast(Any, pulumi.Output.all(*ips))
+    # Replica 0's autodown watches the others and deletes them by id: both exist once they are
+    # declared. Each peer is [droplet id, private address] (autodown.Peer).
+    peer_list: asyncio.Future[list[pulumi.Output[list[str]]]] = asyncio.Future()
+    peers: pulumi.Output[list[list[str]]] = pulumi.Output.from_input(cast(Any, peer_list)).apply(
+        lambda each: cast(Any, pulumi.Output.all(*each))
     )
 
     for index in range(cfg.replicas):
@@ -157,7 +158,7 @@ def build(
         bootstraps.append(bootstrap)
         if caddy is not None:
             caddy.join(index, gpu.ipv4_private, gpu.droplet_id, bootstrap.commands["ready"])
-    peer_addresses.set_result([g.ipv4_private for g in gpus[1:]])
+    peer_list.set_result([pulumi.Output.all(g.droplet_id, g.ipv4_private) for g in gpus[1:]])
     if caddy is not None:
         caddy.ready(after=[caddy.joins[0]])
     assert hostname is not None

@@ -42,12 +42,12 @@ def settings(
     cache_device: str = "",
     replica: int | None = None,
     private_ip: str = "",
-    peers: Sequence[str] = (),
+    peers: Sequence[Sequence[str]] = (),
 ) -> dict[str, Setting]:
     """The NEMO_* settings each phase script reads (see the header of each script). With
     replicas (`replica`: which one), the gateway listens on `private_ip` for the balancer,
-    updates drain first, and replica 0's autodown watches the `peers` (the others' private
-    addresses) too."""
+    updates drain first, and replica 0's autodown watches the `peers` too (the others' Droplet
+    ids and private addresses, as autodown.Peer)."""
     pooled = cfg.pooled
     site = private_ip if pooled else host
     min_branch = catalog.min_driver_branch(cfg.vllm.version)
@@ -169,7 +169,7 @@ def settings(
             "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(
                 cfg,
                 "" if pooled else dns_record,
-                [pool.metrics_url(ip) for ip in peers],
+                [autodown.Peer(*peer) for peer in peers],
                 api_key,
             ),
             "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,

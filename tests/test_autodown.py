@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -22,11 +23,33 @@ import pytest
 from pulumi_harness import stack_config
 
 from components import config, phase_settings
-from components.autodown import env_text
+from components.autodown import Peer, env_text, token_scopes
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "phases" / "autodown.py"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "phases" / "autodown.py"
 TOKEN = "dop_v1_FAKEautodownTOKEN0123456789"
 DROPLET = "424242"
+
+# The scopes DigitalOcean asks of each DELETE autodown might send (its OpenAPI,
+# specification/resources: droplets/droplets_destroy.yml, droplets/droplets_destroy_byTag.yml,
+# domains/domains_delete_record.yml): any one set of a row will do.
+NEEDS: tuple[tuple[re.Pattern[str], tuple[frozenset[str], ...]], ...] = (
+    (re.compile(r"/v2/droplets/[0-9]+"), (frozenset({"droplet:delete"}),)),
+    (re.compile(r"/v2/droplets\?tag_name=.+"), (frozenset({"droplet:delete", "tag:read"}),)),
+    (
+        re.compile(r"/v2/domains/[^/]+/records/[0-9]+"),
+        (frozenset({"domain:delete"}), frozenset({"domain:update"})),
+    ),
+)
+
+
+def readme_scopes() -> set[str]:
+    """The token scopes the README's autodown section tells users to pick: the fake API's token
+    has exactly these, so a call needing another fails here as it would on the account."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("It needs a token that") :]
+    section = section[: section.index("```")]
+    return set(re.findall(r"`([a-z_]+:[a-z]+)`", section))
 
 
 def metrics_text(
@@ -62,7 +85,12 @@ class Cloud:
         self.metrics_status = 200
         self.hang_seconds = 0.0  # how long /metrics takes to answer
         self.droplet_id = DROPLET
-        # Answers to DELETE (status, headers), then 204.
+        # What each token may do (DigitalOcean answers 401 to an unknown token, 403 to a scope
+        # it lacks), and the account's Droplets when a test names them (None: any id exists;
+        # deleting one that does not exist answers 404).
+        self.token_scopes: dict[str, set[str]] = {TOKEN: readme_scopes()}
+        self.droplets: set[str] | None = None
+        # Answers to DELETE (status, headers), before the API's own.
         self.delete_answers: list[tuple[int, dict[str, str]]] = []
         self.deletes: list[dict[str, str]] = []
         self.stop = threading.Event()
@@ -86,7 +114,11 @@ class Cloud:
                 cloud.deletes.append(
                     {"path": self.path, "auth": self.headers.get("Authorization", "")}
                 )
-                status, headers = cloud.delete_answers.pop(0) if cloud.delete_answers else (204, {})
+                status, headers = (
+                    cloud.delete_answers.pop(0)
+                    if cloud.delete_answers
+                    else (cloud.answer_delete(self.path, self.headers.get("Authorization", "")), {})
+                )
                 body = "" if status == 204 else json.dumps({"id": "server_error"})
                 self._send(status, body, headers)
 
@@ -106,6 +138,23 @@ class Cloud:
 
         self.server = loopback.serve(Handler)
         self.url = loopback.url(self.server)
+
+    def answer_delete(self, path: str, auth: str) -> int:
+        """DigitalOcean's answer: 401 without a known token, 403 without a scope the path
+        needs, 404 for a Droplet that is not there, else 204 (and the Droplet is gone)."""
+        scopes = self.token_scopes.get(auth.removeprefix("Bearer "))
+        if scopes is None:
+            return 401
+        needs = next((n for pattern, n in NEEDS if pattern.fullmatch(path)), None)
+        assert needs is not None, f"autodown called an endpoint the fake does not know: {path}"
+        if not any(need <= scopes for need in needs):
+            return 403
+        found = re.fullmatch(r"/v2/droplets/([0-9]+)", path)
+        if found and self.droplets is not None:
+            if found[1] not in self.droplets:
+                return 404
+            self.droplets.discard(found[1])
+        return 204
 
     def delete_fails(self, *statuses: int, **headers: str) -> None:
         self.delete_answers = [
@@ -327,12 +376,36 @@ def test_an_api_that_keeps_failing_is_tried_again_next_minute(
 
 
 def test_a_token_that_may_not_delete_says_so(autodown: Autodown, cloud: Cloud) -> None:
-    cloud.delete_fails(403)
+    cloud.token_scopes[TOKEN] = {"droplet:read"}
     autodown.run()
     autodown.age(idle_minutes=31)
     proc = autodown.run()
-    assert "error: HTTP 403: the token may not delete Droplets (droplet:delete)" in proc.stdout
+    assert proc.returncode == 1
+    assert (
+        "error: HTTP 403: the token may not delete Droplets: it needs the scope droplet:delete"
+        in proc.stdout
+    )
     assert len(cloud.deletes) == 1, "no retries on a refused token"
+
+
+def test_the_readme_names_exactly_the_scopes_the_rule_uses() -> None:
+    """The fake API's token has the README's scopes: the other tests prove they suffice; this
+    one that the README asks for no more than autodown.token_scopes says, for any stack."""
+    lone = config.parse({**stack_config("dev"), "access": _zone_access()}, "dev", frozenset())
+    pooled = config.parse({**stack_config("dev"), "replicas": 2}, "dev", frozenset())
+    assert readme_scopes() == set(token_scopes(lone)) | set(token_scopes(pooled))
+    assert token_scopes(pooled) == ["droplet:delete"]
+    assert token_scopes(lone) == ["droplet:delete", "domain:delete"]
+
+
+def _zone_access() -> dict[str, Any]:
+    access = stack_config("dev")["access"]
+    return {
+        **access,
+        "dnsZone": "example.com",
+        "domain": "llm.example.com",
+        "acmeEmail": "ops@example.com",
+    }
 
 
 def test_unreadable_metrics_count_as_busy_but_not_past_max_hours(
@@ -524,12 +597,12 @@ def test_a_record_the_token_may_not_delete_does_not_keep_the_droplet_billing(
     autodown: Autodown, cloud: Cloud
 ) -> None:
     autodown.env["AUTODOWN_DNS_RECORD"] = RECORD
-    cloud.delete_fails(403)  # the record; the Droplet then answers 204
+    cloud.token_scopes[TOKEN] = {"droplet:delete"}  # no domain:delete
     autodown.run()
     autodown.age(idle_minutes=31)
     proc = autodown.run()
     assert proc.returncode == 0
-    assert "the token may not delete DNS records (domain:delete)" in proc.stdout
+    assert "the token may not delete DNS records: it needs the scope domain:delete" in proc.stdout
     assert "run pulumi refresh, then pulumi up or pulumi destroy, to fix the record" in proc.stdout
     assert cloud.deletes[-1]["path"] == f"/v2/droplets/{DROPLET}"
 
@@ -682,7 +755,7 @@ def test_env_file_renders_the_rule_with_the_token() -> None:
     assert f"\nAUTODOWN_DNS_RECORD={RECORD}\n" in env_text(cfg, RECORD)
     # A lone Droplet watches itself and deletes itself only.
     assert text.endswith(
-        "\nAUTODOWN_PEER_METRICS_URLS=\nAUTODOWN_PEER_METRICS_KEY=\nAUTODOWN_DELETE_TAG="
+        "\nAUTODOWN_PEER_METRICS_URLS=\nAUTODOWN_PEER_METRICS_KEY=\nAUTODOWN_PEER_DROPLET_IDS="
     )
     assert TOKEN not in repr(cfg), "the config model masks the token"
 
@@ -690,7 +763,7 @@ def test_env_file_renders_the_rule_with_the_token() -> None:
 # ---- the replica set: one rule on replica 0 for every replica ----------------------------------
 
 PEER_KEY = "FAKEreplicaSetApiKey0123456789abcdefghij"
-REPLICA_TAG = "nemotron-dev:replica"
+PEER_IDS = ["424243", "424244"]
 
 
 @pytest.fixture
@@ -707,8 +780,14 @@ def set_rule(cloud: Cloud, tmp_path: Path, peers: list[Cloud], key: str = PEER_K
         tmp_path / "autodown.json",
         AUTODOWN_PEER_METRICS_URLS=" ".join(f"{p.url}/metrics" for p in peers),
         AUTODOWN_PEER_METRICS_KEY=key,
-        AUTODOWN_DELETE_TAG=REPLICA_TAG,
+        AUTODOWN_PEER_DROPLET_IDS=" ".join(PEER_IDS),
     )
+
+
+def set_cloud(cloud: Cloud) -> Cloud:
+    """The account holds the set: replica 0 (this Droplet) and its two peers."""
+    cloud.droplets = {DROPLET, *PEER_IDS}
+    return cloud
 
 
 def test_the_set_is_busy_while_any_replica_works_and_goes_at_once_when_all_are_idle(
@@ -723,14 +802,67 @@ def test_the_set_is_busy_while_any_replica_works_and_goes_at_once_when_all_are_i
     assert all(a == f"Bearer {PEER_KEY}" for p in peers for a in p.auth_seen)
     assert PEER_KEY not in proc.stdout + proc.stderr, "the API key is never printed"
     rule.age(idle_minutes=31)
+    set_cloud(cloud)
     proc = rule.run()
-    assert f"delete the replicas tagged {REPLICA_TAG} (this Droplet {DROPLET} among them)" in (
-        proc.stdout
-    )
-    # One call for the whole set, by the replicas' tag (never the balancer's, never by id).
-    assert cloud.deletes == [
-        {"path": "/v2/droplets?tag_name=nemotron-dev%3Areplica", "auth": f"Bearer {TOKEN}"}
+    assert proc.returncode == 0, proc.stdout
+    # Each replica by its id (never by tag: that needs tag:read, and GPU Droplets may not be
+    # reached by it), this one last; the token has exactly the README's scopes.
+    assert [d["path"] for d in cloud.deletes] == [
+        f"/v2/droplets/{PEER_IDS[0]}",
+        f"/v2/droplets/{PEER_IDS[1]}",
+        f"/v2/droplets/{DROPLET}",
     ]
+    assert all(d["auth"] == f"Bearer {TOKEN}" for d in cloud.deletes)
+    assert cloud.droplets == set(), "every replica is gone"
+    assert f"delete replica droplet {PEER_IDS[0]}: " in proc.stdout
+
+
+def test_a_replica_whose_delete_fails_keeps_replica_0_until_the_next_run(
+    cloud: Cloud, tmp_path: Path, peers: list[Cloud]
+) -> None:
+    """Replica 0 runs the rule: it must outlive every peer, or a peer left behind bills with
+    nothing to delete it."""
+    rule = set_rule(set_cloud(cloud), tmp_path, peers)
+    rule.run()
+    rule.age(idle_minutes=31)
+    cloud.delete_fails(204, 503, 503, 503, 503)  # the first peer goes, the second fails
+    proc = rule.run()
+    assert proc.returncode == 1
+    assert f"this Droplet stays until replicas {PEER_IDS[1]} are gone" in proc.stdout
+    assert f"/v2/droplets/{DROPLET}" not in [d["path"] for d in cloud.deletes]
+    cloud.deletes.clear()
+    proc = rule.run()
+    assert proc.returncode == 0, proc.stdout
+    # Only what is left: the first peer is not asked again.
+    assert [d["path"] for d in cloud.deletes] == [
+        f"/v2/droplets/{PEER_IDS[1]}",
+        f"/v2/droplets/{DROPLET}",
+    ]
+
+
+def test_a_token_missing_its_scope_deletes_no_replica_and_says_which_scope(
+    cloud: Cloud, tmp_path: Path, peers: list[Cloud]
+) -> None:
+    cloud.token_scopes[TOKEN] = {"droplet:read", "tag:read"}
+    rule = set_rule(set_cloud(cloud), tmp_path, peers)
+    rule.run()
+    rule.age(idle_minutes=31)
+    for _ in range(2):  # every minute the same line, never a crash
+        proc = rule.run()
+        assert proc.returncode == 1
+        assert "it needs the scope droplet:delete" in proc.stdout
+    assert cloud.droplets == {DROPLET, *PEER_IDS}, "nothing deleted"
+
+
+def test_odd_peer_ids_delete_nothing(cloud: Cloud, tmp_path: Path, peers: list[Cloud]) -> None:
+    rule = set_rule(set_cloud(cloud), tmp_path, peers)
+    rule.env["AUTODOWN_PEER_DROPLET_IDS"] = "424243 ../droplets"
+    rule.run()
+    rule.age(idle_minutes=31)
+    proc = rule.run()
+    assert proc.returncode == 1
+    assert "AUTODOWN_PEER_DROPLET_IDS holds a value that is not a Droplet id" in proc.stdout
+    assert cloud.deletes == []
 
 
 def test_a_replica_that_cannot_be_read_keeps_the_set_but_max_hours_still_applies(
@@ -746,7 +878,7 @@ def test_a_replica_that_cannot_be_read_keeps_the_set_but_max_hours_still_applies
     rule.age(up_hours=9)
     proc = rule.run()
     assert "past max hours" in proc.stdout
-    assert [d["path"] for d in cloud.deletes] == ["/v2/droplets?tag_name=nemotron-dev%3Areplica"]
+    assert [d["path"] for d in cloud.deletes] == [f"/v2/droplets/{i}" for i in [*PEER_IDS, DROPLET]]
 
 
 def test_the_set_rule_renders_on_replica_0_only() -> None:
@@ -754,7 +886,7 @@ def test_the_set_rule_renders_on_replica_0_only() -> None:
     raw["replicas"] = 3
     raw["autodown"] = {"idleMinutes": 20, "token": TOKEN}
     cfg = config.parse(raw, "dev", frozenset({"autodown"}))
-    peers = ["10.110.0.3", "10.110.0.4"]
+    peers = [Peer(PEER_IDS[0], "10.110.0.3"), Peer(PEER_IDS[1], "10.110.0.4")]
     first = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=0, peers=peers)
     text = str(first["NEMO_AUTODOWN_ENV_TEXT"])
     assert first["NEMO_AUTODOWN_MODE"] == "delete"
@@ -763,7 +895,7 @@ def test_the_set_rule_renders_on_replica_0_only() -> None:
         in text
     )
     assert f"AUTODOWN_PEER_METRICS_KEY={PEER_KEY}\n" in text
-    assert text.endswith(f"AUTODOWN_DELETE_TAG={REPLICA_TAG}")
+    assert text.endswith(f"AUTODOWN_PEER_DROPLET_IDS={' '.join(PEER_IDS)}")
     # The endpoint's name is the balancer's: autodown leaves its record alone.
     assert "\nAUTODOWN_DNS_RECORD=\n" in text
     other = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=1)

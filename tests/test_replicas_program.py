@@ -185,6 +185,9 @@ def test_each_replica_joins_the_balancer_once_ready_and_leaves_it_drained() -> N
         "AUTODOWN_PEER_METRICS_URLS=http://10.110.0.3:8080/metrics http://10.110.0.4:8080/metrics"
         in (commands["bootstrap-autodown"].inputs["stdin"])
     )
+    # ... and deletes them by their Droplet ids (the mocks give replica k the id 424242k).
+    ids = f"AUTODOWN_PEER_DROPLET_IDS={FAKE_DROPLET_ID}1 {FAKE_DROPLET_ID}2"
+    assert ids in commands["bootstrap-autodown"].inputs["stdin"]
     assert "NEMO_AUTODOWN_MODE=off" in commands["bootstrap-1-autodown"].inputs["stdin"]
 
 

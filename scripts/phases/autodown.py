@@ -25,8 +25,15 @@ endpoint's A record, deleted first).
 With replicas it runs on replica 0 for the whole set: AUTODOWN_PEER_METRICS_URLS are the other
 replicas' /metrics through their private gateways (AUTODOWN_PEER_METRICS_KEY is the API key
 they ask for); the set is busy when any replica is (the readings are summed, and one that
-cannot be read counts as busy, like this replica's own), and AUTODOWN_DELETE_TAG deletes every
-Droplet with the replicas' tag in one call (DigitalOcean API: DELETE /v2/droplets?tag_name=).
+cannot be read counts as busy, like this replica's own). AUTODOWN_PEER_DROPLET_IDS are the other
+replicas' Droplet ids: each is deleted by its id, and this one last, once every other is gone, so
+that a failed delete leaves the rule running on a Droplet that can try again. Never by tag:
+DELETE /v2/droplets?tag_name= needs `tag:read` besides `droplet:delete`, and whether it reaches
+GPU Droplets is not documented (FACTS.md; DigitalOcean OpenAPI droplets_destroy_byTag.yml).
+
+Token scopes (DigitalOcean OpenAPI, specification/resources): DELETE /v2/droplets/{id} needs
+`droplet:delete` (droplets/droplets_destroy.yml); DELETE /v2/domains/{zone}/records/{id} needs
+`domain:delete` (domains/domains_delete_record.yml). A 401/403 says which one is missing.
 """
 
 from __future__ import annotations
@@ -45,7 +52,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -64,7 +70,9 @@ _SAMPLE = re.compile(
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 DROPLET_ID = re.compile(r"[0-9]{1,20}")
-TAG = re.compile(r"[A-Za-z0-9_:.\-]{1,255}")
+# The scopes each call needs (DigitalOcean OpenAPI, see above): what a 401/403 names.
+DROPLET_SCOPE = "droplet:delete"
+RECORD_SCOPE = "domain:delete"
 ZONE = re.compile(r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
 # Per-request ceilings; the run's deadline lowers them as it nears.
 METRICS_TIMEOUT = 10.0
@@ -208,13 +216,14 @@ def delete(
     api_url: str,
     token: str,
     path: str,
-    scope: str,
+    scope: tuple[str, str],
     deadline: Deadline,
     sleep: Sleep,
     attempts: int = 4,
 ) -> str:
     """DELETE an API object, retrying transient failures within the run's deadline; returns
-    'deleted', 'gone' or an error for the log (the next minute's run tries again)."""
+    'deleted', 'gone' or an error for the log (the next minute's run tries again). `scope`:
+    what is deleted and the token scope that call needs, named when DigitalOcean refuses."""
     request = urllib.request.Request(  # noqa: S310 (the DigitalOcean API from config)
         f"{api_url.rstrip('/')}{path}",
         method="DELETE",
@@ -236,7 +245,12 @@ def delete(
             if err.code == 404:
                 return "gone"
             if err.code in (401, 403):
-                return f"error: HTTP {err.code}: the token may not delete {scope}"
+                what, needs = scope
+                return (
+                    f"error: HTTP {err.code}: the token may not delete {what}: it needs the "
+                    f"scope {needs} (DigitalOcean > API > Tokens; then set autodown.token and "
+                    "pulumi up)"
+                )
             result = f"error: HTTP {err.code}"
             asked = retry_after(err.headers.get("Retry-After"), deadline.clock())
             if asked is not None:
@@ -259,20 +273,15 @@ def delete_droplet(api_url: str, token: str, droplet: str, deadline: Deadline, s
     # (only /destroy_with_associated_resources/* removes those; DigitalOcean API reference and
     # changelog "Destroy a Droplet with associated resources"), so the next Droplet starts warm.
     return delete(
-        api_url, token, f"/v2/droplets/{droplet}", "Droplets (droplet:delete)", deadline, sleep
+        api_url, token, f"/v2/droplets/{droplet}", ("Droplets", DROPLET_SCOPE), deadline, sleep
     )
 
 
-def delete_tagged(api_url: str, token: str, tag: str, deadline: Deadline, sleep: Sleep) -> str:
-    """Every Droplet with this tag (the stack's replicas), in one call."""
-    return delete(
-        api_url,
-        token,
-        f"/v2/droplets?tag_name={quote(tag, safe='')}",
-        "Droplets (droplet:delete)",
-        deadline,
-        sleep,
-    )
+def peer_ids(setting: str) -> list[str] | None:
+    """The other replicas' Droplet ids; None when any is not a plain number (never DELETE a
+    path built from an odd value)."""
+    ids = setting.split()
+    return ids if all(DROPLET_ID.fullmatch(i) for i in ids) else None
 
 
 def dns_record(setting: str) -> tuple[str, str] | None:
@@ -293,11 +302,23 @@ def fresh_state(now: float) -> dict[str, Any]:
         "counters": None,
         "deleted": False,
         "record_deleted": False,
+        # The other replicas this rule has deleted (by id): a later run deletes only the rest.
+        "peers_deleted": [],
     }
 
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _flag(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _ids(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(i, str) and DROPLET_ID.fullmatch(i) for i in value
+    )
 
 
 def load_state(path: Path, now: float) -> tuple[dict[str, Any], str | None]:
@@ -327,11 +348,16 @@ def load_state(path: Path, now: float) -> tuple[dict[str, Any], str | None]:
         state["counters"] = {k: float(v) for k, v in counters.items()}
     elif counters is not None:
         odd.append("counters")
-    for flag in ("deleted", "record_deleted"):
-        if isinstance(raw.get(flag), bool):
-            state[flag] = raw[flag]
-        elif flag in raw:
-            odd.append(flag)
+    kinds: dict[str, Callable[[object], bool]] = {
+        "deleted": _flag,
+        "record_deleted": _flag,
+        "peers_deleted": _ids,
+    }
+    for key, valid in kinds.items():
+        if key in raw and valid(raw[key]):
+            state[key] = raw[key]
+        elif key in raw:
+            odd.append(key)
     return state, (f"state file had odd {', '.join(odd)}: reset" if odd else None)
 
 
@@ -424,7 +450,7 @@ def remove(state: dict[str, Any], reason: str, token: str, deadline: Deadline, s
         # (who could then get a certificate for it).
         zone, rid = record
         path = f"/v2/domains/{zone}/records/{rid}"
-        done = delete(api, token, path, "DNS records (domain:delete)", deadline, sleep)
+        done = delete(api, token, path, ("DNS records", RECORD_SCOPE), deadline, sleep)
         log(f"delete DNS record {rid} in {zone}: {done}")
         if done in ("deleted", "gone"):
             state["record_deleted"] = True
@@ -434,22 +460,39 @@ def remove(state: dict[str, Any], reason: str, token: str, deadline: Deadline, s
                 "anyway (it bills): run pulumi refresh, then pulumi up or pulumi destroy, to fix "
                 "the record"
             )
-    tag = env("AUTODOWN_DELETE_TAG", "").strip()
-    if tag and TAG.fullmatch(tag):
-        result = delete_tagged(api, token, tag, deadline, sleep)
-        log(
-            f"delete the replicas tagged {tag} (this Droplet {droplet} among them): "
-            f"{reason}: {result}"
-        )
-    else:
-        if tag:
-            log("AUTODOWN_DELETE_TAG is not a tag; deleting this Droplet only")
-        result = delete_droplet(api, token, droplet, deadline, sleep)
-        log(f"delete droplet {droplet}: {reason}: {result}")
+    if not remove_peers(state, reason, api, token, deadline, sleep):
+        return 1
+    result = delete_droplet(api, token, droplet, deadline, sleep)
+    log(f"delete droplet {droplet}: {reason}: {result}")
     if result not in ("deleted", "gone"):
         return 1
     state["deleted"] = True
     return 0
+
+
+def remove_peers(
+    state: dict[str, Any], reason: str, api: str, token: str, deadline: Deadline, sleep: Sleep
+) -> bool:
+    """Delete each other replica by its id (with replicas); True once none is left. This
+    Droplet runs the rule, so it goes last: while a peer's delete fails it stays, and the next
+    run tries that peer again."""
+    peers = peer_ids(os.environ.get("AUTODOWN_PEER_DROPLET_IDS", ""))
+    if peers is None:
+        log("AUTODOWN_PEER_DROPLET_IDS holds a value that is not a Droplet id; deleting nothing")
+        return False
+    done: list[str] = state["peers_deleted"]
+    for peer in peers:
+        if peer in done:
+            continue
+        result = delete_droplet(api, token, peer, deadline, sleep)
+        log(f"delete replica droplet {peer}: {reason}: {result}")
+        if result in ("deleted", "gone"):
+            done.append(peer)
+    left = [p for p in peers if p not in done]
+    if left:
+        waiting = " ".join(left)
+        log(f"this Droplet stays until replicas {waiting} are gone; the next run tries again")
+    return not left
 
 
 def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = time.sleep) -> int:
@@ -492,11 +535,8 @@ def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = t
     if not delete:
         log(f"keep: {reason}")
     elif dry_run:
-        what = (
-            f"the replicas tagged {env('AUTODOWN_DELETE_TAG')}"
-            if env("AUTODOWN_DELETE_TAG", "").strip()
-            else "this Droplet"
-        )
+        peers = env("AUTODOWN_PEER_DROPLET_IDS", "").split()
+        what = f"replicas {' '.join(peers)}, then this Droplet" if peers else "this Droplet"
         log(f"dry run: would delete {what}: {reason}")
     else:
         outcome = remove(state, reason, token, deadline, sleep)
