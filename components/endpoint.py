@@ -128,6 +128,8 @@ def build(
                 hostname = caddy.hostname
             else:
                 hostname = gpu.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
+            if caddy is not None:
+                caddy.serve(hostname)
         assert hostname is not None
         bootstrap = Bootstrap(
             f"bootstrap{suffix}",

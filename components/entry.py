@@ -203,12 +203,20 @@ class CaddyEntry(pulumi.ComponentResource):
             opts=child,
         )
         self.ipv4 = self.reserved_ip.ip_address
+        # The name it serves until serve() gives the one to wait for (the DNS record's).
         self.hostname: pulumi.Output[str] = self.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
         self.preflight = self._command("preflight", [], wait=True)
-        # The CA checks the name at the Reserved IP: the gateway starts once it is assigned.
-        self.gateway = self._command("gateway", [self.preflight, self.assignment])
         self.joins: dict[int, command.remote.Command] = {}
         self.register_outputs({"ipv4": self.ipv4})
+
+    def serve(self, hostname: pulumi.Output[str]) -> None:
+        """Start the gateway under `hostname`, which resolves to the Reserved IP once it is
+        known: the CA checks the name as soon as Caddy asks, and a failed validation counts
+        against the CA's limits. With access.dnsZone the name comes from the A record (so the
+        gateway waits for it); else it is the Reserved IP's own. The gateway also waits until
+        the address is assigned to this Droplet."""
+        self.hostname = hostname
+        self.gateway = self._command("gateway", [self.preflight, self.assignment])
 
     def join(
         self,

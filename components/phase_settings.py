@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -181,15 +182,13 @@ def settings(
         "ready": {
             # Through the gateway, on the Droplet: its real TLS and routes, no DNS needed (a
             # replica's: its private listener).
-            "NEMO_PROBE_URL": (
-                f"http://{site}:{catalog.REPLICA_PORT}/v1/chat/completions"
+            **(
+                {
+                    "NEMO_PROBE_URL": f"http://{site}:{catalog.REPLICA_PORT}/v1/chat/completions",
+                    "NEMO_PROBE_RESOLVE": f"{site}:{catalog.REPLICA_PORT}:{site}",
+                }
                 if pooled
-                else f"{gateway.endpoint(cfg, host)}/chat/completions"
-            ),
-            "NEMO_PROBE_RESOLVE": (
-                f"{site}:{catalog.REPLICA_PORT}:{site}"
-                if pooled
-                else f"{host}:{gateway.api_port(cfg)}:127.0.0.1"
+                else public_probe(cfg, host, Ports())
             ),
             "NEMO_PROBE_CA": "",
             "NEMO_KEY_VAR": "VLLM_API_KEY",
@@ -209,6 +208,30 @@ def settings(
         },
     }
     return common[phase]
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Where a public gateway listens: 80 and 443 on a Droplet. A test that cannot take those
+    gives its own here, once, so the Caddyfile and the probe that reaches it never disagree."""
+
+    http: int = gateway.HTTP_PORT
+    https: int = gateway.HTTPS_PORT
+
+    def api(self, cfg: StackConfig) -> int:
+        return self.https if cfg.access.https else self.http
+
+
+def public_probe(cfg: StackConfig, host: str, ports: Ports) -> dict[str, Setting]:
+    """ready's probe through a public gateway, from its own host: the endpoint's name, its
+    TLS and its gate, the name resolved to this host (no DNS needed)."""
+    port = ports.api(cfg)
+    default = port == gateway.api_port(cfg)
+    base = gateway.endpoint(cfg, host if default else f"{host}:{port}")
+    return {
+        "NEMO_PROBE_URL": f"{base}/chat/completions",
+        "NEMO_PROBE_RESOLVE": f"{host}:{port}:127.0.0.1",
+    }
 
 
 def drain_settings(cfg: StackConfig) -> dict[str, Setting]:
@@ -231,10 +254,12 @@ def balancer_settings(
     replica: int = 0,
     private_ip: str = "",
     droplet_id: str = "",
+    ports: Ports = Ports(),
 ) -> dict[str, Setting]:
     """The settings of the Caddy balancer Droplet's phases: preflight (a CPU host), gateway (the
     public gate in front of the replicas' files), member (one per replica: it enters the pool
-    once ready, and leaves it, drained, before it is replaced or removed), ready."""
+    once ready, and leaves it, drained, before it is replaced or removed), ready (a chat
+    completion through its own public entry, as a client sees it)."""
     if phase == "preflight":
         return {
             **settings(cfg, "preflight"),
@@ -244,9 +269,13 @@ def balancer_settings(
     if phase == "gateway":
         return {
             **settings(cfg, "gateway", api_key=api_key, host=host),
+            # The public name it serves (settings() gives a replica's private address).
+            "NEMO_HOST": host,
             "NEMO_CADDYFILE": gateway.caddyfile(
                 cfg,
                 host,
+                http_port=ports.http,
+                https_port=ports.https,
                 upstreams_glob=f"{catalog.BALANCER_UPSTREAMS_DIR}/*.caddy",
                 admin_socket=catalog.CADDY_ADMIN_SOCKET,
             ),
@@ -270,8 +299,16 @@ def balancer_settings(
             "NEMO_LEAVE_SECONDS": pool.DRAIN_SECONDS,
         }
     if phase == "ready":
+        # A replica's ready probes its private listener; the balancer has none: its probe goes
+        # through its own public entry (its certificate, with the patience a lone gateway's
+        # has for an ACME failure that may pass), and it drains nothing.
         return {
             **settings(cfg, "ready", host=host),
+            **public_probe(cfg, host, ports),
+            "NEMO_HOST": host,
+            "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https else 0,
+            "NEMO_DRAIN_FILE": "",
+            "NEMO_REJOIN_SECONDS": 0,
             "NEMO_ENV_FILE": gateway.GATEWAY_ENV_FILE,
             "NEMO_KEY_VAR": gateway.API_KEY_ENV,
             # No vLLM here: the answer comes from a replica through the balancer.

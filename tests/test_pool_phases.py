@@ -52,6 +52,27 @@ def replica(box: Sandbox, downloads: Downloads) -> tuple[Phases, str]:
     return p, url
 
 
+def test_the_balancers_ready_probes_its_own_public_entry_with_acme_patience() -> None:
+    """The balancer has no private listener: ready goes through its public gate, its name
+    resolved to itself, with the patience a lone gateway has for an ACME failure that may pass
+    (replicas wait for none: they hold no certificate)."""
+    raw = stack_config("dev")
+    raw["replicas"] = 2
+    cfg = config.parse(raw, "dev")
+    host = "203-0-113-201.sslip.io"
+    ready = phase_settings.balancer_settings(cfg, "ready", api_key=API_KEY, host=host)
+    assert ready["NEMO_PROBE_URL"] == f"https://{host}/v1/chat/completions"
+    assert ready["NEMO_PROBE_RESOLVE"] == f"{host}:443:127.0.0.1"
+    assert ready["NEMO_HOST"] == host
+    assert ready["NEMO_ACME_PATIENCE"] == phase_settings.ACME_PATIENCE_SECONDS
+    assert ready["NEMO_DRAIN_FILE"] == "" and ready["NEMO_REJOIN_SECONDS"] == 0
+    assert ready["NEMO_UNIT"] == "" and ready["NEMO_ENV_FILE"] == gateway.GATEWAY_ENV_FILE
+    plain = config.parse({**raw, "access": {**raw["access"], "https": False}}, "dev")
+    probe = phase_settings.balancer_settings(plain, "ready", api_key=API_KEY, host="203.0.113.201")
+    assert probe["NEMO_PROBE_URL"] == "http://203.0.113.201/v1/chat/completions"
+    assert probe["NEMO_ACME_PATIENCE"] == 0
+
+
 def health(url: str) -> int:
     return requests.get(f"{url}/health", timeout=5).status_code
 
@@ -175,25 +196,19 @@ class Balancer:
         self.url = f"http://127.0.0.1:{box.http_port}"
 
     def settings(self, phase: str, **kwargs: Any) -> dict[str, Any]:
+        # The sandbox cannot take ports 80 and 443: its own go in as the one Ports value that
+        # both the Caddyfile and ready's probe are rendered from, which stay as rendered.
+        ports = phase_settings.Ports(http=self.box.http_port, https=self.box.https_port)
         s = dict(
             phase_settings.balancer_settings(
-                self.cfg, phase, api_key=API_KEY, host="127.0.0.1", **kwargs
+                self.cfg, phase, api_key=API_KEY, host="127.0.0.1", ports=ports, **kwargs
             )
         )
         s["NEMO_RETRY_DELAY"] = 0
         if phase == "ready":
-            s["NEMO_PROBE_URL"] = f"{self.url}/v1/chat/completions"
-            s["NEMO_PROBE_RESOLVE"] = f"127.0.0.1:{self.box.http_port}:127.0.0.1"
             s["NEMO_READY_TIMEOUT"] = 20
         if phase == "gateway":
             s["NEMO_CADDY_URL"] = self.p.caddy_url
-            s["NEMO_CADDYFILE"] = gateway.caddyfile(
-                self.cfg,
-                "127.0.0.1",
-                http_port=self.box.http_port,
-                upstreams_glob=f"{catalog.BALANCER_UPSTREAMS_DIR}/*.caddy",
-                admin_socket=catalog.CADDY_ADMIN_SOCKET,
-            )
         return s
 
     def run(self, phase: str, inner: str = "bash -s", **kwargs: Any) -> PhaseRun:

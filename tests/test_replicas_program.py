@@ -268,6 +268,22 @@ def test_the_set_keeps_every_secret_secret() -> None:
 # ---- DigitalOcean's Load Balancer (a domain in DigitalOcean DNS) ------------------------------
 
 
+def test_the_caddy_entry_with_a_dns_zone_asks_for_its_certificate_once_the_record_exists() -> None:
+    """The CA checks the name as soon as Caddy asks, and a failed validation counts against its
+    limits: the balancer's gateway waits for the A record that points the name at it."""
+    run = run_program(
+        {**dev(access=MANAGED), "replicas": 2, "balancer": {"kind": "caddy"}},
+        zones=("example.com",),
+    )
+    assert run.error is None, run.error
+    record = of(run, DNS_RECORD)["endpoint-record"]
+    assert record.inputs["value"] == FAKE_RESERVED_IPV4
+    commands = of(run, COMMAND)
+    assert "endpoint-record" in depends(run, commands["balancer-gateway"])
+    assert "NEMO_HOST=llm.example.com" in commands["balancer-gateway"].inputs["stdin"]
+    assert "endpoint-record" in depends(run, commands["balancer-ready"])
+
+
 def test_a_dns_zone_puts_the_set_behind_a_managed_load_balancer() -> None:
     run = run_program(
         {**dev(access={**MANAGED, "apiCidrs": [OFFICE]}), "replicas": 2}, zones=("example.com",)
