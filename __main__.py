@@ -56,6 +56,9 @@ for i, each in enumerate(cache_plans):
 caddy_price = (
     entry.caddy_price(cfg, placement.region) if cfg.pooled and cfg.balancer_kind == "caddy" else 0.0
 )
+# The managed Load Balancer's node count must be one DigitalOcean takes in that region.
+if cfg.pooled and cfg.balancer_kind == "managed":
+    entry.lb_size(cfg, placement.region)
 
 # The key every request needs: given as a secret, or made once per stack.
 api_key: pulumi.Output[str] = pulumi.Output.secret(

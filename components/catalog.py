@@ -144,6 +144,12 @@ CADDY_ADMIN_SOCKET = "/run/caddy/admin.sock"
 # networking/load-balancers, Plans and Pricing), billed hourly; DigitalOcean bills a month as
 # 672 hours at most, the same divisor as its Droplet prices.
 LB_NODE_PRICE_MONTH = 10.0
+# How many nodes the API takes (`size_unit`, 1-100), and where it takes none: in AMS2, NYC2 and
+# SFO1 a Load Balancer is sized by the older `size` slug alone, each a fixed node count
+# (DigitalOcean OpenAPI, load_balancers/models/load_balancer_base.yml, size_unit and size).
+LB_MAX_NODES = 100
+LB_SIZE_SLUG_REGIONS = ("ams2", "nyc2", "sfo1")
+LB_SIZE_SLUGS = {1: "lb-small", 3: "lb-medium", 6: "lb-large"}
 HOURS_PER_BILLING_MONTH = 672
 
 

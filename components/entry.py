@@ -56,6 +56,28 @@ def caddy_price(cfg: StackConfig, region_slug: str) -> float:
     return offer.price_hourly
 
 
+def lb_size(cfg: StackConfig, region_slug: str) -> tuple[int | None, str | None]:
+    """How the Load Balancer's nodes are asked for in this region, as (size_unit, size):
+    `size_unit`, or where
+    DigitalOcean takes none (AMS2, NYC2, SFO1) the `size` slug of that many nodes; a count
+    no slug has there is refused before anything is created (catalog.LB_SIZE_SLUGS)."""
+    nodes = cfg.balancer.nodes
+    if region_slug not in catalog.LB_SIZE_SLUG_REGIONS:
+        return nodes, None
+    slug = catalog.LB_SIZE_SLUGS.get(nodes)
+    if slug is None:
+        accepted = ", ".join(str(n) for n in catalog.LB_SIZE_SLUGS)
+        raise ConfigError(
+            [
+                f"balancer.nodes: {nodes} is not a size DigitalOcean's Load Balancer has in "
+                f"{region_slug}, where the replicas are (there it is sized by slug: accepted "
+                f"{accepted} nodes); choose one of these, or put {region_slug} after another "
+                "region in droplet.regions"
+            ]
+        )
+    return None, slug
+
+
 def tag_exists(name: str) -> bool:
     """Whether the account has this tag (the provider's data source fails with "tag not found"
     for one it has not: terraform-provider-digitalocean tag/datasource_tag.go)."""
@@ -117,11 +139,13 @@ class ManagedEntry(pulumi.ComponentResource):
         # The pool is the replicas' tag, made before the Load Balancer that selects by it.
         self.tag = adopted_tag(f"{name}-replica-tag", cfg.replica_tag, parent=self)
         interval = catalog.LB_CHECK_INTERVAL_SECONDS
+        size_unit, size = lb_size(cfg, region)
         self.load_balancer = digitalocean.LoadBalancer(
             name,
             name=cfg.balancer_name,
             region=region,
-            size_unit=cfg.balancer.nodes,
+            size_unit=size_unit,
+            size=size,
             droplet_tag=self.tag.name,
             forwarding_rules=[
                 digitalocean.LoadBalancerForwardingRuleArgs(

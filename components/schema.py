@@ -552,9 +552,13 @@ class BalancerConfig(_Section):
     nodes: int = Field(
         1,
         ge=1,
-        le=200,
-        description="`managed` only: Load Balancer nodes (each adds 10,000 connections; "
-        f"${catalog.LB_NODE_PRICE_MONTH:.0f} per node per month).",
+        le=catalog.LB_MAX_NODES,
+        description=f"`managed` only: Load Balancer nodes, 1 to {catalog.LB_MAX_NODES} (each "
+        f"adds 10,000 connections; ${catalog.LB_NODE_PRICE_MONTH:.0f} per node per month). In "
+        f"{', '.join(f'`{r}`' for r in catalog.LB_SIZE_SLUG_REGIONS)} DigitalOcean sizes a Load "
+        f"Balancer by slug only, so there {', '.join(map(str, catalog.LB_SIZE_SLUGS))} nodes "
+        "(`lb-small`, `lb-medium`, `lb-large`); another count is refused before anything is "
+        "created.",
     )
 
     @field_validator("size")

@@ -311,6 +311,7 @@ class FakeCloud(pulumi_mocks.Mocks):
             outs.update(ipv4Address=ipv4, ipv4AddressPrivate=f"10.110.0.{2 + n}", status="active")
             return (self.droplet_id if n == 0 else f"{self.droplet_id}{n}"), outs
         elif args.typ == "digitalocean:index/loadBalancer:LoadBalancer":
+            refuse_load_balancer(args.inputs)
             outs.update(ip=FAKE_LB_IPV4, status="active")
             return "lb-uuid-0001", outs
         elif args.typ == "digitalocean:index/reservedIp:ReservedIp":
@@ -320,6 +321,25 @@ class FakeCloud(pulumi_mocks.Mocks):
             outs.setdefault("name", f"{args.name}-a1b2c3")
             return "cert-uuid-0001", outs
         return f"{args.name}-id", outs
+
+
+# Where DigitalOcean takes no size_unit, only the older size slug (its OpenAPI,
+# load_balancers/models/load_balancer_base.yml), and the most nodes it takes.
+LB_SLUG_REGIONS = ("ams2", "nyc2", "sfo1")
+LB_SLUGS = ("lb-small", "lb-medium", "lb-large")
+
+
+def refuse_load_balancer(inputs: dict[str, Any]) -> None:
+    """What DigitalOcean's API refuses of a Load Balancer, as it would (a failed create)."""
+    unit, size, region = inputs.get("sizeUnit"), inputs.get("size"), inputs["region"]
+    if region in LB_SLUG_REGIONS and unit is not None:
+        raise AssertionError(f"422: size_unit is not available in {region}: use size")
+    if region not in LB_SLUG_REGIONS and size is not None:
+        raise AssertionError(f"422: size is replaced by size_unit in {region}")
+    if unit is not None and not 1 <= unit <= 100:
+        raise AssertionError(f"422: size_unit must be 1-100, got {unit}")
+    if size is not None and size not in LB_SLUGS:
+        raise AssertionError(f"422: size must be one of {LB_SLUGS}, got {size}")
 
 
 class Recorder(pulumi_mocks.MockMonitor):

@@ -284,6 +284,56 @@ def test_the_caddy_entry_with_a_dns_zone_asks_for_its_certificate_once_the_recor
     assert "endpoint-record" in depends(run, commands["balancer-ready"])
 
 
+@pytest.mark.parametrize(
+    ("region", "nodes", "sized"),
+    [
+        ("tor1", 2, {"sizeUnit": 2}),
+        ("tor1", 100, {"sizeUnit": 100}),
+        ("nyc2", 1, {"size": "lb-small"}),
+        ("nyc2", 3, {"size": "lb-medium"}),
+        ("nyc2", 6, {"size": "lb-large"}),
+    ],
+)
+def test_the_load_balancer_is_sized_as_its_region_takes_it(
+    region: str, nodes: int, sized: dict[str, Any]
+) -> None:
+    """AMS2, NYC2 and SFO1 take no size_unit, only the size slug of 1, 3 or 6 nodes
+    (DigitalOcean OpenAPI, load_balancer_base.yml); the fake refuses what the API refuses."""
+    run = run_program(
+        {
+            **dev(access=MANAGED, droplet={"regions": [region]}),
+            "replicas": 2,
+            "balancer": {"nodes": nodes},
+        },
+        offers={"gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", [region], GPU_PRICE)},
+        zones=("example.com",),
+    )
+    assert run.error is None, run.error
+    lb = of(run, LOAD_BALANCER)["lb"]
+    assert {k: lb.inputs[k] for k in ("sizeUnit", "size") if k in lb.inputs} == sized
+
+
+def test_a_node_count_the_region_cannot_take_is_refused_before_anything() -> None:
+    run = run_program(
+        {
+            **dev(access=MANAGED, droplet={"regions": ["nyc2"]}),
+            "replicas": 2,
+            "balancer": {"nodes": 2},
+        },
+        offers={"gpu-4000adax1-20gb": offer("gpu-4000adax1-20gb", ["nyc2"], GPU_PRICE)},
+        zones=("example.com",),
+    )
+    assert isinstance(run.error, ConfigError), run.error
+    assert run.error.problems[0].startswith(
+        "balancer.nodes: 2 is not a size DigitalOcean's Load Balancer has in nyc2"
+    )
+    assert "accepted 1, 3, 6 nodes" in run.error.problems[0]
+    assert run.registrations == []
+    too_many = run_program({**dev(access=MANAGED), "replicas": 2, "balancer": {"nodes": 101}})
+    assert isinstance(too_many.error, ConfigError)
+    assert too_many.error.problems[0].startswith("balancer.nodes:")
+
+
 def test_a_dns_zone_puts_the_set_behind_a_managed_load_balancer() -> None:
     run = run_program(
         {**dev(access={**MANAGED, "apiCidrs": [OFFICE]}), "replicas": 2}, zones=("example.com",)
