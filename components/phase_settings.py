@@ -202,6 +202,7 @@ def settings(
             "NEMO_GATEWAY_UNIT": catalog.CADDY_UNIT,
             "NEMO_HOST": site,
             "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https and not pooled else 0,
+            "NEMO_ACME_ISSUERS": 0 if pooled else acme_issuers(cfg, host),
             # A replica back from an update rejoins the pool before the next one starts.
             "NEMO_DRAIN_FILE": drain_settings(cfg)["NEMO_DRAIN_FILE"],
             "NEMO_REJOIN_SECONDS": pool.rejoin_seconds(cfg) if pooled else 0,
@@ -232,6 +233,17 @@ def public_probe(cfg: StackConfig, host: str, ports: Ports) -> dict[str, Setting
         "NEMO_PROBE_URL": f"{base}/chat/completions",
         "NEMO_PROBE_RESOLVE": f"{host}:{port}:127.0.0.1",
     }
+
+
+def acme_issuers(cfg: StackConfig, host: str) -> int:
+    """How many ACME CAs a public gateway's Caddy tries for its certificate, in order: Let's
+    Encrypt alone for an IP address (the site names its one issuer, for the IP profile), Let's
+    Encrypt then ZeroSSL for a name, when an email is configured (FACTS.md: Caddy adds ZeroSSL
+    only then; certmagic config.go tries the issuers in turn), so ready never calls a Let's
+    Encrypt rate limit final while ZeroSSL is still to try."""
+    if not cfg.access.https:
+        return 0
+    return 1 if gateway.is_ip(host) or not cfg.access.acme_email else 2
 
 
 def drain_settings(cfg: StackConfig) -> dict[str, Setting]:
@@ -307,6 +319,7 @@ def balancer_settings(
             **public_probe(cfg, host, ports),
             "NEMO_HOST": host,
             "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https else 0,
+            "NEMO_ACME_ISSUERS": acme_issuers(cfg, host),
             "NEMO_DRAIN_FILE": "",
             "NEMO_REJOIN_SECONDS": 0,
             "NEMO_ENV_FILE": gateway.GATEWAY_ENV_FILE,

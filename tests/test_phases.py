@@ -980,6 +980,48 @@ def test_ready_waits_out_a_failure_that_may_pass(box: Sandbox, downloads: Downlo
     assert "no answer from" in run.failure
 
 
+LETS_ENCRYPT = "acme-v02.api.letsencrypt.org-directory"
+ZEROSSL = "acme.zerossl.com-v2-DV90"
+
+
+def certmagic_failure(issuer: str, problem: str, detail: str) -> str:
+    """One of Caddy's log lines for an issuer that failed (certmagic config.go, obtainCert)."""
+    return (
+        '{"level":"error","ts":1764770000.1,"logger":"tls.obtain","msg":"could not get '
+        f'certificate from issuer","identifier":"llm.example.com","issuer":"{issuer}","error":'
+        f'"HTTP 429 urn:ietf:params:acme:error:{problem} - {detail}"}}'
+    )
+
+
+@pytest.mark.parametrize("zerossl_refuses", [False, True], ids=["zerossl-to-try", "both-refuse"])
+def test_a_lets_encrypt_rate_limit_is_not_final_while_zerossl_may_issue(
+    box: Sandbox, downloads: Downloads, zerossl_refuses: bool
+) -> None:
+    """A name's gateway (with acmeEmail) tries Let's Encrypt, then ZeroSSL, in one attempt
+    (FACTS.md, certmagic): ready waits out a Let's Encrypt rate limit, and fails at once only
+    when every issuer it has refused for good."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "domain": "llm.example.com", "acmeEmail": "ops@example.com"}
+    p.cfg = config.parse(raw, "dev", frozenset({"autodown"}))
+    rendered = phase_settings.settings(p.cfg, "ready", host="llm.example.com")
+    assert rendered["NEMO_ACME_ISSUERS"] == 2
+    lines = [certmagic_failure(LETS_ENCRYPT, "rateLimited", "too many certificates (5)")]
+    if zerossl_refuses:
+        lines.append(certmagic_failure(ZEROSSL, "rateLimited", "ZeroSSL says no"))
+    box.file("/var/log/fake-caddy.log", "\n".join(lines) + "\n")
+    p.extra["ready"] = {"NEMO_READY_TIMEOUT": 6, "NEMO_ACME_PATIENCE": 600}
+    run = p.run("ready", host="llm.example.com")
+    assert run.returncode != 0
+    if zerossl_refuses:
+        assert "the CA did not issue a certificate for llm.example.com" in run.stderr
+        assert "ZeroSSL says no" in run.stderr or "too many certificates" in run.stderr
+    else:
+        assert "the CA did not issue" not in run.stderr, "ZeroSSL was still to try"
+        assert "no answer from" in run.stderr
+
+
 def test_ready_times_out_with_the_journal(box: Sandbox, downloads: Downloads) -> None:
     p = prepared(box, downloads)
     p.ok("service")

@@ -4,14 +4,15 @@
 # how long it took. A crash ends the wait at once: systemd restarts a crashing vLLM without end
 # and never shows it failed, so the phase watches its restarts, and says why from the journal.
 # A certificate the CA refuses ends it too: Caddy's log names the ACME problem (RFC 8555 types),
-# and a refusal that will not pass (a rate limit) fails at once, one that may (the CA
-# unreachable, a challenge refused while DNS catches up) after NEMO_ACME_PATIENCE seconds.
+# and a refusal that will not pass (a rate limit) from every issuer Caddy tries fails at once,
+# one that may (the CA unreachable, a challenge refused while DNS catches up, a rate limit while
+# ZeroSSL is still to try) after NEMO_ACME_PATIENCE seconds.
 # A replica behind a balancer (NEMO_DRAIN_FILE set) then ends its drain and waits
 # NEMO_REJOIN_SECONDS, until the balancer's checks have seen it healthy, before the next replica
 # may start its own update. On the balancer Droplet NEMO_UNIT is empty: no vLLM of its own.
 # Settings: NEMO_PROBE_URL NEMO_PROBE_RESOLVE NEMO_PROBE_CA NEMO_SERVED_NAME NEMO_UNIT
 #           NEMO_ENV_FILE NEMO_KEY_VAR NEMO_READY_TIMEOUT NEMO_GATEWAY_UNIT NEMO_HOST
-#           NEMO_ACME_PATIENCE NEMO_DRAIN_FILE NEMO_REJOIN_SECONDS
+#           NEMO_ACME_PATIENCE NEMO_ACME_ISSUERS NEMO_DRAIN_FILE NEMO_REJOIN_SECONDS
 
 url=$NEMO_PROBE_URL
 tls=()
@@ -44,23 +45,48 @@ why() {
   esac
 }
 
+# acme_detail LINE: the CA's words in one of Caddy's log lines (its "error" field).
+acme_detail() {
+  local detail
+  detail=$(sed -n 's/.*"error":"\(\([^"\\]\|\\.\)*\)".*/\1/p' <<<"$1" | sed 's/\\"/"/g' | cut -c1-400)
+  [[ -n $detail ]] || detail=$(cut -c1-400 <<<"$1")
+  printf '%s\n' "$detail"
+}
+
+# acme_final LINE: whether the CA's refusal in LINE will not pass by itself.
+acme_final() {
+  case $1 in
+    *acme:error:rateLimited*|*acme:error:caa*|*acme:error:rejectedIdentifier*|*acme:error:unsupportedIdentifier*) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
 # acme_problem: "KIND<TAB>the CA's words" for the newest ACME failure in the gateway's log of
-# this boot, or nothing. KIND: final (will not pass by itself) or transient.
+# this boot, or nothing. KIND: final (will not pass by itself) or transient. Caddy tries its
+# NEMO_ACME_ISSUERS issuers in order within one attempt (certmagic config.go; FACTS.md: a Let's
+# Encrypt rate limit is followed by a ZeroSSL try), so a refusal is final only once every
+# issuer's newest failure is.
 acme_problem() {
-  local lines line detail
+  local lines line issuer finals=0 final_line=""
   lines=$(journalctl --unit "$NEMO_GATEWAY_UNIT" --boot --lines 400 --no-pager --output cat 2>/dev/null \
     | grep -E '"logger":"tls\.obtain".*"msg":"(could not get certificate from issuer|will retry)"') || true
   [[ -n $lines ]] || return 0
+  while IFS= read -r issuer; do
+    [[ -n $issuer ]] || continue
+    line=$(grep -F "\"issuer\":\"${issuer}\"" <<<"$lines" | tail -n 1)
+    if acme_final "$line"; then
+      finals=$((finals + 1))
+      final_line=$line
+    fi
+  done < <(sed -n 's/.*"issuer":"\([^"]*\)".*/\1/p' <<<"$lines" | sort -u)
+  if (( finals >= NEMO_ACME_ISSUERS )) && [[ -n $final_line ]]; then
+    printf 'final\t%s\n' "$(acme_detail "$final_line")"
+    return 0
+  fi
   # The CA's own words (an RFC 8555 problem type) when it answered; else the newest failure.
   line=$(grep 'urn:ietf:params:acme:error:' <<<"$lines" | tail -n 1) || true
   [[ -n $line ]] || line=$(tail -n 1 <<<"$lines")
-  detail=$(sed -n 's/.*"error":"\(\([^"\\]\|\\.\)*\)".*/\1/p' <<<"$line" | sed 's/\\"/"/g' | cut -c1-400)
-  [[ -n $detail ]] || detail=$(cut -c1-400 <<<"$line")
-  case $line in
-    *acme:error:rateLimited*|*acme:error:caa*|*acme:error:rejectedIdentifier*|*acme:error:unsupportedIdentifier*)
-      printf 'final\t%s\n' "$detail" ;;
-    *) printf 'transient\t%s\n' "$detail" ;;
-  esac
+  printf 'transient\t%s\n' "$(acme_detail "$line")"
 }
 
 # acme_fix DETAIL: what to do about it.
