@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from . import bootstrap, cache, config, entry, gateway, phase_settings
+from . import autodown, bootstrap, cache, config, entry, gateway, phase_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Droplet's address is known only once it exists; renders name the gateway for this one.
@@ -29,6 +29,7 @@ HOST_PLACEHOLDER_IP = "203.0.113.10"
 # With replicas: their private addresses, in order, and the balancer's Reserved IP.
 PRIVATE_PLACEHOLDER_IPS = tuple(f"10.110.0.{2 + i}" for i in range(8))
 RESERVED_PLACEHOLDER_IP = "203.0.113.201"
+PLACEHOLDER_DROPLET_ID = "424242"
 
 
 def stack_raw(stack: str) -> tuple[dict[str, Any], frozenset[str]]:
@@ -87,7 +88,11 @@ def render_stack(stack: str, out: Path, replicas: int | None = None) -> list[Pat
             extra["reboot_result"] = {"rebooting": True, "boot_id": "<boot id before the reboot>"}
         if pooled and name == "autodown":
             extra["api_key"] = phase_settings.SECRET_PLACEHOLDER
-            extra["peers"] = list(PRIVATE_PLACEHOLDER_IPS[1 : cfg.replicas])
+            # Each other replica: its Droplet id (a number, as autodown.py requires) and address.
+            extra["peers"] = [
+                autodown.Peer(f"{PLACEHOLDER_DROPLET_ID}{i}", PRIVATE_PLACEHOLDER_IPS[i])
+                for i in range(1, cfg.replicas)
+            ]
         path = out / f"{index:02d}-{name}.sh"
         minutes = bootstrap.phase_minutes(cfg, phase)
         path.write_text(

@@ -28,12 +28,12 @@ they ask for); the set is busy when any replica is (the readings are summed, and
 cannot be read counts as busy, like this replica's own). AUTODOWN_PEER_DROPLET_IDS are the other
 replicas' Droplet ids: each is deleted by its id, and this one last, once every other is gone, so
 that a failed delete leaves the rule running on a Droplet that can try again. Never by tag:
-DELETE /v2/droplets?tag_name= needs `tag:read` besides `droplet:delete`, and whether it reaches
+DELETE /v2/droplets?tag_name= needs tag:read besides droplet:delete, and whether it reaches
 GPU Droplets is not documented (FACTS.md; DigitalOcean OpenAPI droplets_destroy_byTag.yml).
 
 Token scopes (DigitalOcean OpenAPI, specification/resources): DELETE /v2/droplets/{id} needs
-`droplet:delete` (droplets/droplets_destroy.yml); DELETE /v2/domains/{zone}/records/{id} needs
-`domain:delete` (domains/domains_delete_record.yml). A 401/403 says which one is missing.
+droplet:delete (droplets/droplets_destroy.yml); DELETE /v2/domains/{zone}/records/{id} needs
+domain:delete (domains/domains_delete_record.yml). A 401/403 says which one is missing.
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def delete(
     attempts: int = 4,
 ) -> str:
     """DELETE an API object, retrying transient failures within the run's deadline; returns
-    'deleted', 'gone' or an error for the log (the next minute's run tries again). `scope`:
+    'deleted', 'gone' or an error for the log (the next minute's run tries again). scope:
     what is deleted and the token scope that call needs, named when DigitalOcean refuses."""
     request = urllib.request.Request(  # noqa: S310 (the DigitalOcean API from config)
         f"{api_url.rstrip('/')}{path}",
