@@ -169,10 +169,13 @@ class BootstrapArgs:
     # "<zone> <record id>" of the endpoint's A record when the program keeps one: autodown
     # deletes it before the Droplet, so the name never points at an address someone else gets.
     dns_record: pulumi.Input[str] = ""
-    # The cache Volume's device on the Droplet ("": no cache) and its attachment, which the
-    # cache phase waits for; a new attachment (a new Droplet or Volume) runs it again.
+    # The cache Volume's device on the Droplet ("": no cache), its attachment and the Volume
+    # itself, which the cache phase waits for (an attach, a resize); a new attachment (a new
+    # Droplet or Volume) or a new size runs it again.
     cache_device: str = ""
     cache_attachment: pulumi.CustomResource | None = None
+    cache_volume: pulumi.CustomResource | None = None
+    cache_volume_size: pulumi.Output[int] | None = None
     prefix: str = "bootstrap"
     # With replicas: which one this is, its private address (its gateway listens there for the
     # balancer), the other replicas' Droplet ids and private addresses (replica 0's autodown
@@ -248,6 +251,14 @@ class Bootstrap(pulumi.ComponentResource):
                 if name_ == "lock":
                     upstream.append(self.lock)
                 elif name_ == "volume":
+                    # The Volume too, not only its attachment: a resize (cache.sizeGb grew)
+                    # updates the Volume alone, and the phase must run after it to grow the
+                    # filesystem. Its size is a trigger as well as a setting: the plan may
+                    # hold a size back for a run (an adopted Volume grows the next time).
+                    if args.cache_volume is not None:
+                        upstream.append(args.cache_volume)
+                    if args.cache_volume_size is not None:
+                        triggers.append(args.cache_volume_size.apply(str))
                     if args.cache_attachment is not None:
                         upstream.append(args.cache_attachment)
                         triggers.append(args.cache_attachment.id)

@@ -15,6 +15,8 @@ sold out where the cache is) gets a new, cold cache there, and the `cache` outpu
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,31 @@ from .config import ConfigError
 from .schema import StackConfig
 
 DESCRIPTION = f"{catalog.PROJECT} cache: weights, conda envs, vLLM compile caches"
+
+# DigitalOcean's rule for a Volume's name: lowercase letters, digits and "-", a letter first, at
+# most 64 characters (digitalocean/openapi specification/resources/volumes/models/
+# volume_base.yml, `name`; the provider's digitalocean_volume docs say the same).
+VOLUME_NAME_MAX = 64
+VOLUME_NAME = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
+# Hex digits of sha256(base) in a name whose base had to be cut.
+NAME_HASH_CHARS = 8
+
+
+def volume_name(cfg: StackConfig, replica: int = 0) -> str:
+    """Replica `replica`'s cache Volume name: `<droplet.name>[-<replica>]-cache`, lowercased,
+    other characters as "-", a letter first. It is how the Volume is found again (and adopted)
+    after a destroy, so a name that fits is never changed. One that does not keeps its suffix
+    and loses the end of the base instead, which a short hash of the whole base replaces: two
+    long names that share a prefix, or two replicas, never get the same Volume."""
+    base = re.sub(r"[^a-z0-9-]", "-", cfg.droplet_name.lower())
+    if not base[:1].isalpha():
+        base = f"n-{base}"
+    tail = f"-{replica}-cache" if replica else "-cache"
+    if len(base) + len(tail) <= VOLUME_NAME_MAX:
+        return base + tail
+    digest = hashlib.sha256(base.encode()).hexdigest()[:NAME_HASH_CHARS]
+    keep = VOLUME_NAME_MAX - len(tail) - NAME_HASH_CHARS - 1
+    return f"{base[:keep]}-{digest}{tail}"
 
 
 @dataclass(frozen=True)
@@ -83,7 +110,7 @@ def find(cfg: StackConfig, preferred_region: str | None = None, replica: int = 0
     one), the one in `preferred_region`, else the first of droplet.regions that has one."""
     if not cfg.cache.enabled:
         return None
-    name = cfg.cache_volume_name_for(replica)
+    name = volume_name(cfg, replica)
     try:
         return _lookup(name, None)
     except Exception as err:
@@ -115,7 +142,7 @@ def plan(
     want = cfg.cache.size_gb
     if want is None:
         return Plan(False, region, 0, None, "off", "no cache: cache.sizeGb is unset")
-    name = cfg.cache_volume_name_for(replica)
+    name = volume_name(cfg, replica)
     others = [d for d in (found.droplet_ids if found else ()) if str(d) != droplet_id]
     if found is not None and others:
         # A Volume attaches to one Droplet: taking it would fail half-way, after the bill began.
@@ -205,7 +232,7 @@ class CacheVolume(pulumi.ComponentResource):
         # depends on it.
         self.volume = digitalocean.Volume(
             name,
-            name=cfg.cache_volume_name_for(replica),
+            name=volume_name(cfg, replica),
             region=cache_plan.region,
             size=cache_plan.size_gb,
             description=DESCRIPTION,
@@ -229,7 +256,7 @@ class CacheVolume(pulumi.ComponentResource):
 
 def device_path(cfg: StackConfig, replica: int = 0) -> str:
     """Where the attached Volume appears on the Droplet."""
-    return f"{catalog.VOLUME_DEVICE_PREFIX}{cfg.cache_volume_name_for(replica)}"
+    return f"{catalog.VOLUME_DEVICE_PREFIX}{volume_name(cfg, replica)}"
 
 
 def output(
@@ -241,7 +268,7 @@ def output(
         return {"state": "off", "monthlyPriceUsd": 0.0, "note": cache_plan.note}
     out: dict[str, Any] = {
         "state": cache_plan.state,
-        "volume": cfg.cache_volume_name_for(replica) if cache_plan.create else None,
+        "volume": volume_name(cfg, replica) if cache_plan.create else None,
         "volumeId": volume_id or None,
         "region": cache_plan.region,
         "sizeGb": cache_plan.size_gb if cache_plan.create else 0,

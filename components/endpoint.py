@@ -150,6 +150,8 @@ def build(
                 ),
                 cache_device=cache.device_path(cfg, index) if cache_volume is not None else "",
                 cache_attachment=cache_volume.attachment if cache_volume is not None else None,
+                cache_volume=cache_volume.volume if cache_volume is not None else None,
+                cache_volume_size=cache_volume.volume.size if cache_volume is not None else None,
                 prefix=f"bootstrap{suffix}",
                 replica=index if cfg.pooled else None,
                 private_ip=gpu.ipv4_private if cfg.pooled else "",

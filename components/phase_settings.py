@@ -82,6 +82,13 @@ def settings(
             # DigitalOcean attaches in seconds; the device link follows once udev has seen it.
             "NEMO_CACHE_WAIT_SECONDS": 300,
             "NEMO_VLLM_UNIT": catalog.VLLM_UNIT,
+            # The size asked for: a new cache.sizeGb re-runs the phase, which grows the
+            # filesystem once DigitalOcean has grown the Volume (its size also triggers a run:
+            # bootstrap.py, the "volume" step, for sizes the plan holds back).
+            "NEMO_CACHE_SIZE_GB": (cfg.cache.size_gb or 0) if cache_device else 0,
+            # Copying a live Droplet's folders in (the cache turned on later), each, within the
+            # phase's 60 minutes.
+            "NEMO_CACHE_COPY_SECONDS": 2400,
         },
         "reboot": {"NEMO_REBOOT_DELAY": 5, **drain_settings(cfg)},
         "reboot-wait": {

@@ -684,19 +684,6 @@ class StackConfig(BaseModel):
             return self.model.disk_gb
         return known.disk_gb if known else self.model_vram_gb
 
-    @property
-    def cache_volume_name(self) -> str:
-        """Replica 0's (a lone Droplet's) cache Volume name."""
-        return self.cache_volume_name_for(0)
-
-    def cache_volume_name_for(self, replica: int) -> str:
-        """A replica's cache Volume name: lowercase letters, digits and dashes, a letter first,
-        at most 64 (the API's rule), unique per region, found again by it after a destroy."""
-        base = re.sub(r"[^a-z0-9-]", "-", self.replica_name(replica).lower())
-        if not base[:1].isalpha():
-            base = f"n-{base}"
-        return f"{base[:58]}-cache"
-
 
 def resolved_balancer_kind(
     balancer: BalancerConfig, access: AccessConfig

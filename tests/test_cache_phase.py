@@ -8,6 +8,9 @@ the same image attached. Everything else is what the other phase tests use.
 from __future__ import annotations
 
 import hashlib
+import shutil
+import signal
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,3 +252,302 @@ def test_a_volume_that_is_not_attached_fails_with_the_fix(
     p = with_cache(droplet(tmp_path, droplets, None), downloads, missing)
     run = p.failed("cache", "attached", "check Volumes in the control panel")
     assert f"no {missing}" in run.failure
+
+
+# ---- a Volume is formatted only when it reads as new -----------------------------------------
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def digest(image: Path) -> str:
+    with image.open("rb") as f:
+        return hashlib.file_digest(f, "sha1").hexdigest()
+
+
+def write_at(image: Path, offset: int, data: bytes) -> None:
+    """A few bytes at `offset`, the rest of the (sparse) image untouched, as dd seek= does."""
+    subprocess.run(
+        ["dd", f"of={image}", "bs=1", f"seek={offset}", "conv=notrunc", "status=none"],
+        input=data,
+        check=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "offset"),
+    [
+        # No signature anywhere: the first blocks were wiped (wipefs -a), the data is further in.
+        ("middle", GIB + 4096),
+        ("end", 2 * GIB - 100),
+        ("first 64 MiB", 40 * MIB),
+    ],
+)
+def test_a_volume_holding_data_but_no_filesystem_is_refused_and_left_intact(
+    tmp_path: Path, downloads: Downloads, droplets: list[Sandbox], where: str, offset: int
+) -> None:
+    image = tmp_path / "volume.img"
+    with image.open("wb") as f:
+        f.truncate(2 * GIB)
+    write_at(image, offset, b"data")
+    before = digest(image)
+    p = with_cache(droplet(tmp_path, droplets, image), downloads, image)
+    run = p.failed("cache", "filesystem", "blkdiscard")
+    assert f"it is not new: the byte at offset {offset} " in run.failure, (where, run.failure)
+    assert "delete the Volume in the control panel" in run.failure
+    assert "mkfs" not in run.stderr and "formatting it" not in run.stderr
+    assert digest(image) == before, "not one byte of the Volume changed"
+    assert not Path(f"{image}.fs").exists(), "never mounted"
+    assert not box_fstab_has_block(droplets[0])
+
+
+def box_fstab_has_block(box: Sandbox) -> bool:
+    fstab = box.file("/etc/fstab")
+    return fstab.exists() and "nemotron-cache" in fstab.read_text()
+
+
+def test_a_volume_with_a_partition_table_is_refused_with_what_wipefs_finds(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+) -> None:
+    # An MBR with one partition (what fdisk writes): an entry at 446, the signature at 510.
+    entry = bytes([0, 0, 0, 0, 0x83, 0, 0, 0]) + struct.pack("<II", 2048, 4096)
+    with volume.open("r+b") as f:
+        f.seek(446)
+        f.write(entry)
+        f.seek(510)
+        f.write(b"\x55\xaa")
+    before = digest(volume)
+    p = with_cache(droplet(tmp_path, droplets, volume), downloads, volume)
+    run = p.failed("cache", "filesystem", "attach an empty Volume")
+    assert "the Volume holds a dos partition table (wipefs: dos at 0x1fe)" in run.failure, (
+        run.failure
+    )
+    assert digest(volume) == before
+
+
+def test_a_zero_volume_is_formatted_and_says_why(
+    tmp_path: Path, downloads: Downloads, droplets: list[Sandbox]
+) -> None:
+    """A Volume bigger than the first and last 64 MiB: the samples in between read too."""
+    image = tmp_path / "volume.img"
+    with image.open("wb") as f:
+        f.truncate(3 * GIB)
+    p = with_cache(droplet(tmp_path, droplets, image), downloads, image)
+    run = p.run("cache")
+    assert run.returncode == 0, run.stderr
+    assert "a new Volume (zeros in its first and last 64 MiB and in a MiB of every GiB)" in (
+        run.stderr
+    )
+    assert blkid(image, "TYPE") == "ext4"
+
+
+# ---- growing cache.sizeGb grows the filesystem ----------------------------------------------
+
+
+def filesystem_bytes(image: Path) -> int:
+    out = subprocess.run(
+        ["dumpe2fs", "-h", str(image)], capture_output=True, text=True, check=True
+    ).stdout
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return int(fields["Block count"]) * int(fields["Block size"])
+
+
+def test_a_grown_volume_gets_its_filesystem_grown_on_the_next_run(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+) -> None:
+    p = with_cache(droplet(tmp_path, droplets, volume), downloads, volume)
+    # Adopted at its own size while cache.sizeGb asks more: it grows on the next pulumi up.
+    p.extra["cache"]["NEMO_CACHE_SIZE_GB"] = 1
+    run = p.run("cache")
+    assert "it grows to 1 GiB on the next pulumi up" in run.stderr, run.stderr
+    (Path(f"{volume}.fs") / "conda" / "kept").write_text("what the cache held")
+    assert filesystem_bytes(volume) == IMAGE_BYTES
+    # cache.sizeGb raised: DigitalOcean grows the Volume in place, the phase runs again.
+    with volume.open("r+b") as f:
+        f.truncate(4 * IMAGE_BYTES)
+    run = p.run("cache")
+    assert run.returncode == 0 and run.result["changed"] is True, run.stderr
+    grew = [line for line in run.stderr.splitlines() if "the Volume grew to 256MiB" in line]
+    assert len(grew) == 1 and "growing its ext4 filesystem from 64MiB" in grew[0], run.stderr
+    assert filesystem_bytes(volume) == 4 * IMAGE_BYTES
+    assert (Path(f"{volume}.fs") / "conda" / "kept").read_text() == "what the cache held"
+    again = p.run("cache")
+    assert again.result["changed"] is False, again.stderr
+    assert "the filesystem spans the Volume's 256MiB" in again.stderr
+
+
+# ---- a bind only of a complete copy ----------------------------------------------------------
+
+# A cp that breaks off the cache's copy (into its side folder) half-way: out of space, or the
+# phase killed (its Droplet lost, its bound); every other cp is the real one.
+BREAKING_CP = r"""#!/bin/bash
+dest=${*: -1}
+if [[ $dest == *.partial/ ]]; then
+  /usr/bin/cp -a "${*: -2:1}bin" "$dest"
+  if [[ -e /etc/cp-kills ]]; then
+    # The phase (`bash -s`, a few parents up), and nothing else.
+    pid=$PPID
+    for _ in 1 2 3; do
+      if [[ $(tr '\0' ' ' < "/proc/$pid/cmdline") == "bash -s " ]]; then kill -KILL "$pid"; break; fi
+      pid=$(awk '{print $4}' "/proc/$pid/stat")
+    done
+    exit 137
+  fi
+  echo "cp: error writing '${dest}python': No space left on device" >&2
+  exit 1
+fi
+exec /usr/bin/cp "$@"
+"""
+
+
+def droplet_has_its_conda(box: Sandbox) -> bool:
+    return box.run("", inner=f"test -x {catalog.CONDA_PREFIX}/bin/conda").returncode == 0
+
+
+def fstab_binds(box: Sandbox) -> list[str]:
+    return [
+        line.split()[1]
+        for line in box.file("/etc/fstab").read_text().splitlines()
+        if " none bind," in line
+    ]
+
+
+@pytest.mark.parametrize("how", ["fails", "is killed"])
+def test_a_copy_cut_short_binds_nothing_now_or_after_a_reboot_and_the_rerun_completes_it(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox], how: str
+) -> None:
+    box = droplet(tmp_path, droplets, None)
+    p = with_cache(box, downloads, None)
+    p.ok("cache")
+    p.ok("conda")
+    # The cache turned on for this live Droplet; its copy of /opt/conda breaks off.
+    box.attach_volume(volume)
+    p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    box.file("/usr/local/bin/cp", BREAKING_CP, mode=0o755)
+    if how == "is killed":
+        box.file("/etc/cp-kills", "")
+    run = p.run("cache")
+    assert run.returncode != 0 and run.stdout == "", run.stderr
+    fs = Path(f"{volume}.fs")
+    assert not any((fs / "conda").iterdir()), "the cache's folder holds no part of the copy"
+    assert droplet_has_its_conda(box) and not bound(box, catalog.CONDA_PREFIX)
+    assert fstab_binds(box) == []
+    if how == "is killed":
+        assert run.returncode == -signal.SIGKILL and "FAILED" not in run.stderr, run.stderr
+    else:
+        assert "FAILED at step bind: copying /opt/conda into the cache failed" in run.stderr
+        assert "this Droplet keeps its own /opt/conda (not bound, not in /etc/fstab)" in run.stderr
+
+    # The next boot applies /etc/fstab: the Volume is mounted, nothing incomplete is bound.
+    box.reboot()
+    assert bound(box, catalog.CACHE_MOUNT) and not bound(box, catalog.CONDA_PREFIX)
+    assert droplet_has_its_conda(box)
+
+    box.file("/usr/local/bin/cp").unlink()
+    box.file("/etc/cp-kills").unlink(missing_ok=True)
+    run = p.run("cache")
+    assert run.returncode == 0 and run.result["changed"] is True, run.stderr
+    assert f"{catalog.CONDA_PREFIX}: copying what this Droplet has into the cache" in run.stderr
+    assert (fs / "conda" / "bin" / "conda").exists() and not (fs / "conda.partial").exists()
+    assert bound(box, catalog.CONDA_PREFIX) and droplet_has_its_conda(box)
+    assert fstab_binds(box) == [path for _, path in catalog.CACHE_BINDS]
+    box.reboot()
+    assert bound(box, catalog.CONDA_PREFIX) and droplet_has_its_conda(box)
+    again = p.run("cache")
+    assert again.result["changed"] is False, again.stderr
+    assert p.ok("conda")["changed"] is False
+
+
+def test_an_incomplete_bind_an_earlier_version_left_is_undone_and_the_copy_completed(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+) -> None:
+    """What the phase used to leave after a copy cut short: every bind in fstab, the cache's
+    conda folder empty. After the reboot the empty folder hid the Droplet's /opt/conda and a
+    re-run said "bound"."""
+    box = droplet(tmp_path, droplets, None)
+    p = with_cache(box, downloads, None)
+    p.ok("cache")
+    p.ok("conda")
+    box.attach_volume(volume)
+    p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", catalog.CACHE_LABEL, str(volume)], check=True)
+    uuid = blkid(volume, "UUID")
+    Path(f"{volume}.fs-uuid").write_text(uuid + "\n")
+    fs = Path(f"{volume}.fs")
+    (fs / "conda").mkdir(parents=True)
+    (fs / "conda.partial" / "bin").mkdir(parents=True)
+    (fs / ".nemotron-cache").write_text("layout 1\ncreated 2026-01-01T00:00:00Z\n")
+    mnt = catalog.CACHE_MOUNT
+    old_block = [
+        "# nemotron-cache: begin (the bootstrap's cache phase writes this block)",
+        f"UUID={uuid} {mnt} ext4 defaults,nofail,noatime,discard 0 2",
+        *(
+            f"{mnt}/{folder} {path} none bind,nofail,x-systemd.requires-mounts-for={mnt} 0 0"
+            for folder, path in catalog.CACHE_BINDS
+        ),
+        "# nemotron-cache: end",
+    ]
+    box.file("/etc/fstab", "\n".join(old_block) + "\n")
+    box.reboot()
+    assert bound(box, catalog.CONDA_PREFIX) and not droplet_has_its_conda(box)
+
+    run = p.run("cache")
+    assert run.returncode == 0, run.stderr
+    assert (
+        f"{catalog.CONDA_PREFIX}: the cache's conda is empty, not a copy of this Droplet's: "
+        "unbinding it" in run.stderr
+    )
+    assert f"{catalog.CONDA_PREFIX}: copying what this Droplet has into the cache" in run.stderr
+    assert (fs / "conda" / "bin" / "conda").exists()
+    assert bound(box, catalog.CONDA_PREFIX) and droplet_has_its_conda(box)
+    assert fstab_binds(box) == [path for _, path in catalog.CACHE_BINDS]
+
+
+# A df for which the cache's filesystem has 16 KiB free, less than the fake conda's 60 (here its
+# content is a folder of this machine's disk: tests/fakes/mount).
+FULL_DF = """#!/bin/bash
+if [[ " $* " == *" --output=avail -k "* ]]; then printf 'Avail\\n16\\n'; exit 0; fi
+exec /usr/bin/df "$@"
+"""
+
+
+def test_a_copy_the_cache_has_no_room_for_is_refused_before_it_starts(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+) -> None:
+    box = droplet(tmp_path, droplets, None)
+    p = with_cache(box, downloads, None)
+    p.ok("cache")
+    p.ok("conda")
+    box.attach_volume(volume)
+    p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    box.file("/usr/local/bin/df", FULL_DF, mode=0o755)
+    run = p.failed("cache", "bind", "raise cache.sizeGb")
+    assert "the cache has 16KiB free: not copied" in run.failure, run.failure
+    assert not (Path(f"{volume}.fs") / "conda.partial").exists()
+    assert droplet_has_its_conda(box) and not bound(box, catalog.CONDA_PREFIX)
+    assert fstab_binds(box) == []
+
+    box.file("/usr/local/bin/df").unlink()
+    p.ok("cache")
+    assert bound(box, catalog.CONDA_PREFIX) and droplet_has_its_conda(box)
+
+
+def test_a_cache_an_earlier_version_filled_is_kept_as_it_is(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+) -> None:
+    """Its folders carry no mark of completeness: a filled one is the cache's (that version,
+    too, renamed only whole copies), kept bound; an empty one shows this Droplet's own again."""
+    box = droplet(tmp_path, droplets, volume)
+    p = with_cache(box, downloads, volume)
+    p.ok("cache")
+    p.ok("conda")
+    shutil.rmtree(Path(f"{volume}.fs") / ".nemotron-complete")
+    run = p.run("cache")
+    assert run.returncode == 0, run.stderr
+    assert f"{catalog.CONDA_PREFIX}: the cache's conda is complete (kept what the cache holds)" in (
+        run.stderr
+    )
+    assert "copying" not in run.stderr and "stopping" not in run.stderr
+    assert bound(box, catalog.CONDA_PREFIX) and droplet_has_its_conda(box)
+    assert fstab_binds(box) == [path for _, path in catalog.CACHE_BINDS]
+    assert p.ok("cache")["changed"] is False

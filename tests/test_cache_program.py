@@ -4,7 +4,9 @@ Droplet must go to another region, and its price an output."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 
 import pytest
 from pulumi_harness import (
@@ -21,9 +23,10 @@ from pulumi_harness import (
 from test_bootstrap_program import commands
 from test_program import dev
 
-from components import catalog
+from components import cache, catalog, config
 from components.config import ConfigError
 from components.render import render_stack
+from components.schema import StackConfig
 
 DEVICE = f"{catalog.VOLUME_DEVICE_PREFIX}nemotron-dev-cache"
 
@@ -267,3 +270,113 @@ def test_the_offline_render_shows_the_cache_phase_with_its_device(tmp_path) -> N
     assert "RequiresMountsFor=" in files["10-service.sh"].read_text()
     dev = {p.name: p for p in render_stack("dev", tmp_path / "dev")}
     assert "NEMO_CACHE_DEVICE=''" in dev["04-cache.sh"].read_text()
+
+
+# ---- growing the cache -----------------------------------------------------------------------
+
+
+def test_a_larger_cache_size_reruns_the_cache_phase_after_the_volume_grows() -> None:
+    """cache.sizeGb 100 -> 150 on a live stack: the Volume resizes in place, and the cache phase
+    (which grows the filesystem) has a new stdin and waits for the Volume, not only for its
+    attachment (which a resize leaves as it is)."""
+    live = {"droplets": [existing_droplet()]}
+    small = run_program(cached(100), **live)
+    large = run_program(cached(150), **live)
+    assert small.one(VOLUME).inputs["size"] == 100 and large.one(VOLUME).inputs["size"] == 150
+    assert "NEMO_CACHE_SIZE_GB=100\n" in cache_stdin(small)
+    assert "NEMO_CACHE_SIZE_GB=150\n" in cache_stdin(large)
+    assert cache_stdin(small) != cache_stdin(large)
+    phase = commands(large)["cache"]
+    assert large.one(VOLUME).urn in phase.dependencies
+    assert large.one(VOLUME_ATTACHMENT).urn in phase.dependencies
+    assert "150" in phase.inputs["triggers"]
+    # Only the cache phase's own settings change: no other phase's stdin does.
+    for name, command in commands(small).items():
+        if name != "cache":
+            assert command.inputs["stdin"] == commands(large)[name].inputs["stdin"], name
+
+
+def test_a_volume_the_plan_grows_later_reruns_the_cache_phase_when_it_does() -> None:
+    """A detached Volume is adopted at its own 100 GiB first (cache.sizeGb 300 does not change
+    between the two runs): its size, a trigger of the cache phase, runs it again once it grew."""
+    first = run_program(cached(300), volumes=[existing_volume(size=100)])
+    then = run_program(
+        cached(300),
+        droplets=[existing_droplet()],
+        volumes=[existing_volume(size=100, droplet_ids=(int(FAKE_DROPLET_ID),))],
+    )
+    assert first.one(VOLUME).inputs["size"] == 100 and then.one(VOLUME).inputs["size"] == 300
+    assert "100" in commands(first)["cache"].inputs["triggers"]
+    assert "300" in commands(then)["cache"].inputs["triggers"]
+
+
+def test_no_cache_asks_no_size() -> None:
+    assert "NEMO_CACHE_SIZE_GB=0\n" in cache_stdin(run_program(dev()))
+    assert "NEMO_CACHE_SIZE_GB=0\n" in cache_stdin(
+        run_program(cached(100), no_volumes_in=("tor1",))
+    )
+
+
+# ---- Volume names ----------------------------------------------------------------------------
+
+
+def named(name: str) -> StackConfig:
+    """The dev stack with this droplet.name, unvalidated (droplet.name accepts 63 characters;
+    64 checks the rule past it)."""
+    cfg = config.parse(dev(cache={"sizeGb": 100}), "dev")
+    return cfg.model_copy(update={"droplet": cfg.droplet.model_copy(update={"name": name})})
+
+
+LENGTHS = (56, 57, 63, 64)
+REPLICAS = range(catalog.MAX_REPLICAS)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_volume_names_are_valid_and_unique_per_replica_at_any_length(length: int) -> None:
+    names = [cache.volume_name(named("n" * length), r) for r in REPLICAS]
+    for name in names:
+        assert cache.VOLUME_NAME.match(name) and len(name) <= 64, name
+    assert len(set(names)) == len(names), names
+    # Long names that share their first 55 characters get Volumes of their own.
+    other = [cache.volume_name(named("n" * (length - 1) + "x"), r) for r in REPLICAS]
+    assert not set(names) & set(other), (names, other)
+    # Each ends with its replica's suffix, kept whole when the base is cut.
+    for r, name in enumerate(names):
+        assert name.endswith(f"-{r}-cache" if r else "-cache"), name
+
+
+def test_a_cut_name_keeps_the_base_it_can_and_a_hash_of_the_whole() -> None:
+    base = "a" * 57
+    assert cache.volume_name(named(base), 0) == f"{base}-cache"  # 63: fits, unchanged
+    cut = cache.volume_name(named(base), 1)
+    digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+    assert cut == f"{'a' * 47}-{digest}-1-cache" and len(cut) == 64
+    # Not the one Volume for every replica, as when the base was cut after the suffix.
+    assert cut != cache.volume_name(named(base), 2)
+
+
+def test_names_of_existing_stacks_are_unchanged() -> None:
+    """An existing Volume is adopted by its name: a name that fits is exactly what the program
+    made before (base[:58] + "-cache", the base the replica's name), or its Volume is orphaned."""
+
+    for name in ("nemotron-dev", "nemotron-prod", "Nemo.Droplet_1", "7b-box", "n" * 56):
+        for r in REPLICAS:
+            base = re.sub(r"[^a-z0-9-]", "-", (f"{name}-{r}" if r else name).lower())
+            if not base[:1].isalpha():
+                base = f"n-{base}"
+            assert len(base) <= 58, "a name the program did not have to cut"
+            assert cache.volume_name(named(name), r) == f"{base}-cache", (name, r)
+    assert cache.volume_name(named("nemotron-dev"), 0) == "nemotron-dev-cache"
+    assert cache.volume_name(named("nemotron-dev"), 2) == "nemotron-dev-2-cache"
+
+
+def test_a_long_droplet_name_gives_each_replica_its_own_volume_in_the_program() -> None:
+    name = "n" * 63
+    run = run_program(dev(cache={"sizeGb": 100}, droplet={"name": name}))
+    assert run.error is None, run.error
+    volume = run.one(VOLUME)
+    assert volume.inputs["name"] == cache.volume_name(named(name), 0)
+    assert len(volume.inputs["name"]) == 64
+    assert f"NEMO_CACHE_DEVICE={catalog.VOLUME_DEVICE_PREFIX}{volume.inputs['name']}\n" in (
+        cache_stdin(run)
+    )

@@ -87,9 +87,14 @@ fetch() {
   step disk "free disk for about ${disk_gb} GB of ${id}"
   mkdir -p "$HF_HOME"
   free_gb=$(df --output=avail -BG "$HF_HOME" | tail -n 1 | tr -dc '0-9')
-  if (( free_gb < disk_gb + 2 )); then
+  if (( free_gb < disk_gb + 2 )) && mountpoint -q "$HF_HOME"; then
+    # HF_HOME is the cache Volume's folder (the cache phase binds it): a larger cache.sizeGb
+    # grows the Volume in place and re-runs the cache phase, which grows its filesystem.
+    fail "${free_gb} GB free in ${HF_HOME} (on the cache Volume), ${id} needs about ${disk_gb} GB" \
+         "raise cache.sizeGb (pulumi up grows the Volume and its filesystem in place), or choose a smaller model (model.id)"
+  elif (( free_gb < disk_gb + 2 )); then
     fail "${free_gb} GB free in ${HF_HOME}, ${id} needs about ${disk_gb} GB" \
-         "choose a size with a larger disk or a smaller model (model.id), or a larger cache.sizeGb"
+         "choose a size with a larger disk or a smaller model (model.id), or set cache.sizeGb to keep the weights on a Volume"
   fi
 
   step download "hf download ${want}"
