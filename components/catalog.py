@@ -42,14 +42,22 @@ METADATA_URL = f"http://{METADATA_IP}/metadata/v1"
 METADATA_DENY = f"IPAddressDeny={METADATA_IP}/32"
 DO_API_URL = "https://api.digitalocean.com"
 CONDA_PREFIX = "/opt/conda"
+# Each vLLM install has an env of its own, named by what it holds (vllm_service.env_path):
+# VLLM_ENV-<version>-<lock>, beside the env the service runs from, which it never touches. The
+# service phase switches the unit to it (one replica at a time) and removes the one before.
+# VLLM_ENV itself is where earlier versions installed in place; it goes after the first switch.
 VLLM_ENV = "/opt/conda/envs/vllm"
+# Python and uv, which the conda phase keeps: each vLLM env starts as a clone of it (its name
+# is not VLLM_ENV-*, which the cleanup removes).
+VLLM_BASE_ENV = "/opt/conda/envs/vllm.base"
 # huggingface_hub lives in an env of its own so the model download can run while uv rewrites
 # the vLLM env.
 HF_ENV = "/opt/conda/envs/hf"
 HF_HOME = "/var/lib/nemotron/hf"
 # What the vllm and model phases installed, one line each; the service restarts when either
-# changes (a new vLLM, new weights), not only when its unit or env file does.
-VLLM_MARKER = "/opt/conda/envs/vllm/.nemotron-vllm"
+# changes (a new vLLM, new weights), not only when its unit or env file does. A vLLM env's
+# marker is in it, written last: an env without one is incomplete.
+VLLM_MARKER = ".nemotron-vllm"
 # The weights' marker lives with them (on the cache volume, when there is one).
 MODEL_MARKER = "/var/lib/nemotron/hf/.nemotron-model"
 # Triton compiles a small C launcher at first use and fails without a C compiler ("Failed to

@@ -104,14 +104,20 @@ def settings(
             "NEMO_MINIFORGE_URL": catalog.MINIFORGE_URL,
             "NEMO_MINIFORGE_SHA256": catalog.MINIFORGE_SHA256,
             "NEMO_PYTHON": cfg.bootstrap.python,
-            "NEMO_VLLM_ENV": catalog.VLLM_ENV,
+            "NEMO_VLLM_BASE_ENV": catalog.VLLM_BASE_ENV,
             "NEMO_HF_ENV": catalog.HF_ENV,
         },
         "vllm": {
             "NEMO_VLLM_INSTALL": cfg.vllm.install,
             "NEMO_VLLM_VERSION": cfg.vllm.version,
-            "NEMO_VLLM_ENV": catalog.VLLM_ENV,
-            "NEMO_VLLM_MARKER": catalog.VLLM_MARKER,
+            # A new env beside the one the service runs from (never touched); the service
+            # phase switches to it.
+            "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
+            "NEMO_VLLM_MARKER": vllm_service.marker_path(cfg),
+            "NEMO_CONDA_PREFIX": catalog.CONDA_PREFIX,
+            "NEMO_VLLM_BASE_ENV": catalog.VLLM_BASE_ENV,
+            "NEMO_UNIT": catalog.VLLM_UNIT,
+            **vllm_service.env_settings(),
             "NEMO_LOCK_FILE": remote_lock_path(cfg),
             "NEMO_LOCK_SHA256": lock_sha256(cfg),
             "NEMO_VLLM_GIT_URL": catalog.VLLM_GIT_URL,
@@ -141,7 +147,12 @@ def settings(
             "NEMO_UNIT_TEXT": vllm_service.unit_text(cfg, cached=bool(cache_device)),
             "NEMO_ENV_TEXT": vllm_service.env_text(api_key, cfg),
             # What the running service was started from: a change to any of them restarts it.
-            "NEMO_RUNS_FROM": f"{catalog.VLLM_MARKER} {catalog.MODEL_MARKER}",
+            "NEMO_RUNS_FROM": f"{vllm_service.marker_path(cfg)} {catalog.MODEL_MARKER}",
+            # The env the unit runs from (complete: its marker), the others go once the
+            # service runs from it.
+            "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
+            "NEMO_VLLM_MARKER": vllm_service.marker_path(cfg),
+            **vllm_service.env_settings(),
             **drain_settings(cfg),
         },
         "gateway": {

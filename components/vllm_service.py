@@ -6,6 +6,7 @@ writes what this module renders. vLLM listens on loopback only; the gateway is t
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from . import catalog
@@ -15,7 +16,42 @@ from .schema import StackConfig
 # and torch.compile find their tools there), then the system's, where the C compiler Triton needs
 # for its launcher lives (the vllm phase installs it).
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SERVICE_PATH = f"{catalog.VLLM_ENV}/bin:{SYSTEM_PATH}"
+
+
+def env_path(cfg: StackConfig) -> str:
+    """The env this config's vLLM lives in, named by what it holds: the release (or the source
+    ref) and the first 12 hex digits of the lock's sha256. A new lock is a new env, installed
+    beside the one the service runs from; the unit names it, so the service phase switches.
+    The one rule for the vllm phase's target, the unit's ExecStart and PATH, and the marker."""
+    lock = hashlib.sha256(cfg.lock_file.read_bytes()).hexdigest()[:12]
+    if cfg.vllm.install == "wheel":
+        holds = cfg.vllm.version
+    else:
+        # A ref may hold "/" (a branch); "_" never appears in one (schema._REVISION): one name
+        # per ref.
+        holds = "src-" + cfg.vllm_git_ref.replace("/", "_")
+    return f"{catalog.VLLM_ENV}-{holds}-{lock}"
+
+
+def marker_path(cfg: StackConfig) -> str:
+    """What the vllm phase installed in the env, written last (no marker: incomplete)."""
+    return f"{env_path(cfg)}/{catalog.VLLM_MARKER}"
+
+
+# The env the service was last started from, written by the service phase as it restarts it:
+# never removed, whatever the unit names by then (a switch cut between the unit and the restart).
+RUNS_ENV_FILE = f"{catalog.STATE_DIR}/vllm.runs-env"
+
+
+def env_settings() -> dict[str, str]:
+    """What the vllm and service phases read to tell the vLLM envs apart: ours are VLLM_ENV
+    (earlier versions' one env) and VLLM_ENV-*; the one last started is in RUNS_ENV_FILE."""
+    return {"NEMO_VLLM_ENV_PREFIX": catalog.VLLM_ENV, "NEMO_RUNS_ENV_FILE": RUNS_ENV_FILE}
+
+
+def service_path(cfg: StackConfig) -> str:
+    """The unit's PATH: the env's bin first, then the system's."""
+    return f"{env_path(cfg)}/bin:{SYSTEM_PATH}"
 
 
 def systemd_quote(arg: str) -> str:
@@ -60,9 +96,7 @@ def unit_text(cfg: StackConfig, cached: bool = False) -> str:
     """The unit. `cached`: vLLM, the weights and its compile caches are on the cache Volume,
     bound from fstab with nofail, so the unit waits for those mounts (and does not start from
     the empty folders beneath them when the Volume is missing)."""
-    exec_start = " ".join(
-        systemd_quote(a) for a in [f"{catalog.VLLM_ENV}/bin/vllm", *serve_args(cfg)]
-    )
+    exec_start = " ".join(systemd_quote(a) for a in [f"{env_path(cfg)}/bin/vllm", *serve_args(cfg)])
     mounts = " ".join(path for _, path in catalog.CACHE_BINDS)
     requires_mounts = f"RequiresMountsFor={mounts}\n" if cached else ""
     return f"""[Unit]
@@ -77,7 +111,7 @@ Group={catalog.VLLM_USER}
 WorkingDirectory=/var/lib/{catalog.VLLM_USER}
 # Secrets and settings live in a root-only file, never on this command line.
 EnvironmentFile={catalog.VLLM_ENV_FILE}
-Environment=PATH={SERVICE_PATH}
+Environment=PATH={service_path(cfg)}
 {catalog.METADATA_DENY}
 ExecStart={exec_start}
 Restart=on-failure

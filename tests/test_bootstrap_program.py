@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +22,7 @@ from pulumi_harness import (
 )
 from test_program import HF_TOKEN, dev
 
-from components import bootstrap, config, phase_settings, vllm_service
+from components import bootstrap, config, phase_settings, schema, vllm_service
 
 COMMAND = "command:remote:Command"
 # The overlap: the cache, conda, the vLLM env and the weights download beside the driver
@@ -209,8 +212,9 @@ def test_service_unit_runs_vllm_on_loopback_with_flags_from_config_and_catalog()
     )
     stdin = commands(run)["service"].inputs["stdin"]
     exec_start = next(line for line in stdin.splitlines() if line.startswith("ExecStart="))
+    env = f"/opt/conda/envs/vllm-0.33.0-{LOCK_SHA256[:12]}"
     assert exec_start == (
-        "ExecStart=/opt/conda/envs/vllm/bin/vllm serve nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
+        f"ExecStart={env}/bin/vllm serve nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
         " --revision main --served-model-name nemotron --host 127.0.0.1 --port 8000"
         " --tensor-parallel-size 8 --max-model-len 32768 --gpu-memory-utilization 0.9"
         " --max-num-seqs 64 --trust-remote-code --mamba-ssm-cache-dtype float32"
@@ -224,11 +228,54 @@ def test_service_unit_runs_vllm_on_loopback_with_flags_from_config_and_catalog()
         "User=vllm",
         "EnvironmentFile=/etc/nemotron/vllm.env",
         # Triton's and FlashInfer's tools: the env's bin first, then the system's compiler.
-        "Environment=PATH=/opt/conda/envs/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        f"Environment=PATH={env}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         # The metadata service serves the host key: blocked from the unit's first instruction.
         "IPAddressDeny=169.254.169.254/32",
     ):
         assert f"\n{line}\n" in stdin
+
+
+# The committed lock's sha256, read here, not from the program.
+LOCK_SHA256 = hashlib.sha256((schema.LOCKS_DIR / "vllm-0.33.0-py3.12.txt").read_bytes()).hexdigest()
+
+
+def env_lines(stdin: str) -> list[str]:
+    """The lines of a phase's stdin that name the vLLM env, in this order."""
+    prefixes = ("ExecStart=", "Environment=PATH=", "NEMO_VLLM_ENV=")
+    lines = stdin.splitlines()
+    return [line for prefix in prefixes for line in lines if line.startswith(prefix)]
+
+
+def test_the_vllm_env_follows_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new lock names a new env: the vllm phase installs there, the unit (ExecStart, PATH)
+    runs from there, so the unit changes and the service phase switches. conda does not re-run."""
+    locks = tmp_path / "locks"
+    shutil.copytree(schema.LOCKS_DIR, locks)
+    new_lock = (
+        (locks / "vllm-0.33.0-py3.12.txt").read_text().replace("vllm==0.33.0", "vllm==0.33.1")
+    )
+    (locks / "vllm-0.33.1-py3.12.txt").write_text(new_lock)
+    sha = hashlib.sha256(new_lock.encode()).hexdigest()
+    monkeypatch.setattr(schema, "LOCKS_DIR", locks)
+    monkeypatch.setattr(config, "LOCKS_DIR", locks)
+    before = run_program(stack_config("dev"))
+    after = run_program(dev(vllm={"version": "0.33.1"}))
+    for run, env in (
+        (before, f"/opt/conda/envs/vllm-0.33.0-{LOCK_SHA256[:12]}"),
+        (after, f"/opt/conda/envs/vllm-0.33.1-{sha[:12]}"),
+    ):
+        cmds = commands(run)
+        execs, paths, settings = env_lines(cmds["service"].inputs["stdin"])
+        assert execs.startswith(f"ExecStart={env}/bin/vllm serve ")
+        assert paths.startswith(f"Environment=PATH={env}/bin:")
+        assert settings == f"NEMO_VLLM_ENV={env}"
+        assert env_lines(cmds["vllm"].inputs["stdin"]) == [f"NEMO_VLLM_ENV={env}"]
+    assert "conda" not in reruns(before, after) and {"vllm", "service"} <= reruns(before, after)
+    # A source build is named by its git ref.
+    source = commands(run_program(dev(vllm={"install": "source", "gitRef": "releases/v0.33"})))
+    assert env_lines(source["vllm"].inputs["stdin"]) == [
+        f"NEMO_VLLM_ENV=/opt/conda/envs/vllm-src-releases_v0.33-{LOCK_SHA256[:12]}"
+    ]
 
 
 def test_the_gateway_unit_may_not_reach_the_metadata_service_either() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from sandbox import Downloads, Sandbox, free_port
-from test_phases import Phases
+from test_phases import Phases, service_pid, unit_env, use_new_locks, vllm_envs, vllm_lock
 
 from components import bootstrap, phase_settings
 
@@ -224,8 +224,14 @@ def test_the_whole_bootstrap_over_ssh_with_one_reboot_then_a_second_up_changes_n
         assert first["cache"]["cache"] == ("new" if cached else "off")
         assert first["ready"]["ready_seconds"] >= 0
         if cached:
-            # vLLM answered from the env and the weights on the Volume, after the reboot.
-            assert (Path(f"{device}.fs") / "conda" / "envs" / "vllm" / "bin" / "vllm").exists()
+            # vLLM answered from its env and the weights on the Volume, after the reboot: the
+            # Volume holds /opt/conda whole, the vllm phase's new envs with it.
+            (env,) = (Path(f"{device}.fs") / "conda" / "envs").glob("vllm-0.33.0-*")
+            assert (env / "bin" / "vllm").exists() and (env / ".nemotron-vllm").exists()
+            assert (
+                f"ExecStart=/opt/conda/envs/{env.name}/bin/vllm "
+                in droplet.box.file("/etc/systemd/system/vllm.service").read_text()
+            )
             assert list((Path(f"{device}.fs") / "hf" / "hub").iterdir())
         boot = droplet.box.boot_id
 
@@ -234,6 +240,35 @@ def test_the_whole_bootstrap_over_ssh_with_one_reboot_then_a_second_up_changes_n
         assert droplet.box.boot_id == boot
         for name in bootstrap.PHASE_NAMES:
             assert second[name]["changed"] is False, name
+    finally:
+        downloads.close()
+
+
+def test_a_new_vllm_installs_beside_the_running_one_and_one_restart_switches(
+    droplet: Droplet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new lock, the whole bootstrap again: the vllm phase installs the release into a new env
+    while the service runs the old one; the service phase switches (one restart, no reboot) and
+    removes the old env."""
+    use_new_locks(tmp_path, monkeypatch)
+    downloads = Downloads(tmp_path / "www")
+    try:
+        run_bootstrap(droplet, Phases(droplet.box, downloads))
+        (old,) = vllm_envs(droplet.box)
+        pid, boot = service_pid(droplet.box), droplet.box.boot_id
+        log = droplet.box.file("/var/lib/fake-systemd/log")
+        restarts = log.read_text().count("restart vllm.service")
+        second = run_bootstrap(droplet, Phases(droplet.box, downloads, **vllm_lock("0.33.1")))
+        assert second["rebooted"]["done"] is False and droplet.box.boot_id == boot
+        assert second["vllm"]["changed"] is True and second["vllm"]["vllm"] == "0.33.1"
+        assert second["service"]["changed"] is True
+        for name in ("preflight", "driver", "cgroup", "conda", "model", "gateway"):
+            assert second[name]["changed"] is False, name
+        (env,) = vllm_envs(droplet.box)
+        assert env != old and env.startswith("/opt/conda/envs/vllm-0.33.1-")
+        assert unit_env(droplet.box) == env and service_pid(droplet.box) != pid
+        assert log.read_text().count("restart vllm.service") == restarts + 1
+        assert "(vLLM 0.33.1)" in droplet.box.file("/var/log/fake-vllm.log").read_text()
     finally:
         downloads.close()
 

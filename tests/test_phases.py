@@ -20,7 +20,7 @@ from fake_acme import RefusingCA
 from pulumi_harness import stack_config
 from sandbox import CADDY, FAKES, Downloads, PhaseRun, Sandbox, caddy_release_tarball
 
-from components import bootstrap, catalog, config, gateway, phase_settings
+from components import bootstrap, catalog, config, gateway, phase_settings, schema, vllm_service
 from components.render import render_stack
 
 pytestmark = pytest.mark.skipif(
@@ -509,8 +509,12 @@ def test_conda_installs_verified_miniforge_and_both_envs_once(
 ) -> None:
     p = Phases(box, downloads)
     assert p.ok("conda")["changed"] is True
-    for tool in ("opt/conda/bin/conda", "opt/conda/envs/vllm/bin/uv", "opt/conda/envs/hf/bin/hf"):
-        assert (box.upper / tool).exists(), tool
+    for tool in (
+        f"{catalog.CONDA_PREFIX}/bin/conda",
+        f"{catalog.VLLM_BASE_ENV}/bin/uv",
+        f"{catalog.HF_ENV}/bin/hf",
+    ):
+        assert box.file(tool).exists(), tool
     fetched = len(downloads.requests)
     assert p.ok("conda")["changed"] is False
     assert len(downloads.requests) == fetched, "nothing downloaded on the second run"
@@ -533,6 +537,13 @@ def test_vllm_installs_from_the_lock_with_hashes_once(box: Sandbox, downloads: D
     p.ok("conda")
     first = p.ok("vllm")
     assert first["changed"] is True and first["vllm"] == "0.33.0"
+    # An env of its own, named by the release and the lock, complete (its marker), cloned
+    # from the conda phase's base; nothing installed into the base.
+    lock = hashlib.sha256(p.cfg.lock_file.read_bytes()).hexdigest()
+    env = f"/opt/conda/envs/vllm-0.33.0-{lock[:12]}"
+    assert box.file(f"{env}/.nemotron-vllm").read_text() == f"wheel 0.33.0 {lock}\n"
+    assert box.file(f"{env}/bin/uv").exists()
+    assert not box.file(f"{catalog.VLLM_BASE_ENV}/bin/vllm").exists()
     assert p.ok("vllm")["changed"] is False
 
 
@@ -670,6 +681,10 @@ def test_service_installs_user_env_file_and_unit_once(box: Sandbox, downloads: D
     unit = box.file("/etc/systemd/system/vllm.service").read_text()
     assert "--host 127.0.0.1" in unit and "User=vllm" in unit and API_KEY not in unit
     assert box.file("/var/lib/fake-systemd/user-vllm.service").read_text() == "vllm"
+    # It runs from the one env the vllm phase installed, named by the release and the lock.
+    (env,) = vllm_envs(box)
+    assert env.startswith("/opt/conda/envs/vllm-0.33.0-")
+    assert unit_env(box) == env and f"\nEnvironment=PATH={env}/bin:" in unit
     second = p.ok("service")
     assert second["changed"] is False, "same config: no restart"
     log = box.file("/var/lib/fake-systemd/log").read_text()
@@ -838,27 +853,161 @@ def test_the_service_finds_a_c_compiler_and_its_envs_tools(
     assert "Failed to find C compiler" in run.stderr
 
 
-def test_a_new_vllm_restarts_the_service(box: Sandbox, downloads: Downloads) -> None:
-    """A new lock reinstalls vLLM under the running process: the service restarts although its
-    unit and env file did not change."""
+COMMITTED_LOCKS = schema.LOCKS_DIR
+
+
+def use_new_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Room for locks of other releases (vllm_lock), beside the committed ones."""
+    locks = tmp_path / "locks"
+    shutil.copytree(schema.LOCKS_DIR, locks)
+    monkeypatch.setattr(schema, "LOCKS_DIR", locks)
+    monkeypatch.setattr(config, "LOCKS_DIR", locks)
+
+
+@pytest.fixture
+def new_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_new_locks(tmp_path, monkeypatch)
+
+
+def vllm_lock(version: str) -> dict[str, Any]:
+    """A lock of another release (what scripts/lock-vllm.sh would write), and the config for it."""
+    assert schema.LOCKS_DIR != COMMITTED_LOCKS, "use_new_locks first: never write into locks/"
+    committed = schema.LOCKS_DIR / catalog.lock_name(catalog.DEFAULT_VLLM_VERSION, "3.12")
+    text = committed.read_text().replace(
+        f"vllm=={catalog.DEFAULT_VLLM_VERSION}", f"vllm=={version}"
+    )
+    (schema.LOCKS_DIR / catalog.lock_name(version, "3.12")).write_text(text)
+    return {"vllm": {"version": version}}
+
+
+def vllm_envs(box: Sandbox) -> list[str]:
+    """The vLLM envs on the Droplet's disk (earlier versions' one env included)."""
+    envs = box.file("/opt/conda/envs")
+    return sorted(f"/opt/conda/envs/{e.name}" for e in envs.glob("vllm*") if e.name != "vllm.base")
+
+
+def unit_env(box: Sandbox) -> str:
+    """The env the installed unit runs vLLM from (its ExecStart)."""
+    unit = box.file("/etc/systemd/system/vllm.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    return exec_start.removeprefix("ExecStart=").split()[0].removesuffix("/bin/vllm")
+
+
+def tree(box: Sandbox, path: str) -> dict[str, bytes]:
+    root = box.file(path)
+    return {str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*") if f.is_file()}
+
+
+def service_pid(box: Sandbox) -> str:
+    return box.file("/var/lib/fake-systemd/pid/vllm.service").read_text()
+
+
+def test_a_new_vllm_installs_beside_the_running_one_then_the_service_switches(
+    box: Sandbox, downloads: Downloads, new_locks: None
+) -> None:
+    """The vllm phase runs on every replica at once under running servers: it installs a new
+    release into an env of its own and leaves the running one alone; the service phase (one
+    drained replica at a time) switches the unit to it, restarts once and removes the old env."""
     p = prepared(box, downloads)
     p.ok("service")
-    pid = box.file("/var/lib/fake-systemd/pid/vllm.service").read_text()
-    assert p.ok("service")["changed"] is False
-    lock = box.file(phase_settings.remote_lock_path(p.cfg))
-    lock.write_text(lock.read_text().replace("vllm==0.33.0", "vllm==0.33.1"))
-    p.extra["vllm"] = {"NEMO_LOCK_SHA256": hashlib.sha256(lock.read_bytes()).hexdigest()}
-    assert p.ok("vllm")["changed"] is True
-    assert p.ok("service")["changed"] is True
-    assert box.file("/var/lib/fake-systemd/pid/vllm.service").read_text() != pid
-    p.ok("gateway")
-    p.ok("ready")
+    (old,) = vllm_envs(box)
+    before, pid = tree(box, old), service_pid(box)
+    new = Phases(box, downloads, **vllm_lock("0.33.1"))
+    assert new.ok("vllm")["changed"] is True
+    (env,) = set(vllm_envs(box)) - {old}
+    assert env.startswith("/opt/conda/envs/vllm-0.33.1-")
+    assert tree(box, old) == before, "the running env is untouched"
+    assert unit_env(box) == old, "the unit runs the old env until the service phase"
+    assert service_pid(box) == pid, "no restart from the vllm phase"
+    restarts = box.file("/var/lib/fake-systemd/log").read_text().count("restart vllm.service")
+    assert new.ok("service")["changed"] is True
+    assert unit_env(box) == env and service_pid(box) != pid
+    log = box.file("/var/lib/fake-systemd/log").read_text()
+    assert log.count("restart vllm.service") == restarts + 1, "one restart switches"
+    assert vllm_envs(box) == [env], "the old env goes once the service runs the new one"
+    new.ok("gateway")
+    new.ok("ready")
     assert "(vLLM 0.33.1)" in box.file("/var/log/fake-vllm.log").read_text()
-    # New weights too.
-    pid = box.file("/var/lib/fake-systemd/pid/vllm.service").read_text()
+    # Again: nothing to do.
+    assert new.ok("vllm")["changed"] is False
+    assert new.ok("service")["changed"] is False
+    assert vllm_envs(box) == [env]
+    # New weights restart it too.
+    pid = service_pid(box)
     box.file(catalog.MODEL_MARKER, "nvidia/other@main\n")
+    assert new.ok("service")["changed"] is True
+    assert service_pid(box) != pid
+
+
+def test_at_most_the_running_env_and_the_new_one_are_kept(
+    box: Sandbox, downloads: Downloads, new_locks: None
+) -> None:
+    """A release installed but never switched to goes when another one comes; the running env
+    stays until the service runs the newest."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    (running,) = vllm_envs(box)
+    Phases(box, downloads, **vllm_lock("0.33.1")).ok("vllm")
+    newest = Phases(box, downloads, **vllm_lock("0.33.2"))
+    assert newest.ok("vllm")["changed"] is True
+    (env,) = set(vllm_envs(box)) - {running}
+    assert env.startswith("/opt/conda/envs/vllm-0.33.2-"), "0.33.1, never run, is gone"
+    assert unit_env(box) == running
+    newest.ok("service")
+    assert vllm_envs(box) == [env] and unit_env(box) == env
+
+
+def test_earlier_versions_env_is_kept_until_the_switch(box: Sandbox, downloads: Downloads) -> None:
+    """A Droplet set up by an earlier version runs /opt/conda/envs/vllm, installed in place:
+    the first install beside it leaves it running; the switch removes it."""
+    p = prepared(box, downloads)
+    (env,) = vllm_envs(box)
+    legacy = catalog.VLLM_ENV
+    box.file(env).rename(box.file(legacy))
+    earlier = ("NEMO_UNIT_TEXT", "NEMO_VLLM_ENV", "NEMO_VLLM_MARKER", "NEMO_RUNS_FROM")
+    settings = p.settings("service")
+    p.extra["service"] = {k: str(settings[k]).replace(env, legacy) for k in earlier}
+    p.ok("service")
+    box.file(vllm_service.RUNS_ENV_FILE).unlink()  # earlier versions kept no such record
+    p.extra["service"] = {}
+    assert vllm_envs(box) == [legacy] and unit_env(box) == legacy
+    assert p.ok("vllm")["changed"] is True
+    (env,) = set(vllm_envs(box)) - {legacy}
+    assert unit_env(box) == legacy and box.file(f"{legacy}/bin/vllm").exists()
     assert p.ok("service")["changed"] is True
-    assert box.file("/var/lib/fake-systemd/pid/vllm.service").read_text() != pid
+    assert vllm_envs(box) == [env] and unit_env(box) == env
+
+
+def test_a_failed_install_leaves_the_running_env_and_unit_alone(
+    box: Sandbox, downloads: Downloads, new_locks: None
+) -> None:
+    """uv failing half way (or a cut): the running env and the unit are as they were, the new
+    env is incomplete (no marker), the service phase refuses to switch to it, and the next run
+    redoes it."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    (old,) = vllm_envs(box)
+    before, unit, pid = tree(box, old), unit_env(box), service_pid(box)
+    restarts = box.file("/var/lib/fake-systemd/log").read_text().count("restart vllm.service")
+    new = Phases(box, downloads, **vllm_lock("0.33.1"))
+    box.hw("uv_fails", "Failed to download `torch==2.10.0`: connection reset")
+    new.failed("vllm", "install", "check outbound network to PyPI")
+    (env,) = set(vllm_envs(box)) - {old}
+    assert box.file(f"{env}/bin/vllm").exists(), "half installed..."
+    assert not box.file(f"{env}/.nemotron-vllm").exists(), "...and marked incomplete"
+    assert tree(box, old) == before and unit_env(box) == unit
+    new.failed("service", "vllm-env", "the vllm phase installs it")
+    assert unit_env(box) == unit and service_pid(box) == pid
+    log = box.file("/var/lib/fake-systemd/log").read_text()
+    assert log.count("restart vllm.service") == restarts, "not restarted"
+    box.hw("uv_fails", "")
+    run = new.run("vllm")
+    assert run.returncode == 0 and run.result["changed"] is True, run.stderr
+    assert "incomplete" in run.stderr and "redoing it" in run.stderr
+    assert box.file(f"{env}/.nemotron-vllm").exists()
+    assert tree(box, old) == before
+    new.ok("service")
+    assert vllm_envs(box) == [env] and unit_env(box) == env
 
 
 def test_a_phase_stops_at_its_bound_and_names_the_step(box: Sandbox, downloads: Downloads) -> None:

@@ -1,9 +1,10 @@
 # shellcheck shell=bash
 # conda: Miniforge (conda-forge only) in NEMO_CONDA_PREFIX, checksum-verified, and two envs with
-# the configured Python: one for vLLM (with uv, which installs vLLM) and one for huggingface_hub
-# (the model download runs there while uv rewrites the vLLM env).
+# the configured Python: the base of vLLM's envs (with uv, which installs vLLM; the vllm phase
+# clones it into an env per release, beside the one the service runs from) and one for
+# huggingface_hub (the model download runs there while uv installs vLLM).
 # Settings: NEMO_CONDA_PREFIX NEMO_MINIFORGE_URL NEMO_MINIFORGE_SHA256 NEMO_PYTHON
-#           NEMO_VLLM_ENV NEMO_HF_ENV
+#           NEMO_VLLM_BASE_ENV NEMO_HF_ENV
 
 conda=$NEMO_CONDA_PREFIX/bin/conda
 
@@ -41,8 +42,10 @@ ensure_env() {
   changed
 }
 
-step vllm-env "the env vLLM runs in: Python ${NEMO_PYTHON} and uv"
-ensure_env "$NEMO_VLLM_ENV" uv
+# Nothing runs from it: a new Python recreates it under a running service safely, and comes
+# with a new lock (locks are per Python: catalog.lock_name), so with a new vLLM env.
+step vllm-base-env "the env each vLLM env is cloned from: Python ${NEMO_PYTHON} and uv"
+ensure_env "$NEMO_VLLM_BASE_ENV" uv
 
 step hf-env "the env the model download runs in: huggingface_hub"
 ensure_env "$NEMO_HF_ENV" huggingface_hub hf-xet

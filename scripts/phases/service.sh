@@ -7,9 +7,13 @@
 # its gateway's /health answers 503 while the file exists, the balancer stops sending it new
 # requests within NEMO_DRAIN_NOTICE_SECONDS, and the restart waits until vLLM has no request
 # running or waiting (its /metrics), at most NEMO_DRAIN_SECONDS. The ready phase ends the drain.
+# A new vLLM is a new env (the vllm phase installs it beside the running one): the unit names
+# it, so the unit changes and the restart switches to it; once the service runs from it, the
+# envs before it go (NEMO_RUNS_ENV_FILE records which env the service was started from).
 # Settings: NEMO_VLLM_USER NEMO_HF_HOME NEMO_ENV_FILE NEMO_UNIT NEMO_UNIT_TEXT NEMO_ENV_TEXT
 #           NEMO_RUNS_FROM NEMO_DRAIN_FILE NEMO_DRAIN_NOTICE_SECONDS NEMO_DRAIN_SECONDS
-#           NEMO_METRICS_URL
+#           NEMO_METRICS_URL NEMO_VLLM_ENV NEMO_VLLM_MARKER NEMO_VLLM_ENV_PREFIX
+#           NEMO_RUNS_ENV_FILE
 
 stamp_file=$STATE_DIR/${NEMO_UNIT%.service}.runs-from
 baseline_file=$STATE_DIR/${NEMO_UNIT%.service}.restarts
@@ -35,6 +39,12 @@ if [[ -f $old_guard ]]; then
   systemctl daemon-reload >&2
   changed
 fi
+
+step vllm-env "the vLLM the unit runs is complete: ${NEMO_VLLM_ENV}"
+# Its marker is written last (the vllm phase): never switch the service to a cut install.
+[[ -f $NEMO_VLLM_MARKER ]] \
+  || fail "${NEMO_VLLM_ENV} is missing or incomplete (no ${NEMO_VLLM_MARKER##*/})" \
+          "pulumi up again: the vllm phase installs it before this phase"
 
 restart=false
 step env-file "root-only ${NEMO_ENV_FILE}"
@@ -71,6 +81,7 @@ fi
 if [[ $restart == true ]] || ! systemctl is-active --quiet "$NEMO_UNIT"; then
   systemctl restart "$NEMO_UNIT" >&2
   printf '%s\n' "$runs_from" > "$stamp_file"
+  printf '%s\n' "$NEMO_VLLM_ENV" > "$NEMO_RUNS_ENV_FILE"
   changed
   log "started ${NEMO_UNIT}; the ready phase waits for the model to load"
 else
@@ -79,4 +90,15 @@ fi
 # The ready phase counts crashes from here: systemd restarts a failing unit without end
 # (Restart=on-failure, RestartSec=10 never reaches the start limit), never showing it failed.
 systemctl show -p NRestarts --value "$NEMO_UNIT" > "$baseline_file"
+
+step old-envs "the vLLM envs before ${NEMO_VLLM_ENV}"
+# Only once the service was started from the unit's env: never the one running.
+if [[ $(cat "$NEMO_RUNS_ENV_FILE" 2>/dev/null) == "$NEMO_VLLM_ENV" ]]; then
+  for old in "${NEMO_VLLM_ENV_PREFIX:?}" "${NEMO_VLLM_ENV_PREFIX}"-*; do
+    [[ -d $old && $old != "$NEMO_VLLM_ENV" ]] || continue
+    log "removing ${old}: the service runs from ${NEMO_VLLM_ENV}"
+    rm -rf "$old"
+    changed
+  done
+fi
 finish
