@@ -691,6 +691,43 @@ def test_service_installs_user_env_file_and_unit_once(box: Sandbox, downloads: D
     assert log.count("restart vllm.service") == 1
 
 
+def test_a_service_run_stopped_before_its_restart_restarts_on_the_next_run(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """A run that installed a new unit and was stopped before the restart (its bound, a lost
+    session) leaves the new unit in place: the next run finds nothing to install and must still
+    restart, or vLLM runs its old flags for good."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    raw = stack_config("dev")
+    raw["vllm"] = {**raw.get("vllm", {}), "maxModelLen": 8192}
+    p.cfg = config.parse(raw, "dev", frozenset({"autodown"}))
+    new_unit = str(p.settings("service")["NEMO_UNIT_TEXT"])
+    assert "--max-model-len 8192" in new_unit
+    box.file("/etc/systemd/system/vllm.service", new_unit + "\n")  # installed, then stopped
+    run = p.run("service")
+    assert run.returncode == 0, run.stderr
+    assert "the unit or its env file changed since the service started" in run.stderr
+    log = box.file("/var/lib/fake-systemd/log").read_text()
+    assert log.count("restart vllm.service") == 2
+    assert p.ok("service")["changed"] is False, "then nothing more"
+
+
+def test_a_service_record_of_an_earlier_version_restarts_nothing(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """Droplets set up before the record held the unit's and env file's sums: the first run
+    after the upgrade rewrites the record without a restart."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    stamp = box.file("/var/lib/nemotron/vllm.runs-from")
+    stamp.write_text(stamp.read_text().split("\nfiles: ")[0] + "\n")
+    assert p.ok("service")["changed"] is False
+    log = box.file("/var/lib/fake-systemd/log").read_text()
+    assert log.count("restart vllm.service") == 1
+    assert "\nfiles: " in stamp.read_text()
+
+
 def test_the_tests_run_the_caddy_release_the_droplet_installs() -> None:
     assert hashlib.sha256(CADDY.read_bytes()).hexdigest() == catalog.CADDY_SHA256
     version = subprocess.run([str(CADDY), "version"], capture_output=True, text=True, check=True)

@@ -60,11 +60,26 @@ if printf '%s\n' "$NEMO_UNIT_TEXT" | install_file "/etc/systemd/system/${NEMO_UN
   restart=true
 fi
 
-step runs-from "the vLLM and the weights the service runs"
+step runs-from "the unit, its env file, the vLLM and the weights the service runs"
+# What the service was last started from, recorded at each start: a run stopped between
+# installing a new unit (or env file) and the restart still restarts on the next run, which finds
+# both files already in place. The files count by their sha256 (never logged: the env file
+# holds the key). A record of earlier versions has no file line: what it holds is compared.
 read -ra sources <<<"$NEMO_RUNS_FROM"
 runs_from=$(for f in "${sources[@]}"; do printf '%s: %s\n' "$f" "$(cat "$f" 2>/dev/null || echo missing)"; done)
-if [[ $(cat "$stamp_file" 2>/dev/null) != "$runs_from" ]]; then
-  log "what the service runs changed: ${runs_from//$'\n'/; }"
+files=$(sha256sum "/etc/systemd/system/${NEMO_UNIT}" "$NEMO_ENV_FILE" | cut -d' ' -f1 | tr '\n' ' ')
+started_from="${runs_from}"$'\n'"files: ${files}"
+recorded=$(cat "$stamp_file" 2>/dev/null || true)
+if [[ $recorded != *$'\n'"files: "* && $recorded == "$runs_from" && $restart == false ]]; then
+  printf '%s\n' "$started_from" > "$stamp_file"
+  recorded=$started_from
+fi
+if [[ $recorded != "$started_from" ]]; then
+  if [[ $recorded == "${runs_from}"* ]]; then
+    log "the unit or its env file changed since the service started"
+  else
+    log "what the service runs changed: ${runs_from//$'\n'/; }"
+  fi
   restart=true
 fi
 
@@ -80,7 +95,7 @@ if ! systemctl is-enabled --quiet "$NEMO_UNIT"; then
 fi
 if [[ $restart == true ]] || ! systemctl is-active --quiet "$NEMO_UNIT"; then
   systemctl restart "$NEMO_UNIT" >&2
-  printf '%s\n' "$runs_from" > "$stamp_file"
+  printf '%s\n' "$started_from" > "$stamp_file"
   printf '%s\n' "$NEMO_VLLM_ENV" > "$NEMO_RUNS_ENV_FILE"
   changed
   log "started ${NEMO_UNIT}; the ready phase waits for the model to load"
