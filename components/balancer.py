@@ -24,6 +24,24 @@ HEALTH_PASSES = 2
 # A request that could not be sent (connection refused) is tried on another replica for this
 # long, every 250 ms: longer than a health check takes to notice, so none fails in between.
 TRY_SECONDS = 2 * HEALTH_INTERVAL_SECONDS * HEALTH_FAILS
+# A draining replica's gateway answers a new API request 503 with this header (gateway.py), and
+# the balancer sends it to another replica. Health checks alone do not hold a drain: Caddy
+# (2.11.7) starts every upstream healthy on each config load, a member joining or leaving or a
+# new Caddyfile, until its checks fail again (caddyserver/caddy PR #7625). The retry is on the
+# response (lb_retry_match, Caddy >= 2.11.3: reverseproxy.go retryableResponseError); the
+# draining gateway read none of it, so resending is safe.
+DRAINING_HEADER = "Nemotron-Draining"
+# The 503 also counts as a passive failure, so the retry (and the next requests) pick another
+# replica instead of this one again (least_conn would: it has the fewest in flight). A failure
+# is forgotten after this long, or at the next reload (healthchecks.go countFailure: the old
+# config's context ends it): the next new request then bounces once more.
+FAIL_SECONDS = HEALTH_INTERVAL_SECONDS * (HEALTH_FAILS + 1)
+# A body is resent only from the balancer's buffer (request_buffers; reverseproxy.go replays a
+# wholly buffered body on each try). 1 MB holds a prompt of some 250k tokens of text; a larger
+# body is not buffered whole, so its 503 goes to the client (whose SDK retries a 503) instead
+# of a cut body to another replica. Held per request in flight on a 1 GB Droplet: a cap, not
+# the 16 MB body limit.
+RETRY_BUFFER_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,12 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
     """The reverse_proxy block for the replicas (inside a `handle` of the public site): those
     of the files matching `import_glob`, one per replica, which come and go with a graceful
     reload (no file yet: 503 until the first replica joins)."""
+    length = "{http.request.header.Content-Length}"
+    # Buffered whole: request_buffers set its length (reverseproxy.go prepareRequest).
+    buffered = f"{length}.matches('^[0-9]+$') && int({length}) <= {RETRY_BUFFER_BYTES}"
+    retry_when = (
+        f"{{rp.status_code}} == 503 && {{rp.header.{DRAINING_HEADER}}} == '1' && {buffered}"
+    )
     return f"""reverse_proxy {{
 	# One file per replica (to <address>:<port>), written as it joins.
 	import {import_glob}
@@ -56,6 +80,17 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
 	# A request that could not reach a replica (stopped, restarting) goes to another one.
 	lb_try_duration {TRY_SECONDS}s
 	lb_try_interval 250ms
+	# So does one a draining replica turned away (its 503 and {DRAINING_HEADER}), when the
+	# whole body is in the buffer to resend.
+	lb_retry_match {{
+		expression `{retry_when}`
+	}}
+	request_buffers {RETRY_BUFFER_BYTES}
+	# Passive health: a replica that answered 503 (or could not be reached) is skipped for
+	# {FAIL_SECONDS}s.
+	unhealthy_status 503
+	max_fails 1
+	fail_duration {FAIL_SECONDS}s
 	# Each replica's own /health, every {HEALTH_INTERVAL_SECONDS}s: out after {HEALTH_FAILS}
 	# failures, back after {HEALTH_PASSES} passes.
 	health_uri /health

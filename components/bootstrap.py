@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_command as command
 
-from . import catalog
+from . import catalog, pool
 from .phase_settings import PHASES_DIR, Setting, lock_sha256, remote_lock_path, settings
 from .schema import StackConfig
 
@@ -37,10 +37,13 @@ DIAL_MARGIN_MINUTES = 5
 class Phase:
     name: str
     after: tuple[str, ...]
-    # Bound on the whole command (custom_timeouts) and on its long steps (remote `timeout`).
+    # Bound on the whole command (custom_timeouts) and on its long steps (remote `timeout`):
+    # the phase's own work; phase_minutes adds what else it may contain (a replica's drain).
     minutes: int
     # Dial until SSH answers (first boot, reboot), bounded by `minutes`.
     wait_for_ssh: bool = False
+    # A replica drains before this phase restarts what serves (lib.sh drain).
+    drains: bool = False
 
 
 PHASES: tuple[Phase, ...] = (
@@ -55,16 +58,19 @@ PHASES: tuple[Phase, ...] = (
     Phase("vllm", ("conda", "lock"), 90),
     Phase("model", ("conda",), 150),
     # The one reboot (when a phase asked for it) never interrupts a download: it waits for all.
-    Phase("reboot", ("cgroup", "vllm", "model"), 5),
+    Phase("reboot", ("cgroup", "vllm", "model"), 5, drains=True),
     Phase("reboot-wait", ("reboot",), 20, wait_for_ssh=True),
     # The gateway (and its certificate) comes up while vLLM loads the model; ready needs both.
-    Phase("service", ("reboot-wait",), 15),
+    Phase("service", ("reboot-wait",), 15, drains=True),
     Phase("gateway", ("reboot-wait",), 20),
     Phase("autodown", ("service",), 10),
     Phase("ready", ("service", "gateway"), 0),  # its minutes: bootstrap.readyTimeoutMinutes
 )
 PHASE_NAMES = tuple(p.name for p in PHASES)
 SOURCE_BUILD_MINUTES = 300
+# Room past a drain's own longest wait (pool.drain_bound_seconds) for the phase to say why it
+# went on and to start the restart or the reboot.
+DRAIN_MARGIN_MINUTES = 2
 
 
 def shell_value(value: Setting) -> str:
@@ -120,10 +126,15 @@ def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str
 
 
 def phase_minutes(cfg: StackConfig, phase: Phase) -> int:
+    """A phase's bound: all it may wait for, so that the bound never stops a wait that would
+    have ended by itself (a drain stopped at the bound would leave it to repeat on every run)."""
     if phase.name == "ready":
         return cfg.bootstrap.ready_timeout_minutes + 5
     if phase.name == "vllm" and cfg.vllm.install == "source":
         return SOURCE_BUILD_MINUTES
+    if phase.drains and cfg.pooled:
+        drain = -(-pool.drain_bound_seconds(cfg) // 60)
+        return phase.minutes + drain + DRAIN_MARGIN_MINUTES
     return phase.minutes
 
 
@@ -183,6 +194,9 @@ class BootstrapArgs:
     # what its restarts wait for: the replica before it back in the pool (a rolling update).
     replica: int | None = None
     private_ip: pulumi.Input[str] = ""
+    # Replica 0's private address: the only source a replica's gateway lets read vLLM's
+    # /metrics (replica 0's autodown reads every replica's).
+    metrics_reader: pulumi.Input[str] = ""
     peers: pulumi.Input[list[list[str]]] | None = None
     after_previous: list[pulumi.Resource] | None = None
 
@@ -201,7 +215,7 @@ RUNTIME_INPUTS = {
 # What a replica's phases need besides: its private address, the set's addresses and the key
 # (replica 0's autodown reads the others' metrics through their gateways).
 POOL_INPUTS = {
-    "gateway": ("private_ip",),
+    "gateway": ("private_ip", "metrics_reader"),
     "ready": ("private_ip",),
     "autodown": ("api_key", "peers"),
 }
@@ -321,6 +335,7 @@ class Bootstrap(pulumi.ComponentResource):
             "host": args.hostname,
             "dns_record": args.dns_record,
             "private_ip": args.private_ip,
+            "metrics_reader": args.metrics_reader,
             "peers": args.peers if args.peers is not None else [],
         }
         if phase == "reboot-wait":

@@ -155,6 +155,8 @@ def build(
                 prefix=f"bootstrap{suffix}",
                 replica=index if cfg.pooled else None,
                 private_ip=gpu.ipv4_private if cfg.pooled else "",
+                # Replica 0's autodown reads each replica's /metrics; only it may.
+                metrics_reader=gpus[0].ipv4_private if cfg.pooled else "",
                 peers=peers if cfg.pooled and index == 0 else None,
                 after_previous=rolling_gate(index - 1) if rolls else None,
             ),

@@ -75,12 +75,19 @@ _API_URI = "^/v1/(" + "|".join(API_PATHS) + "|responses/[A-Za-z0-9_-]+(/cancel)?
 @dataclass(frozen=True)
 class ReplicaListener:
     """A replica's gateway behind the balancer: plain HTTP on its private address only, its
-    /health 503 while `drain_dir`/draining exists, its vLLM /metrics for the key (autodown reads
-    every replica's from one of them)."""
+    /health 503 while `drain_dir`/draining exists, its vLLM /metrics for the key from
+    `metrics_reader` alone (replica 0's address: its autodown reads every replica's; none when
+    empty). With `retry_elsewhere` (behind the Caddy balancer), while draining it answers new
+    API requests 503 with balancer.DRAINING_HEADER, which the balancer resends to another
+    replica: its checks alone let new requests in after each reload. Requests from its own
+    address (the ready phase's probe) still pass. The managed Load Balancer retries nothing,
+    so there the replica serves new requests through the drain's notice."""
 
     bind: str
     port: int = catalog.REPLICA_PORT
     drain_dir: str = catalog.DRAIN_DIR
+    metrics_reader: str = ""
+    retry_elsewhere: bool = False
 
 
 def max_body_bytes(cfg: StackConfig) -> int:
@@ -169,25 +176,13 @@ def caddyfile(
     replica_routes = ""
     if replica is not None:
         # While draining, the balancer's checks fail and it sends no new request here; the
-        # requests already here finish. /metrics: vLLM's counters, for autodown, with the key.
-        health_proxy = f"""@draining file {{
-			root {replica.drain_dir}
-			try_files /{catalog.DRAIN_FILE_NAME}
-		}}
-		respond @draining "draining: this replica is being updated" 503
+        # requests already here finish.
+        health_proxy = f"""respond @draining "draining: this replica is being updated" 503
 		{health_proxy}"""
-        metrics = "`{http.request.method} == 'GET' && {http.request.uri} == '/metrics'`"
-        replica_routes = f"""
-	@metrics expression {metrics}
-	handle @metrics {{
-		handle @authorized {{
-			reverse_proxy {upstream}
-		}}
-		handle {{
-			respond "unauthorized" 401
-		}}
-	}}
-"""
+        replica_routes = replica_site_routes(replica, upstream)
+        if replica.retry_elsewhere:
+            proxy = f"""{DRAINING_BOUNCE}
+			{proxy}"""
     admin = (
         f"""# The admin API on a root-only socket alone: replicas join and leave by graceful reload.
 	admin unix/{admin_socket}"""
@@ -243,6 +238,47 @@ def caddyfile(
 		respond "not found" 404
 	}}
 }}
+"""
+
+
+# A new API request while draining, not from this replica itself: 503, for the balancer to resend.
+DRAINING_BOUNCE = f"""header @bounce {balancer.DRAINING_HEADER} 1
+			respond @bounce "draining: this replica is being updated; try another" 503"""
+
+
+def replica_site_routes(replica: ReplicaListener, upstream: str) -> str:
+    """What a replica's site adds: the drain's matchers, and vLLM's /metrics (its counters, for
+    replica 0's autodown) with the key and from `metrics_reader` only. Through the managed Load
+    Balancer a request's source is the balancer, so /metrics is refused there, key or not."""
+    metrics = "`{http.request.method} == 'GET' && {http.request.uri} == '/metrics'`"
+    reader = f"remote_ip {replica.metrics_reader}" if replica.metrics_reader else "expression false"
+    return f"""
+	@draining file {{
+		root {replica.drain_dir}
+		try_files /{catalog.DRAIN_FILE_NAME}
+	}}
+	@bounce {{
+		file {{
+			root {replica.drain_dir}
+			try_files /{catalog.DRAIN_FILE_NAME}
+		}}
+		not remote_ip {replica.bind}
+	}}
+	@metrics expression {metrics}
+	@metrics_reader {reader}
+	handle @metrics {{
+		handle @metrics_reader {{
+			handle @authorized {{
+				reverse_proxy {upstream}
+			}}
+			handle {{
+				respond "unauthorized" 401
+			}}
+		}}
+		handle {{
+			respond "forbidden: only replica 0 reads a replica's metrics" 403
+		}}
+	}}
 """
 
 

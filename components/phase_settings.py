@@ -44,11 +44,13 @@ def settings(
     replica: int | None = None,
     private_ip: str = "",
     peers: Sequence[Sequence[str]] = (),
+    metrics_reader: str = "",
 ) -> dict[str, Setting]:
     """The NEMO_* settings each phase script reads (see the header of each script). With
     replicas (`replica`: which one), the gateway listens on `private_ip` for the balancer,
     updates drain first, and replica 0's autodown watches the `peers` too (the others' Droplet
-    ids and private addresses, as autodown.Peer)."""
+    ids and private addresses, as autodown.Peer); `metrics_reader` (replica 0's private
+    address) is the only source a replica's gateway lets read vLLM's /metrics."""
     pooled = cfg.pooled
     site = private_ip if pooled else host
     min_branch = catalog.min_driver_branch(cfg.vllm.version)
@@ -161,7 +163,14 @@ def settings(
                 gateway.caddyfile(
                     cfg,
                     site,
-                    replica=gateway.ReplicaListener(site),
+                    replica=gateway.ReplicaListener(
+                        site,
+                        # Replica 0's autodown reads every replica's /metrics; none else may.
+                        metrics_reader=metrics_reader,
+                        # Only the Caddy balancer retries a draining replica's 503 elsewhere;
+                        # the managed one is served on through the drain's notice.
+                        retry_elsewhere=cfg.balancer_kind == "caddy",
+                    ),
                     admin_socket=catalog.CADDY_ADMIN_SOCKET,
                 )
                 if pooled
@@ -271,6 +280,8 @@ def drain_settings(cfg: StackConfig) -> dict[str, Setting]:
         "NEMO_DRAIN_FILE": pool.drain_file() if cfg.pooled else "",
         "NEMO_DRAIN_NOTICE_SECONDS": pool.notice_seconds(cfg) if cfg.pooled else 0,
         "NEMO_DRAIN_SECONDS": pool.DRAIN_SECONDS,
+        # Gauges up but no token moving this long: stuck gauges, not work (pool.stall_seconds).
+        "NEMO_DRAIN_STALL_SECONDS": pool.stall_seconds(cfg),
         "NEMO_METRICS_URL": f"http://127.0.0.1:{catalog.VLLM_PORT}/metrics",
     }
 

@@ -19,6 +19,21 @@ from .schema import StackConfig
 # How long a drain may wait for the requests in flight to finish before it restarts anyway:
 # a long generation at the largest context runs minutes.
 DRAIN_SECONDS = 600
+# One look at vLLM's /metrics (curl --max-time) and the pause between looks (lib.sh drain): the
+# last look may start just before DRAIN_SECONDS is up and end this much later.
+DRAIN_POLL_SECONDS = 2
+METRICS_READ_SECONDS = 5
+# A drain ends early when the gauges say requests are in flight but no token moved for the
+# stall window: the gauges can stay up after requests are aborted (vllm-project/vllm#22545),
+# while vllm:generation_tokens_total and vllm:prompt_tokens_total show real work (FACTS.md).
+# vLLM 0.33 counts a request's prompt tokens once, when its prefill ends and the first token
+# comes out, not per chunked-prefill step (v1/core/sched/scheduler.py: prefill_stats go out
+# with a request's first output, take_prefill_stats; v1/metrics/stats.py update_from_output):
+# a long prefill alone moves nothing until it ends. So the window covers the longest prompt
+# at a slow prefill rate (a floor below what a data-center GPU does; an assumption, not a
+# measurement), and at least a minute.
+STALL_MIN_SECONDS = 60
+PREFILL_FLOOR_TOKENS_PER_SECOND = 2000
 
 
 def drain_file() -> str:
@@ -41,6 +56,20 @@ def notice_seconds(cfg: StackConfig) -> int:
     plus one interval for where in its cycle the drain began."""
     interval, fails, _ = check_seconds(cfg)
     return interval * (fails + 1)
+
+
+def stall_seconds(cfg: StackConfig) -> int:
+    """How long a drain waits with requests in flight but no token generated or prefilled:
+    the longest prompt's prefill at the floor rate, at least a minute, at most the drain."""
+    prefill = -(-cfg.vllm.max_model_len // PREFILL_FLOOR_TOKENS_PER_SECOND)
+    return min(max(STALL_MIN_SECONDS, prefill), DRAIN_SECONDS)
+
+
+def drain_bound_seconds(cfg: StackConfig) -> int:
+    """The longest a drain takes (lib.sh drain): the notice, DRAIN_SECONDS, and the last look
+    at the metrics that began just before it was up. The phases that drain add it to their
+    bound (bootstrap.phase_minutes)."""
+    return notice_seconds(cfg) + DRAIN_SECONDS + METRICS_READ_SECONDS + DRAIN_POLL_SECONDS
 
 
 def rejoin_seconds(cfg: StackConfig) -> int:

@@ -14,6 +14,10 @@ streams the first half of the tokens as `reasoning` (as vLLM's reasoning parser 
 #27752), `--mode reasoning-content` as `reasoning_content` (vLLM before it, other servers),
 `--mode tool-call` streams only tool-call deltas, `--mode no-usage` never sends the usage chunk.
 `--capacity N` serves at most N requests at once (the rest wait, as in a full engine).
+`--stuck-requests N` adds N to the running gauge for good, as vLLM's gauges can stay up after
+requests are aborted (vllm-project/vllm#22545); the token counters move only with real work
+(generation per streamed token, prompt tokens when a request's first token comes out, as vLLM
+0.33 counts them).
 What vLLM's parsers make of a Nemotron 3 answer: `--thinking parsed` thinks unless the request's
 `chat_template_kwargs.enable_thinking` is false and returns the thinking in `reasoning` (the
 field vLLM uses since PR #27752; #33402 removed `reasoning_content`), `--thinking raw` leaves it
@@ -43,6 +47,7 @@ class FakeServer:
         self.chat_requests = 0
         self.finished = 0
         self.generated = 0
+        self.prompted = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self.arrivals: list[float] = []
@@ -95,7 +100,8 @@ class FakeServer:
         return web.Response(
             text=(
                 "# TYPE vllm:num_requests_running gauge\n"
-                f"vllm:num_requests_running{{{labels}}} {float(self.in_flight)}\n"
+                f"vllm:num_requests_running{{{labels}}} "
+                f"{float(self.in_flight + self.args.stuck_requests)}\n"
                 "# TYPE vllm:num_requests_waiting gauge\n"
                 f"vllm:num_requests_waiting{{{labels}}} 0.0\n"
                 "# TYPE vllm:request_success_total counter\n"
@@ -103,6 +109,8 @@ class FakeServer:
                 f"{float(self.finished)}\n"
                 "# TYPE vllm:generation_tokens_total counter\n"
                 f"vllm:generation_tokens_total{{{labels}}} {float(self.generated)}\n"
+                "# TYPE vllm:prompt_tokens_total counter\n"
+                f"vllm:prompt_tokens_total{{{labels}}} {float(self.prompted)}\n"
             ),
             content_type="text/plain",
         )
@@ -145,8 +153,9 @@ class FakeServer:
                 answer: web.StreamResponse = await self.stream(request, body, ttft)
             else:
                 answer = await self.complete(body)
+                self.prompted += self.prompt_tokens(body)
+                self.generated += self.completion_tokens(body)
             self.finished += 1
-            self.generated += self.completion_tokens(body)
             return answer
         finally:
             self.in_flight -= 1
@@ -333,19 +342,23 @@ class FakeServer:
         n = self.completion_tokens(body)
         await response.write(chunk({"role": "assistant", "content": ""}))
         await asyncio.sleep(ttft)
+        self.prompted += self.prompt_tokens(body)
         if self.parsing():
             deltas = self.parsed_deltas(body, n)
             finish = "tool_calls" if any("tool_calls" in d for d in deltas) else "length"
             for i, d in enumerate(deltas):
                 if i:
                     await asyncio.sleep(self.args.itl)
+                self.generated += 1
                 await response.write(chunk(d, finish=finish if i == len(deltas) - 1 else None))
         elif self.args.mode == "one-chunk":
+            self.generated += n
             await response.write(chunk({"content": " tok" * n}, finish="length"))
         else:
             for i in range(n):
                 if i:
                     await asyncio.sleep(self.args.itl)
+                self.generated += 1
                 await response.write(
                     chunk(self.delta(i, n), finish="length" if i == n - 1 else None)
                 )
@@ -390,6 +403,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stall-every", type=int, default=0)
     p.add_argument("--slow-every", type=int, default=0)
     p.add_argument("--capacity", type=int, default=0)
+    p.add_argument("--stuck-requests", type=int, default=0)
     p.add_argument("--slow-ttft", type=float, default=1.0)
     p.add_argument("--thinking", choices=["off", "parsed", "raw"], default="off")
     # Sent back as X-Upstream on every chat answer: which replica served it (balancer tests).

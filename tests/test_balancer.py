@@ -4,10 +4,13 @@ started again, and replicas of unequal speed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -18,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from sandbox import free_port
-from test_gateway import KEY, Gateway, start_gateway
+from pulumi_harness import stack_config
+from sandbox import CADDY, free_port
+from test_gateway import KEY, Gateway, replica_gateway, run_caddy, start_gateway
 
-from components import balancer
+from components import balancer, catalog, config, gateway, pool
 
 FAKE = Path(__file__).resolve().parent / "fake_openai.py"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -237,3 +241,98 @@ def test_bench_throughput_scales_with_the_replicas_behind_the_balancer(tmp_path:
     assert three["output_tokens_per_s"] > 2.2 * one["output_tokens_per_s"], (one, three)
     per_replica = three["output_tokens_per_s_per_replica"]
     assert per_replica > 0.7 * one["output_tokens_per_s"], (one, three)
+
+
+def stats_of(port: int) -> dict[str, Any]:
+    return requests.get(f"http://127.0.0.1:{port}/_stats", timeout=5).json()
+
+
+def test_a_draining_replica_gets_no_new_request_across_balancer_reloads(tmp_path: Path) -> None:
+    """Each reload makes Caddy take every upstream for healthy again until its checks fail twice
+    (caddyserver/caddy PR #7625). Replica r1 drains under a steady stream of new requests; the
+    balancer reloads twice (replica r2 joining, then a plain reload, as the gateway phase
+    does): no request fails, and r1's vLLM sees no new request from the moment it drains, while
+    those it was serving finish whole."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="nemo-admin-"))  # a socket path under 108 bytes
+    ports = [free_port() for _ in range(3)]
+    binds = [f"127.0.0.{2 + i}" for i in range(3)]  # each replica its own private address
+    drains = [tmp_path / f"drain{i}" for i in range(3)]
+    timing = ("--ttft", "0.05", "--itl", "0.02")
+    raw = stack_config("dev")
+    raw["replicas"] = 3
+    raw["access"] = {**raw["access"], "https": False}
+    cfg = config.parse(raw, "dev")
+    assert cfg.balancer_kind == "caddy"
+    folder = tmp_path / "upstreams"
+    folder.mkdir()
+    http_port = free_port()
+    admin = sock_dir / "admin.sock"
+    conf_text = gateway.caddyfile(
+        cfg,
+        "127.0.0.1",
+        http_port=http_port,
+        upstreams_glob=f"{folder}/*.caddy",
+        admin_socket=str(admin),
+    )
+    base = f"http://127.0.0.1:{http_port}"
+
+    def join(i: int, gw_port: int) -> None:
+        up = balancer.Upstream(binds[i], gw_port)
+        (folder / f"replica-{i}.caddy").write_text(balancer.upstream_line(up) + "\n")
+
+    def reload() -> float:
+        done = subprocess.run(
+            [str(CADDY), "reload", "--config", str(tmp_path / "balancer" / "Caddyfile"),
+             "--adapter", "caddyfile", "--address", f"unix/{admin}"],
+            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
+            capture_output=True, text=True, check=False, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return time.monotonic()
+
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, sock_dir, ignore_errors=True)
+        gw_ports = []
+        for i in range(3):
+            stack.enter_context(replica(f"r{i}", ports[i], *timing))
+            drains[i].mkdir()
+            listener = gateway.ReplicaListener(
+                binds[i], free_port(), drain_dir=str(drains[i]), retry_elsewhere=True
+            )
+            stack.enter_context(
+                contextlib.contextmanager(replica_gateway)(tmp_path / f"gw{i}", ports[i], listener)
+            )
+            gw_ports.append(listener.port)
+        join(0, gw_ports[0])
+        join(1, gw_ports[1])
+        stack.enter_context(
+            contextlib.contextmanager(run_caddy)(tmp_path / "balancer", conf_text, f"{base}/health")
+        )
+        time.sleep(2 * balancer.HEALTH_INTERVAL_SECONDS)  # both checked healthy
+        gw = Gateway(base + "/v1", base, None, tmp_path / "balancer" / "caddy.log")
+        outcomes, joiner = load(gw, workers=6, seconds=16)
+        joiner.start()
+        time.sleep(3)
+        assert stats_of(ports[1])["chat_requests"] > 0, "r1 served before its drain"
+        (drains[1] / catalog.DRAIN_FILE_NAME).touch()
+        drained = time.monotonic()
+        # After the checks saw it: a member joins (r2), then the gateway phase's reload.
+        time.sleep(pool.notice_seconds(cfg))
+        join(2, gw_ports[2])
+        joined = reload()
+        time.sleep(3)
+        reloaded = reload()
+        joiner.join()
+        arrivals = stats_of(ports[1])["arrivals"]
+
+    failed = [o for o in outcomes if not o.whole]
+    assert not failed, failed
+    # A request r1's gateway let in just before the file existed reaches its vLLM just after.
+    late = [round(t - drained, 2) for t in arrivals if t > drained + 0.1]
+    assert not late, f"r1's vLLM got new requests while draining, at +{late} s"
+    after = [o for o in outcomes if o.started > joined]
+    assert after and {o.upstream for o in after} <= {"r0", "r2"}, Counter(o.upstream for o in after)
+    assert any(o.upstream == "r2" for o in after), "the replica that joined serves"
+    assert any(o.started > reloaded for o in outcomes)
+    # r1's streams already running when it drained finished whole (none failed above).
+    assert any(o.upstream == "r1" and o.started < drained for o in outcomes)

@@ -3,6 +3,7 @@ front of the fake OpenAI-compatible upstream: key, route allowlist, streaming, b
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import os
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2 as httpx
 import openai
@@ -21,7 +23,7 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_tools import fake_server
 
-from components import balancer, config, gateway
+from components import balancer, catalog, config, gateway
 
 KEY = "sk-test-0123456789"  # fake_server's key: the upstream checks it too (defence in depth)
 
@@ -310,3 +312,129 @@ def test_a_named_endpoint_keeps_caddys_two_default_cas(tmp_path: Path) -> None:
     assert lets_encrypt["module"] == "acme" and "ca" not in lets_encrypt
     assert zerossl["module"] == "acme" and zerossl["ca"] == "https://acme.zerossl.com/v2/DV90"
     assert lets_encrypt["email"] == zerossl["email"] == "o@example.com"
+
+
+# ---- a replica's gateway (replicas >= 2): its private site ------------------------------------
+
+
+def run_caddy(folder: Path, caddyfile: str, probe: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The pinned Caddy running `caddyfile` (the key in its environment, as the unit gives it),
+    once `probe` answers; stopped after."""
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = folder / "Caddyfile"
+    conf.write_text(caddyfile)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(folder),
+        "XDG_DATA_HOME": str(folder / "data"),
+        "XDG_CONFIG_HOME": str(folder / "config"),
+        gateway.API_KEY_ENV: KEY,
+    }
+    log = folder / "caddy.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(CADDY), "run", "--config", str(conf), "--adapter", "caddyfile"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                requests.get(probe, timeout=2)
+                break
+            except requests.RequestException:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def replica_gateway(
+    folder: Path, upstream_port: int, listener: gateway.ReplicaListener, https: bool = False
+) -> Iterator[str]:
+    """A replica's gateway as the gateway phase renders it (its private site), in front of a
+    fake vLLM on `upstream_port`; yields its base URL."""
+    raw = stack_config("dev")
+    raw["replicas"] = 2
+    raw["access"] = {**raw["access"], "https": https}
+    cfg = config.parse(raw, "dev")
+    text = gateway.caddyfile(cfg, listener.bind, upstream_port=upstream_port, replica=listener)
+    url = f"http://{listener.bind}:{listener.port}"
+    for _ in run_caddy(folder, text, f"{url}/health"):
+        yield url
+
+
+def get_from(source: str, url: str, path: str, key: str | None = KEY) -> tuple[int, str]:
+    """GET `path` with the connection's source address `source` (a loopback address)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(
+        parts.hostname or "", parts.port, timeout=10, source_address=(source, 0)
+    )
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        r = conn.getresponse()
+        return r.status, r.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def test_a_replicas_metrics_answer_replica_0_alone_even_to_the_key(tmp_path: Path) -> None:
+    """Replica 0's autodown reads every replica's /metrics from its private address. From any
+    other source (the managed Load Balancer's, carrying a client's request with the key) the
+    replica refuses it; from replica 0's, the key is still needed."""
+    replica_0, other = "127.0.0.2", "127.0.0.1"
+    listener = gateway.ReplicaListener("127.0.0.1", free_port(), metrics_reader=replica_0)
+    with fake_server() as upstream:
+        port = int(upstream.rsplit(":", 1)[1].split("/", 1)[0])
+        for url in replica_gateway(tmp_path, port, listener):
+            status, text = get_from(replica_0, url, "/metrics")
+            assert status == 200 and "vllm:num_requests_running" in text
+            assert get_from(replica_0, url, "/metrics", key=None)[0] == 401
+            assert get_from(other, url, "/metrics")[0] == 403
+            assert get_from(other, url, "/metrics", key=None)[0] == 403
+            assert get_from(other, url, "/v1/models")[0] == 200, "the API is not restricted"
+    # Rendered without a reader (none known), nobody reads them.
+    assert "@metrics_reader expression false" in gateway.caddyfile(
+        config.parse({**stack_config("dev"), "replicas": 2}, "dev"),
+        "10.0.0.3",
+        replica=gateway.ReplicaListener("10.0.0.3"),
+    )
+
+
+@pytest.mark.parametrize("retry_elsewhere", [True, False], ids=["caddy-entry", "managed-entry"])
+def test_a_draining_replica_turns_new_requests_away_only_for_a_balancer_that_retries(
+    tmp_path: Path, retry_elsewhere: bool
+) -> None:
+    """Behind the Caddy balancer a draining replica answers a new request 503 with the marker
+    the balancer retries elsewhere; its own ready probe (from its own address) still passes.
+    Behind the managed Load Balancer (no retries) it serves new requests through the notice."""
+    drain_dir = tmp_path / "drain"
+    drain_dir.mkdir()
+    own, balancer_source = "127.0.0.3", "127.0.0.1"
+    listener = gateway.ReplicaListener(
+        own, free_port(), drain_dir=str(drain_dir), retry_elsewhere=retry_elsewhere
+    )
+    with fake_server() as upstream:
+        port = int(upstream.rsplit(":", 1)[1].split("/", 1)[0])
+        for url in replica_gateway(tmp_path / "gw", port, listener):
+            assert get_from(balancer_source, url, "/v1/models")[0] == 200
+            (drain_dir / catalog.DRAIN_FILE_NAME).touch()
+            assert get_from(balancer_source, url, "/health", key=None)[0] == 503
+            r = requests.get(
+                f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10
+            )
+            if retry_elsewhere:
+                assert r.status_code == 503
+                assert r.headers.get(balancer.DRAINING_HEADER) == "1"
+            else:
+                assert r.status_code == 200 and balancer.DRAINING_HEADER not in r.headers
+            assert get_from(own, url, "/v1/models")[0] == 200, "the ready probe passes"
+            assert get_from(balancer_source, url, "/v1/models", key="wrong")[0] == 401

@@ -3,6 +3,7 @@ private gateway, the drain before a restart and the return to the pool after rea
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from contextlib import ExitStack
@@ -14,7 +15,7 @@ from sandbox import Downloads, PhaseRun, Sandbox, free_port
 from test_balancer import replica as fake_replica
 from test_phases import API_KEY, Phases, box, prepared
 
-from components import bootstrap, catalog, config, gateway, phase_settings, pool
+from components import bootstrap, catalog, config, entry, gateway, phase_settings, pool
 
 __all__ = ["box"]  # the fixture, used by name
 
@@ -28,7 +29,11 @@ def replica(box: Sandbox, downloads: Downloads) -> tuple[Phases, str]:
     raw["replicas"] = 2
     p.cfg = config.parse(raw, "dev", frozenset({"autodown"}))
     url = f"http://127.0.0.1:{box.http_port}"
-    listener = gateway.ReplicaListener("127.0.0.1", box.http_port)
+    # As rendered for a replica behind the Caddy balancer, on the sandbox's port; this host
+    # stands for replica 0 too (the reader of /metrics).
+    listener = gateway.ReplicaListener(
+        "127.0.0.1", box.http_port, metrics_reader="127.0.0.1", retry_elsewhere=True
+    )
     p.extra["gateway"] = {
         "NEMO_HOST": "127.0.0.1",
         "NEMO_CADDYFILE": gateway.caddyfile(
@@ -232,6 +237,15 @@ def test_the_balancer_joins_replicas_reloads_gracefully_and_drains_one_that_leav
     assert b.run("preflight").returncode == 0
     first = b.run("gateway")
     assert first.returncode == 0, first.stderr
+    # The fake systemctl returns once Caddy is started, not once it listens (Type=notify).
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            requests.get(f"{b.url}/not-a-route", timeout=5)
+            break
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline, "the balancer's Caddy never listened"
+            time.sleep(0.1)
     # No replica yet: the gate stands, and the API answers 503 until one joins.
     chat = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}]}
     assert requests.post(f"{b.url}/v1/chat/completions", json=chat, timeout=10).status_code == 401
@@ -334,3 +348,146 @@ def test_a_replica_drains_before_a_reboot_too(box: Sandbox, downloads: Downloads
     # Out of the pool while it goes down; the reboot empties /run, which ends the drain.
     assert health(url) == 503
     assert (box.run_dir / pool.drain_file().removeprefix("/run/")).exists()
+
+
+# ---- bounds and the end of a drain -----------------------------------------------------------
+
+# What each phase may wait for, by its rendered settings (seconds): preflight waits for
+# cloud-init, then for the package locks, each NEMO_WAIT_SECONDS.
+WAITS = {
+    "preflight": ("NEMO_WAIT_SECONDS", "NEMO_WAIT_SECONDS"),
+    "cache": ("NEMO_CACHE_WAIT_SECONDS",),
+    "reboot": ("NEMO_DRAIN_NOTICE_SECONDS", "NEMO_DRAIN_SECONDS"),
+    "service": ("NEMO_DRAIN_NOTICE_SECONDS", "NEMO_DRAIN_SECONDS"),
+    "ready": ("NEMO_READY_TIMEOUT", "NEMO_REJOIN_SECONDS"),
+}
+# Past its waits: a drain's last look at the metrics, ready's last probe (curl --max-time 60
+# and its 5 s pause), and a minute for the phase's own steps.
+OVERSHOOT = {"reboot": 7, "service": 7, "ready": 65}
+OWN_WORK_SECONDS = 60
+
+
+def configs() -> list[config.StackConfig]:
+    lone = config.parse(stack_config("dev"), "dev")
+    raw = stack_config("dev")
+    raw["replicas"] = 3
+    caddy = config.parse(raw, "dev")
+    raw["access"] = {**raw["access"], "domain": "api.example.com", "dnsZone": "example.com"}
+    raw["access"]["acmeEmail"] = "ops@example.com"
+    raw["vllm"] = {**raw.get("vllm", {}), "maxModelLen": 131072}
+    raw["bootstrap"] = {**raw.get("bootstrap", {}), "readyTimeoutMinutes": 90}
+    managed = config.parse(raw, "dev")
+    assert (caddy.balancer_kind, managed.balancer_kind) == ("caddy", "managed")
+    return [lone, caddy, managed]
+
+
+def test_every_phase_bound_holds_what_it_waits_for() -> None:
+    """A bound shorter than a wait inside it stops the phase mid-wait on every run: the reboot
+    phase (5 minutes) was stopped in a drain of up to 10."""
+    for cfg in configs():
+        for phase in bootstrap.PHASES:
+            if phase.name not in WAITS:
+                continue
+            s = phase_settings_for(cfg, phase.name) if cfg.pooled else dict(
+                phase_settings.settings(cfg, phase.name, api_key=API_KEY, host="203.0.113.9")
+            )  # fmt: skip
+            keys = WAITS[phase.name]
+            if "NEMO_DRAIN_FILE" in s and not s["NEMO_DRAIN_FILE"]:
+                keys = ()  # a lone Droplet drains nothing
+            waits = sum(int(s[key]) for key in keys)
+            need = waits + OVERSHOOT.get(phase.name, 0) + OWN_WORK_SECONDS
+            bound = bootstrap.phase_minutes(cfg, phase) * 60
+            assert bound >= need, (cfg.replicas, phase.name, bound, need)
+            if phase.drains and cfg.pooled:
+                assert bound >= pool.drain_bound_seconds(cfg) + 60 * phase.minutes
+    # The balancer's member leaving waits for a replica's requests in flight.
+    member = phase_settings.balancer_settings(configs()[1], "member", private_ip="10.110.0.3")
+    leave = int(member["NEMO_LEAVE_SECONDS"]) + 7 + OWN_WORK_SECONDS
+    assert leave <= entry.LEAVE_MINUTES * 60
+    # The drain's bound counts lib.sh's own look and pause.
+    lib = (phase_settings.PHASES_DIR / "lib.sh").read_text()
+    assert re.search(rf"^METRICS_READ_SECONDS={pool.METRICS_READ_SECONDS}$", lib, re.M)
+    assert re.search(rf"^DRAIN_POLL_SECONDS={pool.DRAIN_POLL_SECONDS}$", lib, re.M)
+
+
+def test_the_stall_window_covers_the_longest_prefill() -> None:
+    """vLLM counts a prompt's tokens once its prefill ends: a drain must not call a long
+    prefill stuck."""
+    lone, caddy, managed = configs()
+    for cfg in (caddy, managed):
+        for phase in ("reboot", "service"):
+            s = phase_settings_for(cfg, phase)
+            assert s["NEMO_DRAIN_STALL_SECONDS"] == pool.stall_seconds(cfg)
+            assert s["NEMO_DRAIN_SECONDS"] == pool.DRAIN_SECONDS == 600
+    assert pool.stall_seconds(caddy) == 60, "32k tokens prefill in well under a minute"
+    assert pool.stall_seconds(managed) == 66, "131k tokens at 2000 tokens/s"
+    assert phase_settings.drain_settings(lone)["NEMO_DRAIN_FILE"] == ""
+
+
+def stream(url: str, tokens: int) -> dict[str, Any]:
+    r = requests.post(
+        f"{url}/v1/chat/completions",
+        headers=AUTH,
+        json={
+            "model": "nemotron",
+            "stream": True,
+            "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        timeout=60,
+    )
+    return {"status": r.status_code, "body": r.text, "ended": time.monotonic()}
+
+
+def test_a_drain_ends_on_stuck_gauges_and_a_stopped_drain_ends_itself(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """vLLM's gauges stay up after aborted requests (vllm-project/vllm#22545): the drain waits
+    while tokens move, then ends after the stall window with no token moving, long before
+    NEMO_DRAIN_SECONDS (600, as rendered). A reboot phase stopped at its bound in a drain ends
+    the drain on its way out (the replica serves on, nothing went down), and a second run goes
+    through."""
+    p, url = replica(box, downloads)
+    conf = box.file("/etc/fake-vllm.conf")
+    # Two requests the gauges never let go of; a token every 0.5 s for the real ones.
+    conf.write_text(conf.read_text() + "FAKE_OPENAI_ARGS='--stuck-requests 2 --itl 0.5'\n")
+    reboot = {
+        "NEMO_DRAIN_NOTICE_SECONDS": 1,
+        "NEMO_METRICS_URL": f"http://127.0.0.1:{box.vllm_port}/metrics",
+    }
+    p.extra["reboot"] = reboot
+    p.ok("service")
+    p.ok("gateway")
+    p.ok("ready")
+    reasons = box.run_dir / "nemotron" / "reboot-required.d"
+    reasons.mkdir(parents=True, exist_ok=True)
+    (reasons / "driver").write_text("driver 580 installed\n")
+    drain_file = box.run_dir / pool.drain_file().removeprefix("/run/")
+    script = bootstrap.render("reboot", p.settings("reboot"), minutes=1)
+    assert "NEMO_DRAIN_SECONDS=600" in script
+
+    # Stopped mid-drain (the runner's TERM at the bound; 3 s here, the stall window is 60 s).
+    stopped = box.run(script, inner="timeout --kill-after=10 3 bash -s")
+    assert stopped.returncode == 124, stopped.stderr
+    assert "[reboot] step drain" in stopped.stderr
+    assert "stopped while draining, before anything restarted: the drain ends" in stopped.stderr
+    assert not drain_file.exists() and health(url) == 200, "back in the pool"
+    assert not box.reboot_requested()
+
+    # Run again, with a 3 s stall window, while a stream makes tokens for 6 s.
+    reboot["NEMO_DRAIN_STALL_SECONDS"] = 3
+    client: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: client.update(stream(url, 12)))
+    thread.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    run = p.run("reboot")
+    ended = time.monotonic()
+    thread.join()
+    assert run.returncode == 0, run.stderr
+    assert run.result["rebooting"] is True and box.reboot_requested()
+    assert client["status"] == 200 and "data: [DONE]" in client["body"]
+    # Tokens moved until the stream ended: the drain waited past it, then 3 s more.
+    assert client["ended"] + 2 < ended < started + 30, (client["ended"], started, ended)
+    assert "no token generated or prefilled for 3s: stuck gauges" in run.stderr
+    assert drain_file.exists() and health(url) == 503, "out of the pool while it goes down"

@@ -196,35 +196,76 @@ request_reboot() {
 }
 
 # drain: a replica leaves its balancer's pool before it goes down (a vLLM restart, a reboot).
-# Its gateway answers /health with 503 while NEMO_DRAIN_FILE exists; the balancer stops sending
-# it new requests within NEMO_DRAIN_NOTICE_SECONDS; then this waits until vLLM has no request
-# running or waiting (NEMO_METRICS_URL), at most NEMO_DRAIN_SECONDS. The ready phase (or the
-# reboot, the file being under /run) ends the drain.
+# Its gateway answers /health with 503 while NEMO_DRAIN_FILE exists (and, behind the Caddy
+# balancer, new API requests with a 503 the balancer retries elsewhere); the balancer stops
+# sending it new requests within NEMO_DRAIN_NOTICE_SECONDS; then this waits until vLLM has no
+# request running or waiting (NEMO_METRICS_URL), at most NEMO_DRAIN_SECONDS, and no longer than
+# NEMO_DRAIN_STALL_SECONDS without a token generated or prefilled. The ready phase (or the
+# reboot, the file being under /run) ends the drain; a phase stopped before its restart (its
+# bound, an error, its session gone) ends it on the way out.
 drain() {
-  local n deadline
+  drain_begin
+  drain_wait
+  # From here the caller restarts or reboots: the drain lasts until ready (or the reboot).
+  trap - EXIT HUP PIPE
+}
+
+drain_begin() {
   install -d -m 755 "$(dirname "$NEMO_DRAIN_FILE")"
+  # Nothing has gone down yet: stopped now, the replica serves on, so it rejoins at once rather
+  # than answering 503 until a later run's ready phase. A lost session (HUP, or PIPE on the next
+  # log line) exits through the same trap.
+  trap drain_abandoned EXIT
+  trap 'exit 129' HUP
+  trap 'exit 141' PIPE
   : > "$NEMO_DRAIN_FILE"
   chmod 644 "$NEMO_DRAIN_FILE"
   changed
   log "/health answers 503; waiting ${NEMO_DRAIN_NOTICE_SECONDS}s for the balancer to see it"
   sleep "$NEMO_DRAIN_NOTICE_SECONDS"
-  deadline=$((SECONDS + NEMO_DRAIN_SECONDS))
+}
+
+drain_abandoned() {
+  rm -f "$NEMO_DRAIN_FILE"
+  printf '[%s] stopped while draining, before anything restarted: the drain ends (/health answers 200 again)\n' \
+    "$PHASE" >&"$PHASE_STDERR" || true
+}
+
+# vllm_load: "REQUESTS TOKENS" from vLLM's /metrics: requests running or waiting, and tokens
+# generated plus prefilled so far ("-" when it counts none); nothing when unreadable.
+vllm_load() {
+  curl --silent --fail --max-time "$METRICS_READ_SECONDS" "$NEMO_METRICS_URL" 2>/dev/null | awk '
+    /^vllm:num_requests_(running|waiting)[{ ]/ { n += $NF; seen = 1 }
+    /^vllm:(generation|prompt)_tokens_total[{ ]/ { t += $NF; counted = 1 }
+    END { if (seen) printf "%d %s\n", n, (counted ? sprintf("%.0f", t) : "-") }' || true
+}
+# As pool.py's METRICS_READ_SECONDS and DRAIN_POLL_SECONDS (the drain's bound counts them).
+METRICS_READ_SECONDS=5
+DRAIN_POLL_SECONDS=2
+
+drain_wait() {
+  local load n tokens last='' moved=$SECONDS deadline=$((SECONDS + NEMO_DRAIN_SECONDS))
   while true; do
-    n=$(curl --silent --fail --max-time 5 "$NEMO_METRICS_URL" 2>/dev/null \
-      | awk '/^vllm:num_requests_(running|waiting)[{ ]/ { n += $NF; seen = 1 } END { if (seen) printf "%d\n", n }') || n=""
-    if [[ $n == 0 ]]; then
+    load=$(vllm_load)
+    if [[ -z $load ]]; then
+      log "vLLM's metrics are unreadable (not running?): going on now"
+      return 0
+    fi
+    read -r n tokens <<<"$load"
+    if (( n == 0 )); then
       log "no request in flight"
       return 0
     fi
-    if [[ -z $n ]]; then
-      log "vLLM's metrics are unreadable (not running?): going on now"
+    [[ $tokens == "$last" ]] || { last=$tokens; moved=$SECONDS; }
+    if [[ $tokens != - ]] && (( SECONDS - moved >= NEMO_DRAIN_STALL_SECONDS )); then
+      log "${n} request(s) in flight by vLLM's gauges, but no token generated or prefilled for ${NEMO_DRAIN_STALL_SECONDS}s: stuck gauges (vllm-project/vllm#22545), going on"
       return 0
     fi
     if (( SECONDS >= deadline )); then
       log "${n} request(s) still in flight after ${NEMO_DRAIN_SECONDS}s: going on (they are cut)"
       return 0
     fi
-    sleep 2
+    sleep "$DRAIN_POLL_SECONDS"
   done
 }
 

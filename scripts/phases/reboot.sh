@@ -3,7 +3,7 @@
 # detached so that this command exits 0; reboot-wait then waits for SSH and a new boot id.
 # A replica behind a balancer (NEMO_DRAIN_FILE set) drains first (lib.sh drain).
 # Settings: NEMO_REBOOT_DELAY NEMO_DRAIN_FILE NEMO_DRAIN_NOTICE_SECONDS NEMO_DRAIN_SECONDS
-#           NEMO_METRICS_URL
+#           NEMO_DRAIN_STALL_SECONDS NEMO_METRICS_URL
 
 step reasons "did any phase ask for a reboot?"
 reasons=()
