@@ -900,3 +900,41 @@ def test_the_set_rule_renders_on_replica_0_only() -> None:
     assert "\nAUTODOWN_DNS_RECORD=\n" in text
     other = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=1)
     assert other["NEMO_AUTODOWN_MODE"] == "off"
+
+
+def test_the_set_goes_on_the_stack_api_with_a_token_of_exactly_its_scopes(
+    cloud: Cloud, tmp_path: Path, peers: list[Cloud]
+) -> None:
+    """Against the stack emulation's DigitalOcean API (stack/do_api.py: the OpenAPI's scopes
+    per endpoint, 404s, GPU Droplets) instead of this file's fake: the token holds exactly
+    autodown.token_scopes, every replica goes by its id, this one last, and the account's other
+    Droplets stay, one of them carrying the set's tag."""
+    from stack.do_api import Account, DigitalOceanAPI  # noqa: PLC0415 (appended test)
+
+    raw = stack_config("dev")
+    raw["replicas"] = 3
+    raw["autodown"] = {"idleMinutes": 20, "token": TOKEN}
+    cfg = config.parse(raw, "dev", frozenset({"autodown"}))
+    account = Account()
+    for i, rid in enumerate([DROPLET, *PEER_IDS]):
+        account.add_droplet(
+            f"nemotron-dev-{i}", "gpu-h100x1-80gb", tags=["nemotron-dev"], id=int(rid)
+        )
+    others = {
+        account.add_droplet("someone-else", "gpu-h100x1-80gb").id,
+        account.add_droplet("web", "s-1vcpu-1gb", tags=["nemotron-dev"]).id,
+    }
+    account.add_token("autodown", token_scopes(cfg), secret=TOKEN)
+    rule = set_rule(cloud, tmp_path, peers)
+    with DigitalOceanAPI(account) as api:
+        rule.env["AUTODOWN_API_URL"] = api.url
+        rule.run()
+        rule.age(idle_minutes=31)
+        proc = rule.run()
+        assert proc.returncode == 0, proc.stdout
+        assert "the delete was accepted earlier" in rule.run().stdout, "and no more calls"
+    assert [(r.method, r.path, r.token, r.status) for r in api.requests] == [
+        ("DELETE", f"/v2/droplets/{i}", "autodown", 204) for i in [*PEER_IDS, DROPLET]
+    ]
+    assert set(account.droplets) == others
+    assert cloud.deletes == [], "nothing went to this file's fake"
