@@ -3,7 +3,9 @@ each step; the providers carry them out)."""
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,11 +73,19 @@ class Stack:
 
             return pulumi.Output.from_input(resolve())
 
+        # A failed step leaves the SDK's futures of what depended on it unretrieved; asyncio
+        # would log each at exit. The error is the result's, reported once.
+        quiet = logging.getLogger("asyncio")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
         try:
             program()
             engine.finish()
         except BaseException as err:  # noqa: BLE001 (the up's outcome, reported to the test)
             result.error = _root_cause(err)
+        finally:
+            gc.collect()  # the futures' "never retrieved" logs come now, while quiet
+            quiet.setLevel(level)
         return result
 
     def destroy(self) -> Result:

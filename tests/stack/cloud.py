@@ -1,0 +1,235 @@
+"""The emulated account: what the program's invokes read and the providers that make its
+resources, on the emulation's world (net.py): a Droplet is a host with a real sshd on its disk
+(a phase sandbox), a Firewall nftables rules on the hosts it names, keys real Ed25519 keys.
+
+The DigitalOcean provider's behaviour relied on (terraform-provider-digitalocean, FACTS.md):
+a Droplet's image, region, ssh_keys, user_data, monitoring, droplet_agent and vpc_uuid force a
+new one (the program adds size through replaceOnChanges); a Droplet is active with its
+addresses when create returns; deleting it deletes the machine (its Volumes stay).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import re
+import secrets
+import string
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from pulumi.runtime import mocks as pulumi_mocks
+from sandbox import Sandbox
+
+from components import catalog
+from stack import net
+from stack.engine import Resource
+
+DROPLET = "digitalocean:index/droplet:Droplet"
+FIREWALL = "digitalocean:index/firewall:Firewall"
+SSH_KEY = "digitalocean:index/sshKey:SshKey"
+PRIVATE_KEY = "tls:index/privateKey:PrivateKey"
+PASSWORD = "random:index/randomPassword:RandomPassword"
+# terraform-provider-digitalocean droplet/resource_droplet.go, ForceNew (camelCase, as the
+# engine sees the inputs).
+DROPLET_FORCE_NEW = frozenset(
+    {"image", "region", "sshKeys", "userData", "monitoring", "dropletAgent", "vpcUuid"}
+)
+
+
+@dataclass
+class Machine:
+    """A Droplet of the emulated account."""
+
+    id: int
+    name: str
+    size: str
+    region: str
+    tags: list[str]
+    host: net.Host
+    box: Sandbox
+    sshd: net.Sshd
+    created_at: str
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def ed25519_pair() -> tuple[str, str]:
+    """A new key as the tls provider gives it: OpenSSH private key text and public key line."""
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private, public.decode() + "\n"
+
+
+def fingerprint(public_key: str) -> str:
+    """An SSH key's MD5 fingerprint, as DigitalOcean names keys (aa:bb:...)."""
+    digest = hashlib.md5(base64.b64decode(public_key.split()[1]), usedforsecurity=False)
+    return ":".join(f"{b:02x}" for b in digest.digest())
+
+
+def cloud_config_host_key(user_data: str) -> str:
+    """The host key the program's cloud-config installs (what cloud-init does at first boot)."""
+    config = yaml.safe_load(user_data.removeprefix("#cloud-config\n"))
+    key: str = config["ssh_keys"]["ed25519_private"]
+    return key
+
+
+class Account(pulumi_mocks.Mocks):
+    """The emulated DigitalOcean account (its invokes) and the provider of its resources."""
+
+    def __init__(self, world: net.World, workdir: Path, offers: dict[str, dict[str, Any]]):
+        self.world, self.workdir, self.offers = world, workdir, offers
+        self.machines: dict[int, Machine] = {}
+        self.keys: dict[str, str] = {}  # fingerprint -> public key
+        self.ids = itertools.count(424_242_001)
+        self.addresses = itertools.count(10)
+        self.lock = threading.Lock()
+        # What prepares a new Droplet's disk before its first boot (the outside services'
+        # names and trust: internet.py), when the test has such services.
+        self.prepare_box: list[Any] = []
+
+    # ---- invokes ---------------------------------------------------------------------------
+
+    def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict[str, Any], list[Any]]:
+        token, a = args.token, args.args
+        if token == "digitalocean:index/getSizes:getSizes":
+            wanted = {v for f in a.get("filters", []) for v in f["values"]}
+            return {"sizes": [o for s, o in self.offers.items() if s in wanted]}, []
+        if token == "digitalocean:index/getDroplets:getDroplets":
+            return {"droplets": self._listed(a), "id": "droplets"}, []
+        if token == "digitalocean:index/getRegion:getRegion":
+            features = ["backups", "ipv6", "metadata", "install_agent", "storage"]
+            return {"slug": a["slug"], "name": a["slug"], "available": True, "sizes": [],
+                    "features": features, "id": a["slug"]}, []  # fmt: skip
+        if token == "digitalocean:index/getTag:getTag":
+            return {}, [("name", f"tag not found: GET /v2/tags/{a['name']}: 404 tag not found")]
+        if token == "digitalocean:index/getVolume:getVolume":
+            return {}, [("name", f"no volumes found with name {a['name']}")]
+        raise AssertionError(f"the emulated account does not answer {token}")
+
+    def _listed(self, a: dict[str, Any]) -> list[dict[str, Any]]:
+        """getDroplets: GPU Droplets only with gpus=true (DigitalOcean OpenAPI droplets_list)."""
+        found = []
+        for m in self.machines.values():
+            row = {"id": m.id, "name": m.name, "region": m.region, "size": m.size,
+                   "tags": m.tags, "createdAt": m.created_at, "status": "active",
+                   "priceHourly": self.offers.get(m.size, {}).get("priceHourly", 0.0),
+                   "image": ""}  # fmt: skip
+            gpu = m.size.startswith("gpu-")
+            if gpu != bool(a.get("gpus")):
+                continue
+
+            def matches(f: dict[str, Any], row: dict[str, Any] = row) -> bool:
+                value = row.get(f["key"])
+                values = value if isinstance(value, list) else [value]
+                return any(str(v) in f["values"] for v in values)
+
+            if all(matches(f) for f in a.get("filters", [])):
+                found.append(row)
+        return found
+
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        raise AssertionError("the engine makes resources through create()")
+
+    # ---- the provider ----------------------------------------------------------------------
+
+    def force_new(self, type_: str) -> frozenset[str]:
+        return DROPLET_FORCE_NEW if type_ == DROPLET else frozenset()
+
+    def create(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        if new.type == PRIVATE_KEY:
+            private, public = ed25519_pair()
+            return secrets.token_hex(8), {**inputs, "privateKeyOpenssh": private,
+                                          "privateKeyPem": private, "publicKeyOpenssh": public}  # fmt: skip
+        if new.type == PASSWORD:
+            alphabet = string.ascii_letters + string.digits
+            value = "".join(secrets.choice(alphabet) for _ in range(int(inputs["length"])))
+            return secrets.token_hex(8), {**inputs, "result": value}
+        if new.type == SSH_KEY:
+            print_ = fingerprint(inputs["publicKey"])
+            self.keys[print_] = inputs["publicKey"]
+            return str(next(self.ids)), {**inputs, "fingerprint": print_}
+        if new.type == DROPLET:
+            return self._create_droplet(new)
+        if new.type == FIREWALL:
+            self.world.set_firewall(new.urn, inputs)
+            return str(next(self.ids)), dict(inputs)
+        raise NotImplementedError(f"the emulated account cannot make {new.type} yet")
+
+    def update(self, old: Resource, new: Resource) -> dict[str, Any]:
+        if new.type == FIREWALL:
+            self.world.set_firewall(new.urn, new.inputs)
+        elif new.type == DROPLET:
+            machine = self.machines[int(old.id)]
+            machine.tags = list(new.inputs.get("tags", []))
+            self.world.set_tags(machine.host, machine.tags)
+        elif new.type not in (SSH_KEY,):
+            raise NotImplementedError(f"the emulated account cannot update {new.type} yet")
+        return {**old.outputs, **new.inputs}
+
+    def delete(self, old: Resource) -> None:
+        if old.type == DROPLET:
+            machine = self.machines.pop(int(old.id))
+            machine.stop.set()
+            machine.sshd.stop()
+            machine.host.remove()
+        elif old.type == FIREWALL:
+            self.world.remove_firewall(old.urn)
+
+    def read(self, new: Resource, import_id: str) -> dict[str, Any]:
+        raise NotImplementedError(f"the emulated account cannot import {new.type} yet")
+
+    def _create_droplet(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        with self.lock:
+            droplet_id, n = next(self.ids), next(self.addresses)
+        public, private = f"203.0.113.{n}", f"198.51.100.{n}"
+        host = self.world.add_host(
+            inputs["name"], public, private, inputs.get("tags", []), droplet_id
+        )
+        box = Sandbox(self.workdir / f"droplet-{droplet_id}")
+        box.set_gpus(catalog_gpu_count(inputs["size"]))
+        for prepare in self.prepare_box:
+            prepare(box)
+        authorized = "".join(
+            self.keys[f] + "\n" for f in inputs.get("sshKeys", []) if f in self.keys
+        )
+        sshd = net.Sshd(
+            host, box, box.base / "sshd", cloud_config_host_key(inputs["userData"]), authorized
+        )
+        machine = Machine(droplet_id, inputs["name"], inputs["size"], inputs["region"],
+                          list(inputs.get("tags", [])), host, box, sshd,
+                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
+        self.machines[droplet_id] = machine
+        threading.Thread(target=self._reboots, args=(machine,), daemon=True).start()
+        return str(droplet_id), {**inputs, "ipv4Address": public, "ipv4AddressPrivate": private,
+                                 "status": "active", "urn": f"do:droplet:{droplet_id}"}  # fmt: skip
+
+    def _reboots(self, machine: Machine) -> None:
+        """The Droplet reboots when its software asks (the reboot phase's detached reboot):
+        sshd and every session end, the disk stays, a new boot id."""
+        while not machine.stop.wait(0.2):
+            if machine.box.reboot_requested():
+                time.sleep(1)  # the phase's own delay before its reboot
+                machine.sshd.reboot()
+
+
+def catalog_gpu_count(size: str) -> int:
+    if not size.startswith("gpu-"):
+        return 0
+    known = catalog.SIZES.get(size)
+    return known.gpu_count if known else int(re.sub(r".*x(\d+)-.*", r"\1", size))
