@@ -101,6 +101,60 @@ def test_dev_from_nothing_to_a_ready_endpoint_then_smoke_bench_and_destroy(
         report(capsys, summary("dev", emu, results))
 
 
+def served(emu: Emulation, machine_id: int) -> float:
+    """Requests a replica's vLLM finished (its /metrics, read on the Droplet itself)."""
+    host = emu.account.machines[machine_id].host
+    text = host.run(["curl", "-s", "--max-time", "5", "http://127.0.0.1:8000/metrics"]).stdout
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def test_three_replicas_behind_the_caddy_entry_from_nothing_share_the_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Scenario 2 (the Caddy entry): replicas 3 from nothing: every replica joins the balancer,
+    the entry answers at its Reserved IP with its own certificate, requests spread over the
+    replicas; destroy leaves each replica's pool first and then nothing."""
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+        stack = emu.stack("dev")
+        up = stack.up({**stack_config("dev"), "replicas": 3})
+        results.append(up)
+        assert up.error is None, up.error
+        assert up.outputs["balancer"]["kind"] == "caddy"
+        address = up.outputs["balancer"]["address"]
+        assert up.outputs["endpoint"] == f"https://{address}/v1"
+        assert sorted(up.ops("create", "command:remote:Command")).count("balancer-member-0") == 1
+        assert {f"balancer-member-{i}" for i in range(3)} <= set(up.ops("create"))
+        # Replicas answer the entry on their private address only, never the internet.
+        replicas = [m for m in emu.account.machines.values() if m.size.startswith("gpu-")]
+        assert len(replicas) == 3
+        for m in replicas:
+            assert not emu.world.reaches(m.host.public_ip, 8080)
+            assert not emu.world.reaches(m.host.public_ip, 443)
+        bench_file = tmp_path / "bench.json"
+        bench = client(
+            emu, "bench.py", up.outputs, "--concurrency", "6", "--requests", "18",
+            "--max-tokens", "16", "--no-progress", "--json", str(bench_file),
+        )  # fmt: skip
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+        level = json.loads(bench_file.read_text())["levels"][0]
+        assert level["requests"] == 18 and level["errors"] == 0
+        counts = [served(emu, m.id) for m in replicas]
+        # The balancer's ready and the bench: every replica took a share.
+        assert sum(counts) >= 18 and all(c > 0 for c in counts), counts
+        gone = stack.destroy()
+        results.append(gone)
+        assert gone.error is None, gone.error
+        leaves = [n for n in gone.ops("delete") if n.startswith("balancer-member-")]
+        assert len(leaves) == 3
+        assert emu.account.machines == {}
+        report(capsys, summary("replicas-caddy", emu, results))
+
+
 def test_a_phase_that_fails_stops_the_run_there_and_the_next_up_converges(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -37,6 +37,9 @@ FIREWALL = "digitalocean:index/firewall:Firewall"
 SSH_KEY = "digitalocean:index/sshKey:SshKey"
 PRIVATE_KEY = "tls:index/privateKey:PrivateKey"
 PASSWORD = "random:index/randomPassword:RandomPassword"
+TAG = "digitalocean:index/tag:Tag"
+RESERVED_IP = "digitalocean:index/reservedIp:ReservedIp"
+ASSIGNMENT = "digitalocean:index/reservedIpAssignment:ReservedIpAssignment"
 # terraform-provider-digitalocean droplet/resource_droplet.go, ForceNew (camelCase, as the
 # engine sees the inputs).
 DROPLET_FORCE_NEW = frozenset(
@@ -94,6 +97,8 @@ class Account(pulumi_mocks.Mocks):
         self.world, self.workdir, self.offers = world, workdir, offers
         self.machines: dict[int, Machine] = {}
         self.keys: dict[str, str] = {}  # fingerprint -> public key
+        self.tags: set[str] = set()
+        self.reserved = itertools.count(200)
         self.ids = itertools.count(424_242_001)
         self.addresses = itertools.count(10)
         self.lock = threading.Lock()
@@ -115,6 +120,9 @@ class Account(pulumi_mocks.Mocks):
             return {"slug": a["slug"], "name": a["slug"], "available": True, "sizes": [],
                     "features": features, "id": a["slug"]}, []  # fmt: skip
         if token == "digitalocean:index/getTag:getTag":
+            # The provider's data source fails a missing tag (tag/datasource_tag.go).
+            if a["name"] in self.tags:
+                return {"name": a["name"], "id": a["name"]}, []
             return {}, [("name", f"tag not found: GET /v2/tags/{a['name']}: 404 tag not found")]
         if token == "digitalocean:index/getVolume:getVolume":
             return {}, [("name", f"no volumes found with name {a['name']}")]
@@ -150,29 +158,63 @@ class Account(pulumi_mocks.Mocks):
         return DROPLET_FORCE_NEW if type_ == DROPLET else frozenset()
 
     def create(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        makers = {
+            PRIVATE_KEY: self._private_key,
+            PASSWORD: self._password,
+            SSH_KEY: self._ssh_key,
+            DROPLET: self._create_droplet,
+            FIREWALL: self._firewall,
+            TAG: self._tag,
+            RESERVED_IP: self._reserved_ip,
+            ASSIGNMENT: self._assignment,
+        }
+        make = makers.get(new.type)
+        if make is None:
+            raise NotImplementedError(f"the emulated account cannot make {new.type} yet")
+        return make(new)
+
+    def _private_key(self, new: Resource) -> tuple[str, dict[str, Any]]:
         inputs = new.inputs
-        if new.type == PRIVATE_KEY:
-            private, public = ed25519_pair()
-            return secrets.token_hex(8), {**inputs, "privateKeyOpenssh": private,
-                                          "privateKeyPem": private, "publicKeyOpenssh": public}  # fmt: skip
-        if new.type == PASSWORD:
-            alphabet = string.ascii_letters + string.digits
-            value = "".join(secrets.choice(alphabet) for _ in range(int(inputs["length"])))
-            return secrets.token_hex(8), {**inputs, "result": value}
-        if new.type == SSH_KEY:
-            print_ = fingerprint(inputs["publicKey"])
-            self.keys[print_] = inputs["publicKey"]
-            return str(next(self.ids)), {**inputs, "fingerprint": print_}
-        if new.type == DROPLET:
-            return self._create_droplet(new)
-        if new.type == FIREWALL:
-            self.world.set_firewall(new.urn, inputs)
-            return str(next(self.ids)), dict(inputs)
-        raise NotImplementedError(f"the emulated account cannot make {new.type} yet")
+        private, public = ed25519_pair()
+        keys = {"privateKeyOpenssh": private, "privateKeyPem": private, "publicKeyOpenssh": public}
+        return secrets.token_hex(8), {**inputs, **keys}
+
+    def _password(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        alphabet = string.ascii_letters + string.digits
+        value = "".join(secrets.choice(alphabet) for _ in range(int(inputs["length"])))
+        return secrets.token_hex(8), {**inputs, "result": value}
+
+    def _ssh_key(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        print_ = fingerprint(inputs["publicKey"])
+        self.keys[print_] = inputs["publicKey"]
+        return str(next(self.ids)), {**inputs, "fingerprint": print_}
+
+    def _firewall(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        firewall_id = str(next(self.ids))
+        self.world.set_firewall(firewall_id, inputs)
+        return firewall_id, dict(inputs)
+
+    def _tag(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        self.tags.add(inputs["name"])
+        return inputs["name"], dict(inputs)
+
+    def _reserved_ip(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        address = f"203.0.113.{next(self.reserved)}"
+        return address, {**inputs, "ipAddress": address, "urn": f"do:floatingip:{address}"}
+
+    def _assignment(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        self.machines[int(inputs["dropletId"])].host.add_address(inputs["ipAddress"])
+        return f"{inputs['ipAddress']}-{inputs['dropletId']}", dict(inputs)
 
     def update(self, old: Resource, new: Resource) -> dict[str, Any]:
         if new.type == FIREWALL:
-            self.world.set_firewall(new.urn, new.inputs)
+            self.world.set_firewall(old.id, new.inputs)
         elif new.type == DROPLET:
             machine = self.machines[int(old.id)]
             machine.tags = list(new.inputs.get("tags", []))
@@ -182,13 +224,17 @@ class Account(pulumi_mocks.Mocks):
         return {**old.outputs, **new.inputs}
 
     def delete(self, old: Resource) -> None:
+        if old.type == ASSIGNMENT:
+            machine = self.machines.get(int(old.inputs["dropletId"]))
+            if machine is not None:
+                machine.host.remove_address(old.inputs["ipAddress"])
         if old.type == DROPLET:
             machine = self.machines.pop(int(old.id))
             machine.stop.set()
             machine.sshd.stop()
             machine.host.remove()
         elif old.type == FIREWALL:
-            self.world.remove_firewall(old.urn)
+            self.world.remove_firewall(old.id)
 
     def read(self, new: Resource, import_id: str) -> dict[str, Any]:
         raise NotImplementedError(f"the emulated account cannot import {new.type} yet")
