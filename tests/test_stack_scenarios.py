@@ -4,7 +4,9 @@ against outside services that stand where the real ones do (downloads at their r
 HTTPS, Let's Encrypt with profiles, validating from the internet). Nothing rendered is changed
 but the one declared gap (internet.SUBSTITUTED: the Miniforge installer's sha256).
 
-Each scenario prints its contract line (scenario.summary). `./check -m stack` runs only these.
+Each scenario prints its contract line (scenario.summary). `./check` (and CI) runs scenarios 1
+and 2; the longer ones are marked stack_long, left out by default (pyproject addopts) to keep
+CI near ten minutes: `./check -m stack` runs all of them, and only them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pytest
 from pulumi_harness import stack_config
 from stack import net
 from stack.deploy import Result
-from stack.scenario import Emulation, emulation, summary
+from stack.scenario import Emulation, Load, emulation, summary
+from test_phases import use_new_locks, vllm_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
@@ -155,6 +158,65 @@ def test_three_replicas_behind_the_caddy_entry_from_nothing_share_the_load(
         report(capsys, summary("replicas-caddy", emu, results))
 
 
+def rolled(result: Result, phase: str, replicas: int) -> None:
+    """`phase` ran on each replica in turn, each only once the one before was ready again and
+    back in the pool (its member phase: the Caddy entry)."""
+    steps = {
+        s.urn.rsplit("::", 1)[1]: s for s in result.steps if s.op in ("create", "update", "replace")
+    }
+    names = ["bootstrap"] + [f"bootstrap-{k}" for k in range(1, replicas)]
+    for k in range(1, replicas):
+        this, before = steps[f"{names[k]}-{phase}"], steps[f"{names[k - 1]}-ready"]
+        assert this.started >= before.started + before.seconds, (
+            f"{names[k]} waited for {names[k - 1]}"
+        )
+
+
+@pytest.mark.stack_long
+def test_a_routine_update_rolls_a_live_set_while_it_serves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario 3: a live set of three behind the Caddy entry, a client sending requests through
+    it the whole time: a new vllm.maxModelLen, then a new vLLM release, then a new size. No
+    request fails; each replica restarts (or is re-created) only once the one before it is back."""
+    use_new_locks(tmp_path, monkeypatch)
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+        stack = emu.stack("dev")
+        base = {**stack_config("dev"), "replicas": 3}
+        first = stack.up(base)
+        results.append(first)
+        assert first.error is None, first.error
+        load = Load(emu, first.outputs)
+        updates = [
+            ("maxModelLen", {**base, "vllm": {**base.get("vllm", {}), "maxModelLen": 8192}}),
+            ("vllm", {**base, "vllm": {**base.get("vllm", {}), **vllm_lock("0.33.1")["vllm"]}}),
+        ]
+        for what, config in updates:
+            with load:
+                result = stack.up(config)
+            results.append(result)
+            assert result.error is None, (what, result.error)
+            rolled(result, "service", 3)
+            assert load.failed == [], (what, load.failed[:5])
+            base = config
+        bigger = {**base, "droplet": {**base["droplet"], "size": "gpu-l40sx1-48gb"}}
+        with load:
+            result = stack.up(bigger)
+        results.append(result)
+        assert result.error is None, result.error
+        assert result.ops("replace", "droplet:Droplet") == ["gpu", "gpu-1", "gpu-2"]
+        rolled(result, "preflight", 3)
+        assert load.failed == [], load.failed[:5]
+        assert load.ok > 30
+        sizes = {m.size for m in emu.account.machines.values() if m.size.startswith("gpu-")}
+        assert sizes == {"gpu-l40sx1-48gb"}
+        retried = load.sent - load.ok - len(load.failed)
+        report(capsys, summary("rolling-update", emu, results))
+        report(capsys, f"  client: {load.ok} answered, {retried} retried by the client, 0 failed")
+
+
+@pytest.mark.stack_long
 def test_a_phase_that_fails_stops_the_run_there_and_the_next_up_converges(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,11 +6,13 @@ phase took)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai
 from pulumi_harness import DEFAULT_OFFERS
 
 from components import catalog
@@ -80,6 +82,67 @@ def emulation(
                 machine.stop.set()
                 machine.sshd.stop()
                 machine.box.stop_services()
+
+
+class Load:
+    """A user's client of the endpoint, from the internet: the official OpenAI Python client
+    with its defaults (it retries a connection error or a 5xx twice, openai-python
+    _base_client.py), sending chat completions one after the other on `streams` threads for as
+    long as the block lasts. A call that raises counts as failed, with what it was; `sent`
+    counts every HTTP request, so sent - ok - failed is what the client retried."""
+
+    def __init__(self, emu: Emulation, outputs: dict[str, Any], streams: int = 2) -> None:
+        self.emu, self.streams = emu, streams
+        self.base_url, self.key = str(outputs["endpoint"]), str(outputs["apiKey"])
+        self.model = str(outputs["servedModelName"])
+        self.bundle = emu.workdir / "load-roots.pem"
+        self.bundle.write_text(emu.ca.root_pem)
+        self.stop = threading.Event()
+        self.ok = self.sent = 0
+        self.failed: list[str] = []
+        self.threads: list[threading.Thread] = []
+        self.lock = threading.Lock()
+
+    def _count(self, _request: object) -> None:
+        with self.lock:
+            self.sent += 1
+
+    def _loop(self) -> None:
+        hooks = {"request": [self._count]}
+        http = openai.DefaultHttpxClient(verify=str(self.bundle), event_hooks=hooks, timeout=60)
+        client = openai.OpenAI(base_url=self.base_url, api_key=self.key, http_client=http)
+        while not self.stop.is_set():
+            try:
+                answer = client.chat.completions.create(
+                    model=self.model,
+                    max_tokens=8,
+                    messages=[{"role": "user", "content": "Say OK."}],
+                )
+                good, what = bool(answer.choices), "no choices"
+            except openai.OpenAIError as err:
+                good, what = False, f"{type(err).__name__}: {err}"
+            with self.lock:
+                if good:
+                    self.ok += 1
+                else:
+                    self.failed.append(what)
+        http.close()
+
+    def __enter__(self) -> Load:
+        self.stop.clear()
+        for _ in range(self.streams):
+            thread = threading.Thread(target=self.emu.world.call, args=(self._loop,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
+        self.threads.clear()
+        self.emu.requests += self.ok + len(self.failed)
+        self.emu.failed_requests += len(self.failed)
 
 
 def summary(scenario: str, emu: Emulation, results: list[Result]) -> str:
