@@ -150,14 +150,17 @@ log "answered after ${waited}s"
 
 if [[ -n $NEMO_DRAIN_FILE ]]; then
   step rejoin "back in the balancer's pool"
+  # A replica answers the entry only once the balancer's checks have passed (a new one starts
+  # out of the pool: DigitalOcean's Load Balancer adds a Droplet after healthy_threshold passes),
+  # so a first start waits too: `pulumi up` ends when the endpoint serves through the entry.
   if [[ -e $NEMO_DRAIN_FILE ]]; then
     rm -f "$NEMO_DRAIN_FILE"
     changed
     log "/health answers 200 again; waiting ${NEMO_REJOIN_SECONDS}s for the balancer to see it"
-    sleep "$NEMO_REJOIN_SECONDS"
   else
-    log "not draining"
+    log "not draining; waiting ${NEMO_REJOIN_SECONDS}s for the balancer's checks to pass"
   fi
+  sleep "$NEMO_REJOIN_SECONDS"
 fi
 
 step metadata-guard "systemd enforces the units' IPAddressDeny (the metadata service)"
