@@ -47,7 +47,25 @@ def client(
         "REQUESTS_CA_BUNDLE": str(bundle),
         "MPLCONFIGDIR": str(emu.workdir / "mpl"),
     }
-    argv = emu.world.argv([sys.executable, str(ROOT / "scripts" / tool), *args])
+    argv = [sys.executable, str(ROOT / "scripts" / tool), *args]
+    if emu.account.records:
+        # The names the account's DNS zones hold, as resolvers on the internet answer them:
+        # /etc/hosts of the tool's own mount namespace (this machine's is never touched).
+        hosts = emu.workdir / "client-hosts"
+        hosts.write_text("".join(f"{ip} {name}\n" for name, ip in emu.account.records.items()))
+        script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            str(hosts),
+            *argv,
+        ]
+    argv = emu.world.argv(argv)
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
     emu.requests += 1
     if proc.returncode != 0:
@@ -170,6 +188,46 @@ def rolled(result: Result, phase: str, replicas: int) -> None:
         assert this.started >= before.started + before.seconds, (
             f"{names[k]} waited for {names[k - 1]}"
         )
+
+
+def test_two_replicas_behind_the_managed_load_balancer_from_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Scenario 2 (the managed entry): a domain in the account's DNS puts the set behind
+    DigitalOcean's Load Balancer: its certificate for the name, its pool by the replicas' tag,
+    the name's A record at its address; requests through it reach both replicas, which admit
+    the Load Balancer alone on their private port."""
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+        emu.account.zones.add("example.com")
+        config = stack_config("dev")
+        config["access"] = {**config["access"], "domain": "llm.example.com",
+                            "dnsZone": "example.com", "acmeEmail": "ops@example.com"}  # fmt: skip
+        stack = emu.stack("dev")
+        up = stack.up({**config, "replicas": 2})
+        results.append(up)
+        assert up.error is None, up.error
+        assert up.outputs["balancer"]["kind"] == "managed"
+        assert up.outputs["endpoint"] == "https://llm.example.com/v1"
+        (lb,) = emu.account.balancers.values()
+        assert emu.account.records == {"llm.example.com": lb.public_ip}
+        replicas = list(emu.account.machines.values())
+        assert sorted(lb.targets) == sorted(m.host.private_ip or "" for m in replicas)
+        for m in replicas:
+            assert not emu.world.reaches(m.host.public_ip, 8080)
+        bench_file = tmp_path / "bench.json"
+        bench = client(
+            emu, "bench.py", up.outputs, "--concurrency", "4", "--requests", "12",
+            "--max-tokens", "16", "--no-progress", "--json", str(bench_file),
+        )  # fmt: skip
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+        level = json.loads(bench_file.read_text())["levels"][0]
+        assert level["requests"] == 12 and level["errors"] == 0
+        assert all(served(emu, m.id) > 0 for m in replicas)
+        gone = stack.destroy()
+        results.append(gone)
+        assert gone.error is None and emu.account.balancers == {} and emu.account.records == {}
+        report(capsys, summary("replicas-managed", emu, results))
 
 
 @pytest.mark.stack_long

@@ -44,10 +44,12 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
+
+from stack.pki import Authority
 
 ERROR_NS = "urn:ietf:params:acme:error:"
 # The status each problem type is usually sent with (RFC 8555 §6.7 and Boulder's practice).
@@ -382,7 +384,7 @@ class ACMECA:
         self._authzs: dict[str, _Authz] = {}
         self._certs: dict[str, str] = {}
         self._workers: list[threading.Thread] = []
-        self._make_hierarchy(name)
+        self._ca = Authority(name)
         self._dir = Path(tempfile.mkdtemp(prefix="acme-ca-"))
         try:
             self.server = self._listen(host, port, tls, list(names))
@@ -430,16 +432,22 @@ class ACMECA:
             self.refusals.clear()
 
     @property
+    def authority(self) -> Authority:
+        """Its root and intermediate: what also signs the certificates an operator of this CA
+        issues outside ACME (DigitalOcean's for its Load Balancers, in the emulation)."""
+        return self._ca
+
+    @property
     def root_pem(self) -> str:
-        return self._root.public_bytes(serialization.Encoding.PEM).decode()
+        return self._ca.root_pem
 
     @property
     def root(self) -> x509.Certificate:
-        return self._root
+        return self._ca.root
 
     @property
     def intermediate(self) -> x509.Certificate:
-        return self._inter
+        return self._ca.intermediate
 
     def write_root(self, path: Path) -> Path:
         path.write_text(self.root_pem)
@@ -454,54 +462,10 @@ class ACMECA:
 
     # -- certificates ---------------------------------------------------------------------------
 
-    def _make_hierarchy(self, name: str) -> None:
-        now = datetime.now(UTC)
-        self._root_key = ec.generate_private_key(ec.SECP384R1())
-        self._inter_key = ec.generate_private_key(ec.SECP256R1())
-        root_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} Root")])
-        inter_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} Intermediate")])
-        ca_usage = x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False,
-            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-            encipher_only=False, decipher_only=False,
-        )  # fmt: skip
-        root_pub = self._root_key.public_key()
-        self._root = (
-            x509.CertificateBuilder()
-            .subject_name(root_name)
-            .issuer_name(root_name)
-            .public_key(root_pub)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(days=1))
-            .not_valid_after(now + timedelta(days=3650))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(ca_usage, critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(root_pub), critical=False)
-            .sign(self._root_key, hashes.SHA384())
-        )
-        inter_pub = self._inter_key.public_key()
-        self._inter = (
-            x509.CertificateBuilder()
-            .subject_name(inter_name)
-            .issuer_name(root_name)
-            .public_key(inter_pub)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(days=1))
-            .not_valid_after(now + timedelta(days=1825))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(ca_usage, critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(inter_pub), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(root_pub), critical=False
-            )
-            .sign(self._root_key, hashes.SHA384())
-        )
-
     def _issue(self, public_key: Any, identifiers: list[dict[str, str]], profile: str) -> str:
-        """A leaf from the intermediate; returns the chain PEM (leaf, intermediate: RFC 8555
-        §7.4.2). Backdated an hour like Boulder; notAfter - notBefore is the profile's validity.
-        shortlived leaves have an empty subject, so their SAN is critical (RFC 5280 §4.2.1.6)."""
-        now = datetime.now(UTC) - timedelta(hours=1)
+        """A leaf from the intermediate (`Authority.sign`: backdated an hour like Boulder);
+        returns the chain PEM (leaf, intermediate: RFC 8555 §7.4.2). notAfter - notBefore is the
+        profile's validity. shortlived leaves have an empty subject, so their SAN is critical."""
         sans: list[x509.GeneralName] = [
             x509.IPAddress(ipaddress.ip_address(i["value"]))
             if i["type"] == "ip"
@@ -509,40 +473,10 @@ class ACMECA:
             for i in identifiers
         ]
         dns = [i["value"] for i in identifiers if i["type"] == "dns"]
-        subject = (
-            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns[0])])
-            if dns and profile != "shortlived"
-            else x509.Name([])
-        )
-        usage = x509.KeyUsage(
-            digital_signature=True, content_commitment=False,
-            key_encipherment=isinstance(public_key, rsa.RSAPublicKey), data_encipherment=False,
-            key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False,
-            decipher_only=False,
-        )  # fmt: skip
-        inter_pub = self._inter_key.public_key()
-        leaf = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(self._inter.subject)
-            .public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
-            .not_valid_after(now + PROFILES[profile].validity)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(usage, critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=not len(subject))
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(inter_pub), critical=False
-            )
-            .sign(self._inter_key, hashes.SHA256())
-        )
+        cn = dns[0] if dns and profile != "shortlived" else None
+        leaf = self._ca.sign(public_key, sans, PROFILES[profile].validity, common_name=cn)
         self.issued.append(Issued([i["value"] for i in identifiers], profile, leaf))
-        return "".join(
-            c.public_bytes(serialization.Encoding.PEM).decode() for c in (leaf, self._inter)
-        )
+        return self._ca.chain_pem(leaf)
 
     def _listen(self, host: str, port: int, tls: bool, names: list[str]) -> _Server:
         sock = _socket(self.netns, _family(host))
@@ -550,20 +484,10 @@ class ACMECA:
         if tls:
             # The CA's own HTTPS certificate, from its own hierarchy: a client trusting the root
             # (Caddy's acme_ca_root) trusts the directory too.
-            key = ec.generate_private_key(ec.SECP256R1())
-            ident = [{"type": "ip" if _is_ip(host) else "dns", "value": host}]
-            ident += [{"type": "dns", "value": n} for n in names]
-            chain = self._issue(key.public_key(), ident, "classic")
-            self.issued.pop()  # not an ACME issuance
+            chain, key = self._ca.issue([host, *names], PROFILES["classic"].validity)
             cert_file, key_file = self._dir / "listener.pem", self._dir / "listener.key"
             cert_file.write_text(chain)
-            key_file.write_bytes(
-                key.private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-            )
+            key_file.write_bytes(key)
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(cert_file, key_file)
         try:

@@ -18,6 +18,7 @@ import secrets
 import string
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from sandbox import Sandbox
 from components import catalog
 from stack import net
 from stack.engine import Resource
+from stack.load_balancer import LoadBalancer
 
 DROPLET = "digitalocean:index/droplet:Droplet"
 FIREWALL = "digitalocean:index/firewall:Firewall"
@@ -40,6 +42,9 @@ PASSWORD = "random:index/randomPassword:RandomPassword"
 TAG = "digitalocean:index/tag:Tag"
 RESERVED_IP = "digitalocean:index/reservedIp:ReservedIp"
 ASSIGNMENT = "digitalocean:index/reservedIpAssignment:ReservedIpAssignment"
+LOAD_BALANCER = "digitalocean:index/loadBalancer:LoadBalancer"
+CERTIFICATE = "digitalocean:index/certificate:Certificate"
+DNS_RECORD = "digitalocean:index/dnsRecord:DnsRecord"
 # terraform-provider-digitalocean droplet/resource_droplet.go, ForceNew (camelCase, as the
 # engine sees the inputs).
 DROPLET_FORCE_NEW = frozenset(
@@ -99,6 +104,15 @@ class Account(pulumi_mocks.Mocks):
         self.keys: dict[str, str] = {}  # fingerprint -> public key
         self.tags: set[str] = set()
         self.reserved = itertools.count(200)
+        # DNS zones of the account (Networking > Domains) and their records: name -> address.
+        self.zones: set[str] = set()
+        self.records: dict[str, str] = {}
+        # Certificates DigitalOcean issued (name -> chain, key), and Load Balancers.
+        self.certificates: dict[str, tuple[str, str]] = {}
+        self.balancers: dict[str, LoadBalancer] = {}
+        self.lb_addresses = itertools.count(150)
+        # How DigitalOcean's Let's Encrypt certificates are issued here (the scenario's CA).
+        self.issue_certificate: Callable[[list[str]], tuple[str, bytes]] | None = None
         self.ids = itertools.count(424_242_001)
         self.addresses = itertools.count(10)
         self.lock = threading.Lock()
@@ -109,24 +123,50 @@ class Account(pulumi_mocks.Mocks):
     # ---- invokes ---------------------------------------------------------------------------
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict[str, Any], list[Any]]:
-        token, a = args.token, args.args
-        if token == "digitalocean:index/getSizes:getSizes":
-            wanted = {v for f in a.get("filters", []) for v in f["values"]}
-            return {"sizes": [o for s, o in self.offers.items() if s in wanted]}, []
-        if token == "digitalocean:index/getDroplets:getDroplets":
-            return {"droplets": self._listed(a), "id": "droplets"}, []
-        if token == "digitalocean:index/getRegion:getRegion":
-            features = ["backups", "ipv6", "metadata", "install_agent", "storage"]
-            return {"slug": a["slug"], "name": a["slug"], "available": True, "sizes": [],
-                    "features": features, "id": a["slug"]}, []  # fmt: skip
-        if token == "digitalocean:index/getTag:getTag":
-            # The provider's data source fails a missing tag (tag/datasource_tag.go).
-            if a["name"] in self.tags:
-                return {"name": a["name"], "id": a["name"]}, []
-            return {}, [("name", f"tag not found: GET /v2/tags/{a['name']}: 404 tag not found")]
-        if token == "digitalocean:index/getVolume:getVolume":
-            return {}, [("name", f"no volumes found with name {a['name']}")]
-        raise AssertionError(f"the emulated account does not answer {token}")
+        handlers = {
+            "digitalocean:index/getSizes:getSizes": self._sizes,
+            "digitalocean:index/getDroplets:getDroplets": self._droplets,
+            "digitalocean:index/getRegion:getRegion": self._region,
+            "digitalocean:index/getTag:getTag": self._tag_lookup,
+            "digitalocean:index/getDomain:getDomain": self._domain,
+            "digitalocean:index/getVolume:getVolume": self._volume,
+        }
+        if args.token not in handlers:
+            raise AssertionError(f"the emulated account does not answer {args.token}")
+        return handlers[args.token](args.args)
+
+    # Each returns (outputs, failures): a failure is how the provider's error reaches the program.
+
+    def _sizes(self, a: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        wanted = {v for f in a.get("filters", []) for v in f["values"]}
+        return {"sizes": [o for slug, o in self.offers.items() if slug in wanted]}, []
+
+    def _droplets(self, a: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        return {"droplets": self._listed(a), "id": "droplets"}, []
+
+    def _region(self, a: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        features = ["backups", "ipv6", "metadata", "install_agent", "storage"]
+        slug = a["slug"]
+        return {"slug": slug, "name": slug, "available": True, "sizes": [],
+                "features": features, "id": slug}, []  # fmt: skip
+
+    def _tag_lookup(self, a: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        # The provider's data source fails a missing tag (tag/datasource_tag.go).
+        if a["name"] in self.tags:
+            return {"name": a["name"], "id": a["name"]}, []
+        return {}, [("name", f"tag not found: GET /v2/tags/{a['name']}: 404 tag not found")]
+
+    def _domain(self, a: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        zone = a["name"]
+        if zone in self.zones:
+            return {"name": zone, "ttl": 1800, "zoneFile": "", "id": zone,
+                    "urn": f"do:domain:{zone}"}, []  # fmt: skip
+        return {}, [
+            ("name", f"Error retrieving domain: 404 The resource could not be found ({zone})")
+        ]
+
+    def _volume(self, a: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        return {}, [("name", f"no volumes found with name {a['name']}")]
 
     def _listed(self, a: dict[str, Any]) -> list[dict[str, Any]]:
         """getDroplets: GPU Droplets only with gpus=true (DigitalOcean OpenAPI droplets_list)."""
@@ -167,6 +207,9 @@ class Account(pulumi_mocks.Mocks):
             TAG: self._tag,
             RESERVED_IP: self._reserved_ip,
             ASSIGNMENT: self._assignment,
+            CERTIFICATE: self._certificate,
+            LOAD_BALANCER: self._load_balancer,
+            DNS_RECORD: self._dns_record,
         }
         make = makers.get(new.type)
         if make is None:
@@ -207,6 +250,45 @@ class Account(pulumi_mocks.Mocks):
         address = f"203.0.113.{next(self.reserved)}"
         return address, {**inputs, "ipAddress": address, "urn": f"do:floatingip:{address}"}
 
+    def _certificate(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        """A Let's Encrypt certificate DigitalOcean issues for domains in its DNS (the
+        provider's `lets_encrypt` type); auto-named, as the provider names it."""
+        assert self.issue_certificate is not None, "the scenario gives the account a CA"
+        name = f"{new.name}-{secrets.token_hex(4)}"
+        chain, key = self.issue_certificate(list(new.inputs["domains"]))
+        self.certificates[name] = (chain, key.decode())
+        return secrets.token_hex(8), {**new.inputs, "name": name, "state": "verified"}
+
+    def _load_balancer(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        n = next(self.lb_addresses)
+        public, vpc = f"203.0.113.{n}", f"198.51.100.{n}"
+        uid = f"lb-{secrets.token_hex(6)}"
+        self.world.add_load_balancer(uid, public, vpc)
+        rule = new.inputs["forwardingRules"][0]
+        lb = LoadBalancer(self.world, self.workdir / uid, new.inputs, public, vpc,
+                          self.certificates[rule["certificateName"]])  # fmt: skip
+        self.balancers[uid] = lb
+        self._retarget()
+        return uid, {
+            **new.inputs,
+            "ip": public,
+            "status": "active",
+            "urn": f"do:loadbalancer:{uid}",
+        }
+
+    def _dns_record(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        name, zone = new.inputs["name"], new.inputs["domain"]
+        fqdn = zone if name == "@" else f"{name}.{zone}"
+        self.records[fqdn] = new.inputs["value"]
+        return str(next(self.ids)), {**new.inputs, "fqdn": fqdn}
+
+    def _retarget(self) -> None:
+        """Each Load Balancer forwards to the Droplets with its tag (re-read as they change)."""
+        for lb in self.balancers.values():
+            lb.set_targets(
+                [m.host.private_ip or "" for m in self.machines.values() if lb.tag in m.tags]
+            )
+
     def _assignment(self, new: Resource) -> tuple[str, dict[str, Any]]:
         inputs = new.inputs
         self.machines[int(inputs["dropletId"])].host.add_address(inputs["ipAddress"])
@@ -219,6 +301,10 @@ class Account(pulumi_mocks.Mocks):
             machine = self.machines[int(old.id)]
             machine.tags = list(new.inputs.get("tags", []))
             self.world.set_tags(machine.host, machine.tags)
+            self._retarget()
+        elif new.type == DNS_RECORD:
+            self.records.pop(old.outputs["fqdn"], None)
+            return {**old.outputs, **self._dns_record(new)[1]}
         elif new.type not in (SSH_KEY,):
             raise NotImplementedError(f"the emulated account cannot update {new.type} yet")
         return {**old.outputs, **new.inputs}
@@ -233,6 +319,11 @@ class Account(pulumi_mocks.Mocks):
             machine.stop.set()
             machine.sshd.stop()
             machine.host.remove()
+            self._retarget()
+        elif old.type == LOAD_BALANCER:
+            self.balancers.pop(old.id).stop()
+        elif old.type == DNS_RECORD:
+            self.records.pop(old.outputs["fqdn"], None)
         elif old.type == FIREWALL:
             self.world.remove_firewall(old.id)
 
@@ -261,6 +352,7 @@ class Account(pulumi_mocks.Mocks):
                           list(inputs.get("tags", [])), host, box, sshd,
                           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
         self.machines[droplet_id] = machine
+        self._retarget()
         threading.Thread(target=self._reboots, args=(machine,), daemon=True).start()
         return str(droplet_id), {**inputs, "ipv4Address": public, "ipv4AddressPrivate": private,
                                  "status": "active", "urn": f"do:droplet:{droplet_id}"}  # fmt: skip

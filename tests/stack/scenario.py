@@ -71,6 +71,8 @@ def emulation(
         ca = ACMECA(host=net.ACME_CA, port=443, netns=world.name, names=LETS_ENCRYPT)
         services.callback(ca.stop)
         account = Account(world, workdir, offers or DEFAULT_OFFERS)
+        # DigitalOcean issues its Load Balancers' certificates from Let's Encrypt too.
+        account.issue_certificate = ca.authority.issue
         roots = [downloads.root_pem, ca.root_pem]
         account.prepare_box.append(lambda box: internet.prepare(box, internet.SERVICES, roots))
         commands = RemoteCommands(world, workdir, downloads.substitutions())
