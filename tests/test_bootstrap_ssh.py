@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import textwrap
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 from sandbox import Downloads, Sandbox, free_port
+from stack.net import sshd_config
 from test_phases import Phases, service_pid, unit_env, use_new_locks, vllm_envs, vllm_lock
 
 from components import bootstrap, phase_settings
@@ -41,19 +41,7 @@ class Droplet:
         host_pub = " ".join((keys / "host.pub").read_text().split()[:2])
         (keys / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {host_pub}\n")
         (keys / "sshd_config").write_text(
-            textwrap.dedent(f"""\
-            ListenAddress 127.0.0.1
-            Port {self.port}
-            HostKey {keys / "host"}
-            AuthorizedKeysFile {keys / "authorized_keys"}
-            PermitRootLogin prohibit-password
-            PasswordAuthentication no
-            KbdInteractiveAuthentication no
-            UsePAM no
-            StrictModes no
-            PidFile none
-            Subsystem sftp internal-sftp
-        """)
+            sshd_config("127.0.0.1", self.port, keys / "host", keys / "authorized_keys")
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()

@@ -412,17 +412,27 @@ def fstab_binds(box: Sandbox) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("how", ["fails", "is killed"])
-def test_a_copy_cut_short_binds_nothing_now_or_after_a_reboot_and_the_rerun_completes_it(
-    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox], how: str
-) -> None:
+def cache_turned_on_later(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+) -> tuple[Sandbox, Phases]:
+    """A live Droplet that ran the cache phase off and installed its own /opt/conda, then the
+    cache turned on (cache.sizeGb set): the Volume attached and named, the cache phase not yet
+    run again."""
     box = droplet(tmp_path, droplets, None)
     p = with_cache(box, downloads, None)
     p.ok("cache")
     p.ok("conda")
-    # The cache turned on for this live Droplet; its copy of /opt/conda breaks off.
     box.attach_volume(volume)
     p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    return box, p
+
+
+@pytest.mark.parametrize("how", ["fails", "is killed"])
+def test_a_copy_cut_short_binds_nothing_now_or_after_a_reboot_and_the_rerun_completes_it(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox], how: str
+) -> None:
+    box, p = cache_turned_on_later(tmp_path, downloads, volume, droplets)
+    # Its copy of /opt/conda breaks off.
     box.file("/usr/local/bin/cp", BREAKING_CP, mode=0o755)
     if how == "is killed":
         box.file("/etc/cp-kills", "")
@@ -464,12 +474,7 @@ def test_an_incomplete_bind_an_earlier_version_left_is_undone_and_the_copy_compl
     """What the phase used to leave after a copy cut short: every bind in fstab, the cache's
     conda folder empty. After the reboot the empty folder hid the Droplet's /opt/conda and a
     re-run said "bound"."""
-    box = droplet(tmp_path, droplets, None)
-    p = with_cache(box, downloads, None)
-    p.ok("cache")
-    p.ok("conda")
-    box.attach_volume(volume)
-    p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    box, p = cache_turned_on_later(tmp_path, downloads, volume, droplets)
     subprocess.run(["mkfs.ext4", "-q", "-F", "-L", catalog.CACHE_LABEL, str(volume)], check=True)
     uuid = blkid(volume, "UUID")
     Path(f"{volume}.fs-uuid").write_text(uuid + "\n")
@@ -514,12 +519,7 @@ exec /usr/bin/df "$@"
 def test_a_copy_the_cache_has_no_room_for_is_refused_before_it_starts(
     tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
 ) -> None:
-    box = droplet(tmp_path, droplets, None)
-    p = with_cache(box, downloads, None)
-    p.ok("cache")
-    p.ok("conda")
-    box.attach_volume(volume)
-    p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    box, p = cache_turned_on_later(tmp_path, downloads, volume, droplets)
     box.file("/usr/local/bin/df", FULL_DF, mode=0o755)
     run = p.failed("cache", "bind", "raise cache.sizeGb")
     assert "the cache has 16KiB free: not copied" in run.failure, run.failure

@@ -54,6 +54,34 @@ class Gateway:
         return self.request("POST", path, key, **kw)
 
 
+def spawn_caddy(folder: Path, conf: Path) -> subprocess.Popen[bytes]:
+    """The pinned Caddy running `conf`, its home, data and config under `folder` and the key in
+    its environment (as the unit gives it); its output in folder/caddy.log."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(folder),
+        "XDG_DATA_HOME": str(folder / "data"),
+        "XDG_CONFIG_HOME": str(folder / "config"),
+        gateway.API_KEY_ENV: KEY,
+    }
+    with (folder / "caddy.log").open("wb") as out:
+        return subprocess.Popen(
+            [str(CADDY), "run", "--config", str(conf), "--adapter", "caddyfile"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_caddy(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def start_gateway(
     tmp_path: Path,
     upstream: str,
@@ -90,20 +118,7 @@ def start_gateway(
     )
     data = tmp_path / "data"
     log = tmp_path / "caddy.log"
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "XDG_DATA_HOME": str(data),
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-        gateway.API_KEY_ENV: KEY,
-    }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(CADDY), "run", "--config", str(conf), "--adapter", "caddyfile"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = spawn_caddy(tmp_path, conf)
     url = f"https://localhost:{https_port}" if https else f"http://127.0.0.1:{http_port}"
     ca = data / "caddy" / "pki" / "authorities" / "local" / "root.crt" if https else None
     try:
@@ -121,12 +136,7 @@ def start_gateway(
             time.sleep(0.2)
         yield Gateway(url + "/v1", url, ca, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_caddy(proc)
 
 
 @pytest.fixture(params=[True, False], ids=["https", "http"])
@@ -323,21 +333,8 @@ def run_caddy(folder: Path, caddyfile: str, probe: str) -> Iterator[subprocess.P
     folder.mkdir(parents=True, exist_ok=True)
     conf = folder / "Caddyfile"
     conf.write_text(caddyfile)
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(folder),
-        "XDG_DATA_HOME": str(folder / "data"),
-        "XDG_CONFIG_HOME": str(folder / "config"),
-        gateway.API_KEY_ENV: KEY,
-    }
     log = folder / "caddy.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(CADDY), "run", "--config", str(conf), "--adapter", "caddyfile"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = spawn_caddy(folder, conf)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -349,12 +346,7 @@ def run_caddy(folder: Path, caddyfile: str, probe: str) -> Iterator[subprocess.P
                 time.sleep(0.1)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_caddy(proc)
 
 
 def replica_gateway(

@@ -120,6 +120,17 @@ def phase_settings_for(cfg: config.StackConfig, phase: str) -> dict[str, Any]:
     )
 
 
+def stream(url: str, tokens: int | None = None, timeout: float = 60) -> dict[str, Any]:
+    """A streamed chat completion through the replica (at most `tokens`, when given): its
+    status, body and when it ended."""
+    body: dict[str, Any] = {"model": "nemotron", "stream": True}
+    if tokens is not None:
+        body["max_tokens"] = tokens
+    body["messages"] = [{"role": "user", "content": "hi"}]
+    r = requests.post(f"{url}/v1/chat/completions", headers=AUTH, json=body, timeout=timeout)
+    return {"status": r.status_code, "body": r.text, "ended": time.monotonic()}
+
+
 def test_a_replica_drains_before_its_restart_and_rejoins_after_ready(
     box: Sandbox, downloads: Downloads
 ) -> None:
@@ -136,22 +147,8 @@ def test_a_replica_drains_before_its_restart_and_rejoins_after_ready(
     metrics = requests.get(f"{url}/metrics", headers=AUTH, timeout=5)
     assert "vllm:num_requests_running" in metrics.text
 
-    stream: dict[str, Any] = {}
-
-    def in_flight() -> None:
-        r = requests.post(
-            f"{url}/v1/chat/completions",
-            headers=AUTH,
-            json={
-                "model": "nemotron",
-                "stream": True,
-                "messages": [{"role": "user", "content": "hi"}],
-            },
-            timeout=30,
-        )
-        stream.update(status=r.status_code, body=r.text, ended=time.monotonic())
-
-    client = threading.Thread(target=in_flight)
+    answer: dict[str, Any] = {}
+    client = threading.Thread(target=lambda: answer.update(stream(url, timeout=30)))
     client.start()
     time.sleep(0.5)
     # New weights: the service restarts, and drains first.
@@ -170,7 +167,7 @@ def test_a_replica_drains_before_its_restart_and_rejoins_after_ready(
     assert "[service] step drain" in run.stderr
     assert "[service] no request in flight" in run.stderr
     # The request already running finished whole: the restart waited for it.
-    assert stream["status"] == 200 and "data: [DONE]" in stream["body"], stream
+    assert answer["status"] == 200 and "data: [DONE]" in answer["body"], answer
     # Out of the pool until ready has seen it answer again.
     assert (box.run_dir / pool.drain_file().removeprefix("/run/")).exists()
     assert health(url) == 503
@@ -422,21 +419,6 @@ def test_the_stall_window_covers_the_longest_prefill() -> None:
     assert pool.stall_seconds(caddy) == 60, "32k tokens prefill in well under a minute"
     assert pool.stall_seconds(managed) == 66, "131k tokens at 2000 tokens/s"
     assert phase_settings.drain_settings(lone)["NEMO_DRAIN_FILE"] == ""
-
-
-def stream(url: str, tokens: int) -> dict[str, Any]:
-    r = requests.post(
-        f"{url}/v1/chat/completions",
-        headers=AUTH,
-        json={
-            "model": "nemotron",
-            "stream": True,
-            "max_tokens": tokens,
-            "messages": [{"role": "user", "content": "hi"}],
-        },
-        timeout=60,
-    )
-    return {"status": r.status_code, "body": r.text, "ended": time.monotonic()}
 
 
 def test_a_drain_ends_on_stuck_gauges_and_a_stopped_drain_ends_itself(

@@ -209,11 +209,16 @@ def test_orders_are_checked_against_profiles_and_refusals(ca: ACMECA) -> None:
     assert ca.requests["new-order"] == 9
 
 
-def challenge_server(answer: Callable[[str, str], str]) -> Any:
-    """An http-01 responder: `answer(host, token)` is the body."""
+def challenge_handler(
+    answer: Callable[[str, str], str], peers: list[str] | None = None
+) -> type[BaseHTTPRequestHandler]:
+    """An http-01 responder: `answer(host, token)` is the body; `peers`, if given, gets the
+    address each request came from."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if peers is not None:
+                peers.append(self.client_address[0])
             token = self.path.rsplit("/", 1)[-1]
             data = answer(self.headers["Host"], token).encode()
             self.send_response(200)
@@ -224,7 +229,12 @@ def challenge_server(answer: Callable[[str, str], str]) -> Any:
         def log_message(self, *_: Any) -> None:
             pass
 
-    return loopback.serve(Handler)
+    return Handler
+
+
+def challenge_server(answer: Callable[[str, str], str]) -> Any:
+    """An http-01 responder on a free loopback port: `answer(host, token)` is the body."""
+    return loopback.serve(challenge_handler(answer))
 
 
 def csr(names: list[str]) -> tuple[str, ec.EllipticCurvePrivateKey]:
@@ -504,21 +514,9 @@ def test_the_ca_listens_and_validates_from_inside_a_namespace(netns: str) -> Non
     responder listens on HOST_SIDE, reachable from the namespace over the veth pair only."""
 
     peers: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            peers.append(self.client_address[0])
-            data = f"{self.path.rsplit('/', 1)[-1]}.{thumb}".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
+    handler = challenge_handler(lambda _host, token: f"{token}.{thumb}", peers)
     # Binding CA_SIDE works only in the namespace that has it: the CA's socket was made there.
-    responder = ThreadingHTTPServer((HOST_SIDE, 0), Handler)
+    responder = ThreadingHTTPServer((HOST_SIDE, 0), handler)
     threading.Thread(
         target=responder.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
     ).start()

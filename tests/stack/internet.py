@@ -3,9 +3,9 @@
 One HTTPS server in the World's namespace at DOWNLOADS (192.0.2.30:443) answers for github.com,
 objects.githubusercontent.com, huggingface.co and developer.download.nvidia.com, chosen by the
 Host header (a TLS server name, when the client sends one, must agree with it). Its certificate
-names all of them and is signed by a small CA of the emulation (`CA`, or one the test gives), so a
-Droplet that trusts that root (`prepare`) downloads from the URLs the program renders, unchanged:
-curl and Caddy (Go) check the names as they would on the internet.
+names all of them and is signed by a small CA of the emulation (a pki.Authority, or one the test
+gives), so a Droplet that trusts that root (`prepare`) downloads from the URLs the program
+renders, unchanged: curl and Caddy (Go) check the names as they would on the internet.
 
 `prepare(box, services, roots)` makes a Sandbox (a Droplet's disk) resolve the names to the World's
 addresses (/etc/hosts in its overlay) and trust the emulation's roots (appended to its
@@ -35,20 +35,16 @@ import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from sandbox import FAKES, Sandbox, caddy_release_tarball
 
 from components import catalog
 from stack.net import ACME_CA, DO_API, DOWNLOADS, Netns
+from stack.pki import Authority
 
 GITHUB, GITHUB_OBJECTS = "github.com", "objects.githubusercontent.com"
 HUGGINGFACE, NVIDIA = "huggingface.co", "developer.download.nvidia.com"
@@ -76,99 +72,6 @@ SUBSTITUTED: dict[str, str] = {
         "unchanged, so only its checksum differs"
     ),
 }
-
-
-# ---- the CA ------------------------------------------------------------------------------------
-
-
-class CA:
-    """A root and an intermediate (as a public CA has), made at start; `issue` signs a server
-    certificate for DNS names with the intermediate."""
-
-    def __init__(self, name: str = "Emulated Internet") -> None:
-        now = datetime.now(UTC)
-        self._root_key = ec.generate_private_key(ec.SECP384R1())
-        self._inter_key = ec.generate_private_key(ec.SECP256R1())
-        root_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} Root")])
-        inter_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
-        usage = _key_usage(cert_sign=True)
-        root_pub, inter_pub = self._root_key.public_key(), self._inter_key.public_key()
-        self.root = (
-            x509.CertificateBuilder()
-            .subject_name(root_name)
-            .issuer_name(root_name)
-            .public_key(root_pub)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(days=1))
-            .not_valid_after(now + timedelta(days=3650))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(usage, critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(root_pub), critical=False)
-            .sign(self._root_key, hashes.SHA384())
-        )
-        self.intermediate = (
-            x509.CertificateBuilder()
-            .subject_name(inter_name)
-            .issuer_name(root_name)
-            .public_key(inter_pub)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(days=1))
-            .not_valid_after(now + timedelta(days=1825))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(usage, critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(inter_pub), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(root_pub), critical=False
-            )
-            .sign(self._root_key, hashes.SHA384())
-        )
-
-    @property
-    def root_pem(self) -> str:
-        return self.root.public_bytes(serialization.Encoding.PEM).decode()
-
-    def issue(self, names: Iterable[str]) -> tuple[str, bytes]:
-        """(chain PEM: leaf then intermediate, private key PEM) for these DNS names."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        names = list(names)
-        now = datetime.now(UTC) - timedelta(hours=1)
-        leaf = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-            .issuer_name(self.intermediate.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
-            .not_valid_after(now + timedelta(days=90))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_key_usage(cert_sign=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(
-                x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._inter_key.public_key()),
-                critical=False,
-            )
-            .sign(self._inter_key, hashes.SHA256())
-        )
-        chain = "".join(
-            c.public_bytes(serialization.Encoding.PEM).decode() for c in (leaf, self.intermediate)
-        )
-        pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        return chain, pem
-
-
-def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=False,
-        data_encipherment=False, key_agreement=False, key_cert_sign=cert_sign,
-        crl_sign=cert_sign, encipher_only=False, decipher_only=False,
-    )  # fmt: skip
 
 
 # ---- the server --------------------------------------------------------------------------------
@@ -222,13 +125,14 @@ class Internet:
     def __init__(
         self,
         world: Netns,
-        ca: CA | None = None,
+        ca: Authority | None = None,
         *,
         address: str = DOWNLOADS,
         port: int = 443,
         hosts: Iterable[str] = HOSTS,
     ) -> None:
-        self.world, self.ca = world, ca or CA()
+        self.world = world
+        self.ca = ca or Authority("Emulated Internet", intermediate="Emulated Internet CA")
         self.hosts = tuple(hosts)
         self.files: dict[str, dict[str, bytes]] = {h: {} for h in self.hosts}
         self.requests: collections.Counter[str] = collections.Counter()

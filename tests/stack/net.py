@@ -526,6 +526,24 @@ def ruleset(host: Host, world: World) -> str | None:
 # ---- sshd on a host ----------------------------------------------------------------------------
 
 
+def sshd_config(listen: str, port: int, host_key: Path, authorized_keys: Path) -> str:
+    """An sshd_config for a test's sshd: key login only (root too), no PAM, no pid file, files
+    outside ~ (StrictModes off), sftp served in-process."""
+    return textwrap.dedent(f"""\
+        ListenAddress {listen}
+        Port {port}
+        HostKey {host_key}
+        AuthorizedKeysFile {authorized_keys}
+        PermitRootLogin prohibit-password
+        PasswordAuthentication no
+        KbdInteractiveAuthentication no
+        UsePAM no
+        StrictModes no
+        PidFile none
+        Subsystem sftp internal-sftp
+        """)
+
+
 class Sshd:
     """The Droplet's OpenSSH server: in the host's namespace, inside its sandbox (its disk),
     listening on 0.0.0.0:22 with the given host key and authorized key; what cloud-init
@@ -546,21 +564,7 @@ class Sshd:
         )
         (folder / "authorized_keys").write_text(authorized_key.strip() + "\n")
         self.config = folder / "sshd_config"
-        self.config.write_text(
-            textwrap.dedent(f"""\
-            ListenAddress 0.0.0.0
-            Port 22
-            HostKey {key}
-            AuthorizedKeysFile {folder / "authorized_keys"}
-            PermitRootLogin prohibit-password
-            PasswordAuthentication no
-            KbdInteractiveAuthentication no
-            UsePAM no
-            StrictModes no
-            PidFile none
-            Subsystem sftp internal-sftp
-            """)
-        )
+        self.config.write_text(sshd_config("0.0.0.0", 22, key, folder / "authorized_keys"))
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
