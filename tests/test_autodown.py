@@ -388,6 +388,16 @@ def test_a_token_that_may_not_delete_says_so(autodown: Autodown, cloud: Cloud) -
     assert len(cloud.deletes) == 1, "no retries on a refused token"
 
 
+def test_a_token_that_is_not_accepted_says_so(autodown: Autodown, cloud: Cloud) -> None:
+    cloud.token_scopes.clear()  # revoked: DigitalOcean answers 401
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    proc = autodown.run()
+    assert proc.returncode == 1
+    assert "HTTP 401: DigitalOcean does not accept the token (expired or revoked?)" in proc.stdout
+    assert "scope" not in proc.stdout
+
+
 def test_the_readme_names_exactly_the_scopes_the_rule_uses() -> None:
     """The fake API's token has the README's scopes: the other tests prove they suffice; this
     one that the README asks for no more than autodown.token_scopes says, for any stack."""
@@ -830,8 +840,12 @@ def test_a_replica_whose_delete_fails_keeps_replica_0_until_the_next_run(
     assert proc.returncode == 1
     assert f"this Droplet stays until replicas {PEER_IDS[1]} are gone" in proc.stdout
     assert f"/v2/droplets/{DROPLET}" not in [d["path"] for d in cloud.deletes]
+    # The first peer is gone: its metrics can no longer be read, which alone would count as
+    # busy. The delete that began goes on regardless.
+    peers[0].metrics = None
     cloud.deletes.clear()
     proc = rule.run()
+    assert "finishing the delete that began earlier" in proc.stdout
     assert proc.returncode == 0, proc.stdout
     # Only what is left: the first peer is not asked again.
     assert [d["path"] for d in cloud.deletes] == [

@@ -245,12 +245,7 @@ def delete(
             if err.code == 404:
                 return "gone"
             if err.code in (401, 403):
-                what, needs = scope
-                return (
-                    f"error: HTTP {err.code}: the token may not delete {what}: it needs the "
-                    f"scope {needs} (DigitalOcean > API > Tokens; then set autodown.token and "
-                    "pulumi up)"
-                )
+                return refused(err.code, scope)
             result = f"error: HTTP {err.code}"
             asked = retry_after(err.headers.get("Retry-After"), deadline.clock())
             if asked is not None:
@@ -266,6 +261,20 @@ def delete(
         sleep(wait)
         delay *= 2
     return result
+
+
+def refused(code: int, scope: tuple[str, str]) -> str:
+    """What a 401 (the token itself) or a 403 (a scope it lacks) means, for the journal."""
+    if code == 401:
+        return (
+            "error: HTTP 401: DigitalOcean does not accept the token (expired or revoked?): "
+            "make a new one, set autodown.token and pulumi up"
+        )
+    what, needs = scope
+    return (
+        f"error: HTTP 403: the token may not delete {what}: it needs the scope {needs} "
+        "(DigitalOcean > API > Tokens; then set autodown.token and pulumi up)"
+    )
 
 
 def delete_droplet(api_url: str, token: str, droplet: str, deadline: Deadline, sleep: Sleep) -> str:
@@ -301,6 +310,9 @@ def fresh_state(now: float) -> dict[str, Any]:
         "last_activity": now,
         "counters": None,
         "deleted": False,
+        # A delete began (the rule decided it, not a dry run): later runs finish it whatever the
+        # metrics say (a deleted peer's metrics can no longer be read, which counts as busy).
+        "deleting": False,
         "record_deleted": False,
         # The other replicas this rule has deleted (by id): a later run deletes only the rest.
         "peers_deleted": [],
@@ -351,6 +363,7 @@ def load_state(path: Path, now: float) -> tuple[dict[str, Any], str | None]:
     kinds: dict[str, Callable[[object], bool]] = {
         "deleted": _flag,
         "record_deleted": _flag,
+        "deleting": _flag,
         "peers_deleted": _ids,
     }
     for key, valid in kinds.items():
@@ -521,6 +534,10 @@ def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = t
     if state["deleted"]:
         log("the delete was accepted earlier; waiting for the Droplet to go")
         return 0
+    if state["deleting"] and not dry_run:
+        outcome = remove(state, "finishing the delete that began earlier", token, deadline, sleep)
+        save_state(state_path, state)
+        return outcome
     metrics = read_set_metrics(
         env("AUTODOWN_METRICS_URL", "http://127.0.0.1:8000/metrics"),
         env("AUTODOWN_PEER_METRICS_URLS", "").split(),
@@ -539,6 +556,7 @@ def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = t
         what = f"replicas {' '.join(peers)}, then this Droplet" if peers else "this Droplet"
         log(f"dry run: would delete {what}: {reason}")
     else:
+        state["deleting"] = True
         outcome = remove(state, reason, token, deadline, sleep)
     save_state(state_path, state)
     return outcome
