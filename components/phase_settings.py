@@ -154,7 +154,7 @@ def settings(
             # service runs from it.
             "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
             "NEMO_VLLM_MARKER": vllm_service.marker_path(cfg),
-            **vllm_service.env_settings(),
+            "NEMO_RUNS_ENV_FILE": vllm_service.RUNS_ENV_FILE,
             **drain_settings(cfg),
         },
         "gateway": {
@@ -233,6 +233,9 @@ def settings(
             # A replica back from an update rejoins the pool before the next one starts.
             "NEMO_DRAIN_FILE": drain_settings(cfg)["NEMO_DRAIN_FILE"],
             "NEMO_REJOIN_SECONDS": pool.rejoin_seconds(cfg) if pooled else 0,
+            # Once vLLM answered from the unit's env, the envs before it go.
+            "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
+            **vllm_service.env_settings(),
         },
     }
     return common[phase]
@@ -351,6 +354,7 @@ def balancer_settings(
             "NEMO_ACME_ISSUERS": acme_issuers(cfg, host),
             "NEMO_DRAIN_FILE": "",
             "NEMO_REJOIN_SECONDS": 0,
+            "NEMO_VLLM_ENV": "",
             "NEMO_ENV_FILE": gateway.GATEWAY_ENV_FILE,
             "NEMO_KEY_VAR": gateway.API_KEY_ENV,
             # No vLLM here: the answer comes from a replica through the balancer.

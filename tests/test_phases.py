@@ -944,7 +944,8 @@ def test_a_new_vllm_installs_beside_the_running_one_then_the_service_switches(
 ) -> None:
     """The vllm phase runs on every replica at once under running servers: it installs a new
     release into an env of its own and leaves the running one alone; the service phase (one
-    drained replica at a time) switches the unit to it, restarts once and removes the old env."""
+    drained replica at a time) switches the unit to it and restarts once; ready, once the new
+    one answered, removes the old env."""
     p = prepared(box, downloads)
     p.ok("service")
     (old,) = vllm_envs(box)
@@ -961,9 +962,11 @@ def test_a_new_vllm_installs_beside_the_running_one_then_the_service_switches(
     assert unit_env(box) == env and service_pid(box) != pid
     log = box.file("/var/lib/fake-systemd/log").read_text()
     assert log.count("restart vllm.service") == restarts + 1, "one restart switches"
-    assert vllm_envs(box) == [env], "the old env goes once the service runs the new one"
+    # The old env stays until the new vLLM has answered: it is what to go back to.
+    assert sorted(vllm_envs(box)) == sorted([old, env])
     new.ok("gateway")
     new.ok("ready")
+    assert vllm_envs(box) == [env], "the old env goes once the new one answered"
     assert "(vLLM 0.33.1)" in box.file("/var/log/fake-vllm.log").read_text()
     # Again: nothing to do.
     assert new.ok("vllm")["changed"] is False
@@ -991,12 +994,15 @@ def test_at_most_the_running_env_and_the_new_one_are_kept(
     assert env.startswith("/opt/conda/envs/vllm-0.33.2-"), "0.33.1, never run, is gone"
     assert unit_env(box) == running
     newest.ok("service")
+    assert sorted(vllm_envs(box)) == sorted([running, env]), "kept until the new one answers"
+    newest.ok("gateway")
+    newest.ok("ready")
     assert vllm_envs(box) == [env] and unit_env(box) == env
 
 
 def test_earlier_versions_env_is_kept_until_the_switch(box: Sandbox, downloads: Downloads) -> None:
     """A Droplet set up by an earlier version runs /opt/conda/envs/vllm, installed in place:
-    the first install beside it leaves it running; the switch removes it."""
+    the first install beside it leaves it running; once the switch answered, it goes."""
     p = prepared(box, downloads)
     (env,) = vllm_envs(box)
     legacy = catalog.VLLM_ENV
@@ -1012,6 +1018,8 @@ def test_earlier_versions_env_is_kept_until_the_switch(box: Sandbox, downloads: 
     (env,) = set(vllm_envs(box)) - {legacy}
     assert unit_env(box) == legacy and box.file(f"{legacy}/bin/vllm").exists()
     assert p.ok("service")["changed"] is True
+    p.ok("gateway")
+    p.ok("ready")
     assert vllm_envs(box) == [env] and unit_env(box) == env
 
 
@@ -1044,6 +1052,8 @@ def test_a_failed_install_leaves_the_running_env_and_unit_alone(
     assert box.file(f"{env}/.nemotron-vllm").exists()
     assert tree(box, old) == before
     new.ok("service")
+    new.ok("gateway")
+    new.ok("ready")
     assert vllm_envs(box) == [env] and unit_env(box) == env
 
 

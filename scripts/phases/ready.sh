@@ -13,6 +13,7 @@
 # Settings: NEMO_PROBE_URL NEMO_PROBE_RESOLVE NEMO_PROBE_CA NEMO_SERVED_NAME NEMO_UNIT
 #           NEMO_ENV_FILE NEMO_KEY_VAR NEMO_READY_TIMEOUT NEMO_GATEWAY_UNIT NEMO_HOST
 #           NEMO_ACME_PATIENCE NEMO_ACME_ISSUERS NEMO_DRAIN_FILE NEMO_REJOIN_SECONDS
+#           NEMO_VLLM_ENV NEMO_VLLM_ENV_PREFIX NEMO_RUNS_ENV_FILE
 
 url=$NEMO_PROBE_URL
 tls=()
@@ -161,6 +162,20 @@ if [[ -n $NEMO_DRAIN_FILE ]]; then
     log "not draining; waiting ${NEMO_REJOIN_SECONDS}s for the balancer's checks to pass"
   fi
   sleep "$NEMO_REJOIN_SECONDS"
+fi
+
+if [[ -n $NEMO_VLLM_ENV ]]; then
+  step old-envs "the vLLM envs before ${NEMO_VLLM_ENV}, now that it answered"
+  # Only once the service runs from the unit's env and has answered from it: never the one
+  # running, and never the one to go back to before the new one has served.
+  if [[ $(cat "$NEMO_RUNS_ENV_FILE" 2>/dev/null) == "$NEMO_VLLM_ENV" ]]; then
+    for old in "${NEMO_VLLM_ENV_PREFIX:?}" "${NEMO_VLLM_ENV_PREFIX}"-*; do
+      [[ -d $old && $old != "$NEMO_VLLM_ENV" ]] || continue
+      log "removing ${old}: the service answers from ${NEMO_VLLM_ENV}"
+      rm -rf "$old"
+      changed
+    done
+  fi
 fi
 
 step metadata-guard "systemd enforces the units' IPAddressDeny (the metadata service)"

@@ -8,12 +8,12 @@
 # requests within NEMO_DRAIN_NOTICE_SECONDS, and the restart waits until vLLM has no request
 # running or waiting (its /metrics), at most NEMO_DRAIN_SECONDS. The ready phase ends the drain.
 # A new vLLM is a new env (the vllm phase installs it beside the running one): the unit names
-# it, so the unit changes and the restart switches to it; once the service runs from it, the
-# envs before it go (NEMO_RUNS_ENV_FILE records which env the service was started from).
+# it, so the unit changes and the restart switches to it; once it has answered (the ready
+# phase), the envs before it go (NEMO_RUNS_ENV_FILE records which env it was started from).
 # Settings: NEMO_VLLM_USER NEMO_HF_HOME NEMO_ENV_FILE NEMO_UNIT NEMO_UNIT_TEXT NEMO_ENV_TEXT
 #           NEMO_RUNS_FROM NEMO_DRAIN_FILE NEMO_DRAIN_NOTICE_SECONDS NEMO_DRAIN_SECONDS
 #           NEMO_DRAIN_STALL_SECONDS NEMO_METRICS_URL NEMO_VLLM_ENV NEMO_VLLM_MARKER
-#           NEMO_VLLM_ENV_PREFIX NEMO_RUNS_ENV_FILE
+#           NEMO_RUNS_ENV_FILE
 
 stamp_file=$STATE_DIR/${NEMO_UNIT%.service}.runs-from
 baseline_file=$STATE_DIR/${NEMO_UNIT%.service}.restarts
@@ -106,14 +106,6 @@ fi
 # (Restart=on-failure, RestartSec=10 never reaches the start limit), never showing it failed.
 systemctl show -p NRestarts --value "$NEMO_UNIT" > "$baseline_file"
 
-step old-envs "the vLLM envs before ${NEMO_VLLM_ENV}"
-# Only once the service was started from the unit's env: never the one running.
-if [[ $(cat "$NEMO_RUNS_ENV_FILE" 2>/dev/null) == "$NEMO_VLLM_ENV" ]]; then
-  for old in "${NEMO_VLLM_ENV_PREFIX:?}" "${NEMO_VLLM_ENV_PREFIX}"-*; do
-    [[ -d $old && $old != "$NEMO_VLLM_ENV" ]] || continue
-    log "removing ${old}: the service runs from ${NEMO_VLLM_ENV}"
-    rm -rf "$old"
-    changed
-  done
-fi
+# The envs before this one stay until it has answered (the ready phase removes them): should
+# the new vLLM not start, the one it replaced is still there to go back to.
 finish
