@@ -311,13 +311,15 @@ def _cache_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str
     model = parsed["model"]
     known = catalog.MODELS.get(model.id)
     disk = model.disk_gb or (known.disk_gb if known else model.vram_gb or 0)
-    need = disk + catalog.VLLM_ENV_DISK_GB + catalog.CACHE_OVERHEAD_GB
+    # Two vLLM envs: an upgrade installs the new release beside the running one (vllm.sh).
+    envs = 2 * catalog.VLLM_ENV_DISK_GB
+    need = disk + envs + catalog.CACHE_OVERHEAD_GB
     if size_gb < need:
         return [
-            f"cache.sizeGb: {size_gb} GiB cannot hold {model.id} (about {disk} GB), the vLLM "
-            f"env ({catalog.VLLM_ENV_DISK_GB} GB) and the compile caches "
-            f"({catalog.CACHE_OVERHEAD_GB} GB); accepted: {need} to {catalog.VOLUME_MAX_GIB}, "
-            "or unset for no cache"
+            f"cache.sizeGb: {size_gb} GiB cannot hold {model.id} (about {disk} GB), two vLLM "
+            f"envs ({envs} GB: an upgrade installs beside the running one) and the compile "
+            f"caches ({catalog.CACHE_OVERHEAD_GB} GB); accepted: {need} to "
+            f"{catalog.VOLUME_MAX_GIB}, or unset for no cache"
         ]
     return []
 

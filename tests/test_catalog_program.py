@@ -178,7 +178,7 @@ def test_the_super_stack_plans_on_eight_h100s_with_mtp_and_a_cache() -> None:
     assert '{\\"method\\":\\"mtp\\",\\"num_speculative_tokens\\":3}' in stdin
     driver = next(r.inputs["stdin"] for r in run.registrations if r.name == "bootstrap-driver")
     assert "NEMO_FABRIC_MANAGER=true" in driver
-    assert run.outputs["cache"].value["sizeGb"] == 170
+    assert run.outputs["cache"].value["sizeGb"] == 180
 
 
 SUPER_DRAFT = "RedHatAI/NVIDIA-Nemotron-3-Super-120B-A12B-speculator.dflash"
