@@ -558,7 +558,7 @@ class BalancerConfig(_Section):
         f"{', '.join(f'`{r}`' for r in catalog.LB_SIZE_SLUG_REGIONS)} DigitalOcean sizes a Load "
         f"Balancer by slug only, so there {', '.join(map(str, catalog.LB_SIZE_SLUGS))} nodes "
         "(`lb-small`, `lb-medium`, `lb-large`); another count is refused before anything is "
-        "created.",
+        "created. DigitalOcean changes a Load Balancer's node count at most once an hour.",
     )
 
     @field_validator("size")
