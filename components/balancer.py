@@ -69,8 +69,14 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
     length = "{http.request.header.Content-Length}"
     # Buffered whole: request_buffers set its length (reverseproxy.go prepareRequest).
     buffered = f"{length}.matches('^[0-9]+$') && int({length}) <= {RETRY_BUFFER_BYTES}"
+    get = "{http.request.method} == 'GET'"
+    # A draining replica's bounce, resent when the whole body can be (a GET has none). A retry
+    # match also replaces Caddy's own retry of a GET whose upstream failed after connecting
+    # (reverseproxy.go tryAgain: RetryMatch set, it alone decides; {rp.is_transport_error} is
+    # set there only), so that one is kept here too.
+    bounced = f"{{rp.status_code}} == 503 && {{rp.header.{DRAINING_HEADER}}} == '1'"
     retry_when = (
-        f"{{rp.status_code}} == 503 && {{rp.header.{DRAINING_HEADER}}} == '1' && {buffered}"
+        f"({bounced} && ({get} || {buffered})) || ({get} && {{rp.is_transport_error}} == true)"
     )
     return f"""reverse_proxy {{
 	# One file per replica (to <address>:<port>), written as it joins.
