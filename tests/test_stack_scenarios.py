@@ -4,9 +4,10 @@ against outside services that stand where the real ones do (downloads at their r
 HTTPS, Let's Encrypt with profiles, validating from the internet). Nothing rendered is changed
 but the one declared gap (internet.SUBSTITUTED: the Miniforge installer's sha256).
 
-Each scenario prints its contract line (scenario.summary). `./check` (and CI) runs scenarios 1
-and 2; the longer ones are marked stack_long, left out by default (pyproject addopts) to keep
-CI near ten minutes: `./check -m stack` runs all of them, and only them.
+Each scenario prints its contract line (scenario.summary). `./check` (and CI) runs scenario 1
+and scenario 2 with the Caddy entry; the others are marked stack_long, left out by default
+(pyproject addopts) to keep CI under ten minutes: `./check -m stack` runs all of them, and only
+them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,20 @@ def client(
     return proc
 
 
+def bench_through(
+    emu: Emulation, outputs: dict[str, object], concurrency: int, requests: int
+) -> None:
+    """A short bench.py through the public endpoint: every request answered."""
+    result = emu.workdir / "bench.json"
+    bench = client(
+        emu, "bench.py", outputs, "--concurrency", str(concurrency), "--requests", str(requests),
+        "--max-tokens", "16", "--no-progress", "--json", str(result),
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    level = json.loads(result.read_text())["levels"][0]
+    assert level["requests"] == requests and level["errors"] == 0
+
+
 def report(capsys: pytest.CaptureFixture[str], line: str) -> None:
     """The scenario's contract line, shown whether the test passes or not (not captured)."""
     with capsys.disabled():
@@ -101,14 +116,7 @@ def test_dev_from_nothing_to_a_ready_endpoint_then_smoke_bench_and_destroy(
         smoke = client(emu, "smoke.py", up.outputs)
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         assert str(up.outputs["apiKey"]) not in smoke.stdout + smoke.stderr
-        bench_file = tmp_path / "bench.json"
-        bench = client(
-            emu, "bench.py", up.outputs, "--concurrency", "2", "--requests", "6",
-            "--max-tokens", "16", "--no-progress", "--json", str(bench_file),
-        )  # fmt: skip
-        assert bench.returncode == 0, bench.stdout + bench.stderr
-        levels = json.loads(bench_file.read_text())["levels"]
-        assert levels[0]["requests"] == 6 and levels[0]["errors"] == 0
+        bench_through(emu, up.outputs, concurrency=2, requests=6)
 
         again = stack.up(stack_config("dev"))
         results.append(again)
@@ -156,14 +164,7 @@ def test_three_replicas_behind_the_caddy_entry_from_nothing_share_the_load(
         for m in replicas:
             assert not emu.world.reaches(m.host.public_ip, 8080)
             assert not emu.world.reaches(m.host.public_ip, 443)
-        bench_file = tmp_path / "bench.json"
-        bench = client(
-            emu, "bench.py", up.outputs, "--concurrency", "6", "--requests", "18",
-            "--max-tokens", "16", "--no-progress", "--json", str(bench_file),
-        )  # fmt: skip
-        assert bench.returncode == 0, bench.stdout + bench.stderr
-        level = json.loads(bench_file.read_text())["levels"][0]
-        assert level["requests"] == 18 and level["errors"] == 0
+        bench_through(emu, up.outputs, concurrency=6, requests=18)
         counts = [served(emu, m.id) for m in replicas]
         # The balancer's ready and the bench: every replica took a share.
         assert sum(counts) >= 18 and all(c > 0 for c in counts), counts
@@ -190,6 +191,7 @@ def rolled(result: Result, phase: str, replicas: int) -> None:
         )
 
 
+@pytest.mark.stack_long
 def test_two_replicas_behind_the_managed_load_balancer_from_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -215,14 +217,7 @@ def test_two_replicas_behind_the_managed_load_balancer_from_nothing(
         assert sorted(lb.targets) == sorted(m.host.private_ip or "" for m in replicas)
         for m in replicas:
             assert not emu.world.reaches(m.host.public_ip, 8080)
-        bench_file = tmp_path / "bench.json"
-        bench = client(
-            emu, "bench.py", up.outputs, "--concurrency", "4", "--requests", "12",
-            "--max-tokens", "16", "--no-progress", "--json", str(bench_file),
-        )  # fmt: skip
-        assert bench.returncode == 0, bench.stdout + bench.stderr
-        level = json.loads(bench_file.read_text())["levels"][0]
-        assert level["requests"] == 12 and level["errors"] == 0
+        bench_through(emu, up.outputs, concurrency=4, requests=12)
         assert all(served(emu, m.id) > 0 for m in replicas)
         gone = stack.destroy()
         results.append(gone)

@@ -102,6 +102,7 @@ class Load:
         self.stop = threading.Event()
         self.ok = self.sent = 0
         self.failed: list[str] = []
+        self.reported = (0, 0)  # calls and failures already added to the emulation's counts
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
 
@@ -143,8 +144,11 @@ class Load:
         for thread in self.threads:
             thread.join(timeout=90)
         self.threads.clear()
-        self.emu.requests += self.ok + len(self.failed)
-        self.emu.failed_requests += len(self.failed)
+        # What this block added (a Load may run several blocks).
+        done, failed = self.ok + len(self.failed), len(self.failed)
+        self.emu.requests += done - self.reported[0]
+        self.emu.failed_requests += failed - self.reported[1]
+        self.reported = (done, failed)
 
 
 def summary(scenario: str, emu: Emulation, results: list[Result]) -> str:
