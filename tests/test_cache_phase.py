@@ -50,13 +50,25 @@ def droplet(tmp_path: Path, made: list[Sandbox], image: Path | None) -> Sandbox:
     return box
 
 
+# cache.sizeGb of the stacks these tests render: the least the dev model accepts (weights, two
+# vLLM envs, compile caches); the tests' Volumes are small image files, so "it grows to 58 GiB
+# on the next pulumi up" is what the phase says of them, as of any Volume adopted smaller.
+CACHE_GB = 58
+
+
 def with_cache(box: Sandbox, downloads: Downloads, image: Path | None, **overrides) -> Phases:
-    p = Phases(box, downloads, **overrides)
-    p.extra["cache"] = {
-        "NEMO_CACHE_DEVICE": str(image) if image else "",
-        "NEMO_CACHE_WAIT_SECONDS": 2,
-    }
+    """The cache phase rendered for a stack with a cache (cache.sizeGb) and `image` as its
+    Volume's device: the deploy-time input bootstrap.py passes, so every setting is rendered."""
+    p = Phases(box, downloads, cache={"sizeGb": CACHE_GB}, **overrides)
+    attach(p, image)
+    # The device appears within two seconds here or never (the wait's bound, not its logic).
+    p.extra["cache"] = {"NEMO_CACHE_WAIT_SECONDS": 2}
     return p
+
+
+def attach(p: Phases, image: Path | None) -> None:
+    """The Volume attached at `image` (None: detached, the cache off for this Droplet)."""
+    p.inputs["cache"] = {"cache_device": str(image) if image else ""}
 
 
 def blkid(image: Path, tag: str) -> str:
@@ -211,7 +223,7 @@ def test_turning_the_cache_on_copies_what_the_droplet_has_and_off_undoes_it(
     # cache.sizeGb set on a live Droplet: the Volume is attached and filled from its disk. A
     # first try was cut short mid-copy: its side folder is discarded, the copy starts again.
     box.attach_volume(volume)
-    p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    attach(p, volume)
     subprocess.run(["mkfs.ext4", "-q", "-F", "-L", catalog.CACHE_LABEL, str(volume)], check=True)
     Path(f"{volume}.fs-uuid").write_text(blkid(volume, "UUID") + "\n")  # mounted before
     half = Path(f"{volume}.fs") / "conda.partial"
@@ -227,7 +239,7 @@ def test_turning_the_cache_on_copies_what_the_droplet_has_and_off_undoes_it(
     assert not half.exists() and not (Path(f"{volume}.fs") / "conda" / "half-copied").exists()
 
     # And unset again: no mounts, no fstab block, the later phases work on the boot disk.
-    p.extra["cache"]["NEMO_CACHE_DEVICE"] = ""
+    attach(p, None)
     off = p.ok("cache")
     assert off["changed"] is True and off["cache"] == "off"
     assert "nemotron-cache" not in box.file("/etc/fstab").read_text()
@@ -357,9 +369,8 @@ def test_a_grown_volume_gets_its_filesystem_grown_on_the_next_run(
 ) -> None:
     p = with_cache(droplet(tmp_path, droplets, volume), downloads, volume)
     # Adopted at its own size while cache.sizeGb asks more: it grows on the next pulumi up.
-    p.extra["cache"]["NEMO_CACHE_SIZE_GB"] = 1
     run = p.run("cache")
-    assert "it grows to 1 GiB on the next pulumi up" in run.stderr, run.stderr
+    assert f"it grows to {CACHE_GB} GiB on the next pulumi up" in run.stderr, run.stderr
     (Path(f"{volume}.fs") / "conda" / "kept").write_text("what the cache held")
     assert filesystem_bytes(volume) == IMAGE_BYTES
     # cache.sizeGb raised: DigitalOcean grows the Volume in place, the phase runs again.
@@ -423,7 +434,7 @@ def cache_turned_on_later(
     p.ok("cache")
     p.ok("conda")
     box.attach_volume(volume)
-    p.extra["cache"]["NEMO_CACHE_DEVICE"] = str(volume)
+    attach(p, volume)
     return box, p
 
 

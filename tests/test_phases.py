@@ -67,8 +67,12 @@ class Phases:
         # The lock arrives by SFTP before the vllm phase (CopyToRemote); here, on the disk.
         box.file(phase_settings.remote_lock_path(self.cfg), self.cfg.lock_file.read_text())
         self.extra: dict[str, dict[str, Any]] = {}
+        self.inputs: dict[str, dict[str, Any]] = {}
 
     def settings(self, phase: str, **kwargs: Any) -> dict[str, Any]:
+        # The values known only at deploy time a test gives (the cache Volume's device), as
+        # bootstrap.py hands them to the settings: rendered through them, never over them.
+        kwargs = {**self.inputs.get(phase, {}), **kwargs}
         if phase in ("service", "gateway"):
             kwargs.setdefault("api_key", API_KEY)
         if phase in ("gateway", "ready"):
