@@ -30,3 +30,22 @@ def private_tool_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         os.environ.pop("MPLCONFIGDIR", None)
     else:
         os.environ["MPLCONFIGDIR"] = before
+
+
+# The stack scenarios' contract lines (tests/test_stack_scenarios.py, report): collected from
+# each test's report (with pytest-xdist, the workers send them back with it) and printed in the
+# run's summary, whatever captured the test's own output.
+STACK_SUMMARY = "stack-summary"
+_stack_lines: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _stack_lines.extend(str(v) for k, v in report.user_properties if k == STACK_SUMMARY)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _stack_lines:
+        terminalreporter.section("stack emulation")
+        for line in _stack_lines:
+            terminalreporter.write_line(line)
