@@ -14,7 +14,7 @@ import pytest
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi_harness import DEFAULT_OFFERS, FakeCloud, fake_stdout, stack_config
 from stack.deploy import Stack
-from stack.engine import Resource
+from stack.engine import Engine, Resource
 
 # The DigitalOcean provider's ForceNew Droplet inputs (terraform-provider-digitalocean
 # droplet/resource_droplet.go; FACTS.md, corrected: size is not among them).
@@ -220,3 +220,30 @@ def test_the_engine_needs_no_more_than_the_program_registers(stack_name: str) ->
         "random",
         "command",
     }
+
+
+def test_a_dependent_that_holds_the_replaced_id_as_a_number_goes_first() -> None:
+    """A Volume attachment holds its Droplet's id as a number, and numbers reach the monitor as
+    floats (protobuf's Value): 424242001.0 still names Droplet 424242001, so a delete-before-
+    replace of the Droplet takes the attachment first (the attachment's dropletId forces it)."""
+
+    class Volumes(RecordingCloud):
+        def force_new(self, type_: str) -> frozenset[str]:
+            if type_.endswith("volumeAttachment:VolumeAttachment"):
+                return frozenset({"dropletId", "volumeId"})
+            return super().force_new(type_)
+
+    droplet = Resource("urn:d", "digitalocean:index/droplet:Droplet", "gpu", "424242001",
+                       {}, {"ipv4Address": "203.0.113.10"})  # fmt: skip
+    attachment = Resource(
+        "urn:a", "digitalocean:index/volumeAttachment:VolumeAttachment", "cache-attachment",
+        "a-1", {"dropletId": 424242001.0, "volumeId": "v-1"}, {}, dependencies={"urn:d"},
+    )  # fmt: skip
+    unrelated = Resource(
+        "urn:u", "digitalocean:index/volumeAttachment:VolumeAttachment", "other", "a-2",
+        {"dropletId": 424242002.0, "volumeId": "v-2"}, {}, dependencies={"urn:d"},
+    )  # fmt: skip
+    cloud = Volumes(FakeCloud(DEFAULT_OFFERS))
+    state = {r.urn: r for r in (droplet, attachment, unrelated)}
+    engine = Engine(cloud.fake, {"digitalocean:": cloud}, state)
+    assert engine.dependent_replacements(droplet) == [attachment]

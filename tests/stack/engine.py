@@ -128,6 +128,8 @@ def _strings(value: Any) -> Iterator[str]:
     elif isinstance(value, list):
         for v in value:
             yield from _strings(v)
+    elif isinstance(value, float) and value.is_integer():
+        yield str(int(value))  # protobuf's numbers arrive as floats: an id 424242001.0
     elif isinstance(value, str | int) and not isinstance(value, bool):
         yield str(value)
 
