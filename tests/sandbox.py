@@ -167,9 +167,12 @@ def free_port() -> int:
 
 
 class Sandbox:
-    def __init__(self, base: Path, *, cgroup: str = "v2") -> None:
+    def __init__(self, base: Path, *, cgroup: str = "v2", disks: bool = False) -> None:
         self.base = base
         self.cgroup = cgroup
+        # disks: a /dev of its own whose disk/ (by-id names of attached Volumes) the harness
+        # writes while it runs; the phase tests pass image paths and need none.
+        self.disks = disks
         self.upper, self.work = base / "upper", base / "work"
         self.run_dir, self.host = base / "run", base / "host"
         for d in OVERLAID:
@@ -184,6 +187,9 @@ class Sandbox:
         self.vllm_port, self.http_port, self.https_port = free_port(), free_port(), free_port()
         # The cache Volume attached to this "Droplet": an image file (see tests/fakes/mount).
         self.volume: Path | None = None
+        if disks:
+            for d in ("dev-upper/disk", "dev-work", "dev", "host/disk/by-id"):
+                (base / d).mkdir(parents=True, exist_ok=True)
         self._install_fakes()
         self.set_gpus(1)
         self.hw("driver", "580.159.04")
@@ -263,6 +269,8 @@ class Sandbox:
             f"mount --bind {self.host / 'cmdline'} /proc/cmdline",
             f"mount --bind {self.host / 'pci'} /sys/bus/pci/devices",
         ]
+        if self.disks:
+            lines += self._dev_mounts()
         lines += self._fstab_mounts()
         if self.cgroup == "v2":
             lines += [
@@ -273,9 +281,42 @@ class Sandbox:
             lines.append("mount -t tmpfs tmpfs /sys/fs/cgroup")
         return "\n".join(lines)
 
-    def attach_volume(self, image: Path) -> None:
-        """Attach a cache Volume (an image file, empty or filled by another sandbox)."""
+    def _dev_mounts(self) -> list[str]:
+        """/dev as an overlay of this machine's (its device nodes, its ptys and shared memory
+        mounted again), with disk/ a folder of the sandbox: a Volume attached while sshd runs
+        appears at once under /dev/disk/by-id, as udev names it on a Droplet. This machine's
+        /dev never changes (it has no /dev/disk)."""
+        stage = self.base / "dev"
+        return [
+            f"mount -t overlay overlay -o lowerdir=/dev,upperdir={self.base / 'dev-upper'},"
+            f"workdir={self.base / 'dev-work'} {stage}",
+            f"for sub in pts shm mqueue; do if mountpoint -q /dev/$sub; then "
+            f"mount --rbind /dev/$sub {stage}/$sub; fi; done",
+            f"mount --bind {self.host / 'disk'} {stage}/disk",
+            f"mount --move {stage} /dev",
+        ]
+
+    def attach_volume(self, image: Path, device: str | None = None) -> None:
+        """Attach a cache Volume (an image file, empty or filled by another sandbox); with
+        `device` (a path under /dev/disk: a sandbox made with disks=True), the image appears
+        there too, as a Volume's by-id link does on a Droplet."""
         self.volume = image
+        if device is not None:
+            link = self._disk_link(device)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.unlink(missing_ok=True)
+            link.symlink_to(image)
+
+    def detach_volume(self, device: str | None = None) -> None:
+        """Detach the Volume: its by-id link goes, the next boot mounts nothing from it."""
+        self.volume = None
+        if device is not None:
+            self._disk_link(device).unlink(missing_ok=True)
+
+    def _disk_link(self, device: str) -> Path:
+        if not self.disks or not device.startswith("/dev/disk/"):
+            raise ValueError(f"{device}: not a /dev/disk path of a sandbox made with disks=True")
+        return self.host / "disk" / device.removeprefix("/dev/disk/")
 
     def _fstab_mounts(self) -> list[str]:
         """What systemd mounts at boot from the cache phase's fstab block, as commands: the

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import STACK_SUMMARY
 from pulumi_harness import stack_config
 from stack import net
 from stack.deploy import Result
@@ -88,14 +89,15 @@ def bench_through(
     assert level["requests"] == requests and level["errors"] == 0
 
 
-def report(capsys: pytest.CaptureFixture[str], line: str) -> None:
-    """The scenario's contract line, shown whether the test passes or not (not captured)."""
-    with capsys.disabled():
-        print(f"\n{line}")
+def report(request: pytest.FixtureRequest, line: str) -> None:
+    """The scenario's contract line (and the lines under it), shown in the run's summary
+    (tests/conftest.py prints them under "stack emulation"): uncaptured, and with pytest-xdist
+    brought back from the worker that ran the scenario."""
+    request.node.user_properties.append((STACK_SUMMARY, line))
 
 
 def test_dev_from_nothing_to_a_ready_endpoint_then_smoke_bench_and_destroy(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Scenario 1: the dev stack as shipped, from an empty account to a ready endpoint, used
     through its public address, then destroyed."""
@@ -126,8 +128,9 @@ def test_dev_from_nothing_to_a_ready_endpoint_then_smoke_bench_and_destroy(
         results.append(gone)
         assert gone.error is None and stack.state == {}
         assert emu.account.machines == {}
-        assert net.namespaces() == [emu.world.name], "only the world is left"
-        report(capsys, summary("dev", emu, results))
+        left = [ns for ns in net.namespaces() if ns.startswith(emu.world.prefix)]
+        assert left == [emu.world.name], "only the world is left"
+        report(request, summary("dev", emu, results))
 
 
 def served(emu: Emulation, machine_id: int) -> float:
@@ -142,7 +145,7 @@ def served(emu: Emulation, machine_id: int) -> float:
 
 
 def test_three_replicas_behind_the_caddy_entry_from_nothing_share_the_load(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Scenario 2 (the Caddy entry): replicas 3 from nothing: every replica joins the balancer,
     the entry answers at its Reserved IP with its own certificate, requests spread over the
@@ -174,7 +177,7 @@ def test_three_replicas_behind_the_caddy_entry_from_nothing_share_the_load(
         leaves = [n for n in gone.ops("delete") if n.startswith("balancer-member-")]
         assert len(leaves) == 3
         assert emu.account.machines == {}
-        report(capsys, summary("replicas-caddy", emu, results))
+        report(request, summary("replicas-caddy", emu, results))
 
 
 def rolled(result: Result, phase: str, replicas: int) -> None:
@@ -193,7 +196,7 @@ def rolled(result: Result, phase: str, replicas: int) -> None:
 
 @pytest.mark.stack_long
 def test_two_replicas_behind_the_managed_load_balancer_from_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Scenario 2 (the managed entry): a domain in the account's DNS puts the set behind
     DigitalOcean's Load Balancer: its certificate for the name, its pool by the replicas' tag,
@@ -222,12 +225,12 @@ def test_two_replicas_behind_the_managed_load_balancer_from_nothing(
         gone = stack.destroy()
         results.append(gone)
         assert gone.error is None and emu.account.balancers == {} and emu.account.records == {}
-        report(capsys, summary("replicas-managed", emu, results))
+        report(request, summary("replicas-managed", emu, results))
 
 
 @pytest.mark.stack_long
 def test_a_routine_update_rolls_a_live_set_while_it_serves(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Scenario 3: a live set of three behind the Caddy entry, a client sending requests through
     it the whole time: a new vllm.maxModelLen, then a new vLLM release, then a new size. No
@@ -265,13 +268,13 @@ def test_a_routine_update_rolls_a_live_set_while_it_serves(
         sizes = {m.size for m in emu.account.machines.values() if m.size.startswith("gpu-")}
         assert sizes == {"gpu-l40sx1-48gb"}
         retried = load.sent - load.ok - len(load.failed)
-        report(capsys, summary("rolling-update", emu, results))
-        report(capsys, f"  client: {load.ok} answered, {retried} retried by the client, 0 failed")
+        report(request, summary("rolling-update", emu, results))
+        report(request, f"  client: {load.ok} answered, {retried} retried by the client, 0 failed")
 
 
 @pytest.mark.stack_long
 def test_a_phase_that_fails_stops_the_run_there_and_the_next_up_converges(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Scenario 6: the Hub fails every model download: the run stops at the model phase with its
     output, what does not need the model has run; once the Hub answers, the next up runs the
@@ -297,4 +300,81 @@ def test_a_phase_that_fails_stops_the_run_there_and_the_next_up_converges(
         rerun = set(second.ops("create", "command:")) | set(second.ops("update", "command:"))
         assert {"bootstrap-model", "bootstrap-service", "bootstrap-ready"} <= rerun
         assert not rerun & done, "nothing that succeeded ran again"
-        report(capsys, summary("model-fails", emu, results))
+        report(request, summary("model-fails", emu, results))
+
+
+def phase_result(stack_state: dict[str, object], name: str) -> dict[str, object]:
+    """The result line (the last line of stdout) of the phase Command `name` as the state
+    holds it: what `pulumi up` last saw it print."""
+    (res,) = [r for urn, r in stack_state.items() if urn.endswith(f"::{name}")]
+    stdout = str(res.outputs["stdout"])  # type: ignore[attr-defined]
+    result: dict[str, object] = json.loads(stdout.strip().splitlines()[-1])
+    return result
+
+
+def filesystem_bytes(image: Path) -> int:
+    """What the ext4 filesystem on a Volume's image spans (its superblock, read by dumpe2fs)."""
+    head = subprocess.run(
+        ["dumpe2fs", "-h", str(image)], capture_output=True, text=True, check=True
+    ).stdout
+    fields = dict(line.split(":", 1) for line in head.splitlines() if ":" in line)
+    return int(fields["Block count"]) * int(fields["Block size"])
+
+
+@pytest.mark.stack_long
+def test_a_cache_volume_brings_a_re_created_droplet_back_warm_and_grows_in_place(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Scenario 4: the dev stack with a cache Volume. A new size re-creates the Droplet: the
+    new one mounts the same Volume at the device the program rendered and serves with no
+    download (no Miniforge, no weights from the Hub); a bigger cache.sizeGb resizes the Volume
+    in place and the cache phase grows its filesystem; destroy deletes the Volume."""
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+        stack = emu.stack("dev")
+        base = stack_config("dev")
+        config = {**base, "cache": {"sizeGb": 58}}
+        first = stack.up(config)
+        results.append(first)
+        assert first.error is None, first.error
+        (disk,) = emu.account.volumes.values()
+        (machine,) = emu.account.machines.values()
+        assert disk.droplet_ids == [machine.id]
+        assert phase_result(stack.state, "bootstrap-cache")["cache"] == "new"
+        fetched = dict(emu.downloads.requests)
+
+        bigger = {**config, "droplet": {**config["droplet"], "size": "gpu-l40sx1-48gb"}}
+        second = stack.up(bigger)
+        results.append(second)
+        assert second.error is None, second.error
+        assert second.ops("replace", "droplet:Droplet") == ["gpu"]
+        # The attachment named the old Droplet: detached before it went, attached to the new one.
+        assert second.ops("delete", "volumeAttachment") == ["cache-attachment"]
+        assert second.ops("create", "volumeAttachment") == ["cache-attachment"]
+        assert "cache" not in second.ops("replace") + second.ops("update")
+        (machine,) = emu.account.machines.values()
+        assert machine.size == "gpu-l40sx1-48gb" and disk.droplet_ids == [machine.id]
+        assert phase_result(stack.state, "bootstrap-cache")["cache"] == "warm"
+        again = {u: n - fetched.get(u, 0) for u, n in emu.downloads.requests.items()}
+        downloaded = {u for u, n in again.items() if n and "miniforge" in u.lower()}
+        downloaded |= {u for u, n in again.items() if n and u in emu.model_urls}
+        assert downloaded == set(), f"a warm re-create fetched {sorted(downloaded)}"
+        smoke = client(emu, "smoke.py", second.outputs)
+        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+
+        before = filesystem_bytes(disk.image)
+        grown = {**bigger, "cache": {"sizeGb": 70}}
+        third = stack.up(grown)
+        results.append(third)
+        assert third.error is None, third.error
+        assert third.ops("update", "volume:Volume") == ["cache"]
+        assert "bootstrap-cache" in third.ops("replace") + third.ops("update")
+        assert disk.size_gb == 70 and before < 60 << 30
+        assert filesystem_bytes(disk.image) > 69 << 30, "the filesystem spans the grown Volume"
+        assert not third.ops("replace", "droplet:Droplet")
+
+        gone = stack.destroy()
+        results.append(gone)
+        assert gone.error is None, gone.error
+        assert emu.account.volumes == {} and not disk.image.exists()
+        report(request, summary("cache", emu, results))

@@ -1,11 +1,23 @@
 """The emulated account: what the program's invokes read and the providers that make its
 resources, on the emulation's world (net.py): a Droplet is a host with a real sshd on its disk
-(a phase sandbox), a Firewall nftables rules on the hosts it names, keys real Ed25519 keys.
+(a phase sandbox), a Firewall nftables rules on the hosts it names, keys real Ed25519 keys, a
+Volume an image file that appears on the Droplet it is attached to under /dev/disk/by-id.
 
 The DigitalOcean provider's behaviour relied on (terraform-provider-digitalocean, FACTS.md):
 a Droplet's image, region, ssh_keys, user_data, monitoring, droplet_agent and vpc_uuid force a
 new one (the program adds size through replaceOnChanges); a Droplet is active with its
-addresses when create returns; deleting it deletes the machine (its Volumes stay).
+addresses when create returns; deleting it deletes the machine (its Volumes stay, detached).
+A Volume's region, name, description, snapshot and initial filesystem force a new one; its size
+changes in place (a resize action) and never shrinks (volume/resource_volume.go, CustomizeDiff);
+an attachment's droplet_id and volume_id force a new one, and its delete detaches
+(volume/resource_volume_attachment.go). On the Droplet, an attached Volume is the disk
+/dev/disk/by-id/scsi-0DO_Volume_<its name> (DigitalOcean docs, Volumes: "How to mount").
+
+Why an image file and not a loop device: the cache phase grows a mounted filesystem online
+(resize2fs), which the kernel allows only with CAP_SYS_RESOURCE (fs/ext4/ioctl.c,
+EXT4_IOC_RESIZE_FS), a capability this machine's root does not have: a loop device mounts, but
+its growth fails here for a reason of this machine. The image file is what the cache phase
+tests use (tests/fakes/mount binds its content when mounted; resize2fs grows it offline).
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import secrets
 import string
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,11 +58,31 @@ ASSIGNMENT = "digitalocean:index/reservedIpAssignment:ReservedIpAssignment"
 LOAD_BALANCER = "digitalocean:index/loadBalancer:LoadBalancer"
 CERTIFICATE = "digitalocean:index/certificate:Certificate"
 DNS_RECORD = "digitalocean:index/dnsRecord:DnsRecord"
+VOLUME = "digitalocean:index/volume:Volume"
+ATTACHMENT = "digitalocean:index/volumeAttachment:VolumeAttachment"
 # terraform-provider-digitalocean droplet/resource_droplet.go, ForceNew (camelCase, as the
 # engine sees the inputs).
 DROPLET_FORCE_NEW = frozenset(
     {"image", "region", "sshKeys", "userData", "monitoring", "dropletAgent", "vpcUuid"}
 )
+# volume/resource_volume.go and resource_volume_attachment.go, ForceNew.
+FORCE_NEW = {
+    DROPLET: DROPLET_FORCE_NEW,
+    VOLUME: frozenset(
+        {
+            "region",
+            "name",
+            "description",
+            "snapshotId",
+            "initialFilesystemType",
+            "initialFilesystemLabel",
+        }
+    ),
+    ATTACHMENT: frozenset({"dropletId", "volumeId"}),
+}
+# Where DigitalOcean names an attached Volume on the Droplet (its docs, Volumes: "How to
+# mount"): written here, not taken from the program, so a wrong prefix there fails here.
+VOLUME_BY_ID = "/dev/disk/by-id/scsi-0DO_Volume_"
 
 
 @dataclass
@@ -66,6 +99,23 @@ class Machine:
     sshd: net.Sshd
     created_at: str
     stop: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Disk:
+    """A Volume of the emulated account: a sparse image file of its size."""
+
+    id: str
+    name: str
+    region: str
+    size_gb: int
+    image: Path
+    tags: list[str]
+    droplet_ids: list[int] = field(default_factory=list)
+
+    @property
+    def device(self) -> str:
+        return VOLUME_BY_ID + self.name
 
 
 def ed25519_pair() -> tuple[str, str]:
@@ -119,6 +169,7 @@ class Account(pulumi_mocks.Mocks):
         # What prepares a new Droplet's disk before its first boot (the outside services'
         # names and trust: internet.py), when the test has such services.
         self.prepare_box: list[Any] = []
+        self.volumes: dict[str, Disk] = {}
 
     # ---- invokes ---------------------------------------------------------------------------
 
@@ -166,7 +217,23 @@ class Account(pulumi_mocks.Mocks):
         ]
 
     def _volume(self, a: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-        return {}, [("name", f"no volumes found with name {a['name']}")]
+        """getVolume by name (and region): the provider fails none or several
+        (volume/datasource_volume.go)."""
+        found = [v for v in self.volumes.values() if v.name == a["name"]
+                 and a.get("region") in (None, v.region)]  # fmt: skip
+        if not found:
+            return {}, [("name", f"no volumes found with name {a['name']}")]
+        if len(found) > 1:
+            return {}, [
+                (
+                    "name",
+                    f"too many volumes found with name {a['name']} (found {len(found)}, expected 1)",
+                )
+            ]
+        v = found[0]
+        return {"id": v.id, "name": v.name, "region": v.region, "size": v.size_gb,
+                "dropletIds": list(v.droplet_ids), "tags": v.tags, "description": "",
+                "filesystemType": "", "filesystemLabel": "", "urn": f"do:volume:{v.id}"}, []  # fmt: skip
 
     def _listed(self, a: dict[str, Any]) -> list[dict[str, Any]]:
         """getDroplets: GPU Droplets only with gpus=true (DigitalOcean OpenAPI droplets_list)."""
@@ -195,7 +262,7 @@ class Account(pulumi_mocks.Mocks):
     # ---- the provider ----------------------------------------------------------------------
 
     def force_new(self, type_: str) -> frozenset[str]:
-        return DROPLET_FORCE_NEW if type_ == DROPLET else frozenset()
+        return FORCE_NEW.get(type_, frozenset())
 
     def create(self, new: Resource) -> tuple[str, dict[str, Any]]:
         makers = {
@@ -210,6 +277,8 @@ class Account(pulumi_mocks.Mocks):
             CERTIFICATE: self._certificate,
             LOAD_BALANCER: self._load_balancer,
             DNS_RECORD: self._dns_record,
+            VOLUME: self._volume_create,
+            ATTACHMENT: self._attach,
         }
         make = makers.get(new.type)
         if make is None:
@@ -289,6 +358,69 @@ class Account(pulumi_mocks.Mocks):
                 [m.host.private_ip or "" for m in self.machines.values() if lb.tag in m.tags]
             )
 
+    def _volume_create(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        inputs = new.inputs
+        if any(v.name == inputs["name"] and v.region == inputs["region"]
+               for v in self.volumes.values()):  # fmt: skip
+            raise RuntimeError(
+                f"Error creating Volume: POST /v2/volumes: 409 a volume named {inputs['name']} "
+                f"already exists in {inputs['region']}"
+            )
+        volume_id = str(uuid.uuid4())
+        image = self.workdir / "volumes" / f"{volume_id}.img"
+        image.parent.mkdir(parents=True, exist_ok=True)
+        with image.open("wb") as f:  # a new Volume reads as zeros (sparse: costs nothing here)
+            f.truncate(int(inputs["size"]) << 30)
+        disk = Disk(volume_id, inputs["name"], inputs["region"], int(inputs["size"]), image,
+                    list(inputs.get("tags", [])))  # fmt: skip
+        self.volumes[volume_id] = disk
+        return volume_id, {**inputs, "dropletIds": [], "filesystemType": "",
+                           "urn": f"do:volume:{volume_id}"}  # fmt: skip
+
+    def _volume_resize(self, old: Resource, new: Resource) -> dict[str, Any]:
+        disk, size = self.volumes[old.id], int(new.inputs["size"])
+        if size < disk.size_gb:
+            raise RuntimeError("volumes `size` can only be expanded and not shrunk")
+        if size > disk.size_gb:
+            # The resize action grows the disk in place, attached or not; the Droplet's kernel
+            # sees it when the disk is rescanned (the cache phase does).
+            with disk.image.open("r+b") as f:
+                f.truncate(size << 30)
+            disk.size_gb = size
+        disk.tags = list(new.inputs.get("tags", []))
+        return {**old.outputs, **new.inputs, "dropletIds": list(disk.droplet_ids)}
+
+    def _attach(self, new: Resource) -> tuple[str, dict[str, Any]]:
+        droplet_id, volume_id = int(new.inputs["dropletId"]), str(new.inputs["volumeId"])
+        disk, machine = self.volumes[volume_id], self.machines[droplet_id]
+        if disk.droplet_ids and disk.droplet_ids != [droplet_id]:
+            raise RuntimeError(
+                f"Error attaching volume ({volume_id}) to Droplet ({droplet_id}): 422 the volume "
+                f"is attached to Droplet {disk.droplet_ids[0]}"
+            )
+        if machine.region != disk.region:
+            raise RuntimeError(
+                f"Error attaching volume ({volume_id}) to Droplet ({droplet_id}): 422 the volume "
+                f"is in {disk.region}, the Droplet in {machine.region}"
+            )
+        disk.droplet_ids = [droplet_id]
+        machine.box.attach_volume(disk.image, disk.device)
+        return f"{droplet_id}-{volume_id}-{secrets.token_hex(4)}", dict(new.inputs)
+
+    def _detach(self, old: Resource) -> None:
+        droplet_id, disk = (
+            int(old.inputs["dropletId"]),
+            self.volumes.get(str(old.inputs["volumeId"])),
+        )
+        machine = self.machines.get(droplet_id)
+        if disk is None or machine is None or droplet_id not in disk.droplet_ids:
+            raise RuntimeError(
+                f"Error detaching volume ({old.inputs['volumeId']}) from Droplet ({droplet_id}): "
+                "404 not attached"
+            )
+        disk.droplet_ids.remove(droplet_id)
+        machine.box.detach_volume(disk.device)
+
     def _assignment(self, new: Resource) -> tuple[str, dict[str, Any]]:
         inputs = new.inputs
         self.machines[int(inputs["dropletId"])].host.add_address(inputs["ipAddress"])
@@ -305,6 +437,8 @@ class Account(pulumi_mocks.Mocks):
         elif new.type == DNS_RECORD:
             self.records.pop(old.outputs["fqdn"], None)
             return {**old.outputs, **self._dns_record(new)[1]}
+        elif new.type == VOLUME:
+            return self._volume_resize(old, new)
         elif new.type not in (SSH_KEY,):
             raise NotImplementedError(f"the emulated account cannot update {new.type} yet")
         return {**old.outputs, **new.inputs}
@@ -314,8 +448,22 @@ class Account(pulumi_mocks.Mocks):
             machine = self.machines.get(int(old.inputs["dropletId"]))
             if machine is not None:
                 machine.host.remove_address(old.inputs["ipAddress"])
+        if old.type == ATTACHMENT:
+            self._detach(old)
+        elif old.type == VOLUME:
+            disk = self.volumes[old.id]
+            if disk.droplet_ids:  # stricter than the docs say: the engine detaches first
+                raise RuntimeError(
+                    f"Error deleting volume: 409 attached to Droplet {disk.droplet_ids[0]}"
+                )
+            del self.volumes[old.id]
+            disk.image.unlink()
         if old.type == DROPLET:
             machine = self.machines.pop(int(old.id))
+            # Its Volumes stay, detached.
+            for disk in self.volumes.values():
+                if machine.id in disk.droplet_ids:
+                    disk.droplet_ids.remove(machine.id)
             machine.stop.set()
             machine.sshd.stop()
             machine.host.remove()
@@ -338,7 +486,7 @@ class Account(pulumi_mocks.Mocks):
         host = self.world.add_host(
             inputs["name"], public, private, inputs.get("tags", []), droplet_id
         )
-        box = Sandbox(self.workdir / f"droplet-{droplet_id}")
+        box = Sandbox(self.workdir / f"droplet-{droplet_id}", disks=True)
         box.set_gpus(catalog_gpu_count(inputs["size"]))
         for prepare in self.prepare_box:
             prepare(box)
