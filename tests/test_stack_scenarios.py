@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from pulumi_harness import stack_config
 from stack import net
 from stack.deploy import Result
 from stack.scenario import Emulation, Load, emulation, summary
+from test_autodown import readme_scopes
 from test_phases import use_new_locks, vllm_lock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -378,3 +380,95 @@ def test_a_cache_volume_brings_a_re_created_droplet_back_warm_and_grows_in_place
         assert gone.error is None, gone.error
         assert emu.account.volumes == {} and not disk.image.exists()
         report(request, summary("cache", emu, results))
+
+
+def fire_autodown(emu: Emulation, machine_id: int) -> subprocess.CompletedProcess[str]:
+    """The autodown timer fires on a Droplet: its service runs once, as systemd starts it (the
+    fake systemctl runs the installed unit's ExecStart with its EnvironmentFile); what it
+    printed is what the journal shows."""
+    machine = emu.account.machines[machine_id]
+    argv = machine.box.command("systemctl start nemotron-autodown.service")
+    return machine.host.run(argv, timeout=120)
+
+
+def gpu_ids(stack_state: dict[str, object]) -> list[int]:
+    """The replicas' Droplet ids, replica 0 first, as the stack's state holds them."""
+    names = sorted(
+        (urn.rsplit("::", 1)[1], int(res.id))  # type: ignore[attr-defined]
+        for urn, res in stack_state.items()
+        if urn.endswith(("::gpu", *(f"::gpu-{i}" for i in range(1, 10))))
+        and "droplet:Droplet" in urn
+    )
+    return [droplet_id for _, droplet_id in names]
+
+
+@pytest.mark.stack_long
+def test_autodown_deletes_the_set_with_the_readme_scopes_and_refresh_then_up_brings_it_back(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Scenario 5: a set of two behind the Caddy entry, autodown on (maxHours 0.01: 36 s) with
+    a token that lacks one of the README's scopes: each run of the rule says which scope it
+    needs in the journal, makes one call and exits failed; nothing loops, nothing is deleted.
+    With a token of exactly the README's scopes (a pulumi up), the next run deletes the other
+    replica, then itself, through DigitalOcean's API; the entry, its address and its key stay.
+    `pulumi refresh` drops the gone Droplets from the state; `pulumi up` brings the endpoint
+    back at the same address."""
+    scopes = readme_scopes()
+    assert "droplet:delete" in scopes
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+        accounts = emu.api.account
+        read_only = accounts.add_token("missing-one", sorted(scopes - {"droplet:delete"}))
+        emu_token = accounts.add_token("readme", sorted(scopes))
+        base = {k: v for k, v in stack_config("dev").items() if k != "autodown"}
+        config = {**base, "replicas": 2}
+
+        def rule(token: str) -> dict[str, str]:
+            return {"autodown": json.dumps({"maxHours": 0.01, "token": token})}
+
+        stack = emu.stack("dev")
+        first = stack.up(config, secrets=rule(read_only))
+        results.append(first)
+        assert first.error is None, first.error
+        address = first.outputs["balancer"]["address"]
+        replica0, replica1 = gpu_ids(stack.state)
+        started = min(s.started for s in first.steps)
+        time.sleep(max(0.0, started + 40 - time.time()))  # past maxHours
+
+        for run in (1, 2):
+            fired = fire_autodown(emu, replica0)
+            journal = fired.stdout + fired.stderr
+            assert fired.returncode != 0, journal
+            assert "it needs the scope droplet:delete" in journal, journal
+            assert read_only not in journal and emu_token not in journal
+            deletes = [r for r in emu.api.requests if r.method == "DELETE"]
+            assert len(deletes) == run and deletes[-1].status == 403, "one call a run, no loop"
+            assert deletes[-1].path == f"/v2/droplets/{replica1}", "the other replica first"
+        assert {replica0, replica1} <= set(emu.account.machines)
+
+        fixed = stack.up(config, secrets=rule(emu_token))
+        results.append(fixed)
+        assert fixed.error is None, fixed.error
+        assert "bootstrap-autodown" in fixed.ops("update") + fixed.ops("replace")
+        fired = fire_autodown(emu, replica0)
+        journal = fired.stdout + fired.stderr
+        assert emu_token not in journal
+        assert f"delete replica droplet {replica1}" in journal and "deleted" in journal, journal
+        deadline = time.time() + 30
+        while time.time() < deadline and set(emu.account.machines) & {replica0, replica1}:
+            time.sleep(0.5)
+        assert not set(emu.account.machines) & {replica0, replica1}, "both replicas went"
+        assert [d.status for d in emu.api.requests if d.method == "DELETE"][-2:] == [204, 204]
+        assert len(emu.account.machines) == 1, "the entry stays"
+
+        refreshed = stack.refresh()
+        results.append(refreshed)
+        assert sorted(refreshed.ops("refresh-delete", "droplet:Droplet")) == ["gpu", "gpu-1"]
+        back = stack.up(config, secrets=rule(emu_token))
+        results.append(back)
+        assert back.error is None, back.error
+        assert sorted(back.ops("create", "droplet:Droplet")) == ["gpu", "gpu-1"]
+        assert back.outputs["balancer"]["address"] == address, "the endpoint keeps its address"
+        smoke = client(emu, "smoke.py", back.outputs)
+        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+        report(request, summary("autodown", emu, results))

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 from sandbox import Sandbox
 
 from components import catalog
-from stack import net
+from stack import do_api, net
 from stack.engine import Resource
 from stack.load_balancer import LoadBalancer
 
@@ -170,6 +171,28 @@ class Account(pulumi_mocks.Mocks):
         # names and trust: internet.py), when the test has such services.
         self.prepare_box: list[Any] = []
         self.volumes: dict[str, Disk] = {}
+        # The same account as DigitalOcean's API shows it (do_api.py), when the scenario serves
+        # one: its Droplets are these machines, and its DELETE powers one off.
+        self.api: do_api.Account | None = None
+        serve_metadata(world, self.machines)
+
+    def serve_api(self, api: do_api.Account) -> None:
+        """Keep `api`'s Droplets in step with this account's machines, both ways."""
+        self.api = api
+        api.on_remove.append(self._deleted_by_api)
+
+    def _deleted_by_api(self, droplet_id: int) -> None:
+        """A DELETE through the API (autodown's): the Droplet powers off and goes a moment
+        after the 204 (in its own thread: the caller of the DELETE runs on it)."""
+
+        def power_off() -> None:
+            time.sleep(0.5)
+            with self.lock:
+                machine = self.machines.pop(droplet_id, None)
+            if machine is not None:
+                self._power_off(machine)
+
+        threading.Thread(target=power_off, daemon=True).start()
 
     # ---- invokes ---------------------------------------------------------------------------
 
@@ -433,6 +456,8 @@ class Account(pulumi_mocks.Mocks):
             machine = self.machines[int(old.id)]
             machine.tags = list(new.inputs.get("tags", []))
             self.world.set_tags(machine.host, machine.tags)
+            if self.api is not None and machine.id in self.api.droplets:
+                self.api.droplets[machine.id].tags = list(machine.tags)
             self._retarget()
         elif new.type == DNS_RECORD:
             self.records.pop(old.outputs["fqdn"], None)
@@ -459,15 +484,15 @@ class Account(pulumi_mocks.Mocks):
             del self.volumes[old.id]
             disk.image.unlink()
         if old.type == DROPLET:
-            machine = self.machines.pop(int(old.id))
-            # Its Volumes stay, detached.
-            for disk in self.volumes.values():
-                if machine.id in disk.droplet_ids:
-                    disk.droplet_ids.remove(machine.id)
-            machine.stop.set()
-            machine.sshd.stop()
-            machine.host.remove()
-            self._retarget()
+            with self.lock:
+                machine = self.machines.pop(int(old.id), None)
+            if machine is None:
+                # DigitalOcean's delete of a Droplet that is gone: 404, which the provider
+                # takes as deleted (droplet/resource_droplet.go, resourceDigitalOceanDropletDelete).
+                return
+            if self.api is not None:
+                self.api.remove_droplet(machine.id)  # its hook finds it gone already
+            self._power_off(machine)
         elif old.type == LOAD_BALANCER:
             self.balancers.pop(old.id).stop()
         elif old.type == DNS_RECORD:
@@ -475,8 +500,39 @@ class Account(pulumi_mocks.Mocks):
         elif old.type == FIREWALL:
             self.world.remove_firewall(old.id)
 
+    def _power_off(self, machine: Machine) -> None:
+        """The Droplet goes: its processes, its namespace; its Volumes stay, detached."""
+        for disk in self.volumes.values():
+            if machine.id in disk.droplet_ids:
+                disk.droplet_ids.remove(machine.id)
+        machine.stop.set()
+        machine.sshd.stop()
+        machine.box.stop_services()
+        machine.host.remove()
+        self._retarget()
+
     def read(self, new: Resource, import_id: str) -> dict[str, Any]:
         raise NotImplementedError(f"the emulated account cannot import {new.type} yet")
+
+    def refresh(self, old: Resource) -> dict[str, Any] | None:
+        """`pulumi refresh` of one resource: its outputs as the account has them now, None when
+        it is gone (the provider's Read clears the id on a 404: droplet/resource_droplet.go,
+        volume/resource_volume_attachment.go's Read when the Volume names another Droplet;
+        a Reserved IP's assignment goes with its Droplet)."""
+        if old.type == DROPLET:
+            return old.outputs if int(old.id) in self.machines else None
+        if old.type == ATTACHMENT:
+            disk = self.volumes.get(str(old.inputs["volumeId"]))
+            attached = disk is not None and int(old.inputs["dropletId"]) in disk.droplet_ids
+            return old.outputs if attached else None
+        if old.type == VOLUME:
+            disk = self.volumes.get(old.id)
+            if disk is None:
+                return None
+            return {**old.outputs, "size": disk.size_gb, "dropletIds": list(disk.droplet_ids)}
+        if old.type == ASSIGNMENT:
+            return old.outputs if int(old.inputs["dropletId"]) in self.machines else None
+        return old.outputs
 
     def _create_droplet(self, new: Resource) -> tuple[str, dict[str, Any]]:
         inputs = new.inputs
@@ -501,6 +557,10 @@ class Account(pulumi_mocks.Mocks):
                           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
         self.machines[droplet_id] = machine
         self._retarget()
+        if self.api is not None:
+            self.api.add_droplet(inputs["name"], inputs["size"], inputs["region"],
+                                 list(inputs.get("tags", [])), id=droplet_id,
+                                 public_ipv4=public, private_ipv4=private)  # fmt: skip
         threading.Thread(target=self._reboots, args=(machine,), daemon=True).start()
         return str(droplet_id), {**inputs, "ipv4Address": public, "ipv4AddressPrivate": private,
                                  "status": "active", "urn": f"do:droplet:{droplet_id}"}  # fmt: skip
@@ -512,6 +572,39 @@ class Account(pulumi_mocks.Mocks):
             if machine.box.reboot_requested():
                 time.sleep(1)  # the phase's own delay before its reboot
                 machine.sshd.reboot()
+
+
+# DigitalOcean's metadata service, as each Droplet reaches it (DigitalOcean docs, "Droplet
+# Metadata": GET http://169.254.169.254/metadata/v1/id answers the asking Droplet's id). Here it
+# is an address of the world, reached through each host's default route, and it knows a Droplet
+# by the address it asks from. Never on the host itself: a server there would hold port 80.
+METADATA_ADDRESS = "169.254.169.254"
+
+
+def serve_metadata(world: net.World, machines: dict[int, Machine]) -> None:
+    """The metadata service for the account's Droplets (the paths their software reads)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            source = self.client_address[0]
+            found = [m for m in list(machines.values()) if m.host.public_ip == source]
+            answers = {}
+            if found:
+                answers = {"/metadata/v1/id": str(found[0].id),
+                           "/metadata/v1/hostname": found[0].name}  # fmt: skip
+            body = answers.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            data = (body if body is not None else "not found").encode()
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    world.ip(f"addr add {METADATA_ADDRESS}/32 dev lo")
+    world.serve(Handler, METADATA_ADDRESS, 80)
 
 
 def catalog_gpu_count(size: str) -> int:

@@ -65,6 +65,10 @@ class RemoteCommands:
         if old.type == COMMAND and old.inputs.get("delete"):
             self._ssh(old, str(old.inputs["delete"]), str(old.inputs.get("stdin", "")))
 
+    def refresh(self, old: Resource) -> dict[str, Any] | None:
+        """pulumi-command's Command has no Read: a refresh keeps its state as it is."""
+        return old.outputs
+
     def read(self, new: Resource, import_id: str) -> dict[str, Any]:
         raise AssertionError("pulumi-command resources are never imported")
 

@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import runpy
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,22 @@ class Stack:
         finally:
             gc.collect()  # the futures' "never retrieved" logs come now, while quiet
             quiet.setLevel(level)
+        return result
+
+    def refresh(self) -> Result:
+        """`pulumi refresh`: each resource read back from the account (engine.py); what is gone
+        leaves the state (a "delete" step with no provider call), what changed is updated."""
+        engine = Engine(self.cloud, self.providers, self.state)
+        result = Result(steps=engine.steps)
+        for res in list(self.state.values()):
+            started = time.time()
+            outputs = engine.provider(res.type).refresh(res)
+            if outputs is None:
+                del self.state[res.urn]
+                engine._record("refresh-delete", res, started, time.time() - started)
+            elif outputs != res.outputs:
+                res.outputs = outputs
+                engine._record("refresh-update", res, started, time.time() - started)
         return result
 
     def destroy(self) -> Result:

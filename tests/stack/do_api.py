@@ -29,6 +29,7 @@ import posixpath
 import re
 import secrets
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -262,6 +263,8 @@ class Account:
         self.tokens: dict[str, Token] = {}  # secret -> token
         self._ids = itertools.count(400_000_001)
         self._hosts = itertools.count(10)
+        # Called with a Droplet's id once a DELETE removed it (the emulation powers it off).
+        self.on_remove: list[Callable[[int], None]] = []
 
     def add_droplet(
         self,
@@ -305,7 +308,9 @@ class Account:
             for volume in self.volumes.values():
                 if droplet_id in volume.droplet_ids:
                     volume.droplet_ids.remove(droplet_id)
-            return True
+        for hook in self.on_remove:
+            hook(droplet_id)
+        return True
 
     def add_record(self, zone: str, type_: str, name: str, data: str) -> Record:
         with self.lock:
@@ -459,7 +464,8 @@ Handler = Callable[[dict[str, str], dict[str, list[str]], Token, str], Reply]
 class DigitalOceanAPI:
     """The API over plain HTTP on host:port (0: a free port), served from threads of this
     process until stop(). `sock`: an already bound, listening socket to serve instead (one made
-    inside a network namespace, say).
+    inside a network namespace, say); `tls`: a server context to answer HTTPS with (the
+    emulation's api.digitalocean.com).
 
     Knobs: fail(n, status) answers the next n requests with a 5xx; throttle(n, retry_after)
     with 429; per_minute/per_hour are the per-token budgets (429 with Retry-After once spent);
@@ -477,6 +483,7 @@ class DigitalOceanAPI:
         sock: socket.socket | None = None,
         clock: Callable[[], float] = time.time,
         rules: dict[tuple[str, str], Rule] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.account = account or Account()
         self.clock = clock
@@ -492,7 +499,7 @@ class DigitalOceanAPI:
             (method, template, _pattern(template), self._handler(method, template))
             for method, template in OPERATIONS
         ]
-        self._server = _server(self, host, port, sock)
+        self._server = _server(self, host, port, sock, tls)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -501,7 +508,7 @@ class DigitalOceanAPI:
     @property
     def url(self) -> str:
         host, port = self._server.socket.getsockname()[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self._server.tls else 'http'}://{host}:{port}"
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -802,9 +809,29 @@ def _page(key: str, items: list[dict[str, Any]], query: dict[str, list[str]], ba
     return Reply(200, body)
 
 
+class _Server(ThreadingHTTPServer):
+    """ThreadingHTTPServer, with each connection's TLS handshake (when `tls`) in its request's
+    own thread: a client that never speaks holds no other."""
+
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.tls is not None:
+            request.settimeout(30)
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (OSError, ssl.SSLError):
+                return  # a client that did not trust us, or went away
+        super().finish_request(request, client_address)
+
+
 def _server(
-    api: DigitalOceanAPI, host: str, port: int, sock: socket.socket | None
-) -> ThreadingHTTPServer:
+    api: DigitalOceanAPI,
+    host: str,
+    port: int,
+    sock: socket.socket | None,
+    tls: ssl.SSLContext | None = None,
+) -> _Server:
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
@@ -833,11 +860,13 @@ def _server(
             pass
 
     if sock is None:
-        return ThreadingHTTPServer((host, port), Handler)
-    server = ThreadingHTTPServer(sock.getsockname()[:2], Handler, bind_and_activate=False)
-    server.socket.close()
-    server.socket = sock
-    server.server_address = sock.getsockname()
+        server = _Server((host, port), Handler)
+    else:
+        server = _Server(sock.getsockname()[:2], Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = sock
+        server.server_address = sock.getsockname()
+    server.tls = tls
     return server
 
 

@@ -28,6 +28,11 @@ The Pulumi semantics relied on, with their sources (pulumi/pulumi at v3, pulumi-
   `create`; Update runs `update`, or `create` when there is none; Delete runs `delete` when set;
   `triggers` is replaceOnChanges (provider/pkg/provider/common/inputs.go); every other input change
   (the stdin, the connection) is an update.
+- `pulumi refresh` reads each resource from its provider and drops the ones it reports gone
+  (pkg/resource/deploy/step.go, `RefreshStep.Apply`: a Read that finds no resource removes it
+  from the state); the others keep their inputs and take the outputs read. pulumi-command's Command has no Read
+  (provider/pkg/provider/remote/commandController.go: Create, Update, Delete only), so its
+  state is kept as it is.
 - An `import_` id adopts a resource the account already has (no create); once the resource is in the
   state the id is ignored (step_generator.go, isImport).
 
@@ -96,6 +101,9 @@ class Provider(Protocol):
 
     def read(self, new: Resource, import_id: str) -> dict[str, Any]:
         """Adopt what the account already has under `import_id`; return its outputs."""
+
+    def refresh(self, old: Resource) -> dict[str, Any] | None:
+        """`pulumi refresh`: its outputs as they are now; None when it no longer exists."""
 
 
 @dataclass

@@ -6,6 +6,9 @@ phase took)."""
 from __future__ import annotations
 
 import contextlib
+import socket
+import ssl
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,7 +19,7 @@ import openai
 from pulumi_harness import DEFAULT_OFFERS
 
 from components import catalog
-from stack import internet, net
+from stack import do_api, internet, net
 from stack.acme_ca import ACMECA
 from stack.cloud import Account
 from stack.commands import RemoteCommands
@@ -36,6 +39,9 @@ class Emulation:
     ca: ACMECA
     # Where the Hub serves the stack's model (config.json, the weights).
     model_urls: list[str]
+    # DigitalOcean's API at api.digitalocean.com (do_api.py), on the account's own Droplets:
+    # what autodown calls from the hosts. Tokens: api.account.add_token(name, scopes).
+    api: do_api.DigitalOceanAPI
     stacks: dict[str, Stack] = field(default_factory=dict)
     requests: int = 0
     failed_requests: int = 0
@@ -75,8 +81,11 @@ def emulation(
         account.issue_certificate = ca.authority.issue
         roots = [downloads.root_pem, ca.root_pem]
         account.prepare_box.append(lambda box: internet.prepare(box, internet.SERVICES, roots))
+        api = serve_api(world, downloads)
+        services.callback(api.stop)
+        account.serve_api(api.account)
         commands = RemoteCommands(world, workdir, downloads.substitutions())
-        emu = Emulation(world, account, commands, workdir, downloads, ca, model_urls)
+        emu = Emulation(world, account, commands, workdir, downloads, ca, model_urls, api)
         try:
             yield emu
         finally:
@@ -84,6 +93,26 @@ def emulation(
                 machine.stop.set()
                 machine.sshd.stop()
                 machine.box.stop_services()
+
+
+def serve_api(world: net.World, internet_: internet.Internet) -> do_api.DigitalOceanAPI:
+    """DigitalOcean's API over HTTPS at its name's world address (net.DO_API), with a
+    certificate from the CA the hosts trust for the other outside services."""
+    chain, key = internet_.ca.issue(["api.digitalocean.com"])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with tempfile.TemporaryDirectory(prefix="do-api-") as tmp:  # read at once, then gone
+        (Path(tmp) / "chain.pem").write_text(chain)
+        (Path(tmp) / "key.pem").write_bytes(key)
+        context.load_cert_chain(Path(tmp) / "chain.pem", Path(tmp) / "key.pem")
+    sock = world.call(socket.socket)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((net.DO_API, 443))
+        sock.listen(64)
+        return do_api.DigitalOceanAPI(do_api.Account(), sock=sock, tls=context)
+    except BaseException:
+        sock.close()
+        raise
 
 
 class Load:
