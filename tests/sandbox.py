@@ -297,7 +297,8 @@ class Sandbox:
         ]
 
     def attach_volume(self, image: Path, device: str | None = None) -> None:
-        """Attach a cache Volume (an image file, empty or filled by another sandbox); with
+        """Attach a cache Volume (an image file, empty or filled by another sandbox, or a block
+        device such as a loop device: the boot's fstab mounts then are the kernel's); with
         `device` (a path under /dev/disk: a sandbox made with disks=True), the image appears
         there too, as a Volume's by-id link does on a Droplet."""
         self.volume = image

@@ -2,7 +2,9 @@
 
 A cache Volume here is an image file formatted by the real mkfs.ext4 (tests/fakes/mount binds
 its content when it is mounted); a re-created Droplet is a second sandbox with a fresh disk and
-the same image attached. Everything else is what the other phase tests use.
+the same image attached. One test attaches the image as a loop device instead, for the paths a
+block device takes (blockdev, the kernel's mount, online resize2fs). Everything else is what the
+other phase tests use.
 """
 
 from __future__ import annotations
@@ -562,3 +564,87 @@ def test_a_cache_an_earlier_version_filled_is_kept_as_it_is(
     assert bound(box, catalog.CONDA_PREFIX) and droplet_has_its_conda(box)
     assert fstab_binds(box) == [path for _, path in catalog.CACHE_BINDS]
     assert p.ok("cache")["changed"] is False
+
+
+# ---- a Volume that is a block device, as on a Droplet ----------------------------------------
+
+
+def has_cap_sys_resource() -> bool:
+    """Whether this process may grow a mounted ext4 (fs/ext4/ioctl.c, EXT4_IOC_RESIZE_FS needs
+    CAP_SYS_RESOURCE, capability 24): some container runtimes take it from root."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 24 & 1)
+    return False
+
+
+def reap_loop_devices() -> None:
+    """Detach the loop devices a killed test run left (its image under pytest's temporary root,
+    since deleted by pytest's own clean-up of old runs): a test that ends, ends its own."""
+    listed = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    for line in listed.stdout.splitlines():
+        name, _, back = line.strip().partition(" ")
+        back = back.strip()
+        if "/pytest-of-" in back and back.endswith("(deleted)"):
+            subprocess.run(["losetup", "--detach", name], check=False)
+
+
+@pytest.fixture
+def loop_device(volume: Path) -> Iterator[str]:
+    """The Volume's image as a real block device (a loop device), detached afterwards."""
+    reap_loop_devices()
+    made = subprocess.run(
+        ["losetup", "--find", "--show", str(volume)], capture_output=True, text=True, check=False
+    )
+    if made.returncode != 0:
+        pytest.skip(f"no loop device here: {made.stderr.strip()}")
+    device = made.stdout.strip()
+    try:
+        yield device
+    finally:
+        subprocess.run(["losetup", "--detach", device], check=False)
+
+
+def in_image(image: Path, path: str) -> bool:
+    """Whether the ext4 filesystem in `image` holds `path` (debugfs reads it, unmounted)."""
+    probe = subprocess.run(
+        ["debugfs", "-R", f"stat {path}", str(image)], capture_output=True, text=True, check=False
+    )
+    return "Inode:" in probe.stdout
+
+
+def test_a_block_device_volume_is_formatted_mounted_for_real_and_its_growth_is_asked_of_the_kernel(
+    tmp_path: Path, downloads: Downloads, volume: Path, loop_device: str, droplets: list[Sandbox]
+) -> None:
+    """The paths an image file never takes: the size from blockdev, the kernel's own ext4
+    mount, and the online resize2fs of a grown disk (here losetup --set-capacity stands for
+    DigitalOcean's resize and the SCSI rescan)."""
+    # Attached as the block device: each later run (a boot, here) mounts it from fstab.
+    box = droplet(tmp_path, droplets, Path(loop_device))
+    p = with_cache(box, downloads, Path(loop_device))
+    first = p.ok("cache")
+    assert first["cache"] == "new" and blkid(volume, "TYPE") == "ext4"
+    p.ok("conda")
+    # What the conda phase installed went through the kernel's mount into the filesystem.
+    assert in_image(volume, "/conda/bin/conda")
+    assert not Path(f"{volume}.fs").exists(), "not the image-file fake's folder"
+    assert p.ok("cache")["cache"] == "warm"
+
+    with volume.open("r+b") as f:
+        f.truncate(4 * IMAGE_BYTES)
+    subprocess.run(["losetup", "--set-capacity", loop_device], check=True)
+    run = p.run("cache")
+    if has_cap_sys_resource():
+        assert run.returncode == 0 and run.result["changed"] is True, run.stderr
+        assert "growing its ext4 filesystem from 64MiB" in run.stderr, run.stderr
+        assert filesystem_bytes(volume) == 4 * IMAGE_BYTES
+    else:
+        # The kernel refuses the online resize to this machine's root: the phase says what
+        # failed and what to do, and the filesystem and what it holds are untouched.
+        assert run.returncode != 0
+        assert "resize2fs could not grow the filesystem to the Volume's 256MiB" in run.stderr
+        assert filesystem_bytes(volume) == IMAGE_BYTES
+    assert in_image(volume, "/conda/bin/conda")
