@@ -74,19 +74,13 @@ class Stack:
 
             return pulumi.Output.from_input(resolve())
 
-        # A failed step leaves the SDK's futures of what depended on it unretrieved; asyncio
-        # would log each at exit. The error is the result's, reported once.
-        quiet = logging.getLogger("asyncio")
-        level = quiet.level
-        quiet.setLevel(logging.CRITICAL)
         try:
             program()
             engine.finish()
         except BaseException as err:  # noqa: BLE001 (the up's outcome, reported to the test)
             result.error = _root_cause(err)
         finally:
-            gc.collect()  # the futures' "never retrieved" logs come now, while quiet
-            quiet.setLevel(level)
+            gc.collect()  # most unretrieved futures are logged now (and dropped: see below)
         return result
 
     def refresh(self) -> Result:
@@ -115,6 +109,20 @@ class Stack:
         except StepError as err:
             result.error = err
         return result
+
+
+class _ReportedStepErrors(logging.Filter):
+    """A failed step leaves the SDK's futures of what depended on it unretrieved, and asyncio
+    logs each when it is collected ("Future exception was never retrieved"), now or at the
+    process's exit. That error is the up's result, reported once: drop those records (and only
+    those: any other asyncio error still shows)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or not isinstance(_root_cause(error), StepError)
+
+
+logging.getLogger("asyncio").addFilter(_ReportedStepErrors())
 
 
 def _root_cause(err: BaseException) -> BaseException:

@@ -141,7 +141,8 @@ class Load:
 
     def _loop(self) -> None:
         hooks = {"request": [self._count]}
-        http = openai.DefaultHttpxClient(verify=str(self.bundle), event_hooks=hooks, timeout=60)
+        trust = ssl.create_default_context(cafile=str(self.bundle))
+        http = openai.DefaultHttpxClient(verify=trust, event_hooks=hooks, timeout=60)
         client = openai.OpenAI(base_url=self.base_url, api_key=self.key, http_client=http)
         while not self.stop.is_set():
             try:
