@@ -49,3 +49,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("stack emulation")
         for line in _stack_lines:
             terminalreporter.write_line(line)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite the golden files (tests/golden/) from this run, to review in the diff",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """Whether this run rewrites the golden files it compares with (`--update-golden`)."""
+    return bool(request.config.getoption("--update-golden"))
