@@ -13,16 +13,20 @@ stack` runs all of them, and only them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import STACK_SUMMARY
 from pulumi_harness import stack_config
+from sandbox import Sandbox
 from stack import net
 from stack.deploy import Result
 from stack.scenario import Emulation, Load, emulation, summary
@@ -470,3 +474,82 @@ def test_autodown_deletes_the_set_with_the_readme_scopes_and_refresh_then_up_bri
         smoke = client(emu, "smoke.py", back.outputs)
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         report(request, summary("autodown", emu, results))
+
+
+def kill_downloads(emu: Emulation, url: str) -> int:
+    """Kill the processes on the emulated Droplets that are fetching `url` (a download cut
+    midway: the Droplet lost its connection, or someone stopped it); returns how many."""
+    killed = 0
+    for machine in list(emu.account.machines.values()):
+        for pid in machine.host.pids():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if url.encode() in argv:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+    return killed
+
+
+def test_a_driver_that_does_not_build_stops_the_run_and_a_cut_download_resumes(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Scenario 6 (the driver, and a download cut midway): the image has no driver and the
+    Ubuntu archive cannot be reached: the run stops at the driver phase with what it found,
+    and no new phase starts after it (Pulumi's default). Once the archive answers, the next up runs the
+    driver, the one reboot (sshd closed before it, a new boot id after) and what follows,
+    and nothing that had succeeded; the weights' download, killed half-way in it, is fetched
+    again by the model phase's own retry."""
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+
+        def no_driver_no_archive(box: Sandbox) -> None:
+            box.hw("driver", "")
+            box.hw("apt_broken", "1")
+
+        emu.account.prepare_box.append(no_driver_no_archive)
+        # The weights' download is killed half-way, whichever up runs it (the model phase runs
+        # beside the driver's); the Hub answers the phase's retry in full.
+        (weights,) = [u for u in emu.model_urls if u.endswith(".safetensors")]
+        stall = emu.downloads.stall(weights, after=64 << 10)
+        killed: list[int] = []
+
+        def cut_the_download() -> None:
+            if stall.reached.wait(timeout=300):
+                killed.append(kill_downloads(emu, weights))
+                emu.downloads.clear(weights)
+
+        cutter = threading.Thread(target=cut_the_download, daemon=True)
+        cutter.start()
+        stack = emu.stack("dev")
+        first = stack.up(stack_config("dev"))
+        results.append(first)
+        assert first.failed is not None and first.failed.resource.name == "bootstrap-driver", str(
+            first.error
+        )
+        assert "[driver] FAILED at step apt-update" in str(first.failed)
+        assert "[driver] fix: " in str(first.failed)
+        done = set(first.ops("create", "command:"))
+        assert "bootstrap-preflight" in done
+        assert not {"bootstrap-reboot", "bootstrap-service", "bootstrap-ready"} & done
+
+        (machine,) = emu.account.machines.values()
+        boot = machine.box.boot_id
+        fixed = machine.shell("rm /var/lib/fakehw/apt_broken")  # the archive answers again
+        assert fixed.returncode == 0, fixed.stderr
+        second = stack.up(stack_config("dev"))
+        results.append(second)
+        cutter.join(timeout=10)
+        assert second.error is None, second.error
+        assert killed and killed[0] >= 1, "the download was cut midway"
+        model = stack.state[next(u for u in stack.state if u.endswith("::bootstrap-model"))]
+        assert "attempt 1/3 failed" in str(model.outputs["stderr"]), model.outputs["stderr"]
+        rerun = set(second.ops("create", "command:")) | set(second.ops("update", "command:"))
+        assert {"bootstrap-driver", "bootstrap-reboot", "bootstrap-ready"} <= rerun
+        assert not rerun & done, "nothing that succeeded ran again"
+        assert machine.box.boot_id != boot and machine.box.hw("driver"), "rebooted onto it"
+        smoke = client(emu, "smoke.py", second.outputs)
+        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+        report(request, summary("driver-fails-download-cut", emu, results))

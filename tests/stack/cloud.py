@@ -28,6 +28,7 @@ import itertools
 import re
 import secrets
 import string
+import subprocess
 import threading
 import time
 import uuid
@@ -100,6 +101,15 @@ class Machine:
     sshd: net.Sshd
     created_at: str
     stop: threading.Event = field(default_factory=threading.Event)
+
+    def shell(self, command: str) -> subprocess.CompletedProcess[str]:
+        """`command` (bash) on the Droplet as its own sessions see it: in sshd's mount and
+        network namespaces. A change to its disk goes through this: writing the sandbox's
+        overlay layer from outside while sshd's overlay is mounted is undefined (overlayfs
+        docs, "Changes to underlying filesystems")."""
+        assert self.sshd.proc is not None, "sshd is not running"
+        argv = ["nsenter", "-t", str(self.sshd.proc.pid), "-m", "-n", "bash", "-c", command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
 @dataclass
@@ -566,12 +576,22 @@ class Account(pulumi_mocks.Mocks):
                                  "status": "active", "urn": f"do:droplet:{droplet_id}"}  # fmt: skip
 
     def _reboots(self, machine: Machine) -> None:
-        """The Droplet reboots when its software asks (the reboot phase's detached reboot):
-        sshd and every session end, the disk stays, a new boot id."""
+        """The reboot the Droplet's software asks for: scheduled with `systemd-run
+        --on-active=N` (the fake records the line), it comes N seconds later: sshd and every
+        session end, the disk stays, a new boot id. (The reboot phase's `systemctl stop ssh`
+        before it is the fake systemctl's: net.Sshd gives it the listener's pid.)"""
         while not machine.stop.wait(0.2):
-            if machine.box.reboot_requested():
-                time.sleep(1)  # the phase's own delay before its reboot
-                machine.sshd.reboot()
+            try:
+                request = machine.box.hw("reboot_requested")
+                if request:
+                    delay = re.search(r"--on-active=(\d+)", request)
+                    if machine.stop.wait(int(delay.group(1)) if delay else 0):
+                        return
+                    machine.sshd.reboot()
+            except Exception:
+                if machine.stop.is_set():
+                    return  # the Droplet was deleted under the reboot
+                raise
 
 
 # DigitalOcean's metadata service, as each Droplet reaches it (DigitalOcean docs, "Droplet

@@ -80,6 +80,7 @@ class Stack:
         except BaseException as err:  # noqa: BLE001 (the up's outcome, reported to the test)
             result.error = _root_cause(err)
         finally:
+            engine.wait_settled()
             gc.collect()  # most unretrieved futures are logged now (and dropped: see below)
         return result
 

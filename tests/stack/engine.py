@@ -37,7 +37,8 @@ The Pulumi semantics relied on, with their sources (pulumi/pulumi at v3, pulumi-
   state the id is ignored (step_generator.go, isImport).
 
 A failed step fails the `up`: its error names the resource, and what registered after it waits on
-it no more (the SDK's dependents never resolve; the run ends with the error).
+it no more (the SDK's dependents never resolve; the run ends with the error). The steps already
+in flight finish and are recorded before the `up` returns, as Pulumi's do.
 """
 
 from __future__ import annotations
@@ -160,6 +161,10 @@ class Engine(pulumi_mocks.MockMonitor):
         # Old resources replaced create-before-delete: deleted with the other deletes.
         self.replaced: list[Resource] = []
         self.lock = threading.Lock()
+        # Registrations being carried out: an up ends only once none is (Pulumi lets the steps
+        # in flight finish when another fails, and records them).
+        self.inflight = 0
+        self.settled = threading.Condition()
 
     # ---- the SDK's side ---------------------------------------------------------------------
 
@@ -183,7 +188,14 @@ class Engine(pulumi_mocks.MockMonitor):
         )
         with self.lock:
             self.registered.add(urn)
-        done = self.step(new, request.importId)
+        with self.settled:
+            self.inflight += 1
+        try:
+            done = self.step(new, request.importId)
+        finally:
+            with self.settled:
+                self.inflight -= 1
+                self.settled.notify_all()
         state = _sync_await(rpc.serialize_properties(done.outputs, {}))
         return resource_pb2.RegisterResourceResponse(urn=urn, id=done.id, object=state)
 
@@ -262,6 +274,11 @@ class Engine(pulumi_mocks.MockMonitor):
             self._record("retain", old, time.time(), 0.0)
             return
         self._run("delete", old, lambda: self.provider(old.type).delete(old))
+
+    def wait_settled(self, timeout: float = 7200) -> None:
+        """Until no registration is being carried out (the steps in flight when one failed)."""
+        with self.settled:
+            self.settled.wait_for(lambda: self.inflight == 0, timeout=timeout)
 
     def finish(self) -> None:
         """After the program: delete what it no longer registers and the old halves of

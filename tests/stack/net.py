@@ -575,6 +575,8 @@ class Sshd:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
+        # Its MainPID, as systemd would know it: `systemctl stop ssh` (the fake) stops it.
+        (self.box.run_dir / "sshd.pid").write_text(f"{self.proc.pid}\n")
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.host.reaches("127.0.0.1", 22):
