@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -285,8 +284,8 @@ def test_bench_times_reasoning_and_tool_call_chunks_as_tokens(tmp_path: Path, mo
     with fake_server("--mode", mode, "--ttft", str(ttft), "--itl", str(itl)) as base:
         [r] = bench(base, tmp_path, concurrency=1, requests=4, max_tokens=10, input_tokens=8)
     assert r["errors"] == 0, r["errors_by_kind"]
-    assert r["ttft_ms"]["mean"] == pytest.approx(ttft * 1000, rel=0.15)
-    assert r["itl_ms"]["mean"] == pytest.approx(itl * 1000, rel=0.15)
+    assert near_injected(r["ttft_ms"]["mean"], ttft), r["ttft_ms"]
+    assert near_injected(r["itl_ms"]["mean"], itl), r["itl_ms"]
     assert r["mean_output_tokens"] == 10 and r["token_counts"] == "server"
 
 
@@ -359,8 +358,15 @@ def test_bench_finds_the_knee_of_a_server_of_known_capacity(tmp_path: Path) -> N
     knee = result["knee"]
     assert 16 <= knee["request_rate"] <= 27, knee
     assert knee["first_failing_rate"] > knee["request_rate"]
+    # Doubling from 10/s until a rate fails, then three bisections between the last that held
+    # and the first that failed. Where the doubling stops depends on this machine's load (20/s
+    # is within 10% of the capacity); the search itself is tested exactly below.
     rates = [r["request_rate"] for r in result["levels"]]
-    assert rates[:2] == [10, 20] and len(rates) == 2 + 1 + 3, "2 held, 1 failed, 3 bisections"
+    k = next((i for i, rate in enumerate(rates) if rate != 10 * 2**i), len(rates))
+    doubling, bisections = rates[:k], rates[k:]
+    assert len(doubling) >= 2 and len(bisections) == 3, rates
+    held, first_failing = doubling[-2], doubling[-1]
+    assert all(held < r < first_failing for r in bisections), rates
 
 
 def test_knee_search_bisects_between_the_last_that_held_and_the_first_that_failed() -> None:
@@ -833,6 +839,10 @@ def run_logs(
 ) -> subprocess.CompletedProcess[str]:
     env = fake_pulumi(tmp_path / "bin", outputs)
     env["HOME"] = str(tmp_path / "home")
+    # Its own temporary folder: what it leaves there is this run's alone (tests run side by
+    # side, and another's logs.py may be running).
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp_path / "tmp")
     return run_tool(
         "logs.py", "--stack", "dev", "--port", str(sshd["port"]), *args, env=env, timeout=60
     )
@@ -854,7 +864,7 @@ def test_logs_reads_the_journal_over_ssh_with_the_stack_key_and_pinned_host_key(
         command
         == "journalctl --unit vllm.service --lines 50 --no-pager --output short-iso --follow"
     )
-    leftovers = list(Path(tempfile.gettempdir()).glob("nemotron-logs-*"))
+    leftovers = list((tmp_path / "tmp").glob("nemotron-logs-*"))
     assert not [p for p in leftovers if (p / "id").exists()], "the key file is removed on exit"
 
 
