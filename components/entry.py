@@ -22,22 +22,17 @@ port is open to the entry alone (droplet.py firewall rules).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_command as command
 import pulumi_digitalocean as digitalocean
 
-from . import balancer, catalog, gateway, region
-from .bootstrap import DIAL_MARGIN_MINUTES, connection, render, runner
+from . import catalog, gateway, phases, region, remote
 from .config import ConfigError
-from .droplet import GpuDroplet, GpuDropletArgs, ssh_command
-from .phase_settings import balancer_settings
+from .droplet import GpuDroplet, GpuDropletArgs
+from .phase_settings import Inputs
 from .schema import StackConfig
-
-# The balancer's own phases: minutes each (the phases bound themselves on the host).
-BALANCER_MINUTES = {"preflight": 20, "gateway": 20, "member": 15, "ready": 0}
-# A replica leaving waits for its requests in flight (member.sh, NEMO_ACTION=leave).
-LEAVE_MINUTES = 15
 
 
 def caddy_price(cfg: StackConfig, region_slug: str) -> float:
@@ -229,7 +224,7 @@ class CaddyEntry(pulumi.ComponentResource):
         self.ipv4 = self.reserved_ip.ip_address
         # The name it serves until serve() gives the one to wait for (the DNS record's).
         self.hostname: pulumi.Output[str] = self.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
-        self.preflight = self._command("preflight", [], wait=True)
+        self.preflight = self._command("preflight", [])
         self.joins: dict[int, command.remote.Command] = {}
         self.register_outputs({"ipv4": self.ipv4})
 
@@ -271,150 +266,51 @@ class CaddyEntry(pulumi.ComponentResource):
         phase: str,
         after: list[pulumi.Resource],
         *,
-        wait: bool = False,
         replica: int | None = None,
         private_ip: pulumi.Input[str] = "",
         droplet_id: pulumi.Input[str] = "",
     ) -> command.remote.Command:
+        """The balancer's phase `phase` (a row of phases.BALANCER), after `after`."""
         cfg = self.cfg
-        minutes = BALANCER_MINUTES[phase] or cfg.bootstrap.ready_timeout_minutes + 5
+        row = phases.row(phase, phases.BALANCER)
+        minutes = phases.minutes(cfg, row)
+        index = replica or 0
 
-        def script(values: dict[str, str]) -> str:
-            return render(
-                phase,
-                balancer_settings(
-                    cfg,
-                    phase,
-                    api_key=values["key"],
-                    host=values["host"],
-                    replica=replica or 0,
-                    private_ip=values["ip"],
-                    droplet_id=values["droplet"],
-                ),
-                minutes,
-            )
+        def script(values: dict[str, Any]) -> str:
+            return remote.render(phase, row.settings(cfg, Inputs(**values, replica=index)), minutes)
 
-        # The key is in every script (the gateway's env file, the probe): secret throughout.
-        inputs: pulumi.Output[dict[str, str]] = pulumi.Output.all(
-            key=self.api_key, host=self.hostname, ip=private_ip, droplet=droplet_id
+        available: dict[str, pulumi.Input[str]] = {
+            "api_key": self.api_key,
+            "host": self.hostname,
+            "private_ip": private_ip,
+            "droplet_id": droplet_id,
+        }
+        needed = {name: available[name] for name in row.inputs if name != "replica"}
+        # Secret throughout, whether or not the key is in it: the balancer's scripts are its
+        # gate's, and one kind of input for all of them keeps a change of that from showing.
+        values: pulumi.Output[dict[str, Any]] = (
+            pulumi.Output.all(**needed) if needed else pulumi.Output.from_input({})
         )
-        stdin: pulumi.Output[str] = pulumi.Output.secret(inputs.apply(script))
+        stdin: pulumi.Output[str] = pulumi.Output.secret(values.apply(script))
         name = f"balancer-{phase}" if replica is None else f"balancer-member-{replica}"
         triggers: list[pulumi.Input[str]] = [self.host.droplet_id]
         triggers += [c.stdout for c in after if isinstance(c, command.remote.Command)]
         if replica is not None:
             triggers = [self.host.droplet_id, droplet_id, private_ip]
-        bound = minutes + DIAL_MARGIN_MINUTES
-        return command.remote.Command(
+        target = remote.Target(
+            self.host.ipv4, self.host.private_key_openssh, self.host.host_public_key
+        )
+        return remote.phase_command(
             name,
-            connection=connection(
-                self.host.ipv4, self.host.private_key_openssh, self.host.host_public_key, wait
-            ),
-            create=runner(minutes),
-            # Leaving: the same script (the stored stdin) told to remove this replica and wait
-            # for its requests in flight. NEMO_ACTION is no secret and no setting.
-            delete=f"NEMO_ACTION=leave {runner(LEAVE_MINUTES)}" if replica is not None else None,
+            target,
+            minutes=minutes,
             stdin=stdin,
             triggers=triggers,
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=after,
-                custom_timeouts=pulumi.CustomTimeouts(
-                    create=f"{bound}m", update=f"{bound}m", delete=f"{LEAVE_MINUTES + 5}m"
-                ),
-            ),
+            after=after,
+            parent=self,
+            wait=row.wait_for_ssh,
+            # Leaving: the same script (the stored stdin) told to remove this replica and wait
+            # for its requests in flight.
+            leaves=row.leaves and replica is not None,
+            delete_minutes=row.delete_minutes,
         )
-
-
-# ---- what the outputs say about the set -----------------------------------------------------
-
-
-def certificate(cfg: StackConfig, host: str) -> str:
-    if cfg.pooled and cfg.balancer_kind == "managed":
-        return (
-            f"Let's Encrypt, for {host}, issued and renewed by DigitalOcean for the Load Balancer"
-        )
-    return gateway.certificate(cfg, host)
-
-
-def balancer_hourly_price(cfg: StackConfig, caddy_price: float = 0.0) -> float:
-    """The entry's hourly price: the Load Balancer's nodes, or the Caddy Droplet's size (the
-    Reserved IP is free while assigned)."""
-    if not cfg.pooled:
-        return 0.0
-    return (
-        catalog.lb_hourly_price(cfg.balancer.nodes)
-        if cfg.balancer_kind == "managed"
-        else caddy_price
-    )
-
-
-def set_hourly_price(cfg: StackConfig, gpu_price: float, caddy_price: float = 0.0) -> float:
-    """What the endpoint costs per hour: every GPU replica and the entry in front of them."""
-    return round(cfg.replicas * gpu_price + balancer_hourly_price(cfg, caddy_price), 5)
-
-
-def replacement_note(cfg: StackConfig, single: str) -> str:
-    if not cfg.pooled:
-        return single
-    return (
-        "one replica at a time: a new droplet.size or droplet.image re-creates each replica "
-        "only after the one before it is back in the pool (replica 0 first), so the endpoint "
-        "keeps serving on the others; a new model, vLLM or flag restarts each replica's vLLM "
-        "in turn the same way, each drained first. A region move or a change to "
-        "access.sshKeyFingerprints re-creates every replica at once (the endpoint is down "
-        "until one is ready); balancer.size re-creates the balancer Droplet (its Reserved IP "
-        "stays; streams through it are cut)."
-    )
-
-
-def replica_output(
-    cfg: StackConfig,
-    index: int,
-    ipv4: str,
-    private_ipv4: str,
-    host_public_key: str,
-    seconds: dict[str, float],
-) -> dict[str, object]:
-    return {
-        "name": cfg.replica_name(index),
-        "ipv4": ipv4,
-        "privateIpv4": private_ipv4,
-        "sshCommand": ssh_command(cfg.stack, ipv4, host_public_key),
-        "sshHostPublicKey": host_public_key,
-        "logs": f"python scripts/logs.py --stack {cfg.stack} --replica {index}",
-        "bootstrapSeconds": round(sum(seconds.values()), 1),
-    }
-
-
-def balancer_output(
-    cfg: StackConfig,
-    caddy_price: float,
-    address: str,
-    ipv4: str = "",
-    host_public_key: str = "",
-) -> dict[str, object]:
-    """`address`: the endpoint's own IPv4 (the Reserved IP or the Load Balancer's): where
-    access.domain's A record points when you keep it yourself."""
-    kind = cfg.balancer_kind
-    out: dict[str, object] = {
-        "kind": kind,
-        "address": address,
-        "routing": (
-            "least outstanding requests (Caddy least_conn), active /health checks every "
-            f"{balancer.HEALTH_INTERVAL_SECONDS} s"
-            if kind == "caddy"
-            else "DigitalOcean's own (no algorithm to choose), /health checks every "
-            f"{catalog.LB_CHECK_INTERVAL_SECONDS} s"
-        ),
-        "hourlyPriceUsd": balancer_hourly_price(cfg, caddy_price),
-    }
-    if kind == "caddy":
-        out["dropletIpv4"] = ipv4
-        out["sshCommand"] = ssh_command(cfg.stack, ipv4, host_public_key)
-        out["sshHostPublicKey"] = host_public_key
-        out["logs"] = f"python scripts/logs.py --stack {cfg.stack} --balancer"
-    else:
-        out["nodes"] = cfg.balancer.nodes
-    return out

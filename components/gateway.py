@@ -96,93 +96,124 @@ def max_body_bytes(cfg: StackConfig) -> int:
     return cfg.access.max_request_body_mb * 1_000_000
 
 
-def caddyfile(
-    cfg: StackConfig,
-    host: str,
-    *,
-    upstream_port: int = catalog.VLLM_PORT,
-    http_port: int = HTTP_PORT,
-    https_port: int = HTTPS_PORT,
-    acme_ca: str | None = None,
-    acme_ca_root: str | None = None,
-    ip_profile: str | None = IP_PROFILE,
-    upstreams_glob: str | None = None,
-    admin_socket: str | None = None,
-    replica: ReplicaListener | None = None,
-) -> str:
-    """The whole Caddy configuration. `host` names the site (its certificate); with https off
-    the site is every name on the HTTP port.
+@dataclass(frozen=True)
+class Listen:
+    """Where a gateway listens and what it talks to, as on a Droplet. A test that cannot take
+    ports 80 and 443, runs its own CA, or keeps the admin socket and the upstream files in its
+    own folder gives its own here, in one value; the sites themselves have no test knobs."""
 
-    Every decision is made on what vLLM will see. Caddy's path matchers clean the path first
-    (case, dot-segments, `//`, percent-encoding, trailing dots), but the proxy forwards the
-    original request URI (FACTS.md, checked later): `GET /metrics/../health` would match `/health`
-    and reach vLLM's metrics app. So the routes match `{http.request.uri}`, the raw request
-    target, against exact paths; anything else (a dot-segment, `//`, an encoded `/` or `.`, a
-    case variant) is refused before it is proxied. The key check compares the whole
-    Authorization field, all its values joined: a second Authorization header fails it (the
-    header matcher passes when any one matches, and vLLM reads the first).
+    http_port: int = HTTP_PORT
+    https_port: int = HTTPS_PORT
+    # The local vLLM a Droplet's gateway proxies to.
+    upstream_port: int = catalog.VLLM_PORT
+    # Another ACME CA than the public ones, and its root (the tests' own).
+    acme_ca: str | None = None
+    acme_ca_root: str | None = None
+    # The ACME profile an IP certificate is asked with (None: a CA that offers no profiles).
+    ip_profile: str | None = IP_PROFILE
+    # The admin API's root-only socket (a replica's and the balancer's; None: admin off).
+    admin_socket: str | None = catalog.CADDY_ADMIN_SOCKET
+    # The files replicas join the balancer's pool by.
+    upstreams: str = f"{catalog.BALANCER_UPSTREAMS_DIR}/*.caddy"
 
-    With `upstreams_glob` (the files replicas join by) this is the balancer's configuration:
-    the same gate, in front of the replicas' gateways (balancer.py) instead of the local vLLM;
-    `admin_socket` opens Caddy's admin API on that root-only socket alone, for graceful
-    reloads (replicas joining and leaving, a new Caddyfile). With `replica` it is a replica's:
-    the same gate again (the key is checked at the entry and on every replica), on its private
-    address."""
-    options = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
-    if acme_ca:  # another ACME CA than the public ones (the tests' own)
-        options += f"\n\tacme_ca {acme_ca}"
-    if acme_ca_root:
-        options += f"\n\tacme_ca_root {acme_ca_root}"
-    https = cfg.access.https and replica is None
-    if replica is not None:
-        http_port = replica.port
-    site = host if https else f"http://:{http_port}"
-    # What the site block opens with: the certificate's issuer, or a replica's private bind.
-    site_head = ""
-    if replica is not None:
-        # Only on the private address: nothing of this listener is on the public interface,
-        # whatever the firewall says.
-        site_head = f"\n\tbind {replica.bind}\n"
-    if https and is_ip(host):
-        # A client that connects to an IP sends no SNI: serve this certificate to it. Caddy gives
-        # an IP the ACME issuer only when a policy names one (autohttps.go shouldUseInternal).
-        options += f"\n\tdefault_sni {host}"
-        profile = f"\n\t\t\tprofile {ip_profile}" if ip_profile else ""
-        site_head = f"""
+
+DROPLET = Listen()
+
+
+def lone_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
+    """A lone Droplet's gateway: the public site for `host` (its certificate; with https off,
+    every name on the HTTP port) in front of the local vLLM. No admin API: nothing on the
+    Droplet may reconfigure it but this file."""
+    https = cfg.access.https
+    head, sni = _certificate(https, host, listen)
+    upstream = f"127.0.0.1:{listen.upstream_port}"
+    return _global_options(cfg, listen, None, listen.http_port, sni) + gate(
+        cfg,
+        site=host if https else f"http://:{listen.http_port}",
+        head=head,
+        health_proxy=f"reverse_proxy {upstream}",
+        proxy=_local_proxy(upstream),
+    )
+
+
+def replica_site(cfg: StackConfig, replica: ReplicaListener, listen: Listen = DROPLET) -> str:
+    """A replica's gateway behind the balancer: the same gate again (the key is checked at the
+    entry and on every replica), plain HTTP on its private address alone, its /health 503 while
+    it drains, its /metrics for replica 0 (replica_site_routes); the admin API on a root-only
+    socket, for graceful reloads."""
+    upstream = f"127.0.0.1:{listen.upstream_port}"
+    proxy = _local_proxy(upstream)
+    if replica.retry_elsewhere:
+        proxy = f"""{DRAINING_BOUNCE}
+			{proxy}"""
+    # Only on the private address: nothing of this listener is on the public interface,
+    # whatever the firewall says. While draining, the balancer's checks fail and it sends no
+    # new request here; the requests already here finish.
+    return _global_options(cfg, listen, listen.admin_socket, replica.port, None) + gate(
+        cfg,
+        site=f"http://:{replica.port}",
+        head=f"\n\tbind {replica.bind}\n",
+        health_proxy=f"""respond @draining "draining: this replica is being updated" 503
+		reverse_proxy {upstream}""",
+        proxy=proxy,
+        routes=replica_site_routes(replica, upstream),
+    )
+
+
+def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
+    """The Caddy balancer's gateway: the public site for `host`, the same gate, in front of the
+    replicas' gateways (balancer.py, the files they join by) instead of a local vLLM; the admin
+    API on a root-only socket, for graceful reloads (replicas joining and leaving, a new
+    Caddyfile)."""
+    https = cfg.access.https
+    head, sni = _certificate(https, host, listen)
+    block = balancer.reverse_proxy(listen.upstreams)
+    return _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni) + gate(
+        cfg,
+        site=host if https else f"http://:{listen.http_port}",
+        head=head,
+        health_proxy=block.replace("\n", "\n\t\t"),
+        proxy=block.replace("\n", "\n\t\t\t"),
+    )
+
+
+def _certificate(https: bool, host: str, listen: Listen) -> tuple[str, str | None]:
+    """What a public site opens with, and its default SNI: for an IP address, the ACME issuer
+    with the IP profile, served to the clients that send no SNI (Caddy gives an IP the ACME
+    issuer only when a policy names one: autohttps.go shouldUseInternal)."""
+    if not (https and is_ip(host)):
+        return "", None
+    profile = f"\n\t\t\tprofile {listen.ip_profile}" if listen.ip_profile else ""
+    return (
+        f"""
 	tls {{
 		issuer acme {{{profile}
 		}}
 	}}
-"""
-    upstream = f"127.0.0.1:{upstream_port}"
-    if upstreams_glob:
-        block = balancer.reverse_proxy(upstreams_glob)
-        proxy = block.replace("\n", "\n\t\t\t")
-        health_proxy = block.replace("\n", "\n\t\t")
-    else:
-        proxy = f"""reverse_proxy {upstream} {{
+""",
+        host,
+    )
+
+
+def _local_proxy(upstream: str) -> str:
+    return f"""reverse_proxy {upstream} {{
 				# Server-sent events go out as they come; no response timeout cuts a long answer.
 				flush_interval -1
 			}}"""
-        health_proxy = f"reverse_proxy {upstream}"
-    length = "{http.request.header.Content-Length}"
-    limit = max_body_bytes(cfg)
-    too_big = f"`{length}.matches('^[0-9]+$') && int({length}) > {limit}`"
-    # CEL strings in single quotes: the phase script carries this text shell-quoted, and
-    # shellcheck reads double-quoted braces there as a mistaken expansion.
-    health = "`{http.request.method} in ['GET', 'HEAD'] && {http.request.uri} == '/health'`"
-    api = f"`{{http.request.uri}}.matches('{_API_URI}')`"
-    key = f"`{{http.request.header.Authorization}} == 'Bearer ' + {{env.{API_KEY_ENV}}}`"
-    replica_routes = ""
-    if replica is not None:
-        # While draining, the balancer's checks fail and it sends no new request here; the
-        # requests already here finish.
-        health_proxy = f"""respond @draining "draining: this replica is being updated" 503
-		{health_proxy}"""
-        replica_routes = replica_site_routes(replica, upstream)
-        if replica.retry_elsewhere:
-            proxy = f"""{DRAINING_BOUNCE}
-			{proxy}"""
+
+
+def _global_options(
+    cfg: StackConfig, listen: Listen, admin_socket: str | None, http_port: int, sni: str | None
+) -> str:
+    """The global options every site shares: no trust store, the ports, the ACME account, the
+    header and idle timeouts, and the admin API (a root-only socket, or off)."""
+    options = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
+    if listen.acme_ca:
+        options += f"\n\tacme_ca {listen.acme_ca}"
+    if listen.acme_ca_root:
+        options += f"\n\tacme_ca_root {listen.acme_ca_root}"
+    if sni:
+        options += f"\n\tdefault_sni {sni}"
     admin = (
         f"""# The admin API on a root-only socket alone: replicas join and leave by graceful reload.
 	admin unix/{admin_socket}"""
@@ -196,7 +227,7 @@ def caddyfile(
 	# Never touch the system trust store (Caddy would add its local CA root to it).
 	skip_install_trust
 	http_port {http_port}
-	https_port {https_port}{options}
+	https_port {listen.https_port}{options}
 	servers {{
 		timeouts {{
 			read_header 30s
@@ -205,7 +236,32 @@ def caddyfile(
 	}}
 }}
 
-{site} {{{site_head}
+"""
+
+
+def gate(
+    cfg: StackConfig, *, site: str, head: str, health_proxy: str, proxy: str, routes: str = ""
+) -> str:
+    """The site block every gateway is: the body limit, `GET /health`, the exact OpenAI routes
+    with the key, and nothing else, key or not.
+
+    Every decision is made on what vLLM will see. Caddy's path matchers clean the path first
+    (case, dot-segments, `//`, percent-encoding, trailing dots), but the proxy forwards the
+    original request URI (FACTS.md, checked later): `GET /metrics/../health` would match `/health`
+    and reach vLLM's metrics app. So the routes match `{http.request.uri}`, the raw request
+    target, against exact paths; anything else (a dot-segment, `//`, an encoded `/` or `.`, a
+    case variant) is refused before it is proxied. The key check compares the whole
+    Authorization field, all its values joined: a second Authorization header fails it (the
+    header matcher passes when any one matches, and vLLM reads the first)."""
+    length = "{http.request.header.Content-Length}"
+    limit = max_body_bytes(cfg)
+    too_big = f"`{length}.matches('^[0-9]+$') && int({length}) > {limit}`"
+    # CEL strings in single quotes: the phase script carries this text shell-quoted, and
+    # shellcheck reads double-quoted braces there as a mistaken expansion.
+    health = "`{http.request.method} in ['GET', 'HEAD'] && {http.request.uri} == '/health'`"
+    api = f"`{{http.request.uri}}.matches('{_API_URI}')`"
+    key = f"`{{http.request.header.Authorization}} == 'Bearer ' + {{env.{API_KEY_ENV}}}`"
+    return f"""{site} {{{head}
 	# A declared length over the limit is refused up front; a chunked body is cut at the limit.
 	@too_big expression {too_big}
 	handle @too_big {{
@@ -221,7 +277,7 @@ def caddyfile(
 	}}
 
 	@api expression {api}
-	@authorized expression {key}{replica_routes}
+	@authorized expression {key}{routes}
 	handle @api {{
 		handle @authorized {{
 			{proxy}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,216 +31,6 @@ def remote_lock_path(cfg: StackConfig) -> str:
     return f"{catalog.LOCKS_DIR}/{cfg.lock_file.name}"
 
 
-def settings(
-    cfg: StackConfig,
-    phase: str,
-    *,
-    hf_token: str = "",
-    reboot_result: Mapping[str, Any] | None = None,
-    api_key: str = "",
-    host: str = "",
-    dns_record: str = "",
-    cache_device: str = "",
-    replica: int | None = None,
-    private_ip: str = "",
-    peers: Sequence[Sequence[str]] = (),
-    metrics_reader: str = "",
-) -> dict[str, Setting]:
-    """The NEMO_* settings each phase script reads (see the header of each script). With
-    replicas (`replica`: which one), the gateway listens on `private_ip` for the balancer,
-    updates drain first, and replica 0's autodown watches the `peers` too (the others' Droplet
-    ids and private addresses, as autodown.Peer); `metrics_reader` (replica 0's private
-    address) is the only source a replica's gateway lets read vLLM's /metrics."""
-    pooled = cfg.pooled
-    site = private_ip if pooled else host
-    min_branch = catalog.min_driver_branch(cfg.vllm.version)
-    cuda = catalog.wheel_cuda(cfg.vllm.version)
-    common: dict[str, dict[str, Setting]] = {
-        "preflight": {
-            "NEMO_OS_RELEASES": " ".join(catalog.OS_RELEASES),
-            "NEMO_DISK_NEED_GB": catalog.VLLM_ENV_DISK_GB + preflight_model_disk_gb(cfg),
-            "NEMO_GPU_COUNT": cfg.size.gpu_count,
-            "NEMO_WAIT_SECONDS": 600,
-            "NEMO_FIRST_BOOTSTRAP_FILE": catalog.FIRST_BOOTSTRAP_FILE,
-        },
-        "driver": {
-            "NEMO_DRIVER_MODE": cfg.bootstrap.driver.mode,
-            "NEMO_DRIVER_BRANCH": cfg.bootstrap.driver.branch,
-            "NEMO_MIN_DRIVER_BRANCH": min_branch,
-            "NEMO_CUDA": cuda,
-            # Ada and Hopper run NVIDIA's open kernel modules (the default since R560).
-            "NEMO_DRIVER_OPEN": True,
-            "NEMO_RUNFILE_URL": cfg.bootstrap.driver.runfile_url or "",
-            "NEMO_RUNFILE_SHA256": cfg.bootstrap.driver.runfile_sha256 or "",
-            # NVSwitch systems: CUDA starts only with Fabric Manager of the driver's version.
-            "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
-        },
-        "cgroup": {"NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode},
-        "cache": {
-            "NEMO_CACHE_DEVICE": cache_device,
-            "NEMO_CACHE_MOUNT": catalog.CACHE_MOUNT,
-            "NEMO_CACHE_LABEL": catalog.CACHE_LABEL,
-            "NEMO_CACHE_BINDS": [f"{folder}:{path}" for folder, path in catalog.CACHE_BINDS],
-            # DigitalOcean attaches in seconds; the device link follows once udev has seen it.
-            "NEMO_CACHE_WAIT_SECONDS": 300,
-            "NEMO_VLLM_UNIT": catalog.VLLM_UNIT,
-            # The size asked for: a new cache.sizeGb re-runs the phase, which grows the
-            # filesystem once DigitalOcean has grown the Volume (its size also triggers a run:
-            # bootstrap.py, the "volume" step, for sizes the plan holds back).
-            "NEMO_CACHE_SIZE_GB": (cfg.cache.size_gb or 0) if cache_device else 0,
-            # Copying a live Droplet's folders in (the cache turned on later), each, within the
-            # phase's 60 minutes.
-            "NEMO_CACHE_COPY_SECONDS": 2400,
-        },
-        "reboot": {"NEMO_REBOOT_DELAY": 5, **drain_settings(cfg)},
-        "reboot-wait": {
-            "NEMO_REBOOTING": bool((reboot_result or {}).get("rebooting", False)),
-            "NEMO_PREVIOUS_BOOT_ID": str((reboot_result or {}).get("boot_id", "")),
-            "NEMO_MIN_DRIVER_BRANCH": min_branch,
-            "NEMO_CUDA": cuda,
-            "NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode,
-            "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
-        },
-        "conda": {
-            "NEMO_CONDA_PREFIX": catalog.CONDA_PREFIX,
-            "NEMO_MINIFORGE_URL": catalog.MINIFORGE_URL,
-            "NEMO_MINIFORGE_SHA256": catalog.MINIFORGE_SHA256,
-            "NEMO_PYTHON": cfg.bootstrap.python,
-            "NEMO_VLLM_BASE_ENV": catalog.VLLM_BASE_ENV,
-            "NEMO_HF_ENV": catalog.HF_ENV,
-        },
-        "vllm": {
-            "NEMO_VLLM_INSTALL": cfg.vllm.install,
-            "NEMO_VLLM_VERSION": cfg.vllm.version,
-            # A new env beside the one the service runs from (never touched); the service
-            # phase switches to it.
-            "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
-            "NEMO_VLLM_MARKER": vllm_service.marker_path(cfg),
-            "NEMO_CONDA_PREFIX": catalog.CONDA_PREFIX,
-            "NEMO_VLLM_BASE_ENV": catalog.VLLM_BASE_ENV,
-            "NEMO_UNIT": catalog.VLLM_UNIT,
-            **vllm_service.env_settings(),
-            "NEMO_LOCK_FILE": remote_lock_path(cfg),
-            "NEMO_LOCK_SHA256": lock_sha256(cfg),
-            "NEMO_VLLM_GIT_URL": catalog.VLLM_GIT_URL,
-            "NEMO_VLLM_GIT_REF": cfg.vllm_git_ref,
-            "NEMO_CUDA": cuda,
-            "NEMO_CUDA_KEYRING_URL": catalog.CUDA_KEYRING_URL.format(distro="ubuntu2404"),
-            "NEMO_CUDA_KEYRING_SHA256": "",
-            "NEMO_RUNTIME_PACKAGES": " ".join(catalog.VLLM_RUNTIME_PACKAGES),
-        },
-        "model": {
-            "NEMO_MODEL_ID": cfg.model.id,
-            "NEMO_MODEL_REVISION": cfg.model.revision,
-            "NEMO_MODEL_DISK_GB": cfg.model_disk_gb,
-            "NEMO_MODEL_MARKER": catalog.MODEL_MARKER,
-            "NEMO_DRAFT_ID": draft_id(cfg),
-            "NEMO_DRAFT_DISK_GB": draft_disk_gb(cfg),
-            "NEMO_HF_ENV": catalog.HF_ENV,
-            "NEMO_HF_HOME": catalog.HF_HOME,
-            "NEMO_HF_ENDPOINT": "",
-            "NEMO_HF_TOKEN": hf_token,
-        },
-        "service": {
-            "NEMO_VLLM_USER": catalog.VLLM_USER,
-            "NEMO_HF_HOME": catalog.HF_HOME,
-            "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
-            "NEMO_UNIT": catalog.VLLM_UNIT,
-            "NEMO_UNIT_TEXT": vllm_service.unit_text(cfg, cached=bool(cache_device)),
-            "NEMO_ENV_TEXT": vllm_service.env_text(api_key, cfg),
-            # What the running service was started from: a change to any of them restarts it.
-            "NEMO_RUNS_FROM": f"{vllm_service.marker_path(cfg)} {catalog.MODEL_MARKER}",
-            # The env the unit runs from (complete: its marker), the others go once the
-            # service runs from it.
-            "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
-            "NEMO_VLLM_MARKER": vllm_service.marker_path(cfg),
-            "NEMO_RUNS_ENV_FILE": vllm_service.RUNS_ENV_FILE,
-            **drain_settings(cfg),
-        },
-        "gateway": {
-            "NEMO_HOST": site,
-            "NEMO_CADDYFILE": (
-                gateway.caddyfile(
-                    cfg,
-                    site,
-                    replica=gateway.ReplicaListener(
-                        site,
-                        # Replica 0's autodown reads every replica's /metrics; none else may.
-                        metrics_reader=metrics_reader,
-                        # Only the Caddy balancer retries a draining replica's 503 elsewhere;
-                        # the managed one is served on through the drain's notice.
-                        retry_elsewhere=cfg.balancer_kind == "caddy",
-                    ),
-                    admin_socket=catalog.CADDY_ADMIN_SOCKET,
-                )
-                if pooled
-                else gateway.caddyfile(cfg, host)
-            ),
-            # A replica's gateway takes a new Caddyfile by graceful reload, as the balancer does.
-            "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(
-                catalog.CADDY_ADMIN_SOCKET if pooled else None
-            ),
-            "NEMO_GATEWAY_ENV_FILE": gateway.GATEWAY_ENV_FILE,
-            "NEMO_GATEWAY_ENV_TEXT": f"{gateway.API_KEY_ENV}={api_key}",
-            "NEMO_CADDY_VERSION": catalog.CADDY_VERSION,
-            "NEMO_CADDY_URL": catalog.CADDY_URL,
-            "NEMO_CADDY_SHA256": catalog.CADDY_SHA256,
-            "NEMO_CADDY_BIN": catalog.CADDY_BIN,
-            "NEMO_CADDY_USER": catalog.CADDY_USER,
-            "NEMO_CADDY_HOME": catalog.CADDY_HOME,
-            "NEMO_CADDY_RELOAD": pooled,
-            "NEMO_UPSTREAMS_DIR": "",
-        },
-        "autodown": {
-            # With replicas, replica 0 watches the set; the others run no rule of their own.
-            "NEMO_AUTODOWN_MODE": (cfg.autodown.mode if not replica else "off"),
-            "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(
-                cfg,
-                "" if pooled else dns_record,
-                [autodown.Peer(*peer) for peer in peers],
-                api_key,
-            ),
-            "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,
-            "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,
-            "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
-            "NEMO_AUTODOWN_TIMER_TEXT": autodown.timer_text(),
-            "NEMO_AUTODOWN_PY": (PHASES_DIR / "autodown.py").read_text(),
-        },
-        "ready": {
-            # Through the gateway, on the Droplet: its real TLS and routes, no DNS needed (a
-            # replica's: its private listener).
-            **(
-                {
-                    "NEMO_PROBE_URL": f"http://{site}:{catalog.REPLICA_PORT}/v1/chat/completions",
-                    "NEMO_PROBE_RESOLVE": f"{site}:{catalog.REPLICA_PORT}:{site}",
-                }
-                if pooled
-                else public_probe(cfg, host, Ports())
-            ),
-            "NEMO_PROBE_CA": "",
-            "NEMO_KEY_VAR": "VLLM_API_KEY",
-            "NEMO_SERVED_NAME": cfg.model.served_name,
-            "NEMO_UNIT": catalog.VLLM_UNIT,
-            "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
-            "NEMO_READY_TIMEOUT": cfg.bootstrap.ready_timeout_minutes * 60,
-            # The gateway's certificate: a refusal that will not pass (a rate limit, a CAA
-            # record) ends the wait at once; one Caddy may still get past (the CA unreachable,
-            # a challenge that failed while DNS catches up) after this long.
-            "NEMO_GATEWAY_UNIT": catalog.CADDY_UNIT,
-            "NEMO_HOST": site,
-            "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https and not pooled else 0,
-            "NEMO_ACME_ISSUERS": 0 if pooled else acme_issuers(cfg, host),
-            # A replica back from an update rejoins the pool before the next one starts.
-            "NEMO_DRAIN_FILE": drain_settings(cfg)["NEMO_DRAIN_FILE"],
-            "NEMO_REJOIN_SECONDS": pool.rejoin_seconds(cfg) if pooled else 0,
-            # Once vLLM answered from the unit's env, the envs before it go.
-            "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
-            **vllm_service.env_settings(),
-        },
-    }
-    return common[phase]
-
-
 @dataclass(frozen=True)
 class Ports:
     """Where a public gateway listens: 80 and 443 on a Droplet. A test that cannot take those
@@ -251,6 +41,375 @@ class Ports:
 
     def api(self, cfg: StackConfig) -> int:
         return self.https if cfg.access.https else self.http
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a phase's settings take besides the config: the values known only at deploy time
+    (secrets, addresses, the reboot's result, the cache Volume's device) and, with replicas,
+    which replica and what it knows of the set. Each phase's row names the ones it reads
+    (phases.py); the rest keep these defaults."""
+
+    hf_token: str = ""
+    reboot_result: Mapping[str, Any] | None = None
+    api_key: str = ""
+    # The name the gateway serves and holds a certificate for (the balancer's: its public one).
+    host: str = ""
+    dns_record: str = ""
+    cache_device: str = ""
+    # With replicas: which one (None: a lone Droplet), its private address, the other
+    # replicas (autodown.Peer: Droplet id, private address), and replica 0's private address,
+    # the only source a replica's gateway lets read vLLM's /metrics.
+    replica: int | None = None
+    private_ip: str = ""
+    peers: Sequence[Sequence[str]] = ()
+    metrics_reader: str = ""
+    # The balancer's member phase: the replica's Droplet (its upstream file is named by it).
+    droplet_id: str = ""
+    # Where a public gateway listens (a test that cannot take 80 and 443 gives its own).
+    ports: Ports = field(default_factory=Ports)
+
+
+def preflight(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {
+        "NEMO_OS_RELEASES": " ".join(catalog.OS_RELEASES),
+        "NEMO_DISK_NEED_GB": catalog.VLLM_ENV_DISK_GB + preflight_model_disk_gb(cfg),
+        "NEMO_GPU_COUNT": cfg.size.gpu_count,
+        "NEMO_WAIT_SECONDS": 600,
+        "NEMO_FIRST_BOOTSTRAP_FILE": catalog.FIRST_BOOTSTRAP_FILE,
+    }
+
+
+def driver(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {
+        "NEMO_DRIVER_MODE": cfg.bootstrap.driver.mode,
+        "NEMO_DRIVER_BRANCH": cfg.bootstrap.driver.branch,
+        "NEMO_MIN_DRIVER_BRANCH": catalog.min_driver_branch(cfg.vllm.version),
+        "NEMO_CUDA": catalog.wheel_cuda(cfg.vllm.version),
+        # Ada and Hopper run NVIDIA's open kernel modules (the default since R560).
+        "NEMO_DRIVER_OPEN": True,
+        "NEMO_RUNFILE_URL": cfg.bootstrap.driver.runfile_url or "",
+        "NEMO_RUNFILE_SHA256": cfg.bootstrap.driver.runfile_sha256 or "",
+        # NVSwitch systems: CUDA starts only with Fabric Manager of the driver's version.
+        "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
+    }
+
+
+def cgroup(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {"NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode}
+
+
+def cache(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {
+        "NEMO_CACHE_DEVICE": i.cache_device,
+        "NEMO_CACHE_MOUNT": catalog.CACHE_MOUNT,
+        "NEMO_CACHE_LABEL": catalog.CACHE_LABEL,
+        "NEMO_CACHE_BINDS": [f"{folder}:{path}" for folder, path in catalog.CACHE_BINDS],
+        # DigitalOcean attaches in seconds; the device link follows once udev has seen it.
+        "NEMO_CACHE_WAIT_SECONDS": 300,
+        "NEMO_VLLM_UNIT": catalog.VLLM_UNIT,
+        # The size asked for: a new cache.sizeGb re-runs the phase, which grows the
+        # filesystem once DigitalOcean has grown the Volume (its size also triggers a run:
+        # bootstrap.py, the "volume" step, for sizes the plan holds back).
+        "NEMO_CACHE_SIZE_GB": (cfg.cache.size_gb or 0) if i.cache_device else 0,
+        # Copying a live Droplet's folders in (the cache turned on later), each, within the
+        # phase's 60 minutes.
+        "NEMO_CACHE_COPY_SECONDS": 2400,
+    }
+
+
+def reboot(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {"NEMO_REBOOT_DELAY": 5, **drain_settings(cfg)}
+
+
+def reboot_wait(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    result = i.reboot_result or {}
+    return {
+        "NEMO_REBOOTING": bool(result.get("rebooting", False)),
+        "NEMO_PREVIOUS_BOOT_ID": str(result.get("boot_id", "")),
+        "NEMO_MIN_DRIVER_BRANCH": catalog.min_driver_branch(cfg.vllm.version),
+        "NEMO_CUDA": catalog.wheel_cuda(cfg.vllm.version),
+        "NEMO_CGROUP_MODE": cfg.bootstrap.cgroup.mode,
+        "NEMO_FABRIC_MANAGER": cfg.size.nvswitch,
+    }
+
+
+def conda(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {
+        "NEMO_CONDA_PREFIX": catalog.CONDA_PREFIX,
+        "NEMO_MINIFORGE_URL": catalog.MINIFORGE_URL,
+        "NEMO_MINIFORGE_SHA256": catalog.MINIFORGE_SHA256,
+        "NEMO_PYTHON": cfg.bootstrap.python,
+        "NEMO_VLLM_BASE_ENV": catalog.VLLM_BASE_ENV,
+        "NEMO_HF_ENV": catalog.HF_ENV,
+    }
+
+
+def vllm(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {
+        "NEMO_VLLM_INSTALL": cfg.vllm.install,
+        "NEMO_VLLM_VERSION": cfg.vllm.version,
+        # A new env beside the one the service runs from (never touched); the service
+        # phase switches to it.
+        "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
+        "NEMO_VLLM_MARKER": vllm_service.marker_path(cfg),
+        "NEMO_CONDA_PREFIX": catalog.CONDA_PREFIX,
+        "NEMO_VLLM_BASE_ENV": catalog.VLLM_BASE_ENV,
+        "NEMO_UNIT": catalog.VLLM_UNIT,
+        **vllm_service.env_settings(),
+        "NEMO_LOCK_FILE": remote_lock_path(cfg),
+        "NEMO_LOCK_SHA256": lock_sha256(cfg),
+        "NEMO_VLLM_GIT_URL": catalog.VLLM_GIT_URL,
+        "NEMO_VLLM_GIT_REF": cfg.vllm_git_ref,
+        "NEMO_CUDA": catalog.wheel_cuda(cfg.vllm.version),
+        "NEMO_CUDA_KEYRING_URL": catalog.CUDA_KEYRING_URL.format(distro="ubuntu2404"),
+        "NEMO_CUDA_KEYRING_SHA256": "",
+        "NEMO_RUNTIME_PACKAGES": " ".join(catalog.VLLM_RUNTIME_PACKAGES),
+    }
+
+
+def model(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {
+        "NEMO_MODEL_ID": cfg.model.id,
+        "NEMO_MODEL_REVISION": cfg.model.revision,
+        "NEMO_MODEL_DISK_GB": cfg.model_disk_gb,
+        "NEMO_MODEL_MARKER": catalog.MODEL_MARKER,
+        "NEMO_DRAFT_ID": draft_id(cfg),
+        "NEMO_DRAFT_DISK_GB": draft_disk_gb(cfg),
+        "NEMO_HF_ENV": catalog.HF_ENV,
+        "NEMO_HF_HOME": catalog.HF_HOME,
+        "NEMO_HF_ENDPOINT": "",
+        "NEMO_HF_TOKEN": i.hf_token,
+    }
+
+
+def service(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {
+        "NEMO_VLLM_USER": catalog.VLLM_USER,
+        "NEMO_HF_HOME": catalog.HF_HOME,
+        "NEMO_ENV_FILE": catalog.VLLM_ENV_FILE,
+        "NEMO_UNIT": catalog.VLLM_UNIT,
+        "NEMO_UNIT_TEXT": vllm_service.unit_text(cfg, cached=bool(i.cache_device)),
+        "NEMO_ENV_TEXT": vllm_service.env_text(i.api_key, cfg),
+        # What the running service was started from: a change to any of them restarts it.
+        "NEMO_RUNS_FROM": f"{vllm_service.marker_path(cfg)} {catalog.MODEL_MARKER}",
+        # The env the unit runs from (complete: its marker), the others go once the
+        # service runs from it.
+        "NEMO_VLLM_ENV": vllm_service.env_path(cfg),
+        "NEMO_VLLM_MARKER": vllm_service.marker_path(cfg),
+        "NEMO_RUNS_ENV_FILE": vllm_service.RUNS_ENV_FILE,
+        **drain_settings(cfg),
+    }
+
+
+def _gateway(
+    cfg: StackConfig,
+    i: Inputs,
+    *,
+    host: str,
+    caddyfile: str,
+    admin_socket: str | None,
+    reload: bool,
+    upstreams_dir: str,
+) -> dict[str, Setting]:
+    """What every gateway phase reads (a lone Droplet's, a replica's, the balancer's): its
+    site's Caddyfile, and the pinned Caddy with its unit and the key's env file."""
+    return {
+        "NEMO_HOST": host,
+        "NEMO_CADDYFILE": caddyfile,
+        "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(admin_socket),
+        "NEMO_GATEWAY_ENV_FILE": gateway.GATEWAY_ENV_FILE,
+        "NEMO_GATEWAY_ENV_TEXT": f"{gateway.API_KEY_ENV}={i.api_key}",
+        "NEMO_CADDY_VERSION": catalog.CADDY_VERSION,
+        "NEMO_CADDY_URL": catalog.CADDY_URL,
+        "NEMO_CADDY_SHA256": catalog.CADDY_SHA256,
+        "NEMO_CADDY_BIN": catalog.CADDY_BIN,
+        "NEMO_CADDY_USER": catalog.CADDY_USER,
+        "NEMO_CADDY_HOME": catalog.CADDY_HOME,
+        # A new Caddyfile must not cut the streams running through a gateway that others
+        # send to (a replica's, the balancer's): reload, never restart, while it runs.
+        "NEMO_CADDY_RELOAD": reload,
+        "NEMO_UPSTREAMS_DIR": upstreams_dir,
+    }
+
+
+def gateway_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    """A GPU Droplet's gateway: a lone Droplet's public site, or a replica's private one."""
+    if not cfg.pooled:
+        return _gateway(
+            cfg,
+            i,
+            host=i.host,
+            caddyfile=gateway.lone_site(cfg, i.host),
+            admin_socket=None,
+            reload=False,
+            upstreams_dir="",
+        )
+    replica_site = gateway.replica_site(
+        cfg,
+        gateway.ReplicaListener(
+            i.private_ip,
+            # Replica 0's autodown reads every replica's /metrics; none else may.
+            metrics_reader=i.metrics_reader,
+            # Only the Caddy balancer retries a draining replica's 503 elsewhere; the managed
+            # one is served on through the drain's notice.
+            retry_elsewhere=cfg.balancer_kind == "caddy",
+        ),
+    )
+    return _gateway(
+        cfg,
+        i,
+        host=i.private_ip,
+        caddyfile=replica_site,
+        admin_socket=catalog.CADDY_ADMIN_SOCKET,
+        reload=True,
+        upstreams_dir="",
+    )
+
+
+def autodown_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    return {
+        # With replicas, replica 0 watches the set; the others run no rule of their own.
+        "NEMO_AUTODOWN_MODE": (cfg.autodown.mode if not i.replica else "off"),
+        "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(
+            cfg,
+            "" if cfg.pooled else i.dns_record,
+            [autodown.Peer(*peer) for peer in i.peers],
+            i.api_key,
+        ),
+        "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,
+        "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,
+        "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
+        "NEMO_AUTODOWN_TIMER_TEXT": autodown.timer_text(),
+        "NEMO_AUTODOWN_PY": (PHASES_DIR / "autodown.py").read_text(),
+    }
+
+
+def _ready(
+    cfg: StackConfig,
+    probe: Mapping[str, Setting],
+    *,
+    host: str,
+    acme_patience: int,
+    acme_issuers: int,
+    drain_file: str,
+    rejoin_seconds: int,
+    vllm_env: str,
+    env_file: str,
+    key_var: str,
+    unit: str,
+) -> dict[str, Setting]:
+    """What every ready phase reads: a chat completion through `probe`, and what it checks
+    while it waits."""
+    return {
+        **probe,
+        "NEMO_PROBE_CA": "",
+        "NEMO_KEY_VAR": key_var,
+        "NEMO_SERVED_NAME": cfg.model.served_name,
+        "NEMO_UNIT": unit,
+        "NEMO_ENV_FILE": env_file,
+        "NEMO_READY_TIMEOUT": cfg.bootstrap.ready_timeout_minutes * 60,
+        # The gateway's certificate: a refusal that will not pass (a rate limit, a CAA
+        # record) ends the wait at once; one Caddy may still get past (the CA unreachable,
+        # a challenge that failed while DNS catches up) after this long.
+        "NEMO_GATEWAY_UNIT": catalog.CADDY_UNIT,
+        "NEMO_HOST": host,
+        "NEMO_ACME_PATIENCE": acme_patience,
+        "NEMO_ACME_ISSUERS": acme_issuers,
+        # A replica back from an update rejoins the pool before the next one starts.
+        "NEMO_DRAIN_FILE": drain_file,
+        "NEMO_REJOIN_SECONDS": rejoin_seconds,
+        # Once vLLM answered from the unit's env, the envs before it go.
+        "NEMO_VLLM_ENV": vllm_env,
+        **vllm_service.env_settings(),
+    }
+
+
+def ready(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    """A GPU Droplet's ready: through its gateway, on the Droplet (its real TLS and routes, no
+    DNS needed; a replica's: its private listener)."""
+    pooled = cfg.pooled
+    site = i.private_ip if pooled else i.host
+    probe = (
+        {
+            "NEMO_PROBE_URL": f"http://{site}:{catalog.REPLICA_PORT}/v1/chat/completions",
+            "NEMO_PROBE_RESOLVE": f"{site}:{catalog.REPLICA_PORT}:{site}",
+        }
+        if pooled
+        else public_probe(cfg, i.host, Ports())
+    )
+    return _ready(
+        cfg,
+        probe,
+        host=site,
+        acme_patience=ACME_PATIENCE_SECONDS if cfg.access.https and not pooled else 0,
+        acme_issuers=0 if pooled else acme_issuers(cfg, i.host),
+        drain_file=drain_settings(cfg)["NEMO_DRAIN_FILE"],  # type: ignore[arg-type]
+        rejoin_seconds=pool.rejoin_seconds(cfg) if pooled else 0,
+        vllm_env=vllm_service.env_path(cfg),
+        env_file=catalog.VLLM_ENV_FILE,
+        key_var="VLLM_API_KEY",
+        unit=catalog.VLLM_UNIT,
+    )
+
+
+# ---- the Caddy balancer's phases -----------------------------------------------------------
+
+
+def balancer_preflight(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    """A CPU host: no GPU, the disk Caddy needs."""
+    return {**preflight(cfg, i), "NEMO_DISK_NEED_GB": 1, "NEMO_GPU_COUNT": 0}
+
+
+def balancer_gateway(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    """The public gate in front of the replicas' upstream files."""
+    listen = gateway.Listen(http_port=i.ports.http, https_port=i.ports.https)
+    site = gateway.balancer_site(cfg, i.host, listen)
+    return _gateway(
+        cfg,
+        i,
+        host=i.host,
+        caddyfile=site,
+        admin_socket=catalog.CADDY_ADMIN_SOCKET,
+        reload=True,
+        upstreams_dir=catalog.BALANCER_UPSTREAMS_DIR,
+    )
+
+
+def balancer_member(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    """One replica in the pool: it enters once ready, and leaves, drained, before it is
+    replaced or removed."""
+    up = pool.upstream(i.private_ip)
+    return {
+        "NEMO_REPLICA": i.replica or 0,
+        "NEMO_UPSTREAM": up.dial,
+        "NEMO_UPSTREAM_FILE": pool.upstream_file(i.replica or 0, i.droplet_id),
+        "NEMO_UPSTREAM_LINE": balancer.upstream_line(up),
+        "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
+        "NEMO_ADMIN_SOCKET": catalog.CADDY_ADMIN_SOCKET,
+        "NEMO_CADDY_UNIT": catalog.CADDY_UNIT,
+        "NEMO_CADDY_BIN": catalog.CADDY_BIN,
+        "NEMO_LEAVE_SECONDS": pool.DRAIN_SECONDS,
+    }
+
+
+def balancer_ready(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    """A chat completion through the balancer's own public entry, as a client sees it (its
+    certificate, with the patience a lone gateway's has for an ACME failure that may pass);
+    the answer comes from a replica, and it drains nothing."""
+    return _ready(
+        cfg,
+        public_probe(cfg, i.host, i.ports),
+        host=i.host,
+        acme_patience=ACME_PATIENCE_SECONDS if cfg.access.https else 0,
+        acme_issuers=acme_issuers(cfg, i.host),
+        drain_file="",
+        rejoin_seconds=0,
+        vllm_env="",
+        env_file=gateway.GATEWAY_ENV_FILE,
+        key_var=gateway.API_KEY_ENV,
+        unit="",
+    )
 
 
 def public_probe(cfg: StackConfig, host: str, ports: Ports) -> dict[str, Setting]:
@@ -287,80 +446,6 @@ def drain_settings(cfg: StackConfig) -> dict[str, Setting]:
         "NEMO_DRAIN_STALL_SECONDS": pool.stall_seconds(cfg),
         "NEMO_METRICS_URL": f"http://127.0.0.1:{catalog.VLLM_PORT}/metrics",
     }
-
-
-def balancer_settings(
-    cfg: StackConfig,
-    phase: str,
-    *,
-    api_key: str = "",
-    host: str = "",
-    replica: int = 0,
-    private_ip: str = "",
-    droplet_id: str = "",
-    ports: Ports = Ports(),
-) -> dict[str, Setting]:
-    """The settings of the Caddy balancer Droplet's phases: preflight (a CPU host), gateway (the
-    public gate in front of the replicas' files), member (one per replica: it enters the pool
-    once ready, and leaves it, drained, before it is replaced or removed), ready (a chat
-    completion through its own public entry, as a client sees it)."""
-    if phase == "preflight":
-        return {
-            **settings(cfg, "preflight"),
-            "NEMO_DISK_NEED_GB": 1,
-            "NEMO_GPU_COUNT": 0,
-        }
-    if phase == "gateway":
-        return {
-            **settings(cfg, "gateway", api_key=api_key, host=host),
-            # The public name it serves (settings() gives a replica's private address).
-            "NEMO_HOST": host,
-            "NEMO_CADDYFILE": gateway.caddyfile(
-                cfg,
-                host,
-                http_port=ports.http,
-                https_port=ports.https,
-                upstreams_glob=f"{catalog.BALANCER_UPSTREAMS_DIR}/*.caddy",
-                admin_socket=catalog.CADDY_ADMIN_SOCKET,
-            ),
-            "NEMO_CADDY_UNIT_TEXT": gateway.caddy_unit(catalog.CADDY_ADMIN_SOCKET),
-            # A new Caddyfile (a body limit, a route) must not cut the streams running
-            # through the balancer: reload, never restart, while it runs.
-            "NEMO_CADDY_RELOAD": True,
-            "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
-        }
-    if phase == "member":
-        up = pool.upstream(private_ip)
-        return {
-            "NEMO_REPLICA": replica,
-            "NEMO_UPSTREAM": up.dial,
-            "NEMO_UPSTREAM_FILE": pool.upstream_file(replica, droplet_id),
-            "NEMO_UPSTREAM_LINE": balancer.upstream_line(up),
-            "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
-            "NEMO_ADMIN_SOCKET": catalog.CADDY_ADMIN_SOCKET,
-            "NEMO_CADDY_UNIT": catalog.CADDY_UNIT,
-            "NEMO_CADDY_BIN": catalog.CADDY_BIN,
-            "NEMO_LEAVE_SECONDS": pool.DRAIN_SECONDS,
-        }
-    if phase == "ready":
-        # A replica's ready probes its private listener; the balancer has none: its probe goes
-        # through its own public entry (its certificate, with the patience a lone gateway's
-        # has for an ACME failure that may pass), and it drains nothing.
-        return {
-            **settings(cfg, "ready", host=host),
-            **public_probe(cfg, host, ports),
-            "NEMO_HOST": host,
-            "NEMO_ACME_PATIENCE": ACME_PATIENCE_SECONDS if cfg.access.https else 0,
-            "NEMO_ACME_ISSUERS": acme_issuers(cfg, host),
-            "NEMO_DRAIN_FILE": "",
-            "NEMO_REJOIN_SECONDS": 0,
-            "NEMO_VLLM_ENV": "",
-            "NEMO_ENV_FILE": gateway.GATEWAY_ENV_FILE,
-            "NEMO_KEY_VAR": gateway.API_KEY_ENV,
-            # No vLLM here: the answer comes from a replica through the balancer.
-            "NEMO_UNIT": "",
-        }
-    raise ValueError(f"the balancer has no phase {phase!r}")
 
 
 # How long ready lets Caddy retry an ACME failure that may pass (certmagic retries after 1, 2, 2,

@@ -68,7 +68,7 @@ def stall_seconds(cfg: StackConfig) -> int:
 def drain_bound_seconds(cfg: StackConfig) -> int:
     """The longest a drain takes (lib.sh drain): the notice, DRAIN_SECONDS, and the last look
     at the metrics that began just before it was up. The phases that drain add it to their
-    bound (bootstrap.phase_minutes)."""
+    bound (phases.minutes)."""
     return notice_seconds(cfg) + DRAIN_SECONDS + METRICS_READ_SECONDS + DRAIN_POLL_SECONDS
 
 

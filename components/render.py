@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from . import autodown, bootstrap, cache, config, entry, gateway, phase_settings
+from . import autodown, cache, config, gateway, phase_settings, phases, remote
+from .schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Droplet's address is known only once it exists; renders name the gateway for this one.
@@ -60,6 +61,29 @@ def _without_secrets(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
+def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str, Any]:
+    """Every deploy-time input a phase may read (Inputs fields), as a render shows it: secrets
+    as placeholders, the addresses from the documentation ranges above. Each phase takes the
+    ones its row names (phases.py)."""
+    values: dict[str, Any] = {
+        "hf_token": phase_settings.SECRET_PLACEHOLDER if has_hf_token else "",
+        "api_key": phase_settings.SECRET_PLACEHOLDER,
+        "host": gateway.hostname(cfg, host_ip),
+        "cache_device": cache.device_path(cfg) if cfg.cache.enabled else "",
+        "reboot_result": {"rebooting": True, "boot_id": "<boot id before the reboot>"},
+        "dns_record": "",
+        "private_ip": PRIVATE_PLACEHOLDER_IPS[0] if cfg.pooled else "",
+        "metrics_reader": "",
+        # Each other replica: its Droplet id (a number, as autodown.py requires) and address.
+        "peers": [
+            autodown.Peer(f"{PLACEHOLDER_DROPLET_ID}{i}", PRIVATE_PLACEHOLDER_IPS[i])
+            for i in range(1, cfg.replicas)
+        ],
+        "droplet_id": "<droplet-id>",
+    }
+    return values
+
+
 def render_stack(stack: str, out: Path, replicas: int | None = None) -> list[Path]:
     raw, secret = stack_raw(stack)
     if replicas is not None:
@@ -67,51 +91,21 @@ def render_stack(stack: str, out: Path, replicas: int | None = None) -> list[Pat
     cfg = config.parse(raw, stack, secret)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    pooled: dict[str, Any] = {}
-    if cfg.pooled:
-        pooled = {
-            "replica": 0,
-            "private_ip": PRIVATE_PLACEHOLDER_IPS[0],
-        }
-    for index, phase in enumerate(bootstrap.PHASES, start=1):
-        name = phase.name
-        extra: dict[str, Any] = {}
-        if name == "model":
-            extra["hf_token"] = phase_settings.SECRET_PLACEHOLDER if "hfToken" in raw else ""
-        if name in ("service", "gateway"):
-            extra["api_key"] = phase_settings.SECRET_PLACEHOLDER
-        if name in ("gateway", "ready"):
-            extra["host"] = gateway.hostname(cfg, HOST_PLACEHOLDER_IP)
-        if name in bootstrap.STATIC_INPUTS and cfg.cache.enabled:
-            extra["cache_device"] = cache.device_path(cfg)
-        if name == "reboot-wait":
-            extra["reboot_result"] = {"rebooting": True, "boot_id": "<boot id before the reboot>"}
-        if pooled and name == "autodown":
-            extra["api_key"] = phase_settings.SECRET_PLACEHOLDER
-            # Each other replica: its Droplet id (a number, as autodown.py requires) and address.
-            extra["peers"] = [
-                autodown.Peer(f"{PLACEHOLDER_DROPLET_ID}{i}", PRIVATE_PLACEHOLDER_IPS[i])
-                for i in range(1, cfg.replicas)
-            ]
-        path = out / f"{index:02d}-{name}.sh"
-        minutes = bootstrap.phase_minutes(cfg, phase)
-        path.write_text(
-            bootstrap.render(name, phase_settings.settings(cfg, name, **extra, **pooled), minutes)
-        )
+    replica = 0 if cfg.pooled else None
+    values = placeholders(cfg, "hfToken" in raw, HOST_PLACEHOLDER_IP)
+    for index, phase in enumerate(phases.BOOTSTRAP, start=1):
+        inputs = {name: values[name] for name in phases.wanted(phase, replica)}
+        settings = phase.settings(cfg, phase_settings.Inputs(**inputs, replica=replica))
+        path = out / f"{index:02d}-{phase.name}.sh"
+        path.write_text(remote.render(phase.name, settings, phases.minutes(cfg, phase)))
         written.append(path)
     if cfg.pooled and cfg.balancer_kind == "caddy":
-        host = gateway.hostname(cfg, RESERVED_PLACEHOLDER_IP)
-        for index, name in enumerate(entry.BALANCER_MINUTES, start=1):
-            path = out / f"balancer-{index}-{name}.sh"
-            settings = phase_settings.balancer_settings(
-                cfg,
-                name,
-                api_key=phase_settings.SECRET_PLACEHOLDER,
-                host=host,
-                private_ip=PRIVATE_PLACEHOLDER_IPS[0],
-                droplet_id="<droplet-id>",
-            )
-            path.write_text(bootstrap.render(name, settings, entry.BALANCER_MINUTES[name]))
+        values = placeholders(cfg, "hfToken" in raw, RESERVED_PLACEHOLDER_IP)
+        for index, phase in enumerate(phases.BALANCER, start=1):
+            inputs = {name: values[name] for name in phase.inputs if name != "replica"}
+            settings = phase.settings(cfg, phase_settings.Inputs(**inputs, replica=0))
+            path = out / f"balancer-{index}-{phase.name}.sh"
+            path.write_text(remote.render(phase.name, settings, phases.minutes(cfg, phase)))
             written.append(path)
     return written
 

@@ -172,13 +172,15 @@ def test_the_gateway_gets_an_ip_certificate_over_http01_and_serves_it_without_sn
     cfg = config.parse(stack_config("dev"), "dev")
     caddyfile = tmp_path / "Caddyfile"
     caddyfile.write_text(
-        gateway.caddyfile(
+        gateway.lone_site(
             cfg,
             GATEWAY_IP,
-            upstream_port=18000,
-            acme_ca=directory,
-            acme_ca_root=str(pebble_cert),
-            ip_profile=None,  # pebble 2.4.0 offers no profiles
+            gateway.Listen(
+                upstream_port=18000,
+                acme_ca=directory,
+                acme_ca_root=str(pebble_cert),
+                ip_profile=None,
+            ),
         )
     )
     caddy_log = tmp_path / "caddy.log"

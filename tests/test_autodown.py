@@ -22,7 +22,7 @@ import loopback
 import pytest
 from pulumi_harness import stack_config
 
-from components import config, phase_settings
+from components import config, phases
 from components.autodown import Peer, env_text, token_scopes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -901,7 +901,7 @@ def test_the_set_rule_renders_on_replica_0_only() -> None:
     raw["autodown"] = {"idleMinutes": 20, "token": TOKEN}
     cfg = config.parse(raw, "dev", frozenset({"autodown"}))
     peers = [Peer(PEER_IDS[0], "10.110.0.3"), Peer(PEER_IDS[1], "10.110.0.4")]
-    first = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=0, peers=peers)
+    first = phases.settings(cfg, "autodown", api_key=PEER_KEY, replica=0, peers=peers)
     text = str(first["NEMO_AUTODOWN_ENV_TEXT"])
     assert first["NEMO_AUTODOWN_MODE"] == "delete"
     assert (
@@ -912,7 +912,7 @@ def test_the_set_rule_renders_on_replica_0_only() -> None:
     assert text.endswith(f"AUTODOWN_PEER_DROPLET_IDS={' '.join(PEER_IDS)}")
     # The endpoint's name is the balancer's: autodown leaves its record alone.
     assert "\nAUTODOWN_DNS_RECORD=\n" in text
-    other = phase_settings.settings(cfg, "autodown", api_key=PEER_KEY, replica=1)
+    other = phases.settings(cfg, "autodown", api_key=PEER_KEY, replica=1)
     assert other["NEMO_AUTODOWN_MODE"] == "off"
 
 

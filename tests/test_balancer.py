@@ -267,12 +267,10 @@ def test_a_draining_replica_gets_no_new_request_across_balancer_reloads(tmp_path
     folder.mkdir()
     http_port = free_port()
     admin = sock_dir / "admin.sock"
-    conf_text = gateway.caddyfile(
+    conf_text = gateway.balancer_site(
         cfg,
         "127.0.0.1",
-        http_port=http_port,
-        upstreams_glob=f"{folder}/*.caddy",
-        admin_socket=str(admin),
+        gateway.Listen(http_port=http_port, upstreams=f"{folder}/*.caddy", admin_socket=str(admin)),
     )
     base = f"http://127.0.0.1:{http_port}"
 

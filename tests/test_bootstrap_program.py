@@ -22,7 +22,7 @@ from pulumi_harness import (
 )
 from test_program import HF_TOKEN, dev
 
-from components import bootstrap, config, phase_settings, schema, vllm_service
+from components import bootstrap, config, phase_settings, phases, schema, vllm_service
 
 COMMAND = "command:remote:Command"
 # The overlap: the cache, conda, the vLLM env and the weights download beside the driver
@@ -101,7 +101,7 @@ def test_fixed_runner_script_on_stdin_no_environment_and_bounded_time() -> None:
     run = run_program(stack_config("dev"))
     for name, reg in commands(run).items():
         minutes = (
-            30 if name == "ready" else next(p.minutes for p in bootstrap.PHASES if p.name == name)
+            30 if name == "ready" else next(p.minutes for p in phases.BOOTSTRAP if p.name == name)
         )
         # The phase bounds itself on the Droplet: custom timeouts only bound the SSH dial.
         assert (
@@ -359,7 +359,7 @@ def test_autodown_token_in_plain_text_is_refused() -> None:
 def test_the_timeline_output_carries_each_phases_times_and_what_it_waited_for() -> None:
     run = run_program(stack_config("dev"))
     timeline = run.outputs["bootstrapTimeline"].value
-    assert list(timeline) == list(bootstrap.PHASE_NAMES)
+    assert list(timeline) == list(phases.PHASE_NAMES)
     assert timeline["preflight"] == {
         "start": 1_000_000_000.0, "end": 1_000_000_001.5, "seconds": 1.5, "after": [],
     }  # fmt: skip
@@ -371,6 +371,6 @@ def test_the_timeline_output_carries_each_phases_times_and_what_it_waited_for() 
 
 def test_the_timeline_keeps_results_of_earlier_versions_without_times() -> None:
     old = {"phase": "model", "changed": False, "seconds": 2.0, "boot_id": "b", "run": "r"}
-    stdouts = {name: json.dumps(old | {"phase": name}) for name in bootstrap.PHASE_NAMES}
+    stdouts = {name: json.dumps(old | {"phase": name}) for name in phases.PHASE_NAMES}
     timeline = bootstrap.timeline(stdouts)
     assert timeline["model"] == {"start": None, "end": None, "seconds": 2.0, "after": ["conda"]}

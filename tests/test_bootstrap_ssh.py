@@ -18,7 +18,7 @@ from sandbox import Downloads, Sandbox, free_port
 from stack.net import sshd_config
 from test_phases import Phases, service_pid, unit_env, use_new_locks, vllm_envs, vllm_lock
 
-from components import bootstrap, phase_settings
+from components import bootstrap, phase_settings, phases, remote
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(
@@ -102,7 +102,7 @@ class Droplet:
         self, script: str, wait_for_ssh: bool = False
     ) -> subprocess.CompletedProcess[str]:
         """`bash -s` with the script on stdin; dial until SSH answers when asked (-1 dials)."""
-        argv = self.ssh_argv("root@127.0.0.1", bootstrap.RUNNER)
+        argv = self.ssh_argv("root@127.0.0.1", remote.RUNNER)
         deadline = time.monotonic() + 60
         while True:
             proc = subprocess.run(
@@ -144,17 +144,15 @@ def droplet(tmp_path: Path) -> Iterator[Droplet]:
 
 
 def run_bootstrap(droplet: Droplet, p: Phases, cache_device: str = "") -> dict[str, dict[str, Any]]:
-    """All phases in the program's order (bootstrap.PHASES), the ones that overlap side by side,
+    """All phases in the program's order (phases.BOOTSTRAP), the ones that overlap side by side,
     as `pulumi up` runs them."""
     results: dict[str, dict[str, Any]] = {}
 
     def phase(name: str, **kwargs: Any) -> dict[str, Any]:
-        spec = next(ph for ph in bootstrap.PHASES if ph.name == name)
-        if name in bootstrap.STATIC_INPUTS:
+        spec = next(ph for ph in phases.BOOTSTRAP if ph.name == name)
+        if "cache_device" in spec.inputs:
             kwargs["cache_device"] = cache_device
-        proc = droplet.run_phase(
-            bootstrap.render(name, p.settings(name, **kwargs)), spec.wait_for_ssh
-        )
+        proc = droplet.run_phase(remote.render(name, p.settings(name, **kwargs)), spec.wait_for_ssh)
         assert proc.returncode == 0, f"{name}: {proc.stderr}"
         results[name] = bootstrap.parse_result(proc.stdout)
         return results[name]
@@ -226,7 +224,7 @@ def test_the_whole_bootstrap_over_ssh_with_one_reboot_then_a_second_up_changes_n
         second = run_bootstrap(droplet, p, device)
         assert second["rebooted"]["done"] is False, "never a second reboot"
         assert droplet.box.boot_id == boot
-        for name in bootstrap.PHASE_NAMES:
+        for name in phases.PHASE_NAMES:
             assert second[name]["changed"] is False, name
     finally:
         downloads.close()
@@ -267,7 +265,7 @@ def test_a_failed_phase_over_ssh_shows_phase_step_and_fix(droplet: Droplet, tmp_
         droplet.box.set_gpus(0)
         p = Phases(droplet.box, downloads)
         proc = droplet.run_phase(
-            bootstrap.render("preflight", p.settings("preflight")), wait_for_ssh=True
+            remote.render("preflight", p.settings("preflight")), wait_for_ssh=True
         )
         assert proc.returncode == 1
         assert "[preflight] FAILED at step gpu: no NVIDIA GPU on the PCI bus" in proc.stderr

@@ -11,7 +11,7 @@ import pytest
 from pulumi_harness import run_program, stack_config
 from test_program import merged
 
-from components import catalog, config, phase_settings, vllm_service
+from components import catalog, config, phases, vllm_service
 from components.config import ConfigError
 
 SUPER_FP8 = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8"
@@ -60,8 +60,8 @@ def test_each_model_on_each_size_plans_with_its_flags_or_is_refused_with_the_siz
     start = args.index(known.vllm_flags[0])
     assert tuple(args[start : start + len(known.vllm_flags)]) == known.vllm_flags
     # 8-GPU (NVSwitch) sizes: Fabric Manager in the driver phase and its check after the reboot.
-    assert phase_settings.settings(cfg, "driver")["NEMO_FABRIC_MANAGER"] is gpu.nvswitch
-    assert phase_settings.settings(cfg, "reboot-wait")["NEMO_FABRIC_MANAGER"] is gpu.nvswitch
+    assert phases.settings(cfg, "driver")["NEMO_FABRIC_MANAGER"] is gpu.nvswitch
+    assert phases.settings(cfg, "reboot-wait")["NEMO_FABRIC_MANAGER"] is gpu.nvswitch
 
 
 def test_the_family_tool_and_reasoning_parsers_come_from_the_recipes() -> None:
@@ -193,10 +193,10 @@ def test_a_draft_trained_for_the_model_is_rendered_and_downloaded_beside_it() ->
     )
     spec = json.loads(flag(vllm_service.serve_args(cfg), "--speculative-config"))
     assert spec == {"method": "dflash", "model": SUPER_DRAFT, "num_speculative_tokens": 4}
-    model = phase_settings.settings(cfg, "model")
+    model = phases.settings(cfg, "model")
     assert model["NEMO_DRAFT_ID"] == SUPER_DRAFT and model["NEMO_DRAFT_DISK_GB"] == 10
     # No draft: the model phase downloads the weights alone.
-    plain = phase_settings.settings(parse(SUPER_FP8, "gpu-h100x8-640gb"), "model")
+    plain = phases.settings(parse(SUPER_FP8, "gpu-h100x8-640gb"), "model")
     assert plain["NEMO_DRAFT_ID"] == "" and plain["NEMO_DRAFT_DISK_GB"] == 0
 
 

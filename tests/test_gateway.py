@@ -3,6 +3,7 @@ front of the fake OpenAI-compatible upstream: key, route allowlist, streaming, b
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import itertools
 import json
@@ -97,25 +98,20 @@ def start_gateway(
     upstream_port = int(upstream.rsplit(":", 1)[1].split("/", maxsplit=1)[0]) if upstream else 0
     http_port, https_port = free_port(), free_port()
     conf = tmp_path / "Caddyfile"
-    # The balancer as deployed: one file per replica in a folder its Caddyfile imports.
-    glob = None
+    # "localhost" makes Caddy use its own local CA instead of a public one: same config path.
+    listen = gateway.Listen(
+        upstream_port=upstream_port, http_port=http_port, https_port=https_port, admin_socket=None
+    )
     if upstreams:
+        # The balancer as deployed: one file per replica in a folder its Caddyfile imports.
         folder = tmp_path / "upstreams"
         folder.mkdir()
         for i, up in enumerate(upstreams):
             (folder / f"replica-{i}.caddy").write_text(balancer.upstream_line(up) + "\n")
-        glob = f"{folder}/*.caddy"
-    # "localhost" makes Caddy use its own local CA instead of a public one: same config path.
-    conf.write_text(
-        gateway.caddyfile(
-            cfg,
-            "localhost",
-            upstream_port=upstream_port,
-            http_port=http_port,
-            https_port=https_port,
-            upstreams_glob=glob,
-        )
-    )
+        listen = dataclasses.replace(listen, upstreams=f"{folder}/*.caddy")
+        conf.write_text(gateway.balancer_site(cfg, "localhost", listen))
+    else:
+        conf.write_text(gateway.lone_site(cfg, "localhost", listen))
     data = tmp_path / "data"
     log = tmp_path / "caddy.log"
     proc = spawn_caddy(tmp_path, conf)
@@ -297,7 +293,7 @@ def test_the_ip_certificate_config_is_what_caddy_runs(tmp_path: Path) -> None:
     `shortlived` profile for the address (the only way it issues IP certificates), and the
     certificate served to a handshake without SNI, as a client connecting to an IP sends."""
     cfg = config.parse(stack_config("dev"), "dev")
-    adapted, _ = adapt(tmp_path, gateway.caddyfile(cfg, "203.0.113.10"))
+    adapted, _ = adapt(tmp_path, gateway.lone_site(cfg, "203.0.113.10"))
     [policy] = adapted["apps"]["tls"]["automation"]["policies"]
     assert policy["subjects"] == ["203.0.113.10"]
     [issuer] = policy["issuers"]
@@ -314,7 +310,7 @@ def test_a_named_endpoint_keeps_caddys_two_default_cas(tmp_path: Path) -> None:
     raw = stack_config("dev")
     raw["access"] = {**raw["access"], "domain": "llm.example.com", "acmeEmail": "o@example.com"}
     cfg = config.parse(raw, "dev")
-    adapted, text = adapt(tmp_path, gateway.caddyfile(cfg, "llm.example.com"))
+    adapted, text = adapt(tmp_path, gateway.lone_site(cfg, "llm.example.com"))
     assert "default_sni" not in text
     [policy] = adapted["apps"]["tls"]["automation"]["policies"]
     assert policy["subjects"] == ["llm.example.com"]
@@ -358,7 +354,9 @@ def replica_gateway(
     raw["replicas"] = 2
     raw["access"] = {**raw["access"], "https": https}
     cfg = config.parse(raw, "dev")
-    text = gateway.caddyfile(cfg, listener.bind, upstream_port=upstream_port, replica=listener)
+    text = gateway.replica_site(
+        cfg, listener, gateway.Listen(upstream_port=upstream_port, admin_socket=None)
+    )
     url = f"http://{listener.bind}:{listener.port}"
     for _ in run_caddy(folder, text, f"{url}/health"):
         yield url
@@ -394,10 +392,10 @@ def test_a_replicas_metrics_answer_replica_0_alone_even_to_the_key(tmp_path: Pat
             assert get_from(other, url, "/metrics", key=None)[0] == 403
             assert get_from(other, url, "/v1/models")[0] == 200, "the API is not restricted"
     # Rendered without a reader (none known), nobody reads them.
-    assert "@metrics_reader expression false" in gateway.caddyfile(
+    assert "@metrics_reader expression false" in gateway.replica_site(
         config.parse({**stack_config("dev"), "replicas": 2}, "dev"),
-        "10.0.0.3",
-        replica=gateway.ReplicaListener("10.0.0.3"),
+        gateway.ReplicaListener("10.0.0.3"),
+        gateway.Listen(admin_socket=None),
     )
 
 
@@ -430,3 +428,41 @@ def test_a_draining_replica_turns_new_requests_away_only_for_a_balancer_that_ret
                 assert r.status_code == 200 and balancer.DRAINING_HEADER not in r.headers
             assert get_from(own, url, "/v1/models")[0] == 200, "the ready probe passes"
             assert get_from(balancer_source, url, "/v1/models", key="wrong")[0] == 401
+
+
+# ---- the three sites as rendered, held to golden files ------------------------------------------
+
+GOLDEN_SITES = Path(__file__).resolve().parent / "golden" / "caddyfiles"
+
+
+def golden_sites() -> dict[str, str]:
+    """Each site as a Droplet gets it (the dev stack's settings): the lone Droplet's for its IP
+    address and for a domain, a replica's private one (replica 0 reads the metrics), the
+    balancer's."""
+    dev = stack_config("dev")
+    lone = config.parse(dev, "dev")
+    named = config.parse(
+        {**dev, "access": {**dev["access"], "domain": "llm.example.com",
+                           "acmeEmail": "ops@example.com"}}, "dev",
+    )  # fmt: skip
+    pooled = config.parse({**dev, "replicas": 2}, "dev")
+    listener = gateway.ReplicaListener("10.110.0.3", metrics_reader="10.110.0.2",
+                                       retry_elsewhere=True)  # fmt: skip
+    return {
+        "lone-ip": gateway.lone_site(lone, "203.0.113.10"),
+        "lone-domain": gateway.lone_site(named, "llm.example.com"),
+        "replica": gateway.replica_site(pooled, listener),
+        "balancer": gateway.balancer_site(pooled, "203.0.113.201"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(golden_sites()))
+def test_each_site_is_its_golden_caddyfile(name: str, update_golden: bool) -> None:
+    """The security gate, read whole in review: a change to a site shows as a diff of
+    tests/golden/caddyfiles/ (`./check --update-golden` rewrites them)."""
+    text = golden_sites()[name]
+    path = GOLDEN_SITES / f"{name}.caddyfile"
+    if update_golden:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{name}: differs from {path}"

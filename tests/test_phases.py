@@ -20,7 +20,16 @@ from fake_acme import RefusingCA
 from pulumi_harness import stack_config
 from sandbox import CADDY, FAKES, Downloads, PhaseRun, Sandbox, caddy_release_tarball
 
-from components import bootstrap, catalog, config, gateway, phase_settings, schema, vllm_service
+from components import (
+    catalog,
+    config,
+    gateway,
+    phase_settings,
+    phases,
+    remote,
+    schema,
+    vllm_service,
+)
 from components.render import render_stack
 
 pytestmark = pytest.mark.skipif(
@@ -77,7 +86,7 @@ class Phases:
             kwargs.setdefault("api_key", API_KEY)
         if phase in ("gateway", "ready"):
             kwargs.setdefault("host", "localhost")
-        s = dict(phase_settings.settings(self.cfg, phase, **kwargs))
+        s = dict(phases.settings(self.cfg, phase, **kwargs))
         s["NEMO_RETRY_DELAY"] = 0
         test_values = {
             "preflight": {"NEMO_WAIT_SECONDS": 5},
@@ -88,12 +97,14 @@ class Phases:
             "model": {"NEMO_HF_ENDPOINT": self.downloads.url},
             # The gateway on free ports, for "localhost" (Caddy's own CA instead of a public one).
             "gateway": {
-                "NEMO_CADDYFILE": gateway.caddyfile(
+                "NEMO_CADDYFILE": gateway.lone_site(
                     self.cfg,
                     "localhost",
-                    upstream_port=self.box.vllm_port,
-                    http_port=self.box.http_port,
-                    https_port=self.box.https_port,
+                    gateway.Listen(
+                        upstream_port=self.box.vllm_port,
+                        http_port=self.box.http_port,
+                        https_port=self.box.https_port,
+                    ),
                 ),
                 "NEMO_CADDY_URL": self.caddy_url,
             },
@@ -113,7 +124,7 @@ class Phases:
         return s
 
     def run(self, phase: str, **kwargs: Any) -> PhaseRun:
-        return self.box.run(bootstrap.render(phase, self.settings(phase, **kwargs)))
+        return self.box.run(remote.render(phase, self.settings(phase, **kwargs)))
 
     def ok(self, phase: str, **kwargs: Any) -> dict[str, Any]:
         run = self.run(phase, **kwargs)
@@ -229,7 +240,7 @@ def test_the_driver_and_the_vllm_env_install_side_by_side(
     p.ok("conda")
     # One entry into the sandbox (its overlays allow one at a time), both phases inside it.
     for name in ("driver", "vllm"):
-        box.file(f"/root/{name}.sh", bootstrap.render(name, p.settings(name)))
+        box.file(f"/root/{name}.sh", remote.render(name, p.settings(name)))
     both = (
         "bash /root/driver.sh >/root/driver.out 2>/root/driver.err & "
         "bash /root/vllm.sh >/root/vllm.out 2>/root/vllm.err & "
@@ -1067,7 +1078,7 @@ def test_a_phase_stops_at_its_bound_and_names_the_step(box: Sandbox, downloads: 
     p = Phases(box, downloads)
     p.ok("conda")
     box.hw("hf_hang", "1")
-    script = bootstrap.render("model", p.settings("model"), minutes=1)
+    script = remote.render("model", p.settings("model"), minutes=1)
     started = time.monotonic()
     run = box.run(script, inner="timeout --kill-after=5 3 bash -s", timeout=60)
     assert time.monotonic() - started < 20
@@ -1111,13 +1122,15 @@ def named_gateway(
     p = prepared(box, downloads)
     p.ok("service")
     p.extra["gateway"] = {
-        "NEMO_CADDYFILE": gateway.caddyfile(
+        "NEMO_CADDYFILE": gateway.lone_site(
             p.cfg,
             NAMED_HOST,
-            upstream_port=box.vllm_port,
-            http_port=box.http_port,
-            https_port=box.https_port,
-            acme_ca=acme_ca,
+            gateway.Listen(
+                upstream_port=box.vllm_port,
+                http_port=box.http_port,
+                https_port=box.https_port,
+                acme_ca=acme_ca,
+            ),
         )
     }
     p.ok("gateway", host=NAMED_HOST)
@@ -1205,7 +1218,7 @@ def test_a_lets_encrypt_rate_limit_is_not_final_while_zerossl_may_issue(
     raw = stack_config("dev")
     raw["access"] = {**raw["access"], "domain": "llm.example.com", "acmeEmail": "ops@example.com"}
     p.cfg = config.parse(raw, "dev", frozenset({"autodown"}))
-    rendered = phase_settings.settings(p.cfg, "ready", host="llm.example.com")
+    rendered = phases.settings(p.cfg, "ready", host="llm.example.com")
     assert rendered["NEMO_ACME_ISSUERS"] == 2
     lines = [certmagic_failure(LETS_ENCRYPT, "rateLimited", "too many certificates (5)")]
     if zerossl_refuses:

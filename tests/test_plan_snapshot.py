@@ -20,7 +20,7 @@ from pulumi_harness import Registration, run_program, stack_config
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "plans"
-AUTODOWN_TOKEN = "dop_v1_PLANsnapshotTOKEN0000000000000000"  # noqa: S105 (a made-up token)
+AUTODOWN_TOKEN = "dop_v1_PLANsnapshotTOKEN0000000000000000"
 
 
 def _dev(**changes: Any) -> dict[str, Any]:

@@ -15,7 +15,15 @@ from sandbox import Downloads, PhaseRun, Sandbox, free_port
 from test_balancer import replica as fake_replica
 from test_phases import API_KEY, Phases, box, prepared
 
-from components import bootstrap, catalog, config, entry, gateway, phase_settings, pool
+from components import (
+    catalog,
+    config,
+    gateway,
+    phase_settings,
+    phases,
+    pool,
+    remote,
+)
 
 __all__ = ["box"]  # the fixture, used by name
 
@@ -36,12 +44,10 @@ def replica(box: Sandbox, downloads: Downloads) -> tuple[Phases, str]:
     )
     p.extra["gateway"] = {
         "NEMO_HOST": "127.0.0.1",
-        "NEMO_CADDYFILE": gateway.caddyfile(
+        "NEMO_CADDYFILE": gateway.replica_site(
             p.cfg,
-            "127.0.0.1",
-            upstream_port=box.vllm_port,
-            replica=listener,
-            admin_socket=catalog.CADDY_ADMIN_SOCKET,
+            listener,
+            gateway.Listen(upstream_port=box.vllm_port, admin_socket=catalog.CADDY_ADMIN_SOCKET),
         ),
     }
     p.extra["service"] = {
@@ -65,7 +71,7 @@ def test_the_balancers_ready_probes_its_own_public_entry_with_acme_patience() ->
     raw["replicas"] = 2
     cfg = config.parse(raw, "dev")
     host = "203-0-113-201.sslip.io"
-    ready = phase_settings.balancer_settings(cfg, "ready", api_key=API_KEY, host=host)
+    ready = phases.balancer_settings(cfg, "ready", api_key=API_KEY, host=host)
     assert ready["NEMO_PROBE_URL"] == f"https://{host}/v1/chat/completions"
     assert ready["NEMO_PROBE_RESOLVE"] == f"{host}:443:127.0.0.1"
     assert ready["NEMO_HOST"] == host
@@ -73,7 +79,7 @@ def test_the_balancers_ready_probes_its_own_public_entry_with_acme_patience() ->
     assert ready["NEMO_DRAIN_FILE"] == "" and ready["NEMO_REJOIN_SECONDS"] == 0
     assert ready["NEMO_UNIT"] == "" and ready["NEMO_ENV_FILE"] == gateway.GATEWAY_ENV_FILE
     plain = config.parse({**raw, "access": {**raw["access"], "https": False}}, "dev")
-    probe = phase_settings.balancer_settings(plain, "ready", api_key=API_KEY, host="203.0.113.201")
+    probe = phases.balancer_settings(plain, "ready", api_key=API_KEY, host="203.0.113.201")
     assert probe["NEMO_PROBE_URL"] == "http://203.0.113.201/v1/chat/completions"
     assert probe["NEMO_ACME_PATIENCE"] == 0
 
@@ -109,7 +115,7 @@ def test_replica_settings_listen_privately_and_drain() -> None:
 
 def phase_settings_for(cfg: config.StackConfig, phase: str) -> dict[str, Any]:
     return dict(
-        phase_settings.settings(
+        phases.settings(
             cfg,
             phase,
             api_key=API_KEY,
@@ -202,7 +208,7 @@ class Balancer:
         # both the Caddyfile and ready's probe are rendered from, which stay as rendered.
         ports = phase_settings.Ports(http=self.box.http_port, https=self.box.https_port)
         s = dict(
-            phase_settings.balancer_settings(
+            phases.balancer_settings(
                 self.cfg, phase, api_key=API_KEY, host="127.0.0.1", ports=ports, **kwargs
             )
         )
@@ -214,7 +220,7 @@ class Balancer:
         return s
 
     def run(self, phase: str, inner: str = "bash -s", **kwargs: Any) -> PhaseRun:
-        script = bootstrap.render(phase, self.settings(phase, **kwargs))
+        script = remote.render(phase, self.settings(phase, **kwargs))
         return self.box.run(script, inner=inner)
 
     def join(self, index: int, port: int, leave: bool = False) -> PhaseRun:
@@ -224,7 +230,7 @@ class Balancer:
         s["NEMO_UPSTREAM_FILE"] = f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-{index}-{port}.caddy"
         # The Command's delete runs the stored script with NEMO_ACTION=leave (entry.py).
         inner = "NEMO_ACTION=leave timeout 60 bash -s" if leave else "bash -s"
-        return self.box.run(bootstrap.render("member", s), inner=inner)
+        return self.box.run(remote.render("member", s), inner=inner)
 
 
 def test_the_balancer_joins_replicas_reloads_gracefully_and_drains_one_that_leaves(
@@ -382,25 +388,25 @@ def test_every_phase_bound_holds_what_it_waits_for() -> None:
     """A bound shorter than a wait inside it stops the phase mid-wait on every run: the reboot
     phase (5 minutes) was stopped in a drain of up to 10."""
     for cfg in configs():
-        for phase in bootstrap.PHASES:
+        for phase in phases.BOOTSTRAP:
             if phase.name not in WAITS:
                 continue
             s = phase_settings_for(cfg, phase.name) if cfg.pooled else dict(
-                phase_settings.settings(cfg, phase.name, api_key=API_KEY, host="203.0.113.9")
+                phases.settings(cfg, phase.name, api_key=API_KEY, host="203.0.113.9")
             )  # fmt: skip
             keys = WAITS[phase.name]
             if "NEMO_DRAIN_FILE" in s and not s["NEMO_DRAIN_FILE"]:
                 keys = ()  # a lone Droplet drains nothing
             waits = sum(int(s[key]) for key in keys)
             need = waits + OVERSHOOT.get(phase.name, 0) + OWN_WORK_SECONDS
-            bound = bootstrap.phase_minutes(cfg, phase) * 60
+            bound = phases.minutes(cfg, phase) * 60
             assert bound >= need, (cfg.replicas, phase.name, bound, need)
             if phase.drains and cfg.pooled:
                 assert bound >= pool.drain_bound_seconds(cfg) + 60 * phase.minutes
     # The balancer's member leaving waits for a replica's requests in flight.
-    member = phase_settings.balancer_settings(configs()[1], "member", private_ip="10.110.0.3")
+    member = phases.balancer_settings(configs()[1], "member", private_ip="10.110.0.3")
     leave = int(member["NEMO_LEAVE_SECONDS"]) + 7 + OWN_WORK_SECONDS
-    assert leave <= entry.LEAVE_MINUTES * 60
+    assert leave <= phases.LEAVE_MINUTES * 60
     # The drain's bound counts lib.sh's own look and pause.
     lib = (phase_settings.PHASES_DIR / "lib.sh").read_text()
     assert re.search(rf"^METRICS_READ_SECONDS={pool.METRICS_READ_SECONDS}$", lib, re.M)
@@ -445,7 +451,7 @@ def test_a_drain_ends_on_stuck_gauges_and_a_stopped_drain_ends_itself(
     reasons.mkdir(parents=True, exist_ok=True)
     (reasons / "driver").write_text("driver 580 installed\n")
     drain_file = box.run_dir / pool.drain_file().removeprefix("/run/")
-    script = bootstrap.render("reboot", p.settings("reboot"), minutes=1)
+    script = remote.render("reboot", p.settings("reboot"), minutes=1)
     assert "NEMO_DRAIN_SECONDS=600" in script
 
     # Stopped mid-drain (the runner's TERM at the bound; 3 s here, the stall window is 60 s).

@@ -28,7 +28,7 @@ from pulumi_harness import (
     stack_config,
 )
 
-from components import bootstrap, catalog, cidrs
+from components import catalog, cidrs, phases
 from components.config import ConfigError
 
 DROPLET = "digitalocean:index/droplet:Droplet"
@@ -516,7 +516,7 @@ def test_secrets_appear_only_as_secrets(given_key: bool) -> None:
 def test_every_remote_connection_pins_the_host_key() -> None:
     run = run_program(stack_config("dev"))
     remote = [r for r in run.registrations if r.type.startswith("command:remote:")]
-    assert len(remote) == len(bootstrap.PHASES) + 1  # the phases and the lock copy
+    assert len(remote) == len(phases.BOOTSTRAP) + 1  # the phases and the lock copy
     for reg in remote:
         assert reg.inputs["connection"]["hostKey"] == FAKE_HOST_PUBLIC_KEY, reg.name
 

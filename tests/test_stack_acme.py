@@ -394,11 +394,7 @@ def test_caddy_gets_and_serves_a_shortlived_ip_certificate_for_the_gateway(
     try:
         cfg = config.parse(stack_config("dev"), "dev")
         # The program's own gateway Caddyfile (profile shortlived, default_sni), on loopback.
-        text = gateway.caddyfile(
-            cfg, "127.0.0.1", upstream_port=free_port(), http_port=http_port,
-            https_port=https_port, acme_ca=ca.directory,
-            acme_ca_root=str(ca.write_root(tmp_path / "root.pem")),
-        )  # fmt: skip
+        text = gateway.lone_site(cfg, "127.0.0.1", gateway.Listen(upstream_port=free_port(), http_port=http_port, https_port=https_port, acme_ca=ca.directory, acme_ca_root=str(ca.write_root(tmp_path / "root.pem"))))  # fmt: skip
         assert "profile shortlived" in text
         log = run_caddy(text)
         trust = ssl.create_default_context(cadata=ca.root_pem)

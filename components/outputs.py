@@ -1,0 +1,199 @@
+"""Every stack output, in one place: what each says and where it comes from. `export()` is the
+list a user reads in `pulumi stack output`; the functions under it shape the ones made of
+several parts (the set's price, each replica, the entry, each cache).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from . import balancer, cache, catalog, gateway
+from .droplet import REPLACEMENT_NOTE, ssh_command
+from .endpoint import Endpoint
+from .schema import StackConfig
+from .site import Site
+
+
+def export(cfg: StackConfig, site: Site, built: Endpoint, api_key: pulumi.Output[str]) -> None:
+    """The stack's outputs (names are a contract: README "Outputs"), and what `pulumi up` warns."""
+    first, hostname = built.gpus[0], built.hostname
+    plans, placement = site.cache_plans, site.placement
+    pulumi.export("endpoint", hostname.apply(lambda host: gateway.endpoint(cfg, host)))
+    pulumi.export("endpointTls", cfg.access.https)
+    pulumi.export("certificate", hostname.apply(lambda host: certificate(cfg, host)))
+    pulumi.export("apiKey", api_key)
+    pulumi.export("servedModelName", cfg.model.served_name)
+    pulumi.export("ipv4", first.ipv4)
+    pulumi.export("region", placement.region)
+    pulumi.export("size", cfg.droplet.size)
+    pulumi.export("placement", placement.reason)
+    pulumi.export("hourlyPriceUsd", set_hourly_price(cfg, placement.price_hourly, site.caddy_price))
+    pulumi.export("dropletReplacement", replacement_note(cfg, REPLACEMENT_NOTE))
+    pulumi.export("cache", cache_output(cfg, plans, built, 0))
+    pulumi.export("cacheMonthlyPriceUsd", round(sum(p.monthly_price_usd for p in plans), 2))
+    pulumi.export(
+        "sshCommand",
+        pulumi.Output.all(first.ipv4, first.host_public_key).apply(
+            lambda v: ssh_command(cfg.stack, v[0], v[1])
+        ),
+    )
+    pulumi.export("sshHostPublicKey", first.host_public_key)
+    pulumi.export("sshPrivateKey", first.private_key_openssh)
+    pulumi.export("bootstrapSeconds", built.bootstraps[0].seconds)
+    pulumi.export("bootstrapTimeline", built.bootstraps[0].timeline)
+    pulumi.export(
+        "autodown",
+        {
+            "mode": cfg.autodown.mode,
+            "idleMinutes": cfg.autodown.idle_minutes,
+            "maxHours": cfg.autodown.max_hours,
+        },
+    )
+    if cfg.pooled:
+        pulumi.export("replicas", replicas(cfg, plans, built))
+        pulumi.export("balancer", balancer_output(cfg, built, site.caddy_price))
+    if cfg.autodown.enabled and cfg.autodown.token is None:
+        pulumi.log.warn(
+            "autodown runs as a dry run (logs only) until it has a token that may delete "
+            "Droplets: pulumi config set --secret --path autodown.token dop_v1_..."
+        )
+
+
+def certificate(cfg: StackConfig, host: str) -> str:
+    if cfg.pooled and cfg.balancer_kind == "managed":
+        return (
+            f"Let's Encrypt, for {host}, issued and renewed by DigitalOcean for the Load Balancer"
+        )
+    return gateway.certificate(cfg, host)
+
+
+def balancer_hourly_price(cfg: StackConfig, caddy_price: float = 0.0) -> float:
+    """The entry's hourly price: the Load Balancer's nodes, or the Caddy Droplet's size (the
+    Reserved IP is free while assigned)."""
+    if not cfg.pooled:
+        return 0.0
+    return (
+        catalog.lb_hourly_price(cfg.balancer.nodes)
+        if cfg.balancer_kind == "managed"
+        else caddy_price
+    )
+
+
+def set_hourly_price(cfg: StackConfig, gpu_price: float, caddy_price: float = 0.0) -> float:
+    """What the endpoint costs per hour: every GPU replica and the entry in front of them."""
+    return round(cfg.replicas * gpu_price + balancer_hourly_price(cfg, caddy_price), 5)
+
+
+def replacement_note(cfg: StackConfig, single: str) -> str:
+    if not cfg.pooled:
+        return single
+    return (
+        "one replica at a time: a new droplet.size or droplet.image re-creates each replica "
+        "only after the one before it is back in the pool (replica 0 first), so the endpoint "
+        "keeps serving on the others; a new model, vLLM or flag restarts each replica's vLLM "
+        "in turn the same way, each drained first. A region move or a change to "
+        "access.sshKeyFingerprints re-creates every replica at once (the endpoint is down "
+        "until one is ready); balancer.size re-creates the balancer Droplet (its Reserved IP "
+        "stays; streams through it are cut)."
+    )
+
+
+def replica_fields(
+    cfg: StackConfig,
+    index: int,
+    ipv4: str,
+    private_ipv4: str,
+    host_public_key: str,
+    seconds: dict[str, float],
+) -> dict[str, object]:
+    return {
+        "name": cfg.replica_name(index),
+        "ipv4": ipv4,
+        "privateIpv4": private_ipv4,
+        "sshCommand": ssh_command(cfg.stack, ipv4, host_public_key),
+        "sshHostPublicKey": host_public_key,
+        "logs": f"python scripts/logs.py --stack {cfg.stack} --replica {index}",
+        "bootstrapSeconds": round(sum(seconds.values()), 1),
+    }
+
+
+def balancer_fields(
+    cfg: StackConfig,
+    caddy_price: float,
+    address: str,
+    ipv4: str = "",
+    host_public_key: str = "",
+) -> dict[str, object]:
+    """`address`: the endpoint's own IPv4 (the Reserved IP or the Load Balancer's): where
+    access.domain's A record points when you keep it yourself."""
+    kind = cfg.balancer_kind
+    out: dict[str, object] = {
+        "kind": kind,
+        "address": address,
+        "routing": (
+            "least outstanding requests (Caddy least_conn), active /health checks every "
+            f"{balancer.HEALTH_INTERVAL_SECONDS} s"
+            if kind == "caddy"
+            else "DigitalOcean's own (no algorithm to choose), /health checks every "
+            f"{catalog.LB_CHECK_INTERVAL_SECONDS} s"
+        ),
+        "hourlyPriceUsd": balancer_hourly_price(cfg, caddy_price),
+    }
+    if kind == "caddy":
+        out["dropletIpv4"] = ipv4
+        out["sshCommand"] = ssh_command(cfg.stack, ipv4, host_public_key)
+        out["sshHostPublicKey"] = host_public_key
+        out["logs"] = f"python scripts/logs.py --stack {cfg.stack} --balancer"
+    else:
+        out["nodes"] = cfg.balancer.nodes
+    return out
+
+
+def cache_output(
+    cfg: StackConfig, plans: list[cache.Plan], built: Endpoint, index: int
+) -> pulumi.Input[dict[str, Any]]:
+    """Replica `index`'s cache, as the `cache` output describes it."""
+    volume = built.cache_volumes[index]
+    if volume is None:
+        return cache.output(cfg, plans[index], replica=index)
+    return volume.volume.id.apply(
+        lambda volume_id: cache.output(cfg, plans[index], volume_id, replica=index)
+    )
+
+
+def replicas(
+    cfg: StackConfig, plans: list[cache.Plan], built: Endpoint
+) -> list[pulumi.Output[dict[str, object]]]:
+    """The `replicas` output: each replica's addresses, SSH command, logs line and cache."""
+
+    def one(index: int) -> pulumi.Output[dict[str, object]]:
+        g, b = built.gpus[index], built.bootstraps[index]
+        return pulumi.Output.all(
+            g.ipv4,
+            g.ipv4_private,
+            g.host_public_key,
+            b.seconds,
+            cache_output(cfg, plans, built, index),
+        ).apply(
+            lambda v: {
+                **replica_fields(cfg, index, v[0], v[1], v[2], v[3]),
+                "cache": v[4],
+            }
+        )
+
+    return [one(i) for i in range(cfg.replicas)]
+
+
+def balancer_output(
+    cfg: StackConfig, built: Endpoint, caddy_price: float
+) -> pulumi.Input[dict[str, object]]:
+    """The `balancer` output: its kind, routing and price (and the Caddy Droplet's access)."""
+    caddy, managed = built.caddy, built.managed
+    if caddy is None:
+        assert managed is not None, "with replicas there is one entry or the other"
+        return managed.ipv4.apply(lambda address: balancer_fields(cfg, caddy_price, address))
+    return pulumi.Output.all(caddy.ipv4, caddy.host.ipv4, caddy.host.host_public_key).apply(
+        lambda v: balancer_fields(cfg, caddy_price, v[0], v[1], v[2])
+    )

@@ -1,0 +1,166 @@
+"""The phase table: each phase a row, its script, what it runs after, its bound, its settings
+function and the deploy-time inputs it reads. The GPU Droplets' bootstrap (`BOOTSTRAP`) and
+the Caddy balancer's Droplet (`BALANCER`) are rows of the same kind, built into Commands by the
+one remote.phase_command; render.py and the tests read the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import phase_settings as ps
+from . import pool
+from .phase_settings import Inputs, Setting
+from .schema import StackConfig
+
+SettingsFn = Callable[[StackConfig, Inputs], dict[str, Setting]]
+
+
+@dataclass(frozen=True)
+class Phase:
+    # Its script: scripts/phases/<name>.sh.
+    name: str
+    # The phases (or "lock", the vLLM lock's copy; "volume", the cache Volume) it runs after.
+    after: tuple[str, ...]
+    # Bound on the whole command (custom_timeouts) and on its long steps (remote `timeout`):
+    # the phase's own work; `minutes()` adds what else it may contain (a replica's drain).
+    # 0: the ready phase's, bootstrap.readyTimeoutMinutes + 5.
+    minutes: int
+    # Its NEMO_* settings (phase_settings.py): the keys its script's `# Settings:` header lists.
+    settings: SettingsFn
+    # The Inputs fields its settings read: a lone Droplet's (and the balancer's), and a
+    # replica's where they differ (None: the same).
+    inputs: tuple[str, ...] = ()
+    replica_inputs: tuple[str, ...] | None = None
+    # Dial until SSH answers (first boot, reboot), bounded by its minutes.
+    wait_for_ssh: bool = False
+    # A replica drains before this phase restarts what serves (lib.sh drain).
+    drains: bool = False
+    # The balancer's member: its delete runs the script told to leave, within `delete_minutes`.
+    leaves: bool = False
+    delete_minutes: int = 0
+
+
+BOOTSTRAP: tuple[Phase, ...] = (
+    Phase("preflight", (), 30, ps.preflight, wait_for_ssh=True),
+    # The downloads go beside the driver install: nothing in them needs the new driver.
+    Phase("driver", ("preflight",), 45, ps.driver),
+    Phase("cgroup", ("driver",), 15, ps.cgroup),
+    # The cache Volume (when there is one) is mounted before anything is put where it binds.
+    # Its bound leaves room to copy a live Droplet's weights in (the cache turned on later).
+    Phase("cache", ("preflight", "volume"), 60, ps.cache, inputs=("cache_device",)),
+    Phase("conda", ("cache",), 30, ps.conda),
+    Phase("vllm", ("conda", "lock"), 90, ps.vllm),
+    Phase("model", ("conda",), 150, ps.model, inputs=("hf_token",)),
+    # The one reboot (when a phase asked for it) never interrupts a download: it waits for all.
+    Phase("reboot", ("cgroup", "vllm", "model"), 5, ps.reboot, drains=True),
+    Phase(
+        "reboot-wait", ("reboot",), 20, ps.reboot_wait, inputs=("reboot_result",), wait_for_ssh=True
+    ),
+    # The gateway (and its certificate) comes up while vLLM loads the model; ready needs both.
+    Phase(
+        "service", ("reboot-wait",), 15, ps.service, inputs=("cache_device", "api_key"), drains=True
+    ),
+    Phase(
+        "gateway",
+        ("reboot-wait",),
+        20,
+        ps.gateway_phase,
+        inputs=("api_key", "host"),
+        replica_inputs=("api_key", "private_ip", "metrics_reader"),
+    ),
+    Phase(
+        "autodown",
+        ("service",),
+        10,
+        ps.autodown_phase,
+        inputs=("dns_record",),
+        replica_inputs=("api_key", "peers"),
+    ),
+    Phase(
+        "ready",
+        ("service", "gateway"),
+        0,
+        ps.ready,
+        inputs=("host",),
+        replica_inputs=("private_ip",),
+    ),
+)
+
+# A replica leaving waits for its requests in flight (member.sh, NEMO_ACTION=leave).
+LEAVE_MINUTES = 15
+# The Caddy balancer's Droplet: its phases run as the set comes up (entry.CaddyEntry wires
+# what each runs after). Every Command of it may take LEAVE_MINUTES to delete.
+BALANCER: tuple[Phase, ...] = (
+    Phase(
+        "preflight", (), 20, ps.balancer_preflight, wait_for_ssh=True, delete_minutes=LEAVE_MINUTES
+    ),
+    Phase(
+        "gateway",
+        (),
+        20,
+        ps.balancer_gateway,
+        inputs=("api_key", "host"),
+        delete_minutes=LEAVE_MINUTES,
+    ),
+    Phase(
+        "member",
+        (),
+        15,
+        ps.balancer_member,
+        inputs=("replica", "private_ip", "droplet_id"),
+        leaves=True,
+        delete_minutes=LEAVE_MINUTES,
+    ),
+    # It reads the key on its host (the gateway's env file), as a client would have it.
+    Phase("ready", (), 0, ps.balancer_ready, inputs=("host",), delete_minutes=LEAVE_MINUTES),
+)
+
+PHASE_NAMES = tuple(p.name for p in BOOTSTRAP)
+# The phases that restart what serves (a reboot, vLLM): with replicas, one replica at a time.
+ROLLING_PHASES = ("reboot", "service")
+SOURCE_BUILD_MINUTES = 300
+# Room past a drain's own longest wait (pool.drain_bound_seconds) for the phase to say why it
+# went on and to start the restart or the reboot.
+DRAIN_MARGIN_MINUTES = 2
+
+
+def row(name: str, table: tuple[Phase, ...] = BOOTSTRAP) -> Phase:
+    for phase in table:
+        if phase.name == name:
+            return phase
+    raise ValueError(f"no phase {name!r}; phases: {', '.join(p.name for p in table)}")
+
+
+def minutes(cfg: StackConfig, phase: Phase) -> int:
+    """A phase's bound: all it may wait for, so that the bound never stops a wait that would
+    have ended by itself (a drain stopped at the bound would leave it to repeat on every run)."""
+    if phase.name == "ready":
+        return cfg.bootstrap.ready_timeout_minutes + 5
+    if phase.name == "vllm" and cfg.vllm.install == "source":
+        return SOURCE_BUILD_MINUTES
+    if phase.drains and cfg.pooled:
+        drain = -(-pool.drain_bound_seconds(cfg) // 60)
+        return phase.minutes + drain + DRAIN_MARGIN_MINUTES
+    return phase.minutes
+
+
+def wanted(phase: Phase, replica: int | None) -> tuple[str, ...]:
+    """The Inputs fields the phase reads (a replica's: its own list, where it has one)."""
+    if replica is None or phase.replica_inputs is None:
+        return phase.inputs
+    return phase.replica_inputs
+
+
+def settings(
+    cfg: StackConfig, name: str, table: tuple[Phase, ...] = BOOTSTRAP, **inputs: Any
+) -> dict[str, Setting]:
+    """The NEMO_* settings of phase `name` (of `table`) for these inputs (Inputs fields)."""
+    return row(name, table).settings(cfg, Inputs(**inputs))
+
+
+def balancer_settings(cfg: StackConfig, name: str, **inputs: Any) -> dict[str, Setting]:
+    """The NEMO_* settings of the Caddy balancer's phase `name`."""
+    return settings(cfg, name, BALANCER, **inputs)

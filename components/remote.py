@@ -1,0 +1,128 @@
+"""How a phase runs on a host, built in one place for the GPU Droplets and the balancer alike.
+
+The contract (every fix to it is made here, once):
+- the remote command is fixed text, `timeout --kill-after=60 <bound> bash -s`: no setting and no
+  secret is ever on a command line or in the provider's error text;
+- the script travels on stdin: the phase's settings (shell-quoted), scripts/phases/lib.sh, the
+  phase's own script (`render`);
+- the phase bounds itself on the host, and the Command's custom timeouts (which bound only the
+  SSH dial: FACTS.md, pulumi-command) outlast that bound by DIAL_MARGIN_MINUTES, so the phase's
+  own message is the one seen;
+- the connection pins the host key the program made, and dials until SSH answers where a phase
+  follows a boot;
+- the provider never sends the previous stdout as an SSH env request (stock sshd refuses it:
+  AcceptEnv LANG LC_*, with a warning on every update).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_command as command
+
+from . import catalog
+from .phase_settings import PHASES_DIR, Setting
+
+RUNNER = "bash -s"
+# After the bound, `timeout` sends TERM to the phase's whole process group (lib.sh names the
+# step it stopped in); whatever ignores TERM is killed this many seconds later.
+KILL_AFTER_SECONDS = 60
+# custom_timeouts (the SSH dial) outlast the phase's own bound by this much.
+DIAL_MARGIN_MINUTES = 5
+
+
+def shell_value(value: Setting) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return "(" + " ".join(shlex.quote(v) for v in value) + ")"
+
+
+def runner(minutes: int) -> str:
+    """The remote command of a phase. A Command's custom timeout bounds only its SSH dial, not
+    a command already running (FACTS.md), so the phase bounds itself on the Droplet. Fixed text:
+    no setting and no secret is ever on this command line."""
+    return f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
+
+
+def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str:
+    """The exact text sent on stdin to `bash -s` for a phase (`minutes`: its bound, for the
+    message when it is stopped)."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# nemotron-droplet bootstrap, phase {phase}: sent on stdin to `{runner(minutes)}`.",
+        f"PHASE={shlex.quote(phase)}",
+        f"PHASE_MINUTES={minutes}",
+        *(f"{key}={shell_value(value)}" for key, value in settings.items()),
+        "",
+        (PHASES_DIR / "lib.sh").read_text(),
+        (PHASES_DIR / f"{phase}.sh").read_text(),
+    ]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The host a phase runs on: its address, the stack's login key, its pinned host key."""
+
+    host: pulumi.Input[str]
+    private_key: pulumi.Input[str]
+    host_key: pulumi.Input[str]
+
+
+def connection(target: Target, wait: bool) -> command.remote.ConnectionArgs:
+    """How a phase reaches its host: the stack's key, exactly this host key, and (`wait`)
+    dialling until SSH answers, bounded by the command's custom timeout."""
+    return command.remote.ConnectionArgs(
+        host=target.host,
+        user=catalog.SSH_USER,
+        private_key=target.private_key,
+        host_key=target.host_key,
+        # -1: dial until SSH answers, bounded by the command's custom timeout.
+        dial_error_limit=-1 if wait else 10,
+        per_dial_timeout=15,
+    )
+
+
+def phase_command(
+    name: str,
+    target: Target,
+    *,
+    minutes: int,
+    stdin: pulumi.Input[str],
+    triggers: Sequence[pulumi.Input[str]],
+    after: Sequence[pulumi.Resource],
+    parent: pulumi.Resource,
+    wait: bool = False,
+    delete_minutes: int = 0,
+    leaves: bool = False,
+) -> command.remote.Command:
+    """One phase as a remote Command: `stdin` (a rendered script) run under its bound of
+    `minutes`, after `after`, again whenever one of `triggers` changes. `delete_minutes`
+    bounds what its delete may take; `leaves`: its delete runs the same script (its stored
+    stdin) told to leave (NEMO_ACTION is no secret and no setting)."""
+    dial = minutes + DIAL_MARGIN_MINUTES
+    return command.remote.Command(
+        name,
+        connection=connection(target, wait),
+        create=runner(minutes),
+        delete=f"NEMO_ACTION=leave {runner(delete_minutes)}" if leaves else None,
+        stdin=stdin,
+        triggers=list(triggers),
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            depends_on=list(after),
+            custom_timeouts=pulumi.CustomTimeouts(
+                create=f"{dial}m",
+                update=f"{dial}m",
+                delete=f"{delete_minutes + DIAL_MARGIN_MINUTES}m",
+            ),
+        ),
+    )
