@@ -63,3 +63,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """Whether this run rewrites the golden files it compares with (`--update-golden`)."""
     return bool(request.config.getoption("--update-golden"))
+
+
+# The level each test file runs at, as pytest markers (pyproject.toml lists them; tests/README.md
+# has the table): `-m "not sandbox and not caddy and not acme and not stack and not vllm and
+# not tools"` is the loop of seconds (the program under mocks, the docs and the workflows).
+LEVELS: dict[str, tuple[str, ...]] = {
+    # The phase scripts for real under bash, in a mount namespace with fake hardware.
+    "test_phases": ("sandbox",),
+    "test_pool_phases": ("sandbox",),
+    "test_cache_phase": ("sandbox",),
+    "test_bootstrap_ssh": ("sandbox",),
+    # The real Caddy with the program's Caddyfiles.
+    "test_gateway": ("caddy",),
+    "test_gateway_attacks": ("caddy",),
+    "test_balancer": ("caddy",),
+    # A real ACME CA (pebble, or the emulation's with profiles).
+    "test_acme_issuance": ("acme",),
+    "test_stack_acme": ("acme", "stack"),
+    # The offline pulumi up: network namespaces, sshd, nftables, the outside services.
+    "test_stack_net": ("stack",),
+    "test_stack_internet": ("stack",),
+    "test_stack_api": ("stack",),
+    "test_stack_engine": ("stack",),
+    "test_stack_scenarios": ("stack",),
+    # Every rendered `vllm serve` line through the pinned vLLM's own parser (.vllm-venv: it
+    # imports vLLM and torch, tens of seconds a process).
+    "test_vllm_serve_parser": ("vllm",),
+    # The user's tools against fake servers with real delays (bench's measurements, its knee
+    # search) and a real sshd (logs.py).
+    "test_tools": ("tools",),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for level in LEVELS.get(item.path.stem, ()):
+            item.add_marker(level)
