@@ -1,6 +1,6 @@
 """The one place for facts about DigitalOcean GPU sizes, images, Nemotron models and vLLM.
 
-Every number here comes from ../shared/FACTS.md (DigitalOcean docs and OpenAPI, Hugging Face
+Every number here comes from docs/facts.md (DigitalOcean docs and OpenAPI, Hugging Face
 model cards, vllm-project/recipes, NVIDIA release notes). Validation, the droplet, the bootstrap
 and the docs all read from here, so a new size or model is one entry, not a hunt.
 """
@@ -61,7 +61,7 @@ VLLM_MARKER = ".nemotron-vllm"
 # The weights' marker lives with them (on the cache volume, when there is one).
 MODEL_MARKER = "/var/lib/nemotron/hf/.nemotron-model"
 # Triton compiles a small C launcher at first use and fails without a C compiler ("Failed to
-# find C compiler"); Nemotron 3's Mamba-2 kernels are Triton (FACTS.md, checked later). gcc
+# find C compiler"); Nemotron 3's Mamba-2 kernels are Triton (docs/facts.md). gcc
 # alone lacks the C library headers and start files it links with.
 VLLM_RUNTIME_PACKAGES = ("gcc", "libc6-dev")
 LOCKS_DIR = "/var/lib/nemotron/locks"
@@ -193,7 +193,7 @@ class GpuSize:
     # List price when the catalog was written; deploys read the live price from the sizes API.
     list_price_usd_hour: float | None
     # 8-GPU HGX boards join their GPUs through NVSwitch: CUDA initialises only while NVIDIA
-    # Fabric Manager of exactly the driver's version runs (FACTS.md, Ubuntu driver packages).
+    # Fabric Manager of exactly the driver's version runs (docs/facts.md, Ubuntu driver packages).
     nvswitch: bool = False
     # The GPU generation: NVFP4 checkpoints run only on Blackwell.
     arch: Literal["ada", "hopper", "blackwell", "cdna"] = "hopper"
@@ -283,7 +283,7 @@ class Model:
     vllm_flags: tuple[str, ...]
     min_vllm: str
     # bf16, fp8 or nvfp4. NVFP4 kernels run on Blackwell only (recipes: "NVFP4 weights for
-    # Blackwell"; FACTS.md).
+    # Blackwell"; docs/facts.md).
     precision: str = "bf16"
     # A longer context the model card allows, reached with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
     long_context: int | None = None

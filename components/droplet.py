@@ -18,7 +18,7 @@ DROPLET_TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="20m
 # user data, SSH keys or VPC change (terraform-provider-digitalocean
 # digitalocean/droplet/resource_droplet.go, ForceNew). Its `size` is NOT ForceNew: the provider's
 # update powers a live Droplet off hard, resizes it (resize_disk, which forbids a later shrink) and
-# powers it on, with no drain and no balancer leave (FACTS.md, "corrected"). So a new size is a
+# powers it on, with no drain and no balancer leave (docs/facts.md, "corrected"). So a new size is a
 # replacement here (replace_on_changes), made like every other: the old one is deleted first
 # (delete_before_replace), never two GPU Droplets billing at once, never a second quota request
 # that the GPU limit would refuse; with replicas, one at a time, each left and drained first.

@@ -1,7 +1,7 @@
 """The public entry: Caddy in front of vLLM, which stays on 127.0.0.1.
 
 vLLM's own --api-key leaves /metrics, /docs and others open, and older releases left
-/invocations, /tokenize, /pause and /update_weights open too (FACTS.md). So the gateway admits
+/invocations, /tokenize, /pause and /update_weights open too (docs/facts.md). So the gateway admits
 the exact OpenAI routes with `Authorization: Bearer <key>` and `GET /health`, and refuses
 everything else, key or not. HTTPS comes from a public ACME CA: by default a certificate for the
 Droplet's IPv4 address itself (Let's Encrypt's `shortlived` profile; no DNS, no third party),
@@ -247,7 +247,7 @@ def gate(
 
     Every decision is made on what vLLM will see. Caddy's path matchers clean the path first
     (case, dot-segments, `//`, percent-encoding, trailing dots), but the proxy forwards the
-    original request URI (FACTS.md, checked later): `GET /metrics/../health` would match `/health`
+    original request URI (docs/facts.md): `GET /metrics/../health` would match `/health`
     and reach vLLM's metrics app. So the routes match `{http.request.uri}`, the raw request
     target, against exact paths; anything else (a dot-segment, `//`, an encoded `/` or `.`, a
     case variant) is refused before it is proxied. The key check compares the whole

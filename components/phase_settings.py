@@ -427,7 +427,7 @@ def public_probe(cfg: StackConfig, host: str, ports: Ports) -> dict[str, Setting
 def acme_issuers(cfg: StackConfig, host: str) -> int:
     """How many ACME CAs a public gateway's Caddy tries for its certificate, in order: Let's
     Encrypt alone for an IP address (the site names its one issuer, for the IP profile), Let's
-    Encrypt then ZeroSSL for a name, when an email is configured (FACTS.md: Caddy adds ZeroSSL
+    Encrypt then ZeroSSL for a name, when an email is configured (docs/facts.md: Caddy adds ZeroSSL
     only then; certmagic config.go tries the issuers in turn), so ready never calls a Let's
     Encrypt rate limit final while ZeroSSL is still to try."""
     if not cfg.access.https:

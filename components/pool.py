@@ -25,7 +25,7 @@ DRAIN_POLL_SECONDS = 2
 METRICS_READ_SECONDS = 5
 # A drain ends early when the gauges say requests are in flight but no token moved for the
 # stall window: the gauges can stay up after requests are aborted (vllm-project/vllm#22545),
-# while vllm:generation_tokens_total and vllm:prompt_tokens_total show real work (FACTS.md).
+# while vllm:generation_tokens_total and vllm:prompt_tokens_total show real work (docs/facts.md).
 # vLLM 0.33 counts a request's prompt tokens once, when its prefill ends and the first token
 # comes out, not per chunked-prefill step (v1/core/sched/scheduler.py: prefill_stats go out
 # with a request's first output, take_prefill_stats; v1/metrics/stats.py update_from_output):

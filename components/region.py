@@ -2,7 +2,7 @@
 when one is created. One sizes-API lookup and one droplets lookup per deploy.
 
 GPU availability is per size and changes from day to day, and a size can be listed as available
-with no region at all (FACTS.md), so a new Droplet's region is chosen at deploy time from the
+with no region at all (docs/facts.md), so a new Droplet's region is chosen at deploy time from the
 user's preference list. But a region change forces a replacement in the provider: choosing again
 on every `pulumi up` would move (delete and re-create) a live GPU Droplet the day its region
 sells out, and a size offered nowhere would block every update. So the program first asks
@@ -73,7 +73,7 @@ def lookup(size: str) -> Offer | None:
 
 def find_existing(name: str, stack_tag: str) -> Existing | None:
     """This stack's Droplet, if it exists: named `name` and tagged `stack_tag`. GPU Droplets are
-    hidden from a plain list, hence `gpus=True` (FACTS.md: DO OpenAPI droplets_list)."""
+    hidden from a plain list, hence `gpus=True` (docs/facts.md: DO OpenAPI droplets_list)."""
     result = digitalocean.get_droplets(
         gpus=True,
         filters=[

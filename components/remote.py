@@ -6,7 +6,7 @@ The contract (every fix to it is made here, once):
 - the script travels on stdin: the phase's settings (shell-quoted), scripts/phases/lib.sh, the
   phase's own script (`render`);
 - the phase bounds itself on the host, and the Command's custom timeouts (which bound only the
-  SSH dial: FACTS.md, pulumi-command) outlast that bound by DIAL_MARGIN_MINUTES, so the phase's
+  SSH dial: docs/facts.md, pulumi-command) outlast that bound by DIAL_MARGIN_MINUTES, so the phase's
   own message is the one seen;
 - the connection pins the host key the program made, and dials until SSH answers where a phase
   follows a boot;
@@ -46,8 +46,8 @@ def shell_value(value: Setting) -> str:
 
 def runner(minutes: int) -> str:
     """The remote command of a phase. A Command's custom timeout bounds only its SSH dial, not
-    a command already running (FACTS.md), so the phase bounds itself on the Droplet. Fixed text:
-    no setting and no secret is ever on this command line."""
+    a command already running (docs/facts.md), so the phase bounds itself on the Droplet.
+    Fixed text: no setting and no secret is ever on this command line."""
     return f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
 
 

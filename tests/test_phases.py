@@ -1211,7 +1211,7 @@ def test_a_lets_encrypt_rate_limit_is_not_final_while_zerossl_may_issue(
     box: Sandbox, downloads: Downloads, zerossl_refuses: bool
 ) -> None:
     """A name's gateway (with acmeEmail) tries Let's Encrypt, then ZeroSSL, in one attempt
-    (FACTS.md, certmagic): ready waits out a Let's Encrypt rate limit, and fails at once only
+    (docs/facts.md, certmagic): ready waits out a Let's Encrypt rate limit, and fails at once only
     when every issuer it has refused for good."""
     p = prepared(box, downloads)
     p.ok("service")

@@ -17,7 +17,7 @@ from stack.deploy import Stack
 from stack.engine import Engine, Resource
 
 # The DigitalOcean provider's ForceNew Droplet inputs (terraform-provider-digitalocean
-# droplet/resource_droplet.go; FACTS.md, corrected: size is not among them).
+# droplet/resource_droplet.go; docs/facts.md, corrected: size is not among them).
 DROPLET_FORCE_NEW = frozenset(
     {"image", "region", "sshKeys", "userData", "monitoring", "dropletAgent", "vpcUuid"}
 )

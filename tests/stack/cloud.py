@@ -3,7 +3,7 @@ resources, on the emulation's world (net.py): a Droplet is a host with a real ss
 (a phase sandbox), a Firewall nftables rules on the hosts it names, keys real Ed25519 keys, a
 Volume an image file that appears on the Droplet it is attached to under /dev/disk/by-id.
 
-The DigitalOcean provider's behaviour relied on (terraform-provider-digitalocean, FACTS.md):
+The DigitalOcean provider's behaviour relied on (terraform-provider-digitalocean, docs/facts.md):
 a Droplet's image, region, ssh_keys, user_data, monitoring, droplet_agent and vpc_uuid force a
 new one (the program adds size through replaceOnChanges); a Droplet is active with its
 addresses when create returns; deleting it deletes the machine (its Volumes stay, detached).
