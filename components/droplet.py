@@ -31,7 +31,7 @@ REPLACEMENT_NOTE = (
 
 
 @dataclass(frozen=True)
-class GpuDropletArgs:
+class StackDropletArgs:
     name: str
     size: str
     region: str
@@ -57,10 +57,10 @@ class GpuDropletArgs:
     after: list[pulumi.Resource] = field(default_factory=list)
     # Another Droplet of the stack whose login key this one takes (the replicas share one key,
     # so one sshPrivateKey output opens each; every host key stays its own).
-    key_from: GpuDroplet | None = None
+    key_from: StackDroplet | None = None
 
 
-def firewall_inbound_rules(args: GpuDropletArgs) -> list[digitalocean.FirewallInboundRuleArgs]:
+def firewall_inbound_rules(args: StackDropletArgs) -> list[digitalocean.FirewallInboundRuleArgs]:
     """SSH from sshCidrs, the API port from apiCidrs, the ACME port from anywhere, nothing else
     (vLLM's port never)."""
     rules = [
@@ -119,10 +119,12 @@ ssh_keys:
 """
 
 
-class GpuDroplet(pulumi.ComponentResource):
-    """A GPU Droplet reachable by SSH with a key generated for the stack, behind a firewall.
-    The Caddy balancer's CPU Droplet and a set's other replicas are built the same way, with
-    replica 0's login key (`key_from`) and a pinned host key of their own."""
+class StackDroplet(pulumi.ComponentResource):
+    """A Droplet of this stack: reachable by SSH with a key generated for the stack, a host key
+    the program made and pins, behind a firewall. The GPU replicas and the Caddy balancer's CPU
+    Droplet are all built this way, the others with replica 0's login key (`key_from`). Its
+    type token keeps the name it was first deployed under (GpuDroplet): a new token would be a
+    new URN for every live stack's Droplet."""
 
     ipv4: pulumi.Output[str]
     ipv4_private: pulumi.Output[str]
@@ -131,7 +133,7 @@ class GpuDroplet(pulumi.ComponentResource):
     public_key_openssh: pulumi.Output[str]
 
     def __init__(
-        self, name: str, args: GpuDropletArgs, opts: pulumi.ResourceOptions | None = None
+        self, name: str, args: StackDropletArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__(f"{catalog.PROJECT}:index:GpuDroplet", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)

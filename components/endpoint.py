@@ -19,7 +19,7 @@ import pulumi
 
 from . import cache, catalog, config, dns, entry, gateway, region
 from .bootstrap import Bootstrap, BootstrapArgs
-from .droplet import GpuDroplet, GpuDropletArgs
+from .droplet import StackDroplet, StackDropletArgs
 from .schema import StackConfig
 
 
@@ -28,7 +28,7 @@ class Endpoint:
     """What the outputs read: the Droplets and their bootstraps in replica order, the entry
     (with replicas), the cache Volume and the name the endpoint serves."""
 
-    gpus: list[GpuDroplet]
+    gpus: list[StackDroplet]
     bootstraps: list[Bootstrap]
     hostname: pulumi.Output[str]
     # Each replica's own cache Volume (a Volume attaches to one Droplet), None without one.
@@ -50,7 +50,7 @@ def build(
         entry.ManagedEntry("lb", cfg, placement.region) if cfg.pooled and not use_caddy else None
     )
     caddy: entry.CaddyEntry | None = None
-    gpus: list[GpuDroplet] = []
+    gpus: list[StackDroplet] = []
     bootstraps: list[Bootstrap] = []
     cache_volumes: list[cache.CacheVolume | None] = []
     record = None
@@ -77,9 +77,9 @@ def build(
         suffix = "" if index == 0 else f"-{index}"
         this = live[index]
         rolls = this is not None and index > 0 and live[index - 1] is not None
-        gpu = GpuDroplet(
+        gpu = StackDroplet(
             f"gpu{suffix}",
-            GpuDropletArgs(
+            StackDropletArgs(
                 name=cfg.replica_name(index),
                 size=cfg.droplet.size,
                 region=placement.region,

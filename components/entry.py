@@ -30,7 +30,7 @@ import pulumi_digitalocean as digitalocean
 
 from . import catalog, gateway, phases, region, remote
 from .config import ConfigError
-from .droplet import GpuDroplet, GpuDropletArgs
+from .droplet import StackDroplet, StackDropletArgs
 from .phase_settings import Inputs
 from .schema import StackConfig
 
@@ -178,7 +178,7 @@ class CaddyEntryArgs:
     region: str
     api_key: pulumi.Output[str]
     # The replica whose login key the balancer Droplet takes (one key opens the whole set).
-    key_from: GpuDroplet | None = None
+    key_from: StackDroplet | None = None
 
 
 class CaddyEntry(pulumi.ComponentResource):
@@ -194,9 +194,9 @@ class CaddyEntry(pulumi.ComponentResource):
         self.cfg = cfg
         self.api_key = args.api_key
         child = pulumi.ResourceOptions(parent=self)
-        self.host = GpuDroplet(
+        self.host = StackDroplet(
             name,
-            GpuDropletArgs(
+            StackDropletArgs(
                 name=cfg.balancer_name,
                 size=cfg.balancer.size,
                 region=args.region,
