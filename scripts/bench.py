@@ -38,13 +38,10 @@ from typing import Any, TextIO
 import aiohttp
 import bench_stats as stats
 import target as target_mod
+from bench_report import compare, plot, table, write_results
 from bench_workload import Workload, WorkloadError, load_dataset, synthetic_prompt
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-# The result file's format: bumped when its fields change meaning.
-VERSION = "2.0"
 
 
 @dataclass
@@ -451,83 +448,6 @@ async def bench(
         return model, reports
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
-
-
-def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Table:
-    high = stats.pkey(max(percentiles))
-    low = stats.pkey(50.0) if 50.0 in percentiles else stats.pkey(min(percentiles))
-    client = any(r["token_counts"] and "client" in r["token_counts"] for r in reports)
-    t = Table(
-        title=f"bench: latency in ms ({low} / {high}), throughput per second"
-        + (" (token counts from the stream: the server sent no usage)" if client else "")
-    )
-    open_loop = reports[0]["mode"] == "open"
-    goodput = "goodput_requests_per_s" in reports[0]
-    columns = ["rate" if open_loop else "conc", "ok/err", "TTFT", "ITL", "TPOT", "E2E", "req/s"]
-    replicas = int(reports[0].get("replicas") or 1)
-    columns += ["out tok/s", "tot tok/s"] + (["out tok/s/replica"] if replicas > 1 else [])
-    columns += ["goodput", "SLO %"] if goodput else []
-    if replicas > 1:
-        t.title = f"{t.title}; {replicas} replicas"
-    for column in columns:
-        t.add_column(column, justify="right")
-    for r in reports:
-        level = r["request_rate"] if open_loop else r["concurrency"]
-        row = [
-            str(level),
-            f"{r['requests'] - r['errors']}/{r['errors']}",
-            *(
-                f"{_fmt(r[k][low])} / {_fmt(r[k][high])}"
-                for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-            ),
-            _fmt(r["requests_per_s"]),
-            _fmt(r["output_tokens_per_s"]),
-            _fmt(r["total_tokens_per_s"]),
-        ]
-        if replicas > 1:
-            row.append(_fmt(r["output_tokens_per_s_per_replica"]))
-        if goodput:
-            row += [_fmt(r["goodput_requests_per_s"]), _fmt(r["slo_attainment_pct"])]
-        t.add_row(*row)
-    return t
-
-
-def plot(reports: list[dict[str, Any]], path: str) -> None:
-    import matplotlib  # noqa: PLC0415 (only needed with --plot)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    open_loop = reports[0]["mode"] == "open"
-    label = "request rate (/s)" if open_loop else "concurrency"
-    xs = [(r["achieved_request_rate"] or 0.0) if open_loop else r["concurrency"] for r in reports]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(xs, [r["output_tokens_per_s"] for r in reports], marker="o", label="output")
-    if all(r["total_tokens_per_s"] is not None for r in reports):
-        left.plot(xs, [r["total_tokens_per_s"] for r in reports], marker="o", label="total")
-    if "goodput_requests_per_s" in reports[0]:
-        twin = left.twinx()
-        twin.plot(xs, [r["goodput_requests_per_s"] for r in reports], "k--", marker="s")
-        twin.set_ylabel("goodput (requests/s within the SLO)")
-    left.set(xlabel=label, ylabel="tokens/s", title="Throughput")
-    left.legend(loc="upper left")
-    keys = [k for k in reports[0]["ttft_ms"] if k.startswith("p")]
-    for q in (keys[0], keys[-1]) if len(keys) > 1 else keys:
-        right.plot(xs, [r["ttft_ms"][q] for r in reports], marker="o", label=f"TTFT {q}")
-    right.set(xlabel=label, ylabel="ms", title="Time to first token")
-    if not open_loop:
-        for axis in (left, right):
-            axis.set(xscale="log", xticks=xs)
-            axis.set_xticklabels([str(c) for c in xs])
-            axis.minorticks_off()
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _levels(text: str) -> list[int]:
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
@@ -548,119 +468,6 @@ def _checked(parse: Any) -> Any:
             raise argparse.ArgumentTypeError(str(err)) from None
 
     return convert
-
-
-# `vllm bench serve --save-result` names (vllm/benchmarks/serve.py: the result_json it writes,
-# and process_one_metric's mean_/median_/std_/p<q>_ keys per metric; e2el for end-to-end).
-_VLLM_METRICS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "itl", "e2e_ms": "e2el"}
-
-
-def vllm_result(
-    report: dict[str, Any], args: argparse.Namespace, model: str, started: datetime.datetime
-) -> dict[str, Any]:
-    """One level in the flat layout of `vllm bench serve --save-result`. A closed loop of N is
-    what vLLM runs as request rate inf with max concurrency N."""
-    open_loop = report["mode"] == "open"
-    completed = report["requests"] - report["errors"]
-    duration = report["duration_s"]
-    mean_in, mean_out = report["mean_prompt_tokens"], report["mean_output_tokens"] or 0
-    out: dict[str, Any] = {
-        "date": started.strftime("%Y%m%d-%H%M%S"),
-        "endpoint_type": "openai-chat",
-        "backend": "openai-chat",
-        "label": None,
-        "model_id": model,
-        "tokenizer_id": model,
-        "num_prompts": report["requests"],
-        "request_rate": report["request_rate"] if open_loop else "inf",
-        "burstiness": args.burstiness,
-        "max_concurrency": report["concurrency"],
-        "duration": duration,
-        "completed": completed,
-        "failed": report["errors"],
-        "total_input_tokens": None if mean_in is None else round(mean_in * completed),
-        "total_output_tokens": round(mean_out * completed),
-        "request_throughput": report["requests_per_s"],
-        "request_goodput": report.get("goodput_requests_per_s"),
-        "output_throughput": report["output_tokens_per_s"],
-        "total_token_throughput": report["total_tokens_per_s"],
-    }
-    for ours, theirs in _VLLM_METRICS.items():
-        summary = report[ours]
-        out[f"mean_{theirs}_ms"] = summary["mean"]
-        out[f"median_{theirs}_ms"] = summary.get("p50")
-        out[f"std_{theirs}_ms"] = summary["std"]
-        for key, value in summary.items():
-            if key.startswith("p"):
-                out[f"{key}_{theirs}_ms"] = value
-    return out
-
-
-def compare(paths: list[str], plot_path: str | None) -> int:
-    """Earlier runs side by side: one row per level of each, and a plot with a line per run."""
-    runs = []
-    for path in paths:
-        try:
-            with open(path) as f:
-                data = json.load(f)
-            levels = data["levels"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            print(f"error: {path}: not a bench.py result file (--json): {err}", file=sys.stderr)
-            return 2
-        runs.append((path.rsplit("/", 1)[-1].removesuffix(".json"), data, levels))
-    t = Table(title="bench: runs compared (latency in ms, p50 / p99)")
-    for column in ("run", "level", "TTFT", "TPOT", "E2E", "req/s", "out tok/s", "goodput"):
-        t.add_column(column, justify="right")
-    for name, _, levels in runs:
-        for r in levels:
-            level = r["request_rate"] if r.get("mode") == "open" else r["concurrency"]
-            t.add_row(
-                name,
-                str(level),
-                *(
-                    f"{_fmt(r[k].get('p50'))} / {_fmt(r[k].get('p99'))}"
-                    for k in ("ttft_ms", "tpot_ms", "e2e_ms")
-                ),
-                _fmt(r["requests_per_s"]),
-                _fmt(r["output_tokens_per_s"]),
-                _fmt(r.get("goodput_requests_per_s")),
-            )
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
-    if plot_path:
-        compare_plot(runs, plot_path)
-    return 0
-
-
-def compare_plot(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]], path: str) -> None:
-    import matplotlib  # noqa: PLC0415 (only needed with --plot)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, _, levels in runs:
-        xs = [
-            (r.get("achieved_request_rate") or 0.0) if r.get("mode") == "open" else r["concurrency"]
-            for r in levels
-        ]
-        left.plot(xs, [r["output_tokens_per_s"] for r in levels], marker="o", label=name)
-        right.plot(xs, [r["ttft_ms"].get("p50") for r in levels], marker="o", label=name)
-    left.set(xlabel="level", ylabel="output tokens/s", title="Throughput")
-    right.set(xlabel="level", ylabel="ms", title="TTFT p50")
-    left.legend()
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def settings_of(args: argparse.Namespace) -> dict[str, Any]:
-    """Every setting of the run, for the result file; never the key."""
-    hidden = {"api_key", "json_path", "plot", "save_requests", "no_progress", "compare"}
-    out = {k: v for k, v in vars(args).items() if k not in hidden}
-    if out.get("request_rate"):
-        out["request_rate"] = ["inf" if math.isinf(r) else r for r in out["request_rate"]]
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -861,36 +668,6 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--replicas is the number of replicas behind the endpoint, 1 or more")
     if closed and args.concurrency is None:
         args.concurrency = [1, 8, 32]
-
-
-def write_results(
-    args: argparse.Namespace,
-    target: target_mod.Target,
-    model: str,
-    started: datetime.datetime,
-    reports: list[dict[str, Any]],
-    knee: dict[str, Any],
-) -> None:
-    """--json: our self-describing file, or vLLM's layout (one line per level)."""
-    if args.format == "vllm":
-        with open(args.json_path, "w") as f:
-            for report in reports:
-                f.write(json.dumps(vllm_result(report, args, model, started)) + "\n")
-    else:
-        result = {
-            "tool": "nemotron-droplet scripts/bench.py",
-            "version": VERSION,
-            "date": started.isoformat(timespec="seconds"),
-            "endpoint": target.endpoint,
-            "model": model,
-            "seed": args.seed,
-            "settings": settings_of(args),
-            "levels": reports,
-        }
-        if args.find_knee:
-            result["knee"] = {**knee, "slo_ms": args.slo, "slo_target_pct": args.slo_target}
-        with open(args.json_path, "w") as f:
-            json.dump(result, f, indent=2)
 
 
 def main(argv: list[str] | None = None) -> int:
