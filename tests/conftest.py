@@ -7,6 +7,8 @@ import pytest
 
 # The program's modules import as `components.*`, as they do under `pulumi up`.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The helpers and fakes (tests/support/): pulumi_harness, sandbox, stack, ... by their names.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from sandbox import Downloads
 

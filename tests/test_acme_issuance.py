@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
     reason="network namespaces need root and iproute2 (CI and the dev machines have both)",
 )
-FAKE_OPENAI = Path(__file__).resolve().parent / "fake_openai.py"
+FAKE_OPENAI = Path(__file__).resolve().parent / "support" / "fake_openai.py"
 KEY = "sk-acme-test-0123456789abcdef0123456789"
 # TEST-NET-2 (RFC 5737): not loopback or private, so Caddy takes it to the ACME issuer; it never
 # leaves the veth pair.

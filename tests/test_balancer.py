@@ -27,7 +27,7 @@ from test_gateway import KEY, Gateway, replica_gateway, run_caddy, start_gateway
 
 from components import balancer, catalog, config, gateway, pool
 
-FAKE = Path(__file__).resolve().parent / "fake_openai.py"
+FAKE = Path(__file__).resolve().parent / "support" / "fake_openai.py"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TOKENS = 20
 

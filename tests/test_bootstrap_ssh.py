@@ -188,7 +188,7 @@ def test_the_whole_bootstrap_over_ssh_with_one_reboot_then_a_second_up_changes_n
     downloads = Downloads(tmp_path / "www")
     device = ""
     if cached:
-        # The cache Volume: an image file (tests/fakes/mount); after the reboot only the fstab
+        # The cache Volume: an image file (tests/support/fakes/mount); after the reboot only the fstab
         # lines the cache phase wrote bring it back, as on a Droplet.
         image = tmp_path / "volume.img"
         with image.open("wb") as f:

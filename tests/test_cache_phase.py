@@ -1,6 +1,6 @@
 """The cache phase for real under bash, and what the later phases make of a warm cache.
 
-A cache Volume here is an image file formatted by the real mkfs.ext4 (tests/fakes/mount binds
+A cache Volume here is an image file formatted by the real mkfs.ext4 (tests/support/fakes/mount binds
 its content when it is mounted); a re-created Droplet is a second sandbox with a fresh disk and
 the same image attached. One test attaches the image as a loop device instead, for the paths a
 block device takes (blockdev, the kernel's mount, online resize2fs). Everything else is what the
@@ -359,6 +359,7 @@ def test_a_zero_volume_is_formatted_and_says_why(
 
 
 def filesystem_bytes(image: Path) -> int:
+    """What the ext4 filesystem on a Volume's image spans (its superblock, read by dumpe2fs)."""
     out = subprocess.run(
         ["dumpe2fs", "-h", str(image)], capture_output=True, text=True, check=True
     ).stdout
@@ -522,7 +523,7 @@ def test_an_incomplete_bind_an_earlier_version_left_is_undone_and_the_copy_compl
 
 
 # A df for which the cache's filesystem has 16 KiB free, less than the fake conda's 60 (here its
-# content is a folder of this machine's disk: tests/fakes/mount).
+# content is a folder of this machine's disk: tests/support/fakes/mount).
 FULL_DF = """#!/bin/bash
 if [[ " $* " == *" --output=avail -k "* ]]; then printf 'Avail\\n16\\n'; exit 0; fi
 exec /usr/bin/df "$@"

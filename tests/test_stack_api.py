@@ -308,7 +308,7 @@ def test_the_vendored_scopes_table_is_the_openapi_s() -> None:
     fresh = extract_from_snapshot()
     assert fresh["operations"] == vendored["operations"], (
         f"the OpenAPI at {fresh['commit']} differs from the table read at {vendored['commit']}: "
-        "PYTHONPATH=tests python -m stack.do_api"
+        "PYTHONPATH=tests/support python -m stack.do_api"
     )
     assert vendored["operations"]["DELETE /v2/droplets"]["scopes"] == [
         ["droplet:delete", "tag:read"]

@@ -1,4 +1,4 @@
-"""The stack emulation's internet (tests/stack/internet.py): a Droplet (a host namespace and its
+"""The stack emulation's internet (tests/support/stack/internet.py): a Droplet (a host namespace and its
 sandbox) downloads from the URLs the program renders, over HTTPS at their real names, trusting
 only its system bundle; and the one setting the emulation substitutes."""
 

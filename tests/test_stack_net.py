@@ -1,4 +1,4 @@
-"""The stack emulation's network (tests/stack/net.py): the world, Droplets as namespaces with a
+"""The stack emulation's network (tests/support/stack/net.py): the world, Droplets as namespaces with a
 real sshd in their sandbox, Cloud Firewalls as nftables rules, Reserved IPs, and the cleanup."""
 
 from __future__ import annotations

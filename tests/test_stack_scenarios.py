@@ -31,6 +31,7 @@ from stack import net
 from stack.deploy import Result
 from stack.scenario import Emulation, Load, emulation, summary
 from test_autodown import readme_scopes
+from test_cache_phase import filesystem_bytes
 from test_phases import use_new_locks, vllm_lock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -315,15 +316,6 @@ def phase_result(stack_state: dict[str, object], name: str) -> dict[str, object]
     stdout = str(res.outputs["stdout"])  # type: ignore[attr-defined]
     result: dict[str, object] = json.loads(stdout.strip().splitlines()[-1])
     return result
-
-
-def filesystem_bytes(image: Path) -> int:
-    """What the ext4 filesystem on a Volume's image spans (its superblock, read by dumpe2fs)."""
-    head = subprocess.run(
-        ["dumpe2fs", "-h", str(image)], capture_output=True, text=True, check=True
-    ).stdout
-    fields = dict(line.split(":", 1) for line in head.splitlines() if ":" in line)
-    return int(fields["Block count"]) * int(fields["Block size"])
 
 
 def test_a_cache_volume_brings_a_re_created_droplet_back_warm_and_grows_in_place(

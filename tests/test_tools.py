@@ -36,13 +36,13 @@ def _load(name: str) -> Any:
 
 bench_stats = _load("bench_stats")
 bench_workload = _load("bench_workload")
-FAKE = Path(__file__).resolve().parent / "fake_openai.py"
+FAKE = Path(__file__).resolve().parent / "support" / "fake_openai.py"
 KEY = "sk-test-0123456789"
 
 
 @contextmanager
 def fake_server(*args: str) -> Iterator[str]:
-    """Start tests/fake_openai.py in its own process; yield its /v1 base URL."""
+    """Start tests/support/fake_openai.py in its own process; yield its /v1 base URL."""
     proc = subprocess.Popen(
         [sys.executable, str(FAKE), "--api-key", KEY, *args],
         stdout=subprocess.PIPE,

@@ -19,7 +19,7 @@ from test_program import merged
 from components import catalog, config, reference, vllm_service
 
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
-CHECK = ROOT / "tests" / "vllm_serve_check.py"
+CHECK = ROOT / "tests" / "support" / "vllm_serve_check.py"
 SUPER_DRAFT = "RedHatAI/NVIDIA-Nemotron-3-Super-120B-A12B-speculator.dflash"
 
 

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import settings as pulumi_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 PROJECT = "nemotron-droplet"
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
 

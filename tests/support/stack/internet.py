@@ -68,7 +68,7 @@ MODEL_CONFIG = b'{"architectures": ["NemotronHForCausalLM"]}'
 SUBSTITUTED: dict[str, str] = {
     "NEMO_MINIFORGE_SHA256": (
         "catalog.MINIFORGE_SHA256 pins the real Miniforge installer, which cannot be had here; "
-        "the stand-in (tests/fakes/pkg/miniforge.sh) is served at catalog.MINIFORGE_URL "
+        "the stand-in (tests/support/fakes/pkg/miniforge.sh) is served at catalog.MINIFORGE_URL "
         "unchanged, so only its checksum differs"
     ),
 }

@@ -7,7 +7,7 @@ by hand: they are extracted from the OpenAPI's operation files (each operation's
 block, plus the "Requires `x` scope" sentences of its description and of its query parameters)
 into do_api_scopes.json, which carries the commit it was read from; test_stack_api.py
 re-extracts it when the OpenAPI snapshot is on the machine. Regenerate with
-`PYTHONPATH=tests python -m stack.do_api [<openapi bare git dir>]` from the repository root.
+`PYTHONPATH=tests/support python -m stack.do_api [<openapi bare git dir>]` from the repository root.
 
 Usage::
 

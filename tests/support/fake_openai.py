@@ -2,7 +2,7 @@
 
 Run it as a process of its own so that it does not share a GIL with the client under test:
 
-    python tests/fake_openai.py --ttft 0.2 --itl 0.03 --tokens 32 --api-key KEY
+    python tests/support/fake_openai.py --ttft 0.2 --itl 0.03 --tokens 32 --api-key KEY
 
 It prints `listening on http://127.0.0.1:PORT` once ready. Streams send one token per chunk:
 the first after `--ttft` seconds, the next ones `--itl` apart, then a usage chunk and [DONE],

@@ -17,7 +17,7 @@ Why an image file and not a loop device: the cache phase grows a mounted filesys
 (resize2fs), which the kernel allows only with CAP_SYS_RESOURCE (fs/ext4/ioctl.c,
 EXT4_IOC_RESIZE_FS), a capability this machine's root does not have: a loop device mounts, but
 its growth fails here for a reason of this machine. The image file is what the cache phase
-tests use (tests/fakes/mount binds its content when mounted; resize2fs grows it offline).
+tests use (tests/support/fakes/mount binds its content when mounted; resize2fs grows it offline).
 """
 
 from __future__ import annotations

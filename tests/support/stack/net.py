@@ -595,7 +595,7 @@ class Sshd:
 
     def reboot(self) -> None:
         """A reboot: every process of the Droplet ends (sshd, sessions, services), the sandbox
-        reboots (tests/sandbox.py: /run empties, a new boot id, enabled units start, here in
+        reboots (tests/support/sandbox.py: /run empties, a new boot id, enabled units start, here in
         the host's namespace), sshd comes back."""
         self.stop()
         _kill_all(self.host.name)

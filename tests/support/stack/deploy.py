@@ -18,7 +18,7 @@ from pulumi.runtime import settings as pulumi_settings
 
 from stack.engine import Engine, Provider, Resource, Step, StepError, delete_order
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent.parent
 PROJECT = "nemotron-droplet"
 
 
