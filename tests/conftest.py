@@ -72,9 +72,9 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 # not tools"` is the loop of seconds (the program under mocks, the docs and the workflows).
 LEVELS: dict[str, tuple[str, ...]] = {
     # The phase scripts for real under bash, in a mount namespace with fake hardware.
-    "test_phases": ("sandbox",),
-    "test_pool_phases": ("sandbox",),
-    "test_cache_phase": ("sandbox",),
+    "test_phase_scripts": ("sandbox",),
+    "test_pool_scripts": ("sandbox",),
+    "test_cache_script": ("sandbox",),
     "test_bootstrap_ssh": ("sandbox",),
     # The real Caddy with the program's Caddyfiles.
     "test_gateway": ("caddy",),

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sandbox import Downloads, Sandbox, free_port
 from stack.net import sshd_config
-from test_phases import Phases, service_pid, unit_env, use_new_locks, vllm_envs, vllm_lock
+from test_phase_scripts import Phases, service_pid, unit_env, use_new_locks, vllm_envs, vllm_lock
 
 from components import bootstrap, phase_settings, phases, remote
 

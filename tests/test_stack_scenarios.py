@@ -31,8 +31,8 @@ from stack import net
 from stack.deploy import Result
 from stack.scenario import Emulation, Load, emulation, summary
 from test_autodown import readme_scopes
-from test_cache_phase import filesystem_bytes
-from test_phases import use_new_locks, vllm_lock
+from test_cache_script import filesystem_bytes
+from test_phase_scripts import use_new_locks, vllm_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [

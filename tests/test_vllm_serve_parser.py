@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pulumi_harness import ROOT, stack_config
-from test_program import merged
+from test_droplet import merged
 
 from components import catalog, config, reference, vllm_service
 

@@ -21,7 +21,7 @@ from pulumi_harness import (
     offer,
     run_program,
 )
-from test_program import (
+from test_droplet import (
     DROPLET,
     EVERYWHERE,
     FIREWALL,

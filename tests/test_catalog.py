@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 from pulumi_harness import run_program, stack_config
-from test_program import merged
+from test_droplet import merged
 
 from components import catalog, config, phases, vllm_service
 from components.config import ConfigError

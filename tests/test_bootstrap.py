@@ -20,7 +20,7 @@ from pulumi_harness import (
     run_program,
     stack_config,
 )
-from test_program import HF_TOKEN, dev
+from test_droplet import HF_TOKEN, dev
 
 from components import bootstrap, config, phase_settings, phases, schema, vllm_service
 

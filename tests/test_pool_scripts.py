@@ -13,7 +13,7 @@ import requests
 from pulumi_harness import stack_config
 from sandbox import Downloads, PhaseRun, Sandbox, free_port
 from test_balancer import replica as fake_replica
-from test_phases import API_KEY, Phases, box, prepared
+from test_phase_scripts import API_KEY, Phases, box, prepared
 
 from components import (
     catalog,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from sandbox import Downloads, Sandbox
-from test_phases import MODEL, Phases
+from test_phase_scripts import MODEL, Phases
 
 from components import catalog
 

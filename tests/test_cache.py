@@ -20,8 +20,8 @@ from pulumi_harness import (
     existing_volume,
     run_program,
 )
-from test_bootstrap_program import commands
-from test_program import dev
+from test_bootstrap import commands
+from test_droplet import dev
 
 from components import cache, catalog, config
 from components.config import ConfigError
