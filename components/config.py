@@ -9,7 +9,8 @@ billed.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pulumi
@@ -503,8 +504,35 @@ def _raw_from_pulumi() -> tuple[dict[str, Any], frozenset[str], dict[str, str]]:
     return raw, frozenset(secret), values
 
 
+def namespace_problems(keys: Iterable[str], where: str = "the stack") -> list[str]:
+    """What is wrong with where a stack's keys are: none under this project's namespace (the
+    defaults would plan a GPU Droplet nobody chose), or keys of ours under another namespace (a
+    typo that would leave them unread). `keys` are full config keys, `namespace:key[.path]`."""
+    ours = f"{NAMESPACE}:"
+    known = set(SECTIONS) | set(SECRET_KEYS) | {"replicas"}
+    problems = [
+        f"{key}: {key.split(':', 1)[0]!r} is not this project's namespace: it reads "
+        f"{ours}{key.split(':', 1)[1]} (pulumi config set {ours}{key.split(':', 1)[1]} ...)"
+        for key in sorted(keys)
+        if ":" in key
+        and not key.startswith(ours)
+        and re.split(r"[.\[]", key.split(":", 1)[1])[0] in known
+    ]
+    if not any(key.startswith(ours) for key in keys):
+        problems.append(
+            f"{where} sets no {ours} keys: nothing would say which GPU Droplet to pay for. "
+            "Start from a shipped stack file (cp stacks/Pulumi.dev.yaml "
+            f"stacks/Pulumi.<stack>.yaml) or set at least {ours}droplet with its size"
+        )
+    return problems
+
+
 def load() -> StackConfig:
     """Read and validate this stack's configuration; raise ConfigError on any problem."""
+    keys = set(pulumi.runtime.config.CONFIG.get()) | set(pulumi.runtime.get_config_env())
+    problems = namespace_problems(keys)
+    if problems:
+        raise ConfigError(problems)
     raw, secret, values = _raw_from_pulumi()
     return parse(raw, pulumi.get_stack(), secret, values)
 

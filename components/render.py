@@ -33,11 +33,11 @@ RESERVED_PLACEHOLDER_IP = "203.0.113.201"
 PLACEHOLDER_DROPLET_ID = "424242"
 
 
-def stack_raw(stack: str) -> tuple[dict[str, Any], frozenset[str]]:
+def stack_raw(stack: str, stacks: Path = ROOT / "stacks") -> tuple[dict[str, Any], frozenset[str]]:
     """A stack file's config under our namespace, and which keys are secrets."""
-    path = ROOT / "stacks" / f"Pulumi.{stack}.yaml"
+    path = stacks / f"Pulumi.{stack}.yaml"
     if not path.exists():
-        raise SystemExit(f"error: no stack file {path.relative_to(ROOT)}")
+        raise SystemExit(f"error: no stack file {path}")
     data = yaml.safe_load(path.read_text()) or {}
     prefix = f"{config.NAMESPACE}:"
     raw: dict[str, Any] = {}

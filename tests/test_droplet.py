@@ -722,3 +722,12 @@ def test_a_zone_that_cannot_hold_the_domain_is_refused(
     assert isinstance(run.error, ConfigError)
     assert any(message in p for p in run.error.problems), run.error.problems
     assert run.registrations == []
+
+
+def test_a_stack_with_no_keys_of_ours_plans_nothing() -> None:
+    """No `nemotron-droplet:` key at all (a stack with no file, or its keys under a misspelt
+    namespace): the defaults would plan a GPU Droplet nobody chose; refused, nothing declared."""
+    run = run_program({})
+    assert run.error is not None and run.registrations == []
+    assert "sets no nemotron-droplet: keys" in str(run.error)
+    assert "cp stacks/Pulumi.dev.yaml" in str(run.error)

@@ -12,7 +12,7 @@ CONFIG = {"catalog", "schema", "config", "reference", "cidrs", "apikey"}
 HOST = {"phases", "phase_settings", "gateway", "balancer", "pool", "vllm_service", "autodown"}
 CLOUD = {"remote", "site", "region", "droplet", "cache", "dns", "bootstrap", "entry",
          "endpoint", "outputs"}  # fmt: skip
-TOOLS = {"render"}
+TOOLS = {"render", "validate"}
 
 
 def imports(module: str) -> set[str]:

@@ -1,0 +1,134 @@
+"""Check a stack's whole configuration without deploying anything; exit non-zero naming every bad
+field.
+
+    python -m components.validate --stack dev
+    DIGITALOCEAN_TOKEN=dop_v1_... python -m components.validate --stack prod   # and the cloud
+
+Offline it reads `stacks/Pulumi.<stack>.yaml` and checks what `pulumi up` checks first: that its
+keys are under this project's namespace, and every field of every section, together (the
+model fits the size, the entry fits the replicas, ...). Encrypted values are taken as set. With
+a token in DIGITALOCEAN_TOKEN it also asks DigitalOcean what only the account knows: whether the
+size is offered in one of `droplet.regions` now, and whether `access.dnsZone` is a domain of the
+account. It reads only (GET); the token is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+from . import config, render
+from .schema import StackConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+API_URL = "https://api.digitalocean.com"
+TIMEOUT_SECONDS = 20
+
+
+def file_problems(
+    stack: str, stacks: Path = ROOT / "stacks"
+) -> tuple[list[str], StackConfig | None]:
+    """Everything wrong with the stack file, and its config when there is nothing."""
+    path = stacks / f"Pulumi.{stack}.yaml"
+    if not path.exists():
+        there = sorted(p.stem.removeprefix("Pulumi.") for p in stacks.glob("Pulumi.*.yaml"))
+        return [f"no stack file {path} (stacks there: {', '.join(there) or 'none'})"], None
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        return [f"{path}: not YAML: {err}"], None
+    keys = list((data.get("config") or {}).keys()) if isinstance(data, dict) else []
+    where = str(path)
+    problems = [f"{where}: {p}" for p in config.namespace_problems(keys, where="it")]
+    if problems:
+        return problems, None
+    raw, secret = render.stack_raw(stack, stacks)
+    try:
+        return [], config.parse(raw, stack, secret)
+    except config.ConfigError as err:
+        return [f"{where}: {p}" for p in err.problems], None
+
+
+def cloud_problems(cfg: StackConfig, token: str, api_url: str = API_URL) -> list[str]:
+    """What only the account knows: the size offered in a region the stack allows, the DNS
+    zone among its domains (GET /v2/sizes, GET /v2/domains/{name}: DigitalOcean OpenAPI
+    sizes_list.yml, domains_get.yml)."""
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+
+    def get(path: str, **params: Any) -> requests.Response:
+        return session.get(f"{api_url.rstrip('/')}{path}", params=params, timeout=TIMEOUT_SECONDS)
+
+    problems: list[str] = []
+    sizes = get("/v2/sizes", per_page=200)
+    if sizes.status_code in (401, 403):
+        return [
+            f"DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP {sizes.status_code}): "
+            "it needs read access"
+        ]
+    sizes.raise_for_status()
+    offered = {s["slug"]: s for s in sizes.json().get("sizes", [])}
+    size = offered.get(cfg.droplet.size)
+    if size is None or not size.get("available", False):
+        problems.append(f"droplet.size: {cfg.droplet.size} is not offered to this account now")
+    else:
+        regions = [r for r in cfg.droplet.regions if r in size.get("regions", [])]
+        if not regions:
+            where = ", ".join(size.get("regions", [])) or "no region right now"
+            problems.append(
+                f"droplet.regions: {cfg.droplet.size} is offered in none of "
+                f"{', '.join(cfg.droplet.regions)} now (it is in: {where})"
+            )
+    zone = cfg.access.dns_zone
+    if zone:
+        found = get(f"/v2/domains/{zone}")
+        if found.status_code == 404:
+            problems.append(
+                f"access.dnsZone: {zone} is not a domain of this DigitalOcean account "
+                "(Networking > Domains)"
+            )
+        elif found.status_code >= 400:
+            problems.append(f"access.dnsZone: could not read {zone} (HTTP {found.status_code})")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--stack", required=True, help="stack name: stacks/Pulumi.<stack>.yaml")
+    parser.add_argument(
+        "--stacks", type=Path, default=ROOT / "stacks", help="the folder of stack files (stacks/)"
+    )
+    parser.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    problems, cfg = file_problems(args.stack, args.stacks)
+    token = os.environ.get("DIGITALOCEAN_TOKEN", "")
+    if cfg is not None and token:
+        try:
+            problems += cloud_problems(cfg, token, args.api_url)
+        except requests.RequestException as err:
+            problems.append(f"DigitalOcean could not be asked: {type(err).__name__}")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        print(f"{args.stack}: {len(problems)} problem(s); nothing was created", file=sys.stderr)
+        return 2
+    assert cfg is not None
+    cloud = "checked with DigitalOcean" if token else "not checked (no DIGITALOCEAN_TOKEN)"
+    print(
+        f"{args.stack}: ok: {cfg.replicas} x {cfg.droplet.size} in the first of "
+        f"{', '.join(cfg.droplet.regions)} that offers it, serving {cfg.model.id}; "
+        f"the cloud: {cloud}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
