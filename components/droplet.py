@@ -213,11 +213,13 @@ def key_path(stack: str) -> str:
 
 
 def ssh_command(stack: str, ipv4: str, host_public_key: str) -> str:
-    """One copy-paste command: write the stack's key (owner-only) and the pinned host key, and
-    log in with that key alone, to that host key alone."""
+    """One copy-paste command: write the stack's key (owner-only) and the pinned host key into
+    ~/.ssh (made, owner-only, where a fresh account has none), and log in with that key alone,
+    to that host key alone."""
     path = key_path(stack)
     return (
-        f"(umask 077 && pulumi stack output --stack {stack} sshPrivateKey --show-secrets > {path}"
+        f"(umask 077 && mkdir -p ~/.ssh"
+        f" && pulumi stack output --stack {stack} sshPrivateKey --show-secrets > {path}"
         f" && echo '{ipv4} {host_public_key}' > {path}.known_hosts)"
         f" && ssh -i {path} -o IdentitiesOnly=yes -o UserKnownHostsFile={path}.known_hosts"
         f" -o StrictHostKeyChecking=yes {catalog.SSH_USER}@{ipv4}"

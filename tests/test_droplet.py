@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import stat
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +31,7 @@ from pulumi_harness import (
     stack_config,
 )
 
-from components import catalog, cidrs, phases
+from components import catalog, cidrs, droplet, phases
 from components.config import ConfigError
 
 DROPLET = "digitalocean:index/droplet:Droplet"
@@ -145,8 +148,8 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     assert "the endpoint is down until it is ready" in outputs["dropletReplacement"]
     key_file = f"~/.ssh/nemotron-droplet-{stack}"
     assert outputs["sshCommand"] == (
-        f"(umask 077 && pulumi stack output --stack {stack} sshPrivateKey --show-secrets"
-        f" > {key_file} && echo '{FAKE_IPV4} {FAKE_HOST_PUBLIC_KEY}' > {key_file}.known_hosts)"
+        f"(umask 077 && mkdir -p ~/.ssh && pulumi stack output --stack {stack} sshPrivateKey"
+        f" --show-secrets > {key_file} && echo '{FAKE_IPV4} {FAKE_HOST_PUBLIC_KEY}' > {key_file}.known_hosts)"
         f" && ssh -i {key_file} -o IdentitiesOnly=yes -o UserKnownHostsFile={key_file}.known_hosts"
         f" -o StrictHostKeyChecking=yes root@{FAKE_IPV4}"
     )
@@ -731,3 +734,27 @@ def test_a_stack_with_no_keys_of_ours_plans_nothing() -> None:
     assert run.error is not None and run.registrations == []
     assert "sets no nemotron-droplet: keys" in str(run.error)
     assert "cp stacks/Pulumi.dev.yaml" in str(run.error)
+
+
+def test_the_ssh_command_makes_what_it_writes_into_on_a_fresh_account(tmp_path: Path) -> None:
+    """`eval "$(pulumi stack output sshCommand)"` on an account with no ~/.ssh: the folder is
+    made owner-only, the key written owner-only beside the pinned host key (a fake `pulumi`
+    prints the key; the ssh that follows is not run)."""
+    command = droplet.ssh_command("dev", "203.0.113.10", FAKE_HOST_PUBLIC_KEY)
+    write_files = command.split(" && ssh ", 1)[0]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "pulumi"
+    fake.write_text("#!/bin/sh\necho 'fake private key'\n")
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    run = subprocess.run(["bash", "-c", write_files], env=env, capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    ssh = home / ".ssh"
+    assert stat.S_IMODE(ssh.stat().st_mode) == 0o700
+    key = ssh / "nemotron-droplet-dev"
+    assert key.read_text() == "fake private key\n" and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert (ssh / "nemotron-droplet-dev.known_hosts").read_text().startswith("203.0.113.10 ")
