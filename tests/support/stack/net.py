@@ -247,6 +247,8 @@ class World(Netns):
         super().__init__(f"{self.prefix}-world")
         self.public_bridge, self.vpc_bridge = f"{self.prefix}pub", f"{self.prefix}vpc"
         self.hosts: list[Host] = []
+        # Held while the hosts change or their rules are rewritten (threads remove Droplets).
+        self.hosts_lock = threading.RLock()
         self.load_balancers: dict[str, list[str]] = {}
         self.firewalls: dict[str, Firewall] = {}
         self._index = itertools.count(1)
@@ -288,8 +290,9 @@ class World(Netns):
         droplet_id: int | None = None,
     ) -> Host:
         host = Host(self, next(self._index), name, public_ip, private_ip, tags, droplet_id)
-        self.hosts.append(host)
-        self.refresh_firewalls()
+        with self.hosts_lock:
+            self.hosts.append(host)
+            self.refresh_firewalls()
         return host
 
     def add_load_balancer(self, uid: str, *addresses: str) -> None:
@@ -315,9 +318,11 @@ class World(Netns):
 
     def refresh_firewalls(self) -> None:
         """Rewrite every host's rules: DigitalOcean re-evaluates a firewall when its Droplets,
-        their tags or the sources it names change."""
-        for host in self.hosts:
-            host.apply_rules(ruleset(host, self))
+        their tags or the sources it names change. Under the world's lock: two Droplets going at
+        once (autodown deletes a peer, then itself) must not rewrite one being removed."""
+        with self.hosts_lock:
+            for host in list(self.hosts):
+                host.apply_rules(ruleset(host, self))
 
     def addresses_of(
         self, *, tags: Iterable[str] = (), droplet_ids: Iterable[Any] = ()
@@ -426,9 +431,10 @@ class Host(Netns):
     def remove(self) -> None:
         """Delete the Droplet: its processes, its namespace (its veths go with it)."""
         self.stop()
-        _ip("netns", "del", self.name)
-        if self in self.world.hosts:
-            self.world.hosts.remove(self)
+        with self.world.hosts_lock:
+            if self in self.world.hosts:
+                self.world.hosts.remove(self)
+            _ip("netns", "del", self.name)
             self.world.refresh_firewalls()
 
 
