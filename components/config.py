@@ -82,6 +82,11 @@ def _section_problems(name: str, model: type[_Section], err: ValidationError) ->
             problems.append(f"{_path(name, loc)}: unknown key; accepted: {accepted}")
             continue
         message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "list_type":
+            # `regions: nyc2` in YAML is a string: say what a list looks like, with theirs.
+            given = e.get("input")
+            example = f"[{given}]" if isinstance(given, str) and given else "[nyc2, tor1]"
+            message = f"{given!r} is not a list; accepted: a YAML list such as {example}"
         problems.append(f"{_path(name, loc)}: {message}")
     return problems
 

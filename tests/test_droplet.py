@@ -259,6 +259,10 @@ def test_image_defaults_to_the_base_image_for_the_gpu_count() -> None:
 
 REJECTED = [
     (
+        {"droplet": {"regions": "nyc2"}},
+        "droplet.regions: 'nyc2' is not a list; accepted: a YAML list such as [nyc2]",
+    ),
+    (
         {"droplet": {"size": "gpu-b300x1-999gb"}},
         "droplet.size: 'gpu-b300x1-999gb' is not a known GPU size; accepted: gpu-4000adax1-20gb",
     ),
