@@ -128,12 +128,7 @@ class FakeAccount:
                     self.answer(404, {"id": "not_found", "message": "not found"})
 
             def answer(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                loopback.reply(self, status, json.dumps(body).encode(), "application/json")
 
             def log_message(self, *_: Any) -> None:
                 pass

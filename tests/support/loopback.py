@@ -26,3 +26,14 @@ def url(server: ThreadingHTTPServer) -> str:
 def stop(server: ThreadingHTTPServer) -> None:
     server.shutdown()
     server.server_close()
+
+
+def reply(
+    handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str = "text/plain"
+) -> None:
+    """Answer a request of a fake's handler: the status, its type and length, the body."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)

@@ -38,6 +38,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import loopback
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -613,12 +614,10 @@ def serve_metadata(world: net.World, machines: dict[int, Machine]) -> None:
                 answers = {"/metadata/v1/id": str(found[0].id),
                            "/metadata/v1/hostname": found[0].name}  # fmt: skip
             body = answers.get(self.path)
-            self.send_response(200 if body is not None else 404)
             data = (body if body is not None else "not found").encode()
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            loopback.reply(
+                self, 200 if body is not None else 404, data, "text/plain; charset=utf-8"
+            )
 
         def log_message(self, *_: Any) -> None:
             pass
