@@ -374,6 +374,9 @@ _MODELS = (
 )
 MODELS: dict[str, Model] = {m.repo_id: m for m in _MODELS}
 DEFAULT_MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
+# The size a stack gets when it names none: the cheapest that serves the default model well
+# (the dev stack's: 20 GB for about 10 GB of weights and a 32k-token KV cache).
+DEFAULT_SIZE = "gpu-4000adax1-20gb"
 
 
 # vLLM wheels and the CUDA they bring. Wheels target CUDA 13.0 from vLLM 0.20 on, CUDA 12.9

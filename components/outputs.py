@@ -59,6 +59,24 @@ def export(cfg: StackConfig, site: Site, built: Endpoint, api_key: pulumi.Output
             "autodown runs as a dry run (logs only) until it has a token that may delete "
             "Droplets: pulumi config set --secret --path autodown.token dop_v1_..."
         )
+    unstopped = bill_warning(cfg, set_hourly_price(cfg, placement.price_hourly, site.caddy_price))
+    if unstopped:
+        pulumi.log.warn(unstopped)
+
+
+def bill_warning(cfg: StackConfig, hourly: float) -> str:
+    """What `pulumi up` says when nothing on its own will stop the bill ("": autodown deletes)."""
+    if cfg.autodown.mode == "delete":
+        return ""
+    why = {
+        "off": "autodown is off (no autodown.idleMinutes or autodown.maxHours)",
+        "dry-run": "autodown only logs (autodown.dryRun, or no autodown.token)",
+    }[cfg.autodown.mode]
+    what = f"{cfg.replicas} GPU Droplets" if cfg.pooled else "the GPU Droplet"
+    return (
+        f"nothing will stop the bill: {what} cost ${hourly:.2f}/hour until `pulumi destroy`, "
+        f"idle or not; {why}. See the README, Stop paying"
+    )
 
 
 def certificate(cfg: StackConfig, host: str) -> str:

@@ -73,8 +73,9 @@ def _cidr(value: str) -> str:
 
 class DropletConfig(_Section):
     size: str = Field(
-        "gpu-h100x1-80gb",
-        description="GPU Droplet size slug (NVIDIA only). Accepted: "
+        catalog.DEFAULT_SIZE,
+        description="GPU Droplet size slug (NVIDIA only); the default is the cheapest that "
+        "serves the default model well. Accepted: "
         + ", ".join(catalog.NVIDIA_SIZES)
         + ".",
     )

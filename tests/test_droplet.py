@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import stat
 import subprocess
 from pathlib import Path
@@ -762,3 +763,31 @@ def test_the_ssh_command_makes_what_it_writes_into_on_a_fresh_account(tmp_path: 
     key = ssh / "nemotron-droplet-dev"
     assert key.read_text() == "fake private key\n" and stat.S_IMODE(key.stat().st_mode) == 0o600
     assert (ssh / "nemotron-droplet-dev.known_hosts").read_text().startswith("203.0.113.10 ")
+
+
+@pytest.mark.parametrize(
+    ("autodown", "secrets", "expected"),
+    [
+        ({}, {}, "autodown is off"),
+        ({"idleMinutes": 30}, {}, "autodown only logs"),
+        (None, {"autodown": json.dumps({"idleMinutes": 30, "token": "dop_v1_" + "a" * 64})}, None),
+    ],
+)
+def test_pulumi_up_says_when_nothing_will_stop_the_bill(
+    autodown: dict[str, Any] | None,
+    secrets: dict[str, str],
+    expected: str | None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = {k: v for k, v in stack_config("dev").items() if k != "autodown"}
+    if autodown is not None:
+        config["autodown"] = autodown
+    caplog.set_level(logging.WARNING)
+    run = run_program(config, secrets=secrets)
+    assert run.error is None, run.error
+    said = [r.message for r in caplog.records if "nothing will stop the bill" in r.message]
+    if expected is None:
+        assert said == [], "a rule with a token deletes the Droplet"
+    else:
+        (line,) = said
+        assert expected in line and "$0.76/hour until `pulumi destroy`" in line, line
