@@ -113,3 +113,12 @@ def test_secrets_only_reach_steps_through_env_or_inputs_never_a_run_line() -> No
         for line in path.read_text().splitlines():
             if re.search(r"\$\{\{\s*(secrets|inputs|vars)\.", line):
                 assert not line.strip().startswith(("run:", "echo", "- run:")), (path.name, line)
+
+
+def test_both_workflows_create_a_stack_the_state_backend_does_not_have_yet() -> None:
+    """A new bucket has no stacks: without `upsert` the first preview and the first deploy
+    fail with "no stack named"."""
+    for name, job in (("preview.yml", "preview"), ("deploy.yml", "deploy")):
+        steps = load(name)["jobs"][job]["steps"]
+        [pulumi] = [s for s in steps if str(s.get("uses", "")).startswith("pulumi/actions@")]
+        assert pulumi["with"]["upsert"] is True, name
