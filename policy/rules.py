@@ -58,24 +58,41 @@ def budget_for(config: Mapping[str, Any], urn: str) -> Mapping[str, Any]:
     return {**{k: v for k, v in config.items() if k != "stacks"}, **own}
 
 
+# Where a refusal says to change the budget: the default, or one stack's own entry.
+WIDEN = ', or its entry under "stacks" for this stack alone'
+
+
 def size_outside_budget(props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     size = str(props.get("size"))
     if not size.startswith("gpu-"):
         # The Caddy balancer's CPU Droplet (replicas >= 2): a small allowlist of its own.
         small: Sequence[str] = config.get("allowedBalancerSizes") or [catalog.BALANCER_SIZE]
-        return [] if size in small else [f"size {size} is not in the allowlist {list(small)}"]
+        return (
+            []
+            if size in small
+            else [
+                f"size {size} is not in the balancer's allowlist {list(small)} "
+                f"(policy/config.json: allowedBalancerSizes{WIDEN})"
+            ]
+        )
     allowed: Sequence[str] = config.get("allowedSizes") or catalog.NVIDIA_SIZES
     ceiling = config.get("maxHourlyPriceUsd")
     problems = []
     if size not in allowed:
-        problems.append(f"size {size} is not in the allowlist {list(allowed)}")
+        problems.append(
+            f"size {size} is not in the allowlist {list(allowed)} "
+            f"(policy/config.json: allowedSizes{WIDEN})"
+        )
     if ceiling is not None:
         known = catalog.SIZES.get(size)
         price = known.list_price_usd_hour if known else None
         if price is None:
             problems.append(f"size {size} has no known list price to compare with ${ceiling}/h")
         elif price > float(ceiling):
-            problems.append(f"size {size} lists at ${price}/h, above the ceiling ${ceiling}/h")
+            problems.append(
+                f"size {size} lists at ${price}/h, above the ceiling ${ceiling}/h "
+                f"(policy/config.json: maxHourlyPriceUsd{WIDEN})"
+            )
     return problems
 
 

@@ -254,6 +254,9 @@ class Plan:
     def done(self, record: Record) -> None:
         self.finished += 1
         self.errors += not record.ok
+        if record.error in ("http_401", "http_403"):
+            # A refused key is never transient: every later request would be refused too.
+            self.aborted = self.aborted or refused_key(int(record.error.removeprefix("http_")))
         limit = self.max_error_rate
         if limit is not None and self.finished >= 10 and self.errors / self.finished > limit:
             self.aborted = self.aborted or (
@@ -337,8 +340,18 @@ async def run_open(
     return Level(runner.records, runner.elapsed(), max_concurrency, rate, plan.aborted)
 
 
+def refused_key(status: int) -> str:
+    """What a 401 or 403 from the endpoint means, and where the right key comes from."""
+    return (
+        f"the endpoint refused the API key (HTTP {status}): pass the stack's own, with "
+        "--stack NAME (reads its apiKey output), OPENAI_API_KEY or --api-key"
+    )
+
+
 async def first_model(session: aiohttp.ClientSession, target: target_mod.Target) -> str:
     async with session.get(target.url("models"), headers=target.headers) as response:
+        if response.status in (401, 403):
+            raise target_mod.TargetError(refused_key(response.status))
         if response.status != 200:
             raise target_mod.TargetError(f"GET /v1/models answered HTTP {response.status}")
         data = (await response.json()).get("data") or []

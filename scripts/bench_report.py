@@ -26,11 +26,11 @@ def _fmt(value: float | None) -> str:
 
 
 def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Table:
-    high = stats.pkey(max(percentiles))
-    low = stats.pkey(50.0) if 50.0 in percentiles else stats.pkey(min(percentiles))
+    """Each level a row; every latency cell holds each of `--percentiles`, in their order."""
+    keys = [stats.pkey(p) for p in sorted(set(percentiles))]
     client = any(r["token_counts"] and "client" in r["token_counts"] for r in reports)
     t = Table(
-        title=f"bench: latency in ms ({low} / {high}), throughput per second"
+        title=f"bench: latency in ms ({' / '.join(keys)}), throughput per second"
         + (" (token counts from the stream: the server sent no usage)" if client else "")
     )
     open_loop = reports[0]["mode"] == "open"
@@ -49,7 +49,7 @@ def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Tabl
             str(level),
             f"{r['requests'] - r['errors']}/{r['errors']}",
             *(
-                f"{_fmt(r[k][low])} / {_fmt(r[k][high])}"
+                " / ".join(_fmt(r[k][q]) for q in keys)
                 for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
             ),
             _fmt(r["requests_per_s"]),

@@ -326,7 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r.status} {r.name:<12} {r.seconds * 1000:8.0f} ms  {r.detail}")
     failed = [r for r in results if not r.ok]
-    print(f"{len(failed)} of {len(results)} checks failed" if failed else "all checks passed")
+    if failed:
+        off = [r.name for r in failed if r.status == "OFF"]
+        print(
+            f"{len(failed)} of {len(results)} checks failed: {', '.join(r.name for r in failed)}"
+            + (f" (not offered by the server, failed by --strict: {', '.join(off)})" if off else "")
+        )
+    else:
+        print("all checks passed")
     return 1 if failed else 0
 
 

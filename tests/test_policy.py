@@ -150,7 +150,10 @@ def test_a_stack_may_have_its_own_budget() -> None:
     )
     assert violations(
         "droplet-size-within-budget", DROPLET, {"size": "gpu-h100x1-80gb"}, "super"
-    ) == ["size gpu-h100x1-80gb is not in the allowlist ['gpu-h100x8-640gb']"]
+    ) == [
+        "size gpu-h100x1-80gb is not in the allowlist ['gpu-h100x8-640gb'] (policy/config.json: "
+        'allowedSizes, or its entry under "stacks" for this stack alone)'
+    ]
     dev = violations("droplet-size-within-budget", DROPLET, {"size": "gpu-h100x8-640gb"}, "dev")
     assert any("is not in the allowlist" in f for f in dev), dev
 
@@ -159,7 +162,10 @@ def test_price_ceiling_alone() -> None:
     assert size_outside_budget(
         {"size": "gpu-h100x8-640gb"},
         {"allowedSizes": ["gpu-h100x8-640gb"], "maxHourlyPriceUsd": 10},
-    ) == ["size gpu-h100x8-640gb lists at $23.92/h, above the ceiling $10/h"]
+    ) == [
+        "size gpu-h100x8-640gb lists at $23.92/h, above the ceiling $10/h (policy/config.json: "
+        'maxHourlyPriceUsd, or its entry under "stacks" for this stack alone)'
+    ]
     assert size_outside_budget(
         {"size": "gpu-h200x1-141gb"},
         {"allowedSizes": ["gpu-h200x1-141gb"], "maxHourlyPriceUsd": 10},
@@ -217,5 +223,7 @@ def test_a_set_over_its_stacks_ceiling_is_refused_and_the_balancer_size_is_allow
     ]
     assert violations("droplet-size-within-budget", DROPLET, {"size": "s-1vcpu-1gb"}) == []
     assert violations("droplet-size-within-budget", DROPLET, {"size": "c-32"}) == [
-        "size c-32 is not in the allowlist ['s-1vcpu-1gb', 's-1vcpu-2gb', 's-2vcpu-2gb']"
+        "size c-32 is not in the balancer's allowlist ['s-1vcpu-1gb', 's-1vcpu-2gb', "
+        "'s-2vcpu-2gb'] (policy/config.json: allowedBalancerSizes, or its entry under \"stacks\" "
+        "for this stack alone)"
     ]
