@@ -95,6 +95,7 @@ LEVELS: dict[str, tuple[str, ...]] = {
     # The user's tools against fake servers with real delays (bench's measurements, its knee
     # search) and a real sshd (logs.py).
     "test_tools": ("tools",),
+    "test_try": ("tools",),
 }
 
 

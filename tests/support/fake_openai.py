@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -395,7 +396,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--model", default="nemotron")
-    p.add_argument("--api-key", default="test-key")
+    # The key it asks for; FAKE_OPENAI_API_KEY gives it without a command line (./try).
+    p.add_argument("--api-key", default=os.environ.get("FAKE_OPENAI_API_KEY", "test-key"))
     p.add_argument("--ttft", type=float, default=0.05)
     p.add_argument("--itl", type=float, default=0.01)
     p.add_argument("--tokens", type=int, default=16)

@@ -1,0 +1,48 @@
+"""`./try` (the README's five minutes without a cloud): it runs whole on this machine, with the
+test virtualenv, and leaves nothing running and nothing outside the folder it is given."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_try_checks_the_stacks_renders_and_uses_the_tools_against_a_stand_in(
+    tmp_path: Path,
+) -> None:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path / "home"),
+        "VENV": str(Path(sys.executable).parent.parent),
+        "OUT": str(tmp_path / "rendered"),
+        "MPLCONFIGDIR": str(tmp_path / "mpl"),
+    }
+    run = subprocess.run(
+        [str(ROOT / "try")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    for stack in ("dev", "prod", "super"):
+        assert f"{stack}: ok:" in out
+    assert (tmp_path / "rendered" / "dev" / "01-preflight.sh").exists()
+    assert "all checks passed" in out and "PASS tools-stream" in out and "PASS think-on" in out
+    assert "bench: latency in ms (p50 / p90 / p99)" in out
+    # The stand-in's throwaway key travels in the environment, never printed.
+    key_lines = [line for line in out.splitlines() if "FAKE_OPENAI_API_KEY" in line]
+    assert key_lines == [], key_lines
+    stray = subprocess.run(["pgrep", "-f", "fake_openai.py --thinking parsed --tools parsed"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert stray.stdout.strip() == "", "the stand-in is stopped when ./try ends"
+
+
+def test_try_passes_shellcheck() -> None:
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    run = subprocess.run([shellcheck, str(ROOT / "try"), str(ROOT / "check")],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stdout
