@@ -1,4 +1,4 @@
-"""The README's configuration reference, generated from the models in schema.py so that the docs
+"""The configuration reference (docs/configuration.md), generated from the models in schema.py so that the docs
 and the code cannot drift: `python -m components.reference` prints it."""
 
 from __future__ import annotations
