@@ -75,9 +75,7 @@ class DropletConfig(_Section):
     size: str = Field(
         catalog.DEFAULT_SIZE,
         description="GPU Droplet size slug (NVIDIA only); the default is the cheapest that "
-        "serves the default model well. Accepted: "
-        + ", ".join(catalog.NVIDIA_SIZES)
-        + ".",
+        "serves the default model well. Accepted: " + ", ".join(catalog.NVIDIA_SIZES) + ".",
     )
     regions: list[str] = Field(
         default_factory=lambda: ["tor1", "nyc2", "ams3"],
