@@ -21,6 +21,9 @@ def test_try_checks_the_stacks_renders_and_uses_the_tools_against_a_stand_in(
         "VENV": str(Path(sys.executable).parent.parent),
         "OUT": str(tmp_path / "rendered"),
         "MPLCONFIGDIR": str(tmp_path / "mpl"),
+        # Its temporary file (the stand-in's log) in this test's folder: the sandbox tests
+        # beside it hold /tmp to "nothing left behind".
+        "TMPDIR": str(tmp_path),
     }
     run = subprocess.run(
         [str(ROOT / "try")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
