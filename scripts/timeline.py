@@ -3,12 +3,18 @@
 
     python scripts/timeline.py --stack dev --png timeline.png
     python scripts/timeline.py --outputs outputs.json         # `pulumi stack output --json`
+    python scripts/logs.py --stack dev -n 3000 --no-follow > vllm.log
+    python scripts/timeline.py --stack dev --journal vllm.log # and the service phase's parts
 
 Reads the stack's `bootstrapTimeline` output (each phase's start and end on the Droplet's clock
 and the phases it waited for). The critical path runs back from the phase that ended last,
 each time through the phase it waited for that ended last: shortening anything else would not
 bring the endpoint sooner. Each phase's share is of the whole bootstrap's wall time. A phase
 that did not run on the last `pulumi up` keeps the times of the run that last ran it.
+
+With `--journal` (vLLM's journal, as logs.py prints it) it also splits vLLM's start into what
+its own log lines time: weights, model load, torch.compile and whether its cache hit, CUDA
+graph capture, the engine's init (vllm_startup.py).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import target as target_mod
+import vllm_startup
 
 
 @dataclass(frozen=True)
@@ -132,9 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--stack", help="read the outputs of this Pulumi stack")
     source.add_argument("--outputs", help="a saved `pulumi stack output --json` file")
     parser.add_argument("--png", help="draw the bootstrap as a Gantt chart to this file")
+    parser.add_argument(
+        "--journal", help="vLLM's journal (logs.py --no-follow > FILE): split its start"
+    )
     args = parser.parse_args(argv)
     timed, untimed = spans(load(args))
     print(report(timed, untimed))
+    if args.journal:
+        try:
+            with open(args.journal, errors="replace") as f:
+                print(vllm_startup.report(vllm_startup.parse(f.read())))
+        except OSError as err:
+            raise target_mod.TargetError(f"--journal {args.journal}: {err.strerror}") from None
     if args.png and timed:
         gantt(timed, args.png)
     return 0

@@ -92,6 +92,7 @@ LEVELS: dict[str, tuple[str, ...]] = {
     # Every rendered `vllm serve` line through the pinned vLLM's own parser (.vllm-venv: it
     # imports vLLM and torch, tens of seconds a process).
     "test_vllm_serve_parser": ("vllm",),
+    "test_vllm_startup": ("vllm",),
     # The user's tools against fake servers with real delays (bench's measurements, its knee
     # search) and a real sshd (logs.py).
     "test_tools": ("tools",),
