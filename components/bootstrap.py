@@ -3,7 +3,7 @@
 Each phase is a script under scripts/phases/. What runs is `bash -s` (fixed, so no secret and no
 setting ever shows in a command line or in the provider's error text); the script travels on
 stdin as: the phase's settings (shell-quoted), scripts/phases/lib.sh, the phase's own script.
-`render()` builds that text, and `python -m components.render` writes it out for review.
+remote.render() builds that text, and `python -m components.render` writes it out for review.
 
 Re-runs follow the data: a phase's inputs are its own script and settings plus the results of
 the phases it builds on (their stdout, unique per run), so a changed input re-runs that phase and

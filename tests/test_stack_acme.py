@@ -9,7 +9,6 @@ import base64
 import http.client
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -29,8 +28,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
 from pulumi_harness import stack_config
-from sandbox import CADDY
+from sandbox import free_port
 from stack.acme_ca import ACMECA, jwk_thumbprint
+from test_gateway import spawn_caddy, stop_caddy
 
 from components import config, gateway
 
@@ -329,43 +329,22 @@ def test_a_wrong_key_authorization_invalidates_the_order(ca: ACMECA) -> None:
 
 # -- the gateway's real Caddy --------------------------------------------------------------------
 
-KEY = "sk-acme-ca-test-0123456789abcdef0123"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture
 def run_caddy(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """Start Caddy on a Caddyfile text; returns its log. Stopped (process group) however the
-    test ends."""
+    """Start the gateway tests' Caddy (test_gateway.spawn_caddy) on a Caddyfile text; returns
+    its log. Stopped however the test ends."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(caddyfile: str) -> Path:
-        (tmp_path / "Caddyfile").write_text(caddyfile)
-        log = tmp_path / "caddy.log"
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
-               "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"),
-               gateway.API_KEY_ENV: KEY}  # fmt: skip
-        with log.open("wb") as out:
-            procs.append(subprocess.Popen(
-                [str(CADDY), "run", "--config", str(tmp_path / "Caddyfile"), "--adapter", "caddyfile"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            ))  # fmt: skip
-        return log
+        conf = tmp_path / "Caddyfile"
+        conf.write_text(caddyfile)
+        procs.append(spawn_caddy(tmp_path, conf))
+        return tmp_path / "caddy.log"
 
     yield start
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    for proc in procs:
+        stop_caddy(proc)
 
 
 def served(port: int, trust: ssl.SSLContext, server_name: str, log: Path) -> x509.Certificate:
@@ -394,7 +373,11 @@ def test_caddy_gets_and_serves_a_shortlived_ip_certificate_for_the_gateway(
     try:
         cfg = config.parse(stack_config("dev"), "dev")
         # The program's own gateway Caddyfile (profile shortlived, default_sni), on loopback.
-        text = gateway.lone_site(cfg, "127.0.0.1", gateway.Listen(upstream_port=free_port(), http_port=http_port, https_port=https_port, acme_ca=ca.directory, acme_ca_root=str(ca.write_root(tmp_path / "root.pem"))))  # fmt: skip
+        listen = gateway.Listen(
+            upstream_port=free_port(), http_port=http_port, https_port=https_port,
+            acme_ca=ca.directory, acme_ca_root=str(ca.write_root(tmp_path / "root.pem")),
+        )  # fmt: skip
+        text = gateway.lone_site(cfg, "127.0.0.1", listen)
         assert "profile shortlived" in text
         log = run_caddy(text)
         trust = ssl.create_default_context(cadata=ca.root_pem)
