@@ -746,6 +746,7 @@ def test_the_ssh_command_makes_what_it_writes_into_on_a_fresh_account(tmp_path: 
     made owner-only, the key written owner-only beside the pinned host key (a fake `pulumi`
     prints the key; the ssh that follows is not run)."""
     command = droplet.ssh_command("dev", "203.0.113.10", FAKE_HOST_PUBLIC_KEY)
+    assert command.count(" && ssh ") == 1, command  # never run the real ssh below
     write_files = command.split(" && ssh ", 1)[0]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

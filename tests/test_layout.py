@@ -25,6 +25,8 @@ def imports(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # from . import x / from .x import y
                 found |= {node.module} if node.module else {a.name for a in node.names}
+            elif node.module == "components":  # from components import x (as __main__ does)
+                found |= {a.name for a in node.names}
             elif node.module:
                 found.add(node.module.split(".")[0])
     return found

@@ -132,11 +132,11 @@ def test_a_first_up_runs_every_phase_once_in_dependency_order_with_the_independe
     phases = [n.removeprefix("bootstrap-") for n in ran]
     assert sorted(phases) == sorted(["preflight", "lock", "driver", "cgroup", "cache", "conda",
         "vllm", "model", "reboot", "reboot-wait", "service", "gateway", "autodown", "ready"])  # fmt: skip
-    before = {a: b for a, b in [("preflight", "driver"), ("conda", "vllm"), ("conda", "model"),
+    before = [("preflight", "driver"), ("conda", "vllm"), ("conda", "model"),
         ("vllm", "reboot"), ("model", "reboot"), ("reboot-wait", "service"),
-        ("service", "ready"), ("gateway", "ready")]}  # fmt: skip
+        ("service", "ready"), ("gateway", "ready")]  # fmt: skip
     when = {n.removeprefix("bootstrap-"): (s, e) for _, n, s, e in commands.runs}
-    for first, then in before.items():
+    for first, then in before:
         assert when[first][1] <= when[then][0], f"{first} ends before {then} starts"
     # The driver installs beside the cache and the downloads: they overlap in time.
     assert when["driver"][0] < when["cache"][1] and when["cache"][0] < when["driver"][1]
@@ -172,7 +172,11 @@ def test_a_new_size_replaces_the_droplet_deleting_it_and_its_phases_first() -> N
     assert result.ops("replace", "droplet:Droplet") == ["gpu"]
     # Deleted before its replacement was made (delete_before_replace), with the phases whose
     # triggers held its id, and never two Droplets at once.
-    assert cloud.deleted.index("gpu") < len(cloud.deleted)
+    gpu_steps = [s for s in result.steps if s.urn.endswith("::gpu")]
+    assert [s.op for s in gpu_steps] == ["delete", "replace"], gpu_steps
+    gone, made = gpu_steps
+    assert gone.started + gone.seconds <= made.started, "the old Droplet went first"
+    assert "gpu" in cloud.deleted
     deletes = [s.urn.rsplit("::", 1)[1] for s in result.steps if s.op == "delete"]
     assert "bootstrap-preflight" in deletes and deletes.index(
         "bootstrap-preflight"

@@ -146,18 +146,22 @@ def test_fake_server_passes_with_the_official_openai_client() -> None:
 def near_injected(measured: float, injected_s: float) -> bool:
     """A latency the client measured against what the fake server waits: the server's sleep is
     a floor (5% below it: where chunks arrive bunched), and a busy machine (the suite runs on
-    four workers, beside whatever else runs) adds scheduling on top, up to half of it here; a
-    wrong formula (a gap too many or too few, the first token in an inter-token mean) is off by
-    a factor, outside the band."""
-    return injected_s * 1000 * 0.95 <= measured <= injected_s * 1000 * 1.5
+    four workers) adds scheduling on top, under a third of it here. Whether the formula counts
+    the right gaps is held exactly, by their number per request (one fewer than its tokens)."""
+    return injected_s * 1000 * 0.95 <= measured <= injected_s * 1000 * 1.3
 
 
 def test_bench_reads_the_injected_ttft_and_itl(tmp_path: Path) -> None:
     ttft, itl, tokens = 0.200, 0.030, 12
+    saved = tmp_path / "requests.jsonl"
     with fake_server("--ttft", str(ttft), "--itl", str(itl), "--tokens", "64") as base:
         reports = bench(
-            base, tmp_path, concurrency="1,4", requests=8, input_tokens=40, max_tokens=str(tokens)
-        )
+            base, tmp_path, concurrency="1,4", requests=8, input_tokens=40, max_tokens=str(tokens),
+            save_requests=str(saved),
+        )  # fmt: skip
+    # Exactly the gaps between tokens: not the first token's wait, not one too many or few.
+    lines = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert len(lines) == 16 and all(len(x["itl_s"]) == tokens - 1 for x in lines), lines[0]
     assert [r["concurrency"] for r in reports] == [1, 4]
     for r in reports:
         assert r["requests"] == 8 and r["errors"] == 0
@@ -985,16 +989,22 @@ def test_timeline_without_the_output_says_what_to_do(tmp_path: Path) -> None:
     assert "no bootstrapTimeline output: pulumi up with this version first" in proc.stderr
 
 
+WRONG_KEY = "sk-not-this-servers-key-7f3a9c"
+
+
 def test_bench_with_a_wrong_key_says_so_and_where_the_key_comes_from(tmp_path: Path) -> None:
     with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
-        found = run_tool("bench.py", "--endpoint", base, "--api-key", "wrong", "--no-progress",
+        found = run_tool("bench.py", "--endpoint", base, "--api-key", WRONG_KEY, "--no-progress",
                          "--concurrency", "2", "--requests", "4", "--max-tokens", "4")  # fmt: skip
-        given = run_tool("bench.py", "--endpoint", base, "--api-key", "wrong", "--model",
+        given = run_tool("bench.py", "--endpoint", base, "--api-key", WRONG_KEY, "--model",
                          "nemotron", "--no-progress", "--concurrency", "2", "--requests", "40",
-                         "--max-tokens", "4")  # fmt: skip
+                         "--max-tokens", "4", "--json", str(tmp_path / "r.json"))  # fmt: skip
     assert found.returncode == 2
     assert "the endpoint refused the API key (HTTP 401)" in found.stderr, found.stderr
-    assert "--stack NAME" in found.stderr and "wrong" not in found.stderr
+    assert "--stack NAME" in found.stderr
+    assert WRONG_KEY not in found.stdout + found.stderr + given.stdout + given.stderr
     # With --model it goes straight to the requests: the first refusal stops the run.
     assert given.returncode == 3
     assert "stopped: the endpoint refused the API key (HTTP 401)" in given.stderr, given.stderr
+    [level] = json.loads((tmp_path / "r.json").read_text())["levels"]
+    assert level["requests"] <= 2, "no request sent after the refusals already in flight"
