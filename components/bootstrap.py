@@ -3,7 +3,7 @@
 Each phase is a script under scripts/phases/. What runs is `bash -s` (fixed, so no secret and no
 setting ever shows in a command line or in the provider's error text); the script travels on
 stdin as: the phase's settings (shell-quoted), scripts/phases/lib.sh, the phase's own script.
-remote.render() builds that text, and `python -m components.render` writes it out for review.
+phases.render() builds that text, and `python -m components.render` writes it out for review.
 
 Re-runs follow the data: a phase's inputs are its own script and settings plus the results of
 the phases it builds on (their stdout, unique per run), so a changed input re-runs that phase and
@@ -196,7 +196,7 @@ class Bootstrap(pulumi.ComponentResource):
 
         def script(values: dict[str, Any]) -> str:
             settings = phase.settings(cfg, Inputs(**values, replica=replica))
-            return remote.render(phase.name, settings, minutes)
+            return phases.render(phase.name, settings, minutes)
 
         if phase.name == "autodown" and cfg.autodown.token is not None:
             # The token is in the config model, not an Output: mark the script secret here.

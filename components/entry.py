@@ -277,7 +277,7 @@ class CaddyEntry(pulumi.ComponentResource):
         index = replica or 0
 
         def script(values: dict[str, Any]) -> str:
-            return remote.render(phase, row.settings(cfg, Inputs(**values, replica=index)), minutes)
+            return phases.render(phase, row.settings(cfg, Inputs(**values, replica=index)), minutes)
 
         available: dict[str, pulumi.Input[str]] = {
             "api_key": self.api_key,
@@ -285,7 +285,7 @@ class CaddyEntry(pulumi.ComponentResource):
             "private_ip": private_ip,
             "droplet_id": droplet_id,
         }
-        needed = {name: available[name] for name in row.inputs if name != "replica"}
+        needed = {name: available[name] for name in row.inputs}
         # Secret throughout, whether or not the key is in it: the balancer's scripts are its
         # gate's, and one kind of input for all of them keeps a change of that from showing.
         values: pulumi.Output[dict[str, Any]] = (

@@ -29,7 +29,8 @@ def export(cfg: StackConfig, site: Site, built: Endpoint, api_key: pulumi.Output
     pulumi.export("region", placement.region)
     pulumi.export("size", cfg.droplet.size)
     pulumi.export("placement", placement.reason)
-    pulumi.export("hourlyPriceUsd", set_hourly_price(cfg, placement.price_hourly, site.caddy_price))
+    hourly = set_hourly_price(cfg, placement.price_hourly, site.caddy_price)
+    pulumi.export("hourlyPriceUsd", hourly)
     pulumi.export("dropletReplacement", replacement_note(cfg, REPLACEMENT_NOTE))
     pulumi.export("cache", cache_output(cfg, plans, built, 0))
     pulumi.export("cacheMonthlyPriceUsd", round(sum(p.monthly_price_usd for p in plans), 2))
@@ -59,7 +60,7 @@ def export(cfg: StackConfig, site: Site, built: Endpoint, api_key: pulumi.Output
             "autodown runs as a dry run (logs only) until it has a token that may delete "
             "Droplets: pulumi config set --secret --path autodown.token dop_v1_..."
         )
-    unstopped = bill_warning(cfg, set_hourly_price(cfg, placement.price_hourly, site.caddy_price))
+    unstopped = bill_warning(cfg, hourly)
     if unstopped:
         pulumi.log.warn(unstopped)
 

@@ -1,9 +1,10 @@
 """What each phase script reads: its NEMO_* settings, from the config and the catalog.
 
-One function, `settings(cfg, phase, ...)`, names every setting of every phase (each script's
-header lists the ones it reads); the values known only at deploy time (secrets, the address, the
-reboot's result, the cache Volume's device) come in as arguments. bootstrap.py orders the phases
-and sends each its settings; render.py writes them out for review.
+One function per phase names every setting its script reads (its `# Settings:` header lists
+them: tests/test_phase_table.py); the values known only at deploy time (secrets, the address,
+the reboot's result, the cache Volume's device) come in as `Inputs`. phases.py holds the table
+that names each phase's function and inputs; bootstrap.py and entry.py send each its settings,
+render.py writes them out for review.
 """
 
 from __future__ import annotations
@@ -203,14 +204,7 @@ def service(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
 
 
 def _gateway(
-    cfg: StackConfig,
-    i: Inputs,
-    *,
-    host: str,
-    caddyfile: str,
-    admin_socket: str | None,
-    reload: bool,
-    upstreams_dir: str,
+    i: Inputs, *, host: str, caddyfile: str, admin_socket: str | None, upstreams_dir: str
 ) -> dict[str, Setting]:
     """What every gateway phase reads (a lone Droplet's, a replica's, the balancer's): its
     site's Caddyfile, and the pinned Caddy with its unit and the key's env file."""
@@ -227,8 +221,9 @@ def _gateway(
         "NEMO_CADDY_USER": catalog.CADDY_USER,
         "NEMO_CADDY_HOME": catalog.CADDY_HOME,
         # A new Caddyfile must not cut the streams running through a gateway that others
-        # send to (a replica's, the balancer's): reload, never restart, while it runs.
-        "NEMO_CADDY_RELOAD": reload,
+        # send to (a replica's, the balancer's: those with an admin socket): reload, never
+        # restart, while it runs.
+        "NEMO_CADDY_RELOAD": admin_socket is not None,
         "NEMO_UPSTREAMS_DIR": upstreams_dir,
     }
 
@@ -237,12 +232,10 @@ def gateway_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     """A GPU Droplet's gateway: a lone Droplet's public site, or a replica's private one."""
     if not cfg.pooled:
         return _gateway(
-            cfg,
             i,
             host=i.host,
             caddyfile=gateway.lone_site(cfg, i.host),
             admin_socket=None,
-            reload=False,
             upstreams_dir="",
         )
     replica_site = gateway.replica_site(
@@ -257,12 +250,10 @@ def gateway_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         ),
     )
     return _gateway(
-        cfg,
         i,
         host=i.private_ip,
         caddyfile=replica_site,
         admin_socket=catalog.CADDY_ADMIN_SOCKET,
-        reload=True,
         upstreams_dir="",
     )
 
@@ -344,7 +335,7 @@ def ready(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         host=site,
         acme_patience=ACME_PATIENCE_SECONDS if cfg.access.https and not pooled else 0,
         acme_issuers=0 if pooled else acme_issuers(cfg, i.host),
-        drain_file=drain_settings(cfg)["NEMO_DRAIN_FILE"],  # type: ignore[arg-type]
+        drain_file=pool.drain_file() if pooled else "",
         rejoin_seconds=pool.rejoin_seconds(cfg) if pooled else 0,
         vllm_env=vllm_service.env_path(cfg),
         env_file=catalog.VLLM_ENV_FILE,
@@ -366,12 +357,10 @@ def balancer_gateway(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     listen = gateway.Listen(http_port=i.ports.http, https_port=i.ports.https)
     site = gateway.balancer_site(cfg, i.host, listen)
     return _gateway(
-        cfg,
         i,
         host=i.host,
         caddyfile=site,
         admin_socket=catalog.CADDY_ADMIN_SOCKET,
-        reload=True,
         upstreams_dir=catalog.BALANCER_UPSTREAMS_DIR,
     )
 

@@ -1,21 +1,61 @@
 """The phase table: each phase a row, its script, what it runs after, its bound, its settings
 function and the deploy-time inputs it reads. The GPU Droplets' bootstrap (`BOOTSTRAP`) and
 the Caddy balancer's Droplet (`BALANCER`) are rows of the same kind, built into Commands by the
-one remote.phase_command; render.py and the tests read the same rows.
+one remote.phase_command; render.py and the tests read the same rows. `render` is the text a
+phase runs (its settings, lib.sh, its script), sent on stdin to `runner`'s fixed command.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import phase_settings as ps
 from . import pool
-from .phase_settings import Inputs, Setting
+from .phase_settings import PHASES_DIR, Inputs, Setting
 from .schema import StackConfig
 
 SettingsFn = Callable[[StackConfig, Inputs], dict[str, Setting]]
+
+RUNNER = "bash -s"
+# After the bound, `timeout` sends TERM to the phase's whole process group (lib.sh names the
+# step it stopped in); whatever ignores TERM is killed this many seconds later.
+KILL_AFTER_SECONDS = 60
+
+
+def shell_value(value: Setting) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return "(" + " ".join(shlex.quote(v) for v in value) + ")"
+
+
+def runner(minutes: int) -> str:
+    """The remote command of a phase. A Command's custom timeout bounds only its SSH dial, not
+    a command already running (docs/facts.md), so the phase bounds itself on the Droplet.
+    Fixed text: no setting and no secret is ever on this command line."""
+    return f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
+
+
+def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str:
+    """The exact text sent on stdin to `bash -s` for a phase (`minutes`: its bound, for the
+    message when it is stopped)."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# nemotron-droplet bootstrap, phase {phase}: sent on stdin to `{runner(minutes)}`.",
+        f"PHASE={shlex.quote(phase)}",
+        f"PHASE_MINUTES={minutes}",
+        *(f"{key}={shell_value(value)}" for key, value in settings.items()),
+        "",
+        (PHASES_DIR / "lib.sh").read_text(),
+        (PHASES_DIR / f"{phase}.sh").read_text(),
+    ]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -92,7 +132,8 @@ BOOTSTRAP: tuple[Phase, ...] = (
 # A replica leaving waits for its requests in flight (member.sh, NEMO_ACTION=leave).
 LEAVE_MINUTES = 15
 # The Caddy balancer's Droplet: its phases run as the set comes up (entry.CaddyEntry wires
-# what each runs after). Every Command of it may take LEAVE_MINUTES to delete.
+# what each runs after; a member is told which replica it is, beside its inputs). The member's
+# delete is its leave; the others' delete bound stays the one they were deployed with.
 BALANCER: tuple[Phase, ...] = (
     Phase(
         "preflight", (), 20, ps.balancer_preflight, wait_for_ssh=True, delete_minutes=LEAVE_MINUTES
@@ -110,7 +151,7 @@ BALANCER: tuple[Phase, ...] = (
         (),
         15,
         ps.balancer_member,
-        inputs=("replica", "private_ip", "droplet_id"),
+        inputs=("private_ip", "droplet_id"),
         leaves=True,
         delete_minutes=LEAVE_MINUTES,
     ),

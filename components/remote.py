@@ -4,7 +4,7 @@ The contract (every fix to it is made here, once):
 - the remote command is fixed text, `timeout --kill-after=60 <bound> bash -s`: no setting and no
   secret is ever on a command line or in the provider's error text;
 - the script travels on stdin: the phase's settings (shell-quoted), scripts/phases/lib.sh, the
-  phase's own script (`render`);
+  phase's own script (phases.render: host text, no Pulumi);
 - the phase bounds itself on the host, and the Command's custom timeouts (which bound only the
   SSH dial: docs/facts.md, pulumi-command) outlast that bound by DIAL_MARGIN_MINUTES, so the phase's
   own message is the one seen;
@@ -16,55 +16,17 @@ The contract (every fix to it is made here, once):
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_command as command
 
 from . import catalog
-from .phase_settings import PHASES_DIR, Setting
+from .phases import runner
 
-RUNNER = "bash -s"
-# After the bound, `timeout` sends TERM to the phase's whole process group (lib.sh names the
-# step it stopped in); whatever ignores TERM is killed this many seconds later.
-KILL_AFTER_SECONDS = 60
 # custom_timeouts (the SSH dial) outlast the phase's own bound by this much.
 DIAL_MARGIN_MINUTES = 5
-
-
-def shell_value(value: Setting) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return shlex.quote(value)
-    return "(" + " ".join(shlex.quote(v) for v in value) + ")"
-
-
-def runner(minutes: int) -> str:
-    """The remote command of a phase. A Command's custom timeout bounds only its SSH dial, not
-    a command already running (docs/facts.md), so the phase bounds itself on the Droplet.
-    Fixed text: no setting and no secret is ever on this command line."""
-    return f"timeout --kill-after={KILL_AFTER_SECONDS} {minutes * 60} {RUNNER}"
-
-
-def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str:
-    """The exact text sent on stdin to `bash -s` for a phase (`minutes`: its bound, for the
-    message when it is stopped)."""
-    lines = [
-        "#!/usr/bin/env bash",
-        f"# nemotron-droplet bootstrap, phase {phase}: sent on stdin to `{runner(minutes)}`.",
-        f"PHASE={shlex.quote(phase)}",
-        f"PHASE_MINUTES={minutes}",
-        *(f"{key}={shell_value(value)}" for key, value in settings.items()),
-        "",
-        (PHASES_DIR / "lib.sh").read_text(),
-        (PHASES_DIR / f"{phase}.sh").read_text(),
-    ]
-    return "\n".join(lines)
 
 
 @dataclass(frozen=True)

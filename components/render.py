@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from . import autodown, cache, config, gateway, phase_settings, phases, remote
+from . import autodown, cache, config, gateway, phase_settings, phases
 from .schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,15 +97,15 @@ def render_stack(stack: str, out: Path, replicas: int | None = None) -> list[Pat
         inputs = {name: values[name] for name in phases.wanted(phase, replica)}
         settings = phase.settings(cfg, phase_settings.Inputs(**inputs, replica=replica))
         path = out / f"{index:02d}-{phase.name}.sh"
-        path.write_text(remote.render(phase.name, settings, phases.minutes(cfg, phase)))
+        path.write_text(phases.render(phase.name, settings, phases.minutes(cfg, phase)))
         written.append(path)
     if cfg.pooled and cfg.balancer_kind == "caddy":
         values = placeholders(cfg, "hfToken" in raw, RESERVED_PLACEHOLDER_IP)
         for index, phase in enumerate(phases.BALANCER, start=1):
-            inputs = {name: values[name] for name in phase.inputs if name != "replica"}
+            inputs = {name: values[name] for name in phase.inputs}
             settings = phase.settings(cfg, phase_settings.Inputs(**inputs, replica=0))
             path = out / f"balancer-{index}-{phase.name}.sh"
-            path.write_text(remote.render(phase.name, settings, phases.minutes(cfg, phase)))
+            path.write_text(phases.render(phase.name, settings, phases.minutes(cfg, phase)))
             written.append(path)
     return written
 

@@ -28,8 +28,8 @@ class Site:
 def plan_site(cfg: StackConfig) -> Site:
     """Place the set and plan its caches; refuse an entry the region cannot have."""
     live = [region.find_existing(cfg.replica_name(i), cfg.stack_tag) for i in range(cfg.replicas)]
-    # Replica 0 gone (deleted by hand): the set stays where the others are.
-    existing = live[0] or next((e for e in live if e is not None), None)
+    # Replica 0's region, or, with replica 0 gone (deleted by hand), where the others are.
+    existing = next((e for e in live if e is not None), None)
     found_cache = cache.find(cfg, existing.region if existing else None)
     placement = region.choose(
         cfg.droplet.size,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,10 @@ def file_problems(
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        return [f"{path}: not YAML: {err}"], None
+        # Where and what, not PyYAML's quote of the line (a value there may be a secret).
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return [f"{path}: not YAML{where}: {getattr(err, 'problem', None) or 'unreadable'}"], None
     keys = list((data.get("config") or {}).keys()) if isinstance(data, dict) else []
     where = str(path)
     problems = [f"{where}: {p}" for p in config.namespace_problems(keys, where="it")]
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    api = urllib.parse.urlsplit(args.api_url)
+    if api.scheme != "https" and api.hostname != "127.0.0.1":
+        parser.error("--api-url: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
     problems, cfg = file_problems(args.stack, args.stacks)
     token = os.environ.get("DIGITALOCEAN_TOKEN", "")
     if cfg is not None and token:

@@ -94,9 +94,9 @@ def reads_what_it_names(phase: phases.Phase, table: str, cfg: config.StackConfig
     }
     replica = 0 if cfg.pooled and table == "bootstrap" else None
     shape = "a replica" if replica is not None else "a lone Droplet"
-    if "replica" in names:
+    if phase.leaves:
         replica, shape = 3, "the balancer, replica 3's member"
-    full = Inputs(**{n: probes[n] for n in names if n != "replica"}, replica=replica)
+    full = Inputs(**{n: probes[n] for n in names}, replica=replica)
     given = phase.settings(cfg, full)
     for name in names:
         default = getattr(Inputs(), name)

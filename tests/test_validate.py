@@ -127,6 +127,13 @@ class FakeAccount:
                 else:
                     self.answer(404, {"id": "not_found", "message": "not found"})
 
+            def refuse(self) -> None:
+                """Any other method: recorded (the test holds that none came), then refused."""
+                account.asked.append((self.command, self.path))
+                self.answer(405, {"id": "method_not_allowed", "message": self.command})
+
+            do_POST = do_PUT = do_PATCH = do_DELETE = refuse  # noqa: N815
+
             def answer(self, status: int, body: dict[str, Any]) -> None:
                 loopback.reply(self, status, json.dumps(body).encode(), "application/json")
 
@@ -186,3 +193,17 @@ def test_a_token_digitalocean_refuses_is_named_not_printed(
     assert run.returncode == 2
     assert "DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP 401)" in run.stderr
     assert wrong not in run.stdout + run.stderr
+
+
+def test_the_token_goes_only_over_https(tmp_path: Path) -> None:
+    run = validate("--stack", "dev", "--api-url", "http://api.example.com",
+                   env={"DIGITALOCEAN_TOKEN": TOKEN})  # fmt: skip
+    assert run.returncode == 2 and "the token goes over HTTPS only" in run.stderr
+    assert TOKEN not in run.stdout + run.stderr
+
+
+def test_a_stack_file_that_is_not_yaml_says_where_and_quotes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "Pulumi.broken.yaml").write_text("config:\n  apiKey: sk-do-not-echo-me: [\n")
+    run = validate("--stack", "broken", stacks=tmp_path)
+    assert run.returncode == 2 and "not YAML at line 2" in run.stderr, run.stderr
+    assert "sk-do-not-echo-me" not in run.stderr
