@@ -82,6 +82,12 @@ FORCE_NEW = {
         }
     ),
     ATTACHMENT: frozenset({"dropletId", "volumeId"}),
+    # sshkey/resource_ssh_key.go, reservedip/resource_reserved_ip_assignment.go,
+    # tag/resource_tag.go, domain/resource_record.go: ForceNew.
+    SSH_KEY: frozenset({"publicKey"}),
+    ASSIGNMENT: frozenset({"ipAddress", "dropletId"}),
+    TAG: frozenset({"name"}),
+    DNS_RECORD: frozenset({"domain", "type"}),
 }
 # Where DigitalOcean names an attached Volume on the Droplet (its docs, Volumes: "How to
 # mount"): written here, not taken from the program, so a wrong prefix there fails here.
@@ -389,7 +395,7 @@ class Account(pulumi_mocks.Mocks):
         """Each Load Balancer forwards to the Droplets with its tag (re-read as they change)."""
         for lb in self.balancers.values():
             lb.set_targets(
-                [m.host.private_ip or "" for m in self.machines.values() if lb.tag in m.tags]
+                [m.host.private_ip or "" for m in list(self.machines.values()) if lb.tag in m.tags]
             )
 
     def _volume_create(self, new: Resource) -> tuple[str, dict[str, Any]]:

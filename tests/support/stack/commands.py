@@ -15,6 +15,7 @@ What pulumi-command does and this keeps (provider/pkg/provider/remote, at 010bd8
 
 from __future__ import annotations
 
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +28,11 @@ COMMAND = "command:remote:Command"
 COPY = "command:remote:CopyToRemote"
 # Between dials while SSH does not answer (a Droplet booting, rebooting).
 DIAL_PAUSE_SECONDS = 1.0
+# What ssh says when it never got a session: the dials pulumi-command retries (connection.go).
+DIAL_FAILED = re.compile(
+    r"ssh: connect to host|Connection refused|Connection timed out|No route to host"
+    r"|kex_exchange_identification|Connection closed by .* port 22"
+)
 DIAL_WAIT_SECONDS = 600
 
 
@@ -95,8 +101,9 @@ class RemoteCommands:
                 proc = self.world.run(
                     net.ssh_argv(key, known, target, command), input=stdin, timeout=7200
                 )
-                # 255: ssh's own failure (no answer, refused, reset during a reboot).
-                if proc.returncode != 255 or "Host key verification failed" in proc.stderr:
+                # Dial again only when SSH never connected (the provider retries dials, never a
+                # session: one cut midway, or a command that exits 255, fails the step).
+                if proc.returncode != 255 or proc.stdout or not DIAL_FAILED.search(proc.stderr):
                     break
                 failures += 1
                 if (waits != -1 and failures >= waits) or time.monotonic() > deadline:

@@ -285,10 +285,12 @@ class Engine(pulumi_mocks.MockMonitor):
         create-before-delete replacements, dependents first."""
         gone = [r for urn, r in self.state.items() if urn not in self.registered]
         for old in delete_order([*gone, *self.replaced]):
-            if old in self.replaced:
-                self._run("delete", old, lambda o=old: self.provider(o.type).delete(o))  # type: ignore[misc]
-            else:
+            if old not in self.replaced:
                 self._delete(old)
+            elif old.retain_on_delete:  # a replaced resource marked retain is left, as Pulumi does
+                self._record("retain", old, time.time(), 0.0)
+            else:
+                self._run("delete", old, lambda o=old: self.provider(o.type).delete(o))  # type: ignore[misc]
         self.replaced.clear()
 
     def _run(self, op: str, res: Resource, action: Callable[[], None]) -> None:

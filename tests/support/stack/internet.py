@@ -361,7 +361,7 @@ def prepare(box: Sandbox, services: Mapping[str, str], roots: Iterable[str]) -> 
 
 
 def substitute(stdin: str, values: Mapping[str, str]) -> str:
-    """The rendered phase script (remote.render) with exactly these settings' lines replaced;
+    """The rendered phase script (phases.render) with exactly these settings' lines replaced;
     a key not in SUBSTITUTED, or not set in the script, is refused."""
     refused = sorted(set(values) - set(SUBSTITUTED))
     if refused:
