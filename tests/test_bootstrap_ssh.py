@@ -18,7 +18,7 @@ from sandbox import Downloads, Sandbox, free_port
 from stack.net import sshd_config
 from test_phase_scripts import Phases, service_pid, unit_env, use_new_locks, vllm_envs, vllm_lock
 
-from components import bootstrap, phase_settings, phases, remote
+from components import bootstrap, phase_settings, phases
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(
@@ -102,7 +102,7 @@ class Droplet:
         self, script: str, wait_for_ssh: bool = False
     ) -> subprocess.CompletedProcess[str]:
         """`bash -s` with the script on stdin; dial until SSH answers when asked (-1 dials)."""
-        argv = self.ssh_argv("root@127.0.0.1", remote.RUNNER)
+        argv = self.ssh_argv("root@127.0.0.1", phases.RUNNER)
         deadline = time.monotonic() + 60
         while True:
             proc = subprocess.run(
@@ -152,7 +152,7 @@ def run_bootstrap(droplet: Droplet, p: Phases, cache_device: str = "") -> dict[s
         spec = next(ph for ph in phases.BOOTSTRAP if ph.name == name)
         if "cache_device" in spec.inputs:
             kwargs["cache_device"] = cache_device
-        proc = droplet.run_phase(remote.render(name, p.settings(name, **kwargs)), spec.wait_for_ssh)
+        proc = droplet.run_phase(phases.render(name, p.settings(name, **kwargs)), spec.wait_for_ssh)
         assert proc.returncode == 0, f"{name}: {proc.stderr}"
         results[name] = bootstrap.parse_result(proc.stdout)
         return results[name]
@@ -265,7 +265,7 @@ def test_a_failed_phase_over_ssh_shows_phase_step_and_fix(droplet: Droplet, tmp_
         droplet.box.set_gpus(0)
         p = Phases(droplet.box, downloads)
         proc = droplet.run_phase(
-            remote.render("preflight", p.settings("preflight")), wait_for_ssh=True
+            phases.render("preflight", p.settings("preflight")), wait_for_ssh=True
         )
         assert proc.returncode == 1
         assert "[preflight] FAILED at step gpu: no NVIDIA GPU on the PCI bus" in proc.stderr

@@ -26,7 +26,6 @@ from components import (
     gateway,
     phase_settings,
     phases,
-    remote,
     schema,
     vllm_service,
 )
@@ -124,7 +123,7 @@ class Phases:
         return s
 
     def run(self, phase: str, **kwargs: Any) -> PhaseRun:
-        return self.box.run(remote.render(phase, self.settings(phase, **kwargs)))
+        return self.box.run(phases.render(phase, self.settings(phase, **kwargs)))
 
     def ok(self, phase: str, **kwargs: Any) -> dict[str, Any]:
         run = self.run(phase, **kwargs)
@@ -240,7 +239,7 @@ def test_the_driver_and_the_vllm_env_install_side_by_side(
     p.ok("conda")
     # One entry into the sandbox (its overlays allow one at a time), both phases inside it.
     for name in ("driver", "vllm"):
-        box.file(f"/root/{name}.sh", remote.render(name, p.settings(name)))
+        box.file(f"/root/{name}.sh", phases.render(name, p.settings(name)))
     both = (
         "bash /root/driver.sh >/root/driver.out 2>/root/driver.err & "
         "bash /root/vllm.sh >/root/vllm.out 2>/root/vllm.err & "
@@ -1078,7 +1077,7 @@ def test_a_phase_stops_at_its_bound_and_names_the_step(box: Sandbox, downloads: 
     p = Phases(box, downloads)
     p.ok("conda")
     box.hw("hf_hang", "1")
-    script = remote.render("model", p.settings("model"), minutes=1)
+    script = phases.render("model", p.settings("model"), minutes=1)
     started = time.monotonic()
     run = box.run(script, inner="timeout --kill-after=5 3 bash -s", timeout=60)
     assert time.monotonic() - started < 20

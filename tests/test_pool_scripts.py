@@ -22,7 +22,6 @@ from components import (
     phase_settings,
     phases,
     pool,
-    remote,
 )
 
 __all__ = ["box"]  # the fixture, used by name
@@ -220,7 +219,7 @@ class Balancer:
         return s
 
     def run(self, phase: str, inner: str = "bash -s", **kwargs: Any) -> PhaseRun:
-        script = remote.render(phase, self.settings(phase, **kwargs))
+        script = phases.render(phase, self.settings(phase, **kwargs))
         return self.box.run(script, inner=inner)
 
     def join(self, index: int, port: int, leave: bool = False) -> PhaseRun:
@@ -230,7 +229,7 @@ class Balancer:
         s["NEMO_UPSTREAM_FILE"] = f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-{index}-{port}.caddy"
         # The Command's delete runs the stored script with NEMO_ACTION=leave (entry.py).
         inner = "NEMO_ACTION=leave timeout 60 bash -s" if leave else "bash -s"
-        return self.box.run(remote.render("member", s), inner=inner)
+        return self.box.run(phases.render("member", s), inner=inner)
 
 
 def test_the_balancer_joins_replicas_reloads_gracefully_and_drains_one_that_leaves(
@@ -451,7 +450,7 @@ def test_a_drain_ends_on_stuck_gauges_and_a_stopped_drain_ends_itself(
     reasons.mkdir(parents=True, exist_ok=True)
     (reasons / "driver").write_text("driver 580 installed\n")
     drain_file = box.run_dir / pool.drain_file().removeprefix("/run/")
-    script = remote.render("reboot", p.settings("reboot"), minutes=1)
+    script = phases.render("reboot", p.settings("reboot"), minutes=1)
     assert "NEMO_DRAIN_SECONDS=600" in script
 
     # Stopped mid-drain (the runner's TERM at the bound; 3 s here, the stall window is 60 s).

@@ -29,7 +29,7 @@ from stack.internet import (
 )
 from stack.net import ACME_CA, DO_API, DOWNLOADS, Host, World, namespaces, running_world
 
-from components import catalog, config, phases, remote
+from components import catalog, config, phases
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "curl")),
@@ -148,7 +148,7 @@ def test_rendered_conda_and_model_phases_download_at_the_real_names(droplet: Dro
     """The conda phase with its rendered settings but the one substitution, then the model
     phase exactly as rendered (NEMO_HF_ENDPOINT empty: the fake hf asks https://huggingface.co)."""
     cfg, internet = dev_config(), droplet.internet
-    conda = remote.render("conda", phases.settings(cfg, "conda"))
+    conda = phases.render("conda", phases.settings(cfg, "conda"))
 
     # Unsubstituted, the real Miniforge's pinned sha refuses the stand-in: the gap is real.
     run = droplet.run(conda)
@@ -159,7 +159,7 @@ def test_rendered_conda_and_model_phases_download_at_the_real_names(droplet: Dro
     assert json.loads(run.stdout.splitlines()[-1])["changed"] is True
     assert internet.requests[catalog.MINIFORGE_URL] == 2
 
-    run = droplet.run(remote.render("model", phases.settings(cfg, "model")))
+    run = droplet.run(phases.render("model", phases.settings(cfg, "model")))
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.splitlines()[-1])["model"] == f"{MODEL}@main"
     for name in ("config.json", "model.safetensors"):
@@ -193,7 +193,7 @@ def test_a_path_can_fail_or_stall(droplet: Droplet) -> None:
 
 def test_substitute_changes_only_the_named_line_and_refuses_others() -> None:
     cfg = dev_config()
-    conda = remote.render("conda", phases.settings(cfg, "conda"))
+    conda = phases.render("conda", phases.settings(cfg, "conda"))
     out = substitute(conda, {"NEMO_MINIFORGE_SHA256": "ab" * 32})
     changed = [(a, b) for a, b in zip(conda.splitlines(), out.splitlines(), strict=True) if a != b]
     assert changed == [
@@ -203,7 +203,7 @@ def test_substitute_changes_only_the_named_line_and_refuses_others() -> None:
     for key in ("NEMO_MINIFORGE_URL", "NEMO_CADDY_SHA256", "NEMO_HF_ENDPOINT"):
         with pytest.raises(ValueError, match="substitutes only"):
             substitute(conda, {key: "x"})
-    model = remote.render("model", phases.settings(cfg, "model"))
+    model = phases.render("model", phases.settings(cfg, "model"))
     with pytest.raises(ValueError, match="not set in this phase script"):
         substitute(model, {"NEMO_MINIFORGE_SHA256": "ab" * 32})
 
@@ -220,9 +220,9 @@ def test_the_settings_block_is_read_exactly_even_with_multiline_values() -> None
     ]
     for phase, kwargs in cases:
         settings = phases.settings(cfg, phase, **kwargs)
-        stdin = remote.render(phase, settings)
+        stdin = phases.render(phase, settings)
         spans = _assignments(stdin)
         assert set(spans) == {"PHASE", "PHASE_MINUTES", *settings}, phase
         for key, value in settings.items():
             start, end = spans[key]
-            assert stdin[start:end] == f"{key}={remote.shell_value(value)}", key
+            assert stdin[start:end] == f"{key}={phases.shell_value(value)}", key
