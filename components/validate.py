@@ -8,8 +8,12 @@ Offline it reads `stacks/Pulumi.<stack>.yaml` and checks what `pulumi up` checks
 keys are under this project's namespace, and every field of every section, together (the
 model fits the size, the entry fits the replicas, ...). Encrypted values are taken as set. With
 a token in DIGITALOCEAN_TOKEN it also asks DigitalOcean what only the account knows: whether the
-size is offered in one of `droplet.regions` now, and whether `access.dnsZone` is a domain of the
-account. It reads only (GET); the token is never printed.
+size is offered in one of `droplet.regions` now, whether `access.dnsZone` is a domain of the
+account, and whether the token may read each kind of resource the stack makes (the provider reads
+every resource back after creating it, so a token without the read scope fails half-way through
+`pulumi up`). It reads only (GET); the token is never printed. A write scope cannot be checked
+without writing, and DigitalOcean has no endpoint that lists a token's scopes: those, and the
+autodown token's, are named, not checked.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import argparse
 import os
 import sys
 import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
 import yaml
 
-from . import config, render
+from . import autodown, config, render
 from .schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +64,45 @@ def file_problems(
         return [f"{where}: {p}" for p in err.problems], None
 
 
+@dataclass(frozen=True)
+class Read:
+    """One page of a kind of resource: what the stack makes, the path, and the scopes DigitalOcean
+    asks for (the operation's `security` in its OpenAPI, specification/resources/<file>)."""
+
+    what: str
+    path: str
+    scopes: tuple[str, ...]
+    source: str
+
+
+# Reads every stack needs: its Droplets (found by name and tag before a replacement), their tags,
+# SSH keys and Cloud Firewalls. Volumes are left out: volumes_list.yml names the legacy
+# `api:read`, not a custom scope, so a probe could not say which scope is missing.
+READS = (
+    Read("Droplets", "/v2/droplets", ("droplet:read",), "droplets/droplets_list.yml"),
+    Read("tags", "/v2/tags", ("tag:read",), "tags/tags_list.yml"),
+    Read("SSH keys", "/v2/account/keys", ("ssh_key:read",), "ssh_keys/sshKeys_list.yml"),
+    Read("Cloud Firewalls", "/v2/firewalls", ("firewall:read",), "firewalls/firewalls_list.yml"),
+)
+RESERVED_IPS = Read(
+    "Reserved IPs", "/v2/reserved_ips", ("reserved_ip:read",), "reserved_ips/reservedIPs_list.yml"
+)
+LOAD_BALANCERS = Read(
+    "Load Balancers", "/v2/load_balancers", ("load_balancer:read",),
+    "load_balancers/loadBalancers_list.yml",
+)  # fmt: skip
+SIZES_SCOPES = ("sizes:read", "regions:read")  # sizes/sizes_list.yml
+
+
+def reads(cfg: StackConfig) -> tuple[Read, ...]:
+    """The reads this stack's resources need: the Caddy entry holds a Reserved IP, the managed
+    one is a Load Balancer."""
+    extra: tuple[Read, ...] = ()
+    if cfg.pooled:
+        extra = (RESERVED_IPS,) if cfg.balancer_kind == "caddy" else (LOAD_BALANCERS,)
+    return READS + extra
+
+
 def cloud_problems(cfg: StackConfig, token: str, api_url: str = API_URL) -> list[str]:
     """What only the account knows: the size offered in a region the stack allows, the DNS
     zone among its domains (GET /v2/sizes, GET /v2/domains/{name}: DigitalOcean OpenAPI
@@ -71,10 +115,12 @@ def cloud_problems(cfg: StackConfig, token: str, api_url: str = API_URL) -> list
 
     problems: list[str] = []
     sizes = get("/v2/sizes", per_page=200)
-    if sizes.status_code in (401, 403):
+    if sizes.status_code == 401:
+        return ["DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP 401): not a valid token"]
+    if sizes.status_code == 403:
         return [
-            f"DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP {sizes.status_code}): "
-            "it needs read access"
+            "DIGITALOCEAN_TOKEN: may not list the sizes (HTTP 403): it needs the scopes "
+            f"{' and '.join(SIZES_SCOPES)}"
         ]
     sizes.raise_for_status()
     offered = {s["slug"]: s for s in sizes.json().get("sizes", [])}
@@ -97,8 +143,24 @@ def cloud_problems(cfg: StackConfig, token: str, api_url: str = API_URL) -> list
                 f"access.dnsZone: {zone} is not a domain of this DigitalOcean account "
                 "(Networking > Domains)"
             )
+        elif found.status_code == 403:
+            problems.append(
+                f"DIGITALOCEAN_TOKEN: may not read the domain {zone} (HTTP 403): it needs the "
+                "scope domain:read (domains/domains_get.yml)"
+            )
         elif found.status_code >= 400:
             problems.append(f"access.dnsZone: could not read {zone} (HTTP {found.status_code})")
+    for read in reads(cfg):
+        answer = get(read.path, per_page=1)
+        if answer.status_code == 403:
+            problems.append(
+                f"DIGITALOCEAN_TOKEN: may not read {read.what} (HTTP 403): it needs the scope "
+                f"{' and '.join(read.scopes)} ({read.source}); `pulumi up` reads back each "
+                "one it makes"
+            )
+        elif answer.status_code >= 400:
+            problems.append(f"DIGITALOCEAN_TOKEN: could not read {read.what} "
+                            f"(HTTP {answer.status_code})")  # fmt: skip
     return problems
 
 
@@ -134,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(cfg.droplet.regions)} that offers it, serving {cfg.model.id}; "
         f"the cloud: {cloud}"
     )
+    if cfg.autodown.enabled:
+        # No read-only call tells a token's scopes; a delete is the only test of droplet:delete.
+        print(
+            f"{args.stack}: not checkable without deleting: autodown.token must have exactly "
+            f"{', '.join(autodown.token_scopes(cfg))} (README, Stop paying)"
+        )
     return 0
 
 

@@ -4,18 +4,16 @@ asked of a fake DigitalOcean on loopback that answers as the API does."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-import loopback
 import pytest
 import yaml
+from stack.do_api import Account, DigitalOceanAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "dop_v1_VALIDATEtestTOKEN00000000000000000000"
@@ -95,104 +93,112 @@ def test_a_missing_stack_file_names_the_ones_there() -> None:
 
 # ---- with a token: the account ------------------------------------------------------------------
 
-
-class FakeAccount:
-    """GET /v2/sizes and GET /v2/domains/{name} as DigitalOcean answers them (OpenAPI
-    sizes_list.yml, domains_get.yml); 401 for another token. Records what was asked."""
-
-    def __init__(self, regions: list[str], domains: tuple[str, ...] = ()) -> None:
-        self.regions, self.domains = regions, domains
-        self.asked: list[tuple[str, str]] = []
-
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        account = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                account.asked.append((self.command, self.path))
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                    self.answer(
-                        401, {"id": "unauthorized", "message": "Unable to authenticate you."}
-                    )
-                elif self.path.startswith("/v2/sizes"):
-                    sizes = [{"slug": "gpu-4000adax1-20gb", "available": True,
-                              "regions": account.regions, "price_hourly": 0.76}]  # fmt: skip
-                    self.answer(200, {"sizes": sizes, "meta": {"total": 1}})
-                elif self.path.startswith("/v2/domains/"):
-                    name = self.path.removeprefix("/v2/domains/")
-                    if name in account.domains:
-                        self.answer(200, {"domain": {"name": name, "ttl": 1800}})
-                    else:
-                        self.answer(404, {"id": "not_found", "message": "not found"})
-                else:
-                    self.answer(404, {"id": "not_found", "message": "not found"})
-
-            def refuse(self) -> None:
-                """Any other method: recorded (the test holds that none came), then refused."""
-                account.asked.append((self.command, self.path))
-                self.answer(405, {"id": "method_not_allowed", "message": self.command})
-
-            do_POST = do_PUT = do_PATCH = do_DELETE = refuse  # noqa: N815
-
-            def answer(self, status: int, body: dict[str, Any]) -> None:
-                loopback.reply(self, status, json.dumps(body).encode(), "application/json")
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        return Handler
+# What a stack's deploy token must be able to read, as DigitalOcean's OpenAPI names the scopes:
+# the fake API refuses a token without them from its own table (do_api_scopes.json), so these
+# lists are checked against the OpenAPI, not against validate's table.
+READ_SCOPES = ["sizes:read", "regions:read", "droplet:read", "tag:read", "ssh_key:read",
+               "firewall:read", "domain:read"]  # fmt: skip
 
 
 @pytest.fixture
-def account() -> Iterator[tuple[FakeAccount, str]]:
-    fake = FakeAccount(["nyc2"], domains=("example.com",))
-    server = loopback.serve(fake.handler())
-    try:
-        yield fake, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        loopback.stop(server)
+def api() -> Iterator[DigitalOceanAPI]:
+    """The fake DigitalOcean (tests/support/stack/do_api.py) with the dev size offered in nyc2,
+    the domain example.com, and TOKEN with the read scopes above."""
+    account = Account()
+    account.offered["gpu-4000adax1-20gb"] = ["nyc2"]
+    account.domains["example.com"] = {}
+    account.add_token("deploy", READ_SCOPES, secret=TOKEN)
+    with DigitalOceanAPI(account) as fake:
+        yield fake
 
 
 def test_with_a_token_the_size_must_be_offered_in_one_of_the_stacks_regions(
-    account: tuple[FakeAccount, str], tmp_path: Path
+    api: DigitalOceanAPI,
 ) -> None:
-    fake, url = account
-    ok = validate("--stack", "dev", "--api-url", url, env={"DIGITALOCEAN_TOKEN": TOKEN})
+    ok = validate("--stack", "dev", "--api-url", api.url, env={"DIGITALOCEAN_TOKEN": TOKEN})
     assert ok.returncode == 0 and "checked with DigitalOcean" in ok.stdout, ok.stderr
-    fake.regions = ["sfo3"]
-    gone = validate("--stack", "dev", "--api-url", url, env={"DIGITALOCEAN_TOKEN": TOKEN})
+    assert [seen.status for seen in api.requests] == [200] * len(api.requests) != []
+    api.account.offered["gpu-4000adax1-20gb"] = ["sfo3"]
+    gone = validate("--stack", "dev", "--api-url", api.url, env={"DIGITALOCEAN_TOKEN": TOKEN})
     assert gone.returncode == 2
     assert "droplet.regions: gpu-4000adax1-20gb is offered in none of tor1" in gone.stderr
     assert "(it is in: sfo3)" in gone.stderr
-    assert all(method == "GET" for method, _ in fake.asked), "it only reads"
+    api.account.offered.clear()
+    sold = validate("--stack", "dev", "--api-url", api.url, env={"DIGITALOCEAN_TOKEN": TOKEN})
+    assert "droplet.size: gpu-4000adax1-20gb is not offered to this account now" in sold.stderr
+    assert {seen.method for seen in api.requests} == {"GET"}, "it only reads"
     assert TOKEN not in ok.stdout + ok.stderr + gone.stdout + gone.stderr
 
 
 def test_with_a_token_the_dns_zone_must_be_the_accounts(
-    account: tuple[FakeAccount, str], tmp_path: Path
+    api: DigitalOceanAPI, tmp_path: Path
 ) -> None:
-    _, url = account
     config = shipped("dev")
     config["nemotron-droplet:access"] = {
         **config["nemotron-droplet:access"], "domain": "llm.example.org",
         "dnsZone": "example.org", "acmeEmail": "ops@example.org",
     }  # fmt: skip
     stack_file(tmp_path, "named", config)
-    run = validate("--stack", "named", "--api-url", url, stacks=tmp_path,
+    run = validate("--stack", "named", "--api-url", api.url, stacks=tmp_path,
                    env={"DIGITALOCEAN_TOKEN": TOKEN})  # fmt: skip
     assert run.returncode == 2
     assert "access.dnsZone: example.org is not a domain of this DigitalOcean account" in run.stderr
+    api.account.domains["example.org"] = {}
+    run = validate("--stack", "named", "--api-url", api.url, stacks=tmp_path,
+                   env={"DIGITALOCEAN_TOKEN": TOKEN})  # fmt: skip
+    assert run.returncode == 0, run.stderr
 
 
-def test_a_token_digitalocean_refuses_is_named_not_printed(
-    account: tuple[FakeAccount, str],
-) -> None:
-    _, url = account
+def test_a_token_digitalocean_refuses_is_named_not_printed(api: DigitalOceanAPI) -> None:
     wrong = "dop_v1_WRONGtoken0000000000000000000000000000"
-    run = validate("--stack", "dev", "--api-url", url, env={"DIGITALOCEAN_TOKEN": wrong})
+    run = validate("--stack", "dev", "--api-url", api.url, env={"DIGITALOCEAN_TOKEN": wrong})
     assert run.returncode == 2
     assert "DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP 401)" in run.stderr
     assert wrong not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("missing", ["droplet:read", "tag:read", "ssh_key:read", "firewall:read"])
+def test_a_read_scope_the_stack_needs_is_named_when_missing(
+    api: DigitalOceanAPI, missing: str
+) -> None:
+    """The provider reads back every resource it creates: a deploy token without the read scope
+    of one kind fails half-way through `pulumi up`; validate says which scope, before."""
+    partial = api.account.add_token("partial", [s for s in READ_SCOPES if s != missing])
+    run = validate("--stack", "dev", "--api-url", api.url, env={"DIGITALOCEAN_TOKEN": partial})
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"it needs the scope {missing}" in lines[0], run.stderr
+    assert partial not in run.stdout + run.stderr
+
+
+def test_the_entry_adds_its_own_read_scope(api: DigitalOceanAPI, tmp_path: Path) -> None:
+    """Replicas behind the Caddy balancer hold a Reserved IP; behind the managed one, a Load
+    Balancer: each needs its read scope, and only then."""
+    config = shipped("dev")
+    config["nemotron-droplet:replicas"] = 2
+    stack_file(tmp_path, "pair", config)
+    run = validate("--stack", "pair", "--api-url", api.url, stacks=tmp_path,
+                   env={"DIGITALOCEAN_TOKEN": TOKEN})  # fmt: skip
+    assert run.returncode == 2
+    assert "may not read Reserved IPs (HTTP 403): it needs the scope reserved_ip:read" in run.stderr
+    wider = api.account.add_token("wider", [*READ_SCOPES, "reserved_ip:read"])
+    run = validate("--stack", "pair", "--api-url", api.url, stacks=tmp_path,
+                   env={"DIGITALOCEAN_TOKEN": wider})  # fmt: skip
+    assert run.returncode == 0, run.stderr
+
+
+def test_without_sizes_scopes_it_says_which(api: DigitalOceanAPI) -> None:
+    narrow = api.account.add_token("narrow", ["droplet:read"])
+    run = validate("--stack", "dev", "--api-url", api.url, env={"DIGITALOCEAN_TOKEN": narrow})
+    assert run.returncode == 2
+    assert "it needs the scopes sizes:read and regions:read" in run.stderr
+
+
+def test_the_autodown_tokens_scopes_are_named_not_guessed() -> None:
+    """No read-only call tells a token's scopes: validate names what autodown.token needs."""
+    run = validate("--stack", "dev")
+    assert run.returncode == 0, run.stderr
+    assert "autodown.token must have exactly droplet:delete" in run.stdout
 
 
 def test_the_token_goes_only_over_https(tmp_path: Path) -> None:

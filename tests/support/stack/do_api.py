@@ -60,6 +60,15 @@ OPERATIONS = (
     ("GET", "/v2/tags/{tag_id}"),
     ("GET", "/v2/domains/{domain_name}/records"),
     ("DELETE", "/v2/domains/{domain_name}/records/{domain_record_id}"),
+    # What `python -m components.validate` reads: the sizes, a domain, and one page of each
+    # kind of resource a stack makes (the provider reads each back after creating it).
+    ("GET", "/v2/sizes"),
+    ("GET", "/v2/domains/{domain_name}"),
+    ("GET", "/v2/account/keys"),
+    ("GET", "/v2/firewalls"),
+    ("GET", "/v2/tags"),
+    ("GET", "/v2/reserved_ips"),
+    ("GET", "/v2/load_balancers"),
 )
 
 # Error bodies: the examples of specification/shared/responses/*.yml.
@@ -261,6 +270,8 @@ class Account:
         self.domains: dict[str, dict[int, Record]] = {}
         self.volumes: dict[str, Volume] = {}
         self.tokens: dict[str, Token] = {}  # secret -> token
+        # Size slug -> the regions it is offered in now (GET /v2/sizes lists these).
+        self.offered: dict[str, list[str]] = {}
         self._ids = itertools.count(400_000_001)
         self._hosts = itertools.count(10)
         # Called with a Droplet's id once a DELETE removed it (the emulation powers it off).
@@ -625,8 +636,54 @@ class DigitalOceanAPI:
                 "DELETE",
                 "/v2/domains/{domain_name}/records/{domain_record_id}",
             ): self._delete_record,
+            ("GET", "/v2/sizes"): self._list_sizes,
+            ("GET", "/v2/domains/{domain_name}"): self._get_domain,
+            ("GET", "/v2/account/keys"): self._empty("ssh_keys", "/v2/account/keys"),
+            ("GET", "/v2/firewalls"): self._empty("firewalls", "/v2/firewalls"),
+            ("GET", "/v2/tags"): self._list_tags,
+            ("GET", "/v2/reserved_ips"): self._empty("reserved_ips", "/v2/reserved_ips"),
+            ("GET", "/v2/load_balancers"): self._empty("load_balancers", "/v2/load_balancers"),
         }
         return handlers[method, template]
+
+    def _list_sizes(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        """sizes/sizes_list.yml: every size, each with the regions it is offered in now and
+        `available` (false when it is offered nowhere)."""
+        items = []
+        for slug, regions in sorted(self.account.offered.items()):
+            item = size(slug).as_json()
+            item.update(regions=list(regions), available=bool(regions))
+            items.append(item)
+        return _page("sizes", items, query, f"http://{host}/v2/sizes")
+
+    def _get_domain(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        # domains/domains_get.yml: the domain, or 404 for one the account does not have.
+        name = params["domain_name"]
+        if name not in self.account.domains:
+            return Reply(404, NOT_FOUND)
+        return Reply(200, {"domain": {"name": name, "ttl": 1800, "zone_file": ""}})
+
+    def _list_tags(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        # tags/tags_list.yml (counts left out: callers here read the names).
+        items = [{"name": t, "resources": {"count": 0}} for t in sorted(self.account.tags)]
+        return _page("tags", items, query, f"http://{host}/v2/tags")
+
+    def _empty(self, key: str, path: str) -> Handler:
+        """A collection this fake keeps none of (its models are not emulated): an empty page,
+        so a caller's read is answered and its token's scope checked."""
+
+        def handler(
+            params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+        ) -> Reply:
+            return _page(key, [], query, f"http://{host}{path}")
+
+        return handler
 
     def _get_account(
         self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
