@@ -55,3 +55,34 @@ def test_readme_outputs_table_lists_every_export() -> None:
     readme = (ROOT / "README.md").read_text()
     documented = set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.MULTILINE))
     assert exported <= documented, f"undocumented outputs: {exported - documented}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but '-' and '_' dropped, spaces to
+    '-' (what the README's links are written against)."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_relative_link_in_the_docs_reaches_a_file_and_a_heading() -> None:
+    """Sections moved between the README and docs/ keep their links working."""
+    pages = [
+        ROOT / "README.md",
+        ROOT / "tests" / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.name}: {target} (no file)")
+                continue
+            if anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), flags=re.MULTILINE)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{page.name}: {target} (no heading)")
+    assert not broken, broken
