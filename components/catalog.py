@@ -14,6 +14,26 @@ Vendor = Literal["nvidia", "amd"]
 
 PROJECT = "nemotron-droplet"
 
+# The outside lease (scripts/lease.py, .github/workflows/lease.yml): a GPU Droplet tagged PROJECT
+# and `<LEASE_TAG_PREFIX><minutes>` expires that many minutes after DigitalOcean created it (its
+# `created_at`), the same ceiling autodown's maxHours sets on the Droplet itself. Minutes, not
+# hours: a tag holds letters, digits, colons, dashes and underscores only, no dot
+# (DigitalOcean OpenAPI tags/models/tags.yml, `pattern`, at most 255 characters).
+LEASE_TAG_PREFIX = f"{PROJECT}-lease-minutes:"
+
+
+def lease_tag(minutes: int) -> str:
+    return f"{LEASE_TAG_PREFIX}{minutes}"
+
+
+def lease_minutes(tags: list[str]) -> int | None:
+    """The lease a Droplet's tags carry (None: none, or not one this program wrote)."""
+    for tag in tags:
+        value = tag.removeprefix(LEASE_TAG_PREFIX)
+        if value != tag and value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
 # Ports. vLLM only ever listens on loopback; the public entry is the gateway (gateway.py).
 SSH_PORT = 22
 VLLM_PORT = 8000

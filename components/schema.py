@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import math
 import re
 from pathlib import Path
 from typing import Literal
@@ -499,6 +500,14 @@ class AutodownConfig(_Section):
         return self.idle_minutes is not None or self.max_hours is not None
 
     @property
+    def lease_minutes(self) -> int | None:
+        """The outside lease: maxHours in whole minutes, rounded up; none without maxHours, or
+        with dryRun (which asks that nothing be deleted)."""
+        if self.max_hours is None or self.dry_run:
+            return None
+        return math.ceil(round(self.max_hours * 60, 6))
+
+    @property
     def mode(self) -> str:
         if not self.enabled:
             return "off"
@@ -626,7 +635,11 @@ class StackConfig(BaseModel):
 
     @property
     def tags(self) -> list[str]:
+        """A GPU Droplet's tags: the project's, the stack's, its lease (the outside guard that
+        deletes it past autodown.maxHours should the Droplet's own timer not), the user's."""
         base = [catalog.PROJECT, self.stack_tag]
+        if (minutes := self.autodown.lease_minutes) is not None:
+            base.append(catalog.lease_tag(minutes))
         return base + [t for t in self.droplet.tags if t not in base]
 
     @property

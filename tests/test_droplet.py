@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -67,7 +68,13 @@ EXPECTED = {
             "size": "gpu-4000adax1-20gb",
             "region": "tor1",
             "image": "gpu-h100x1-base",
-            "tags": ["nemotron-droplet", "stack:dev", "env:dev"],
+            # autodown.maxHours: 8 -> the outside lease's tag (scripts/lease.py reads it).
+            "tags": [
+                "nemotron-droplet",
+                "stack:dev",
+                "nemotron-droplet-lease-minutes:480",
+                "env:dev",
+            ],
             "monitoring": True,
             "gracefulShutdown": True,
             "ipv6": False,
@@ -160,6 +167,31 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     assert outputs["endpointTls"] is True
     assert outputs["certificate"].startswith(f"Let's Encrypt, for the IP address {FAKE_IPV4}")
     assert outputs["apiKey"] == FAKE_API_KEY and run.outputs["apiKey"].secret
+
+
+@pytest.mark.parametrize(
+    ("autodown", "lease"),
+    [
+        ({"maxHours": 0.01}, "nemotron-droplet-lease-minutes:1"),  # rounded up, never 0
+        ({"maxHours": 1.5, "idleMinutes": 30}, "nemotron-droplet-lease-minutes:90"),
+        ({"maxHours": 720}, "nemotron-droplet-lease-minutes:43200"),
+        ({"idleMinutes": 30, "maxHours": None}, None),  # no ceiling, no lease
+        ({"maxHours": 8, "dryRun": True}, None),  # a dry run deletes nothing: nor does the lease
+    ],
+)
+def test_a_gpu_droplet_carries_its_lease(autodown: dict[str, Any], lease: str | None) -> None:
+    """The lease outside the Droplet (scripts/lease.py) deletes a GPU Droplet past autodown's
+    ceiling, counted from its creation: the tag says how many minutes, in tag characters."""
+    config = dev()
+    config["autodown"] = {
+        k: v for k, v in {**config["autodown"], **autodown}.items() if v is not None
+    }
+    run = run_program(config, stack="dev")
+    assert run.error is None, run.error
+    tags = run.one(DROPLET).inputs["tags"]
+    leases = [t for t in tags if t.startswith("nemotron-droplet-lease-minutes:")]
+    assert leases == ([lease] if lease else [])
+    assert all(re.fullmatch(r"[a-zA-Z0-9_\-:]{1,255}", t) for t in tags), tags
 
 
 def test_every_resource_is_a_child_of_its_component() -> None:
