@@ -48,7 +48,13 @@ def timeline(stdouts: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             "seconds": float(result["seconds"]),
             "after": [a for a in phase.after if a in PHASE_NAMES],
         }
+        # What a phase moved, where it says (the model phase: bytes over the network).
+        out[phase.name].update({k: result[k] for k in MOVED if k in result})
     return out
+
+
+# The result members timeline() keeps beside the times (scripts/timeline.py reads them).
+MOVED = ("download_bytes", "download_seconds")
 
 
 @dataclass(frozen=True)

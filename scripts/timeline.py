@@ -92,6 +92,47 @@ def report(timed: list[Span], untimed: list[str]) -> str:
     return "\n".join(lines)
 
 
+# The floor of a download: its bytes over the Droplet's link. DigitalOcean documents 10 Gbps
+# for Droplets with Premium CPUs and at most 2 Gbps for all others, and names no GPU size
+# (docs/facts.md, "Droplet network limits"): the higher is the floor, so no faster link is
+# assumed than one documented.
+LINK_GBPS = 10.0
+# A phase this many times its floor is marked: it moved its bytes far slower than the link.
+FAR_ABOVE = 3.0
+
+
+def budget(timeline: dict[str, Any], link_gbps: float = LINK_GBPS) -> list[str]:
+    """Each phase that moved bytes, next to its floor: what it fetched, how fast, and how far
+    above the link's time for the same bytes."""
+    lines = []
+    for phase, entry in timeline.items():
+        moved, seconds = entry.get("download_bytes"), entry.get("download_seconds")
+        if not moved or not seconds:
+            continue
+        floor = moved * 8 / (link_gbps * 1e9)
+        ratio = seconds / floor if floor else 0.0
+        mark = f"  <- {ratio:.0f}x its floor" if ratio > FAR_ABOVE else ""
+        lines.append(
+            f"  {phase:<12} fetched {moved / 1e9:,.2f} GB in {seconds:,.1f} s "
+            f"({moved / 1e6 / seconds:,.0f} MB/s); at {link_gbps:g} Gbit/s: {floor:,.1f} s{mark}"
+        )
+    if not lines:
+        return ["downloads: nothing fetched on the runs recorded (all cached, or an earlier "
+                "version that did not record its bytes)"]  # fmt: skip
+    return ["downloads against the link (the floor: bytes at the link's rate):", *lines]
+
+
+def weights_rate(parts: dict[str, Any]) -> str | None:
+    """vLLM's weight load as a rate: its GiB in GPU memory over its load time."""
+    gib, seconds = parts.get("model_load_gib"), parts.get("weights_s") or parts.get("model_load_s")
+    if not gib or not seconds:
+        return None
+    return (
+        f"  {'weights read at':<42} {gib * 1.073741824 / seconds:8.2f} GB/s "
+        f"({gib:,.1f} GiB per GPU in {seconds:,.1f} s; vLLM's default loader reads about 1 GB/s)"
+    )
+
+
 def gantt(timed: list[Span], path: str) -> None:
     import matplotlib  # noqa: PLC0415 (only needed with --png)
 
@@ -142,15 +183,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--journal", help="vLLM's journal (logs.py --no-follow > FILE): split its start"
     )
+    parser.add_argument(
+        "--link-gbps",
+        type=float,
+        default=LINK_GBPS,
+        help=f"the link a download's floor is counted at (default {LINK_GBPS:g})",
+    )
     args = parser.parse_args(argv)
-    timed, untimed = spans(load(args))
+    if args.link_gbps <= 0:
+        parser.error("--link-gbps: a positive number of Gbit/s")
+    timeline = load(args)
+    timed, untimed = spans(timeline)
     print(report(timed, untimed))
+    print("\n".join(["", *budget(timeline, args.link_gbps)]))
     if args.journal:
         try:
             with open(args.journal, errors="replace") as f:
-                print(vllm_startup.report(vllm_startup.parse(f.read())))
+                parts = vllm_startup.parse(f.read())
         except OSError as err:
             raise target_mod.TargetError(f"--journal {args.journal}: {err.strerror}") from None
+        print(vllm_startup.report(parts))
+        if rate := weights_rate(parts):
+            print(rate)
     if args.png and timed:
         gantt(timed, args.png)
     return 0

@@ -49,6 +49,7 @@ def parse(text: str) -> dict[str, Any]:
     starts = [i for i, line in enumerate(lines) if START.search(line)]
     lines = lines[starts[-1] :] if starts else lines
     out: dict[str, Any] = dict.fromkeys(PATTERNS)
+    out["model_load_gib"] = None  # the weights' size in GPU memory (per GPU)
     hits = misses = 0
     for line in lines:
         for key, pattern in PATTERNS.items():
@@ -56,6 +57,8 @@ def parse(text: str) -> dict[str, Any]:
             if match:
                 # Model loading's first number is GiB; its seconds come second.
                 out[key] = float(match.group(2 if key == "model_load_s" else 1))
+                if key == "model_load_s":
+                    out["model_load_gib"] = float(match.group(1))
         hits += bool(CACHE_HIT.search(line))
         misses += bool(CACHE_MISS.search(line))
     out["compile_cache"] = (

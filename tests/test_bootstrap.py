@@ -374,3 +374,12 @@ def test_the_timeline_keeps_results_of_earlier_versions_without_times() -> None:
     stdouts = {name: json.dumps(old | {"phase": name}) for name in phases.PHASE_NAMES}
     timeline = bootstrap.timeline(stdouts)
     assert timeline["model"] == {"start": None, "end": None, "seconds": 2.0, "after": ["conda"]}
+
+
+def test_the_timeline_keeps_what_the_model_phase_fetched() -> None:
+    """The model phase's bytes over the network and their seconds: timeline.py's rate."""
+    result = {"phase": "model", "changed": True, "seconds": 95.0, "started_at": 1.0,
+              "ended_at": 96.0, "download_bytes": 8_000_000_000, "download_seconds": 90.5}  # fmt: skip
+    stdouts = {name: json.dumps(result | {"phase": name}) for name in phases.PHASE_NAMES}
+    entry = bootstrap.timeline(stdouts)["model"]
+    assert entry["download_bytes"] == 8_000_000_000 and entry["download_seconds"] == 90.5

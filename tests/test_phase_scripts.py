@@ -618,10 +618,14 @@ def test_model_downloads_once_into_the_service_cache(box: Sandbox, downloads: Do
     # What "complete" means for the next run (or the next Droplet on the same cache Volume).
     manifest = box.file(catalog.MODEL_MARKER + ".manifest").read_text().splitlines()
     assert manifest[0] == f"{MODEL}@main" and manifest[1].endswith(" config.json")
+    # What moved over the network, for the timeline's rate: every blob, once.
+    blobs = sum(f.stat().st_size for f in (repo / "blobs").iterdir())
+    assert first["download_bytes"] == blobs > 0 and first["download_seconds"] > 0
     requests = len(downloads.requests)
     again = p.run("model")
     assert again.result["changed"] is False and "no download" in again.stderr
     assert len(downloads.requests) == requests, "a complete snapshot is not fetched again"
+    assert again.result["download_bytes"] == 0 and again.result["download_seconds"] == 0
 
 
 def test_model_downloads_the_speculative_draft_beside_the_weights(

@@ -981,6 +981,27 @@ def test_timeline_finds_the_critical_path_and_draws_it(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_timeline_puts_a_download_next_to_its_floor(tmp_path: Path) -> None:
+    """8 GB in 90 s is 89 MB/s; at 10 Gbit/s the same bytes take 6.4 s: 14x, marked. A cached
+    run (nothing fetched) is not compared with anything."""
+    outputs = tmp_path / "outputs.json"
+    timeline = {**TIMELINE}
+    timeline["model"] = {**TIMELINE["model"], "download_bytes": 8_000_000_000,
+                         "download_seconds": 90.0}  # fmt: skip
+    timeline["conda"] = {**TIMELINE["conda"], "download_bytes": 0, "download_seconds": 0.0}
+    outputs.write_text(json.dumps({"bootstrapTimeline": timeline}))
+    proc = run_tool("timeline.py", "--outputs", str(outputs))
+    assert proc.returncode == 0, proc.stderr
+    assert ("  model        fetched 8.00 GB in 90.0 s (89 MB/s); at 10 Gbit/s: 6.4 s  <- 14x its "
+            "floor") in proc.stdout  # fmt: skip
+    assert "conda        fetched" not in proc.stdout
+    slower = run_tool("timeline.py", "--outputs", str(outputs), "--link-gbps", "2")
+    assert "at 2 Gbit/s: 32.0 s" in slower.stdout and "its floor" not in slower.stdout
+    outputs.write_text(json.dumps({"bootstrapTimeline": TIMELINE}))
+    cached = run_tool("timeline.py", "--outputs", str(outputs))
+    assert "downloads: nothing fetched on the runs recorded" in cached.stdout
+
+
 def test_timeline_without_the_output_says_what_to_do(tmp_path: Path) -> None:
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps({"endpoint": "https://x/v1"}))

@@ -70,6 +70,7 @@ def test_each_part_of_a_start_is_read_from_the_pinned_vllms_own_lines() -> None:
     assert parts == {
         "weights_s": 3.21,
         "model_load_s": pytest.approx(4.71),
+        "model_load_gib": 7.45,
         "dynamo_s": 5.5,
         "compile_s": 31.4,
         "graph_capture_s": 12.0,
@@ -104,6 +105,8 @@ def test_timeline_prints_the_start_beside_the_phases(tmp_path: Path) -> None:
     assert "vLLM's start (its own log lines):" in run.stdout
     assert re.search(r"torch\.compile in total +4\.1 s$", run.stdout, re.M), run.stdout
     assert "every graph came from the compile cache" in run.stdout
+    # 7.45 GiB in 2.9 s (the weights' own line): 2.76 GB/s.
+    assert re.search(r"weights read at +2\.76 GB/s \(7\.5 GiB per GPU in 2\.9 s", run.stdout)
     missing = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "timeline.py"), "--outputs", str(outputs),
          "--journal", str(tmp_path / "nope.log")],

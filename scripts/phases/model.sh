@@ -66,6 +66,16 @@ hf_download() {
   rm -f "$errors"
 }
 
+# repo_bytes DIR: bytes in a repo's blobs (a resumed download's partial files included, so a
+# retry that resumes is not counted twice).
+repo_bytes() {
+  if [[ -d $1/blobs ]]; then
+    find "$1/blobs" -type f -printf '%s\n' | awk '{ n += $1 } END { print n + 0 }'
+  else
+    echo 0
+  fi
+}
+
 # fetch ID REVISION DISK_GB MARKER WHAT: make ID@REVISION complete in HF_HOME; says in one line
 # when it already was. Sets FILES to its file count.
 fetch() {
@@ -99,7 +109,16 @@ fetch() {
 
   step download "hf download ${want}"
   rm -f "$marker" "$manifest"
+  local repo_dir=$HF_HOME/hub/models--${id//\//--} before after started elapsed_ms
+  before=$(repo_bytes "$repo_dir")
+  started=$(date +%s%N)
   hf_download "$id" "$revision" "$what"
+  after=$(repo_bytes "$repo_dir")
+  elapsed_ms=$(( ($(date +%s%N) - started) / 1000000 ))
+  # What this run moved over the network, and how long it took (the timeline's rate).
+  DOWNLOAD_BYTES=$(( DOWNLOAD_BYTES + after - before ))
+  DOWNLOAD_MS=$(( DOWNLOAD_MS + elapsed_ms ))
+  log "fetched $(( (after - before) / 1000000 )) MB in $(( elapsed_ms / 1000 )) s"
 
   step manifest "record every file of ${want} and its size"
   dir=$(snapshot_dir "$id" "$revision")
@@ -113,7 +132,7 @@ fetch() {
   log "downloaded ${want} (${FILES} files, ${size})"
 }
 
-FILES=0
+FILES=0 DOWNLOAD_BYTES=0 DOWNLOAD_MS=0
 fetch "$NEMO_MODEL_ID" "$NEMO_MODEL_REVISION" "$NEMO_MODEL_DISK_GB" "$NEMO_MODEL_MARKER" "model.id and model.revision"
 model_files=$FILES
 draft=""
@@ -122,4 +141,4 @@ if [[ -n ${NEMO_DRAFT_ID:-} ]]; then
   fetch "$NEMO_DRAFT_ID" main "$NEMO_DRAFT_DISK_GB" "${NEMO_MODEL_MARKER}.draft" "vllm.speculative.model"
   draft=",\"draft\":\"${NEMO_DRAFT_ID}@main\",\"draft_files\":${FILES}"
 fi
-finish "\"model\":\"${NEMO_MODEL_ID}@${NEMO_MODEL_REVISION}\",\"files\":${model_files}${draft}"
+finish "\"model\":\"${NEMO_MODEL_ID}@${NEMO_MODEL_REVISION}\",\"files\":${model_files}${draft},\"download_bytes\":${DOWNLOAD_BYTES},\"download_seconds\":$((DOWNLOAD_MS / 1000)).$(printf '%03d' $((DOWNLOAD_MS % 1000)))"
