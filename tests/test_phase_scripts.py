@@ -839,12 +839,31 @@ def test_service_retires_the_iptables_guard_of_earlier_versions(
 
 def test_service_restarts_when_its_config_changes(box: Sandbox, downloads: Downloads) -> None:
     p = prepared(box, downloads)
-    p.ok("service")
+    first = p.run("service")
+    assert "compile cache: no start recorded on this Droplet" in first.stderr
     p.ok("gateway")
     p2 = Phases(box, downloads, vllm={"maxModelLen": 8192})
-    assert p2.ok("service")["changed"] is True
+    changed = p2.run("service")
+    assert changed.result["changed"] is True
     assert "--max-model-len 8192" in box.file("/etc/systemd/system/vllm.service").read_text()
+    # New serve flags: vLLM's compile cache keys on them; the user hears it in pulumi up.
+    assert "compile cache: the vLLM or its serve flags changed since the last start" in (
+        changed.stderr
+    )
     p2.ok("ready")
+
+
+def test_a_restart_that_keeps_vllm_and_flags_says_the_compile_cache_hits(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """A new API key (the env file) restarts vLLM with the same flags: the cache holds."""
+    p = prepared(box, downloads)
+    p.ok("service")
+    env_file = box.file("/etc/nemotron/vllm.env")
+    env_file.write_text(env_file.read_text() + "# touched\n")
+    again = p.run("service")
+    assert again.result["changed"] is True
+    assert "compile cache: same vLLM and serve flags as the last start" in again.stderr
 
 
 def test_ready_prints_the_journal_when_the_service_fails(

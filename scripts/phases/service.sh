@@ -17,6 +17,26 @@
 
 stamp_file=$STATE_DIR/${NEMO_UNIT%.service}.runs-from
 baseline_file=$STATE_DIR/${NEMO_UNIT%.service}.restarts
+# What vLLM keys its torch.compile and kernel caches on, as far as this phase sees it: the vLLM
+# (its env: version and lock) and how the unit runs it (its command line and environment).
+# vLLM hashes its whole config into the cache's folder name (vllm/config/vllm.py compute_hash),
+# so a change here means a start that compiles again: said before the restart, in pulumi up's
+# output (pulumi-command logs a command's stderr by default: remote/command.go `logging`).
+compile_key_file=$STATE_DIR/${NEMO_UNIT%.service}.compile-key
+compile_key=$(printf '%s\n%s\n' "$NEMO_VLLM_ENV" "$(grep -E '^(ExecStart|Environment)=' <<<"$NEMO_UNIT_TEXT")" | sha256sum | cut -c1-16)
+
+# compile_note: before a restart, whether vLLM's compile cache can hit on this start.
+compile_note() {
+  local last
+  last=$(cat "$compile_key_file" 2>/dev/null || true)
+  if [[ -z $last ]]; then
+    log "compile cache: no start recorded on this Droplet; timeline.py --journal says whether it hit"
+  elif [[ $last == "$compile_key" ]]; then
+    log "compile cache: same vLLM and serve flags as the last start: its graphs and kernels come from the cache"
+  else
+    log "compile cache: the vLLM or its serve flags changed since the last start: torch.compile and the kernels build again on this start (tens of seconds), then the cache holds them"
+  fi
+}
 
 step user "system user ${NEMO_VLLM_USER}"
 if id -u "$NEMO_VLLM_USER" >/dev/null 2>&1; then
@@ -94,9 +114,11 @@ if ! systemctl is-enabled --quiet "$NEMO_UNIT"; then
   changed
 fi
 if [[ $restart == true ]] || ! systemctl is-active --quiet "$NEMO_UNIT"; then
+  compile_note
   systemctl restart "$NEMO_UNIT" >&2
   printf '%s\n' "$started_from" > "$stamp_file"
   printf '%s\n' "$NEMO_VLLM_ENV" > "$NEMO_RUNS_ENV_FILE"
+  printf '%s\n' "$compile_key" > "$compile_key_file"
   changed
   log "started ${NEMO_UNIT}; the ready phase waits for the model to load"
 else
