@@ -93,10 +93,12 @@ LEVELS: dict[str, tuple[str, ...]] = {
     # imports vLLM and torch, tens of seconds a process).
     "test_vllm_serve_parser": ("vllm",),
     "test_vllm_startup": ("vllm",),
+    "test_loader_bench": ("vllm",),
     # The user's tools against fake servers with real delays (bench's measurements, its knee
     # search) and a real sshd (logs.py).
     "test_tools": ("tools",),
     "test_try": ("tools",),
+    "test_real_run": ("tools",),
 }
 
 
