@@ -1,0 +1,319 @@
+"""scripts/phases/wake.py, the front's waker, for real on loopback: a fake GitHub API that checks
+the token and the inputs, a fake pipeline that brings a replica (tests/support/fake_openai.py)
+up behind the upstream files Caddy reads, and clients that ask as Caddy's forward_auth does
+(GET /route) and then send the held request."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import loopback
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+WAKE = ROOT / "scripts" / "phases" / "wake.py"
+FAKE = ROOT / "tests" / "support" / "fake_openai.py"
+TOKEN = "github_pat_WAKEtestTOKEN000000000000000000000000"
+API_KEY = "sk-wake-test-key"
+CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+@dataclass
+class FakeGitHub:
+    """POST .../dispatches (204, or `refuse` as the status) and GET .../runs (the runs listed)."""
+
+    refuse: int | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    dispatches: list[dict[str, Any]] = field(default_factory=list)
+    on_dispatch: Callable[[], None] | None = None
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        github = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    return self.answer(401, {"message": "Bad credentials"})
+                assert self.path == "/repos/me/llm/actions/workflows/deploy.yml/dispatches"
+                github.dispatches.append(body)
+                if github.refuse:
+                    return self.answer(github.refuse, {"message": "refused"})
+                self.send_response(204)
+                self.end_headers()
+                if github.on_dispatch:
+                    threading.Thread(target=github.on_dispatch, daemon=True).start()
+                return None
+
+            def do_GET(self) -> None:
+                assert self.path.startswith("/repos/me/llm/actions/workflows/deploy.yml/runs?")
+                self.answer(200, {"total_count": len(github.runs), "workflow_runs": github.runs})
+
+            def answer(self, status: int, body: dict[str, Any]) -> None:
+                loopback.reply(self, status, json.dumps(body).encode(), "application/json")
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        return Handler
+
+
+@dataclass
+class Front:
+    """The waker on loopback, its upstream folder and the fakes around it."""
+
+    url: str
+    upstreams: Path
+    github: FakeGitHub
+    proc: subprocess.Popen[str]
+    replicas: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    def start_replica(self, name: str = "r0") -> None:
+        """What the deploy does in the end: a replica answers and joins the balancer."""
+        proc = subprocess.Popen([sys.executable, str(FAKE), "--api-key", API_KEY, "--tokens",
+                                 "4", "--itl", "0.01"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        port = line.split()[-1].rsplit(":", 1)[1]
+        self.replicas.append(proc)
+        (self.upstreams / f"{name}.caddy").write_text(f"to 127.0.0.1:{port}\n")
+
+    def stop_replicas(self) -> None:
+        for proc in self.replicas:
+            proc.kill()
+            proc.wait()
+        self.replicas.clear()
+
+    def route(self, uri: str = "/v1/chat/completions") -> requests.Response:
+        return requests.get(f"{self.url}/route", headers={"X-Forwarded-Uri": uri}, timeout=10)
+
+    def send(self, body: dict[str, Any], stream: bool = False) -> requests.Response:
+        """The held request, as Caddy sends it on after a `hold` route."""
+        return requests.post(f"{self.url}/v1/chat/completions", json=body, stream=stream,
+                             headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)  # fmt: skip
+
+    def state(self) -> dict[str, Any]:
+        data: dict[str, Any] = requests.get(f"{self.url}/state", timeout=5).json()
+        return data
+
+    def wait_mode(self, mode: str, seconds: float = 10) -> None:
+        end = time.monotonic() + seconds
+        while self.state()["mode"] != mode:
+            assert time.monotonic() < end, f"not {mode}: {self.state()}"
+            time.sleep(0.05)
+
+
+def later(seconds: float, then: Callable[[], None]) -> Callable[[], None]:
+    """The fake pipeline: `then` (a replica joins) after `seconds` of deploying."""
+
+    def run() -> None:
+        time.sleep(seconds)
+        then()
+
+    return run
+
+
+@pytest.fixture
+def front_factory(tmp_path: Path) -> Iterator[Callable[..., Front]]:
+    fronts: list[Front] = []
+    servers = []
+
+    def make(github: FakeGitHub | None = None, **settings: str) -> Front:
+        github = github or FakeGitHub()
+        server = loopback.serve(github.handler())
+        servers.append(server)
+        upstreams = tmp_path / f"upstreams{len(fronts)}"
+        upstreams.mkdir()
+        token = tmp_path / "token"
+        token.write_text(TOKEN + "\n")
+        env = {
+            "PATH": os.environ["PATH"], "WAKE_LISTEN": "127.0.0.1:0",
+            "WAKE_UPSTREAMS_DIR": str(upstreams), "WAKE_TRIGGER": "github", "WAKE_STACK": "dev",
+            "WAKE_TOKEN_FILE": str(token), "WAKE_GITHUB_API": loopback.url(server),
+            "WAKE_GITHUB_REPO": "me/llm", "WAKE_GITHUB_WORKFLOW": "deploy.yml",
+            "WAKE_HOLD_SECONDS": "30", "WAKE_EXPECTED_SECONDS": "5",
+            "WAKE_HEALTH_SECONDS": "0.2", "WAKE_COMMENT_SECONDS": "0.3",
+            "WAKE_STATE_FILE": str(tmp_path / f"state{len(fronts)}.json"), **settings,
+        }  # fmt: skip
+        proc = subprocess.Popen([sys.executable, str(WAKE)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert first["event"] == "listening", first
+        front = Front(f"http://{first['address']}", upstreams, github, proc)
+        fronts.append(front)
+        return front
+
+    yield make
+    for front in fronts:
+        front.stop_replicas()
+        front.proc.kill()
+        out, _ = front.proc.communicate(timeout=10)
+        assert TOKEN not in out, "the pipeline's token is never logged"
+        assert API_KEY not in out, "nor the API key of a held request"
+    for server in servers:
+        loopback.stop(server)
+
+
+def test_a_keyed_request_wakes_the_set_once_and_is_held_until_a_replica_answers(
+    front_factory: Callable[..., Front],
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github)
+    github.on_dispatch = later(1.0, front.start_replica)
+    assert front.state()["mode"] == "asleep"
+    assert front.route().headers["Nemotron-Route"] == "hold"
+    answers: list[requests.Response] = []
+    held = [threading.Thread(target=lambda: answers.append(front.send(CHAT))) for _ in range(3)]
+    for thread in held:
+        thread.start()
+    # A second keyed request during the wake starts no second one.
+    assert front.route().headers["Nemotron-Route"] == "hold"
+    for thread in held:
+        thread.join(timeout=30)
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert answers[0].json()["choices"][0]["message"]["content"]
+    assert github.dispatches == [
+        {"ref": "main", "inputs": {"stack": "dev", "command": "up", "refresh": "true"}}
+    ]
+    front.wait_mode("awake")
+    assert front.route().headers["Nemotron-Route"] == "awake"
+    last = front.state()["last_wake"]
+    assert list(last) == ["request_in", "pipeline_started", "ready", "first_token"]
+
+
+def test_a_streamed_request_sees_it_waking_then_the_stream(
+    front_factory: Callable[..., Front],
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github)
+    github.on_dispatch = later(1.0, front.start_replica)
+    front.route()
+    with front.send({**CHAT, "stream": True}, stream=True) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["Content-Type"].startswith("text/event-stream")
+        lines = [line for line in answer.iter_lines(decode_unicode=True) if line]
+    comments = [line for line in lines if line.startswith(": waking")]
+    data = [line for line in lines if line.startswith("data: ")]
+    assert comments and "expected" in comments[0], lines
+    assert lines.index(comments[-1]) < lines.index(data[0]), "progress first, then the answer"
+    assert data[-1] == "data: [DONE]"
+    chunks = [json.loads(d.removeprefix("data: ")) for d in data[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_a_failing_pipeline_answers_the_held_requests_with_why_and_does_not_retry(
+    front_factory: Callable[..., Front],
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_COOLDOWN_MINUTES="5")
+
+    def failed_run() -> None:
+        time.sleep(0.5)
+        github.runs.append({"status": "completed", "conclusion": "failure",
+                            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                            "html_url": "https://github.com/me/llm/actions/runs/7"})  # fmt: skip
+
+    github.on_dispatch = failed_run
+    front.route()
+    started = time.monotonic()
+    answer = front.send(CHAT)
+    assert answer.status_code == 503 and time.monotonic() - started < 20
+    error = answer.json()["error"]
+    assert error["code"] == "wake_failed"
+    assert (
+        "the deploy run ended failure: https://github.com/me/llm/actions/runs/7"
+        in (error["message"])
+    )
+    assert int(answer.headers["Retry-After"]) > 0
+    time.sleep(1.5)
+    assert len(github.dispatches) == 1, "a failed wake is not retried by itself"
+    again = front.route()
+    assert (
+        again.status_code == 503 and "wake.cooldownMinutes: 5" in again.json()["error"]["message"]
+    )
+    assert len(github.dispatches) == 1
+
+
+def test_a_refused_token_fails_the_wake_with_githubs_reason(
+    front_factory: Callable[..., Front],
+) -> None:
+    front = front_factory(FakeGitHub(refuse=403))
+    front.route()
+    answer = front.send(CHAT)
+    assert answer.status_code == 503
+    assert (
+        "GitHub refused the wake (HTTP 403: the token may not run workflows"
+        in (answer.json()["error"]["message"])
+    )
+
+
+def test_the_day_budget_refuses_naming_wake_max_per_day(
+    front_factory: Callable[..., Front],
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_MAX_PER_DAY="1")
+    github.on_dispatch = front.start_replica
+    front.route()
+    assert front.send(CHAT).status_code == 200
+    front.stop_replicas()  # autodown deleted the set
+    front.wait_mode("asleep")
+    refused = front.route()
+    assert refused.status_code == 503 and int(refused.headers["Retry-After"]) > 80000
+    error = refused.json()["error"]
+    assert error["code"] == "wake_budget_spent" and "wake.maxPerDay (1)" in error["message"]
+    assert len(github.dispatches) == 1
+
+
+def test_a_hold_past_wake_hold_seconds_is_answered_with_retry_after(
+    front_factory: Callable[..., Front],
+) -> None:
+    github = FakeGitHub()  # the pipeline starts, and takes longer than the hold
+    front = front_factory(github, WAKE_HOLD_SECONDS="1.5", WAKE_EXPECTED_SECONDS="120")
+    front.route()
+    started = time.monotonic()
+    answer = front.send(CHAT)
+    assert answer.status_code == 503 and 1.4 < time.monotonic() - started < 10
+    assert "still waking" in answer.json()["error"]["message"]
+    assert "wake.holdSeconds: 1.5" in answer.json()["error"]["message"]
+    assert int(answer.headers["Retry-After"]) >= 30
+    assert front.state()["mode"] == "waking", "the wake goes on for the next request"
+
+
+def test_health_says_waking_and_since_when_and_never_wakes(
+    front_factory: Callable[..., Front],
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github)
+    assert front.route("/health").headers["Nemotron-Route"] == "hold"
+    health = requests.get(f"{front.url}/health", timeout=5)
+    assert health.status_code == 503 and health.json()["status"] == "asleep"
+    assert github.dispatches == [], "/health is not a keyed request: it wakes nothing"
+    front.route()
+    health = requests.get(f"{front.url}/health", timeout=5).json()
+    assert health["status"] == "waking" and health["since"].endswith("Z")
+    assert len(github.dispatches) == 1
+
+
+def test_the_day_budget_survives_a_restart_of_the_waker(
+    front_factory: Callable[..., Front], tmp_path: Path
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
+    front.route()
+    front.proc.kill()
+    front.proc.wait()
+    again = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
+    assert again.route().status_code == 503, "a crash loop must not reset the day's wakes"
+    assert len(github.dispatches) == 1
