@@ -26,7 +26,8 @@ SCRIPT = ROOT / "scripts" / "lease.py"
 # What the README and lease.yml tell users to give the lease's token: exactly these.
 SCOPES = ["droplet:read", "droplet:delete"]
 GPU = "gpu-4000adax1-20gb"  # $0.76/h in the catalog
-NOW = datetime.now(UTC)
+# The lease's clock in these tests (lease.main takes it): the Droplets' ages are exact.
+NOW = datetime.now(UTC).replace(microsecond=0)
 
 
 def load() -> ModuleType:
@@ -63,7 +64,7 @@ def run(
     os.environ["DIGITALOCEAN_TOKEN"] = token
     try:
         code = lease.main(["--api-url", api.url, "--summary", str(summary), *args],
-                          sleep=slept.append)  # fmt: skip
+                          clock=NOW.timestamp, sleep=slept.append)  # fmt: skip
     finally:
         del os.environ["DIGITALOCEAN_TOKEN"]
     return code, slept, summary.read_text() if summary.exists() else ""
@@ -100,7 +101,7 @@ def test_it_deletes_only_our_gpu_droplets_past_their_lease(
     assert "1 deleted ($0.76/h stopped); 2 kept ($1.52/h still billing)" in text
     assert f"| nemotron-dev ({expired.id}) | dev | {GPU} | 0.76 |" in text
     assert "expired 1 h 00 min ago | deleted |" in text
-    assert "expires in 5 h 59 min | kept |" in text
+    assert "expires in 6 h 00 min | kept |" in text
     assert "no lease (autodown.maxHours unset, or dryRun) | kept |" in text
     assert "training" not in text and "balancer" not in text
 
