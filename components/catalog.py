@@ -34,6 +34,7 @@ def lease_minutes(tags: list[str]) -> int | None:
             return int(value)
     return None
 
+
 # Ports. vLLM only ever listens on loopback; the public entry is the gateway (gateway.py).
 SSH_PORT = 22
 VLLM_PORT = 8000

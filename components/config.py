@@ -30,6 +30,7 @@ from .schema import (
     SpeculativeConfig,
     StackConfig,
     VllmConfig,
+    WakeConfig,
     _Section,
     resolved_balancer_kind,
 )
@@ -331,18 +332,19 @@ def _cache_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str
 
 
 def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
-    """What several replicas behind one balancer need."""
+    """What replicas behind one balancer need (several, or one behind the waking front)."""
     replicas = parsed["replicas"]
-    if replicas is None or replicas < 2:
+    if replicas is None or (replicas < 2 and not parsed["wake"].enabled):
         return []
     access: AccessConfig = parsed["access"]
     balancer: BalancerConfig = parsed["balancer"]
     problems: list[str] = []
     if ok("access.apiCidrs") and not access.api_cidrs:
         problems.append(
-            f"access.apiCidrs: [] closes the API port, and with replicas: {replicas} the "
-            "balancer is the only way in (the replicas are reachable only from it); list who "
-            "may connect, or set replicas: 1 and use an SSH tunnel"
+            f"access.apiCidrs: [] closes the API port, and with replicas: {replicas}"
+            f"{' and wake.enabled' if parsed['wake'].enabled else ''} the balancer is the only "
+            "way in (the replicas are reachable only from it); list who may connect, or set "
+            "replicas: 1 (without wake) and use an SSH tunnel"
         )
     if ok("balancer.kind", "access.https", "access.domain", "access.dnsZone") and (
         balancer.kind == "managed"
@@ -369,6 +371,35 @@ def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
     return problems
 
 
+def _wake_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
+    """What the waking front needs: a front that can hold requests, and a pipeline to call."""
+    wake: WakeConfig = parsed["wake"]
+    if not wake.enabled or not ok("wake"):
+        return []
+    problems: list[str] = []
+    if ok("balancer.kind", "access") and (
+        resolved_balancer_kind(parsed["balancer"], parsed["access"]) == "managed"
+    ):
+        problems.append(
+            "wake.enabled: the front that holds requests and wakes the set is the Caddy "
+            "balancer; DigitalOcean's Load Balancer can do neither: set balancer.kind: caddy"
+        )
+    if wake.token is None:
+        problems.append(
+            "wake.token: the pipeline's token is unset: pulumi config set --secret --path "
+            "wake.token <a fine-grained GitHub token (Actions: read and write) or the webhook's "
+            "secret>"
+        )
+    if wake.trigger == "github" and not wake.github_repo:
+        problems.append(
+            "wake.githubRepo: the repository whose workflow deploys this stack is unset "
+            "(owner/name); or set wake.trigger: webhook and wake.webhookUrl"
+        )
+    if wake.trigger == "webhook" and not wake.webhook_url:
+        problems.append("wake.webhookUrl: wake.trigger: webhook needs the https:// URL to POST")
+    return problems
+
+
 def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
     """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
     value gives one message, not a cascade; the other rules still run."""
@@ -385,6 +416,7 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
         _access_rules,
         _cache_rules,
         _pool_rules,
+        _wake_rules,
     )
     return [problem for rule in rules for problem in rule(parsed, ok)]
 
@@ -434,12 +466,13 @@ def parse(
         accepted = ", ".join([*SECTIONS, "replicas", *SECRET_KEYS])
         problems.append(f"{key}: unknown key; accepted: {accepted}")
     replicas = _replicas(raw.get("replicas", 1), problems)
-    autodown = raw.get("autodown")
-    if isinstance(autodown, Mapping) and "token" in autodown and "autodown" not in secret_keys:
-        problems.append(
-            "autodown.token: stored in plain text; set it as a secret: "
-            "pulumi config set --secret --path autodown.token <value>"
-        )
+    for section in ("autodown", "wake"):
+        value = raw.get(section)
+        if isinstance(value, Mapping) and "token" in value and section not in secret_keys:
+            problems.append(
+                f"{section}.token: stored in plain text; set it as a secret: "
+                f"pulumi config set --secret --path {section}.token <value>"
+            )
     for key in SECRET_KEYS:
         if key in raw and key not in secret_keys:
             problems.append(

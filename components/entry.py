@@ -225,6 +225,7 @@ class CaddyEntry(pulumi.ComponentResource):
         # The name it serves until serve() gives the one to wait for (the DNS record's).
         self.hostname: pulumi.Output[str] = self.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
         self.preflight = self._command("preflight", [])
+        self.waker = self._command("wake", [self.preflight])
         self.joins: dict[int, command.remote.Command] = {}
         self.register_outputs({"ipv4": self.ipv4})
 
@@ -235,7 +236,9 @@ class CaddyEntry(pulumi.ComponentResource):
         gateway waits for it); else it is the Reserved IP's own. The gateway also waits until
         the address is assigned to this Droplet."""
         self.hostname = hostname
-        self.gateway = self._command("gateway", [self.preflight, self.assignment])
+        # With wake, the gateway routes keyed requests through the waker: it must run first.
+        waker = [self.waker] if self.cfg.wake.enabled else []
+        self.gateway = self._command("gateway", [self.preflight, self.assignment, *waker])
 
     def join(
         self,

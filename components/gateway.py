@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from . import balancer, catalog
+from . import balancer, catalog, wake
 from .schema import StackConfig
 
 # The key reaches Caddy from a root-only EnvironmentFile, read by systemd, never the Caddyfile.
@@ -168,12 +168,18 @@ def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
     https = cfg.access.https
     head, sni = _certificate(https, host, listen)
     block = balancer.reverse_proxy(listen.upstreams)
+    routes = ""
+    if cfg.wake.enabled:
+        # The front that wakes the set: each keyed request (and /health) asks the waker first.
+        block = wake.held(block)
+        routes = wake.control_routes()
     return _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni) + gate(
         cfg,
         site=host if https else f"http://:{listen.http_port}",
         head=head,
         health_proxy=block.replace("\n", "\n\t\t"),
         proxy=block.replace("\n", "\n\t\t\t"),
+        routes=routes,
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import autodown, balancer, catalog, gateway, pool, vllm_service
+from . import autodown, balancer, catalog, gateway, pool, vllm_service, wake
 from .schema import StackConfig
 
 PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
@@ -379,6 +379,23 @@ def balancer_member(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_CADDY_UNIT": catalog.CADDY_UNIT,
         "NEMO_CADDY_BIN": catalog.CADDY_BIN,
         "NEMO_LEAVE_SECONDS": pool.DRAIN_SECONDS,
+    }
+
+
+def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    """The front's waker (wake.enabled): its script, settings, token and unit; off: removed."""
+    token = cfg.wake.token.get_secret_value() if cfg.wake.token is not None else ""
+    return {
+        "NEMO_WAKE_MODE": wake.mode(cfg),
+        "NEMO_WAKE_PY": (PHASES_DIR / "wake.py").read_text(),
+        "NEMO_WAKE_SCRIPT": wake.SCRIPT_PATH,
+        "NEMO_WAKE_ENV_FILE": wake.ENV_FILE,
+        "NEMO_WAKE_ENV_TEXT": wake.env_text(cfg),
+        "NEMO_WAKE_TOKEN_FILE": wake.TOKEN_FILE,
+        "NEMO_WAKE_TOKEN": token,
+        "NEMO_WAKE_UNIT": wake.UNIT,
+        "NEMO_WAKE_UNIT_TEXT": wake.unit_text(),
+        "NEMO_WAKE_ADDRESS": wake.ADDRESS,
     }
 
 

@@ -580,6 +580,104 @@ class BalancerConfig(_Section):
         return v
 
 
+_GITHUB_REPO = re.compile(r"^[A-Za-z0-9-]{1,39}/[A-Za-z0-9._-]{1,100}$")
+_WORKFLOW = re.compile(r"^[A-Za-z0-9._-]{1,100}\.ya?ml$")
+_HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+
+
+class WakeConfig(_Section):
+    """Scale to zero and back: the front keeps the endpoint's address while autodown has
+    deleted the GPU set, and a keyed request starts its re-deploy through your pipeline."""
+
+    enabled: bool = Field(
+        False,
+        description="Keep a small always-on front (the Caddy balancer: a CPU Droplet with the "
+        "endpoint's Reserved IP, the same gate and certificate), also with `replicas: 1`. When "
+        "no replica exists, a request with the API key starts a re-deploy and is held until a "
+        "replica answers it. Requests without the key wake nothing.",
+    )
+    trigger: Literal["github", "webhook"] = Field(
+        "github",
+        description="`github`: GitHub Actions' workflow_dispatch of `githubWorkflow` with the "
+        "inputs stack, command: up and refresh: true (a fine-grained token with Actions: read "
+        "and write on `githubRepo` alone). `webhook`: a POST to `webhookUrl` with the token in "
+        "the header `webhookHeader`, for any other CI.",
+    )
+    github_repo: str | None = Field(
+        None, description="`github`: the repository whose workflow deploys: `owner/name`."
+    )
+    github_workflow: str = Field(
+        "deploy.yml", description="`github`: the workflow file under .github/workflows/."
+    )
+    github_ref: str = Field("main", description="`github`: the branch the workflow runs from.")
+    webhook_url: str | None = Field(None, description="`webhook`: the URL (https://) to POST.")
+    webhook_header: str = Field(
+        "X-Wake-Token", description="`webhook`: the header that carries the token."
+    )
+    token: SecretStr | None = Field(
+        None,
+        description="The pipeline's token, set as a secret: `pulumi config set --secret --path "
+        "wake.token ...`. It lives in Pulumi's secrets and a root-only file on the front, never "
+        "in a log line.",
+    )
+    hold_seconds: int = Field(
+        540,
+        ge=30,
+        le=3600,
+        description="How long the front holds a request while the set wakes, then answers 503 "
+        "with Retry-After. The default stays under the OpenAI clients' 600 s read timeout.",
+    )
+    cooldown_minutes: float = Field(
+        10, ge=1, le=1440, description="After a failed wake, none starts for this long."
+    )
+    max_per_day: int = Field(
+        6, ge=1, le=96, description="Most wakes in any 24 hours; then keyed requests get 503."
+    )
+    deadline_minutes: int = Field(
+        45,
+        ge=5,
+        le=240,
+        description="A wake that brings no replica up within this long has failed.",
+    )
+
+    @field_validator("github_repo")
+    @classmethod
+    def _repo(cls, v: str | None) -> str | None:
+        if v is not None and not _GITHUB_REPO.match(v):
+            raise ValueError(f"{v!r}: accepted: owner/name, like octo-org/llm-infra")
+        return v
+
+    @field_validator("github_workflow")
+    @classmethod
+    def _workflow(cls, v: str) -> str:
+        if not _WORKFLOW.match(v):
+            raise ValueError(
+                f"{v!r}: accepted: a file name under .github/workflows/, like deploy.yml"
+            )
+        return v
+
+    @field_validator("github_ref")
+    @classmethod
+    def _ref(cls, v: str) -> str:
+        if not _REVISION.match(v):
+            raise ValueError(f"{v!r}: accepted: a branch or tag name")
+        return v
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https://[^\s/]+(/\S*)?$", v):
+            raise ValueError(f"{v!r}: accepted: an https:// URL (the token goes in a header)")
+        return v
+
+    @field_validator("webhook_header")
+    @classmethod
+    def _header(cls, v: str) -> str:
+        if not _HEADER.match(v):
+            raise ValueError(f"{v!r}: accepted: a header name (letters, digits, dashes)")
+        return v
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "droplet": DropletConfig,
     "access": AccessConfig,
@@ -589,6 +687,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "autodown": AutodownConfig,
     "cache": CacheConfig,
     "balancer": BalancerConfig,
+    "wake": WakeConfig,
 }
 # Top-level plain values (not sections): name, description. `replicas` is checked in config.py.
 REPLICAS_DESCRIPTION = (
@@ -614,6 +713,7 @@ class StackConfig(BaseModel):
     autodown: AutodownConfig
     cache: CacheConfig
     balancer: BalancerConfig
+    wake: WakeConfig = WakeConfig()
     replicas: int = 1
 
     @property
@@ -644,8 +744,9 @@ class StackConfig(BaseModel):
 
     @property
     def pooled(self) -> bool:
-        """Several replicas behind a balancer (replicas >= 2)."""
-        return self.replicas > 1
+        """The replicas behind a balancer: replicas >= 2, or one behind the front that wakes
+        the set (wake.enabled)."""
+        return self.replicas > 1 or self.wake.enabled
 
     @property
     def balancer_kind(self) -> Literal["managed", "caddy"]:

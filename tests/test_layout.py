@@ -9,7 +9,8 @@ from pathlib import Path
 
 COMPONENTS = Path(__file__).resolve().parent.parent / "components"
 CONFIG = {"catalog", "schema", "config", "reference", "cidrs", "apikey"}
-HOST = {"phases", "phase_settings", "gateway", "balancer", "pool", "vllm_service", "autodown"}
+HOST = {"phases", "phase_settings", "gateway", "balancer", "pool", "vllm_service", "autodown",
+        "wake"}  # fmt: skip
 CLOUD = {"remote", "site", "region", "droplet", "cache", "dns", "bootstrap", "entry",
          "endpoint", "outputs"}  # fmt: skip
 TOOLS = {"render", "validate"}

@@ -60,6 +60,8 @@ from typing import Any
 # One upstream per file, as the balancer phase writes them (`to 10.110.0.2:8080`).
 UPSTREAM = re.compile(r"^\s*to\s+([0-9A-Za-z.\-\[\]:]+):([0-9]{1,5})\s*$", re.M)
 DAY = 86400.0
+# The keyed control path the gate sends here as it came (components/wake.py CONTROL_PATH).
+CONTROL_PATH = "/nemotron/wake"
 MAX_BODY = 16_000_000  # the gate's own limit: nothing larger gets this far
 FORWARD_TIMEOUT = 3600.0  # a held request, once sent, may generate for long
 API_TIMEOUT = 20.0
@@ -446,7 +448,7 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path == "/route":
                 return self.route()
-            if self.path == "/state":
+            if self.path in ("/state", CONTROL_PATH):
                 return self.send_json(200, json.dumps(waker.snapshot()).encode())
             if self.path == "/health":
                 snap = waker.snapshot()
@@ -457,7 +459,7 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
             return self.hold()
 
         def do_POST(self) -> None:
-            if self.path == "/wake":
+            if self.path in ("/wake", CONTROL_PATH):
                 with waker.cond:
                     refusal = waker.admit()
                 if refusal:

@@ -58,7 +58,7 @@ FAKE_PHASE_START = {
     name: 1_000_000_000.0 + 10 * i
     for i, name in enumerate(
         ("preflight", "driver", "cgroup", "reboot", "reboot-wait", "cache", "conda", "vllm",
-         "model", "service", "gateway", "autodown", "ready", "member")
+         "model", "service", "gateway", "autodown", "ready", "member", "wake")
     )
 }  # fmt: skip
 
@@ -287,7 +287,10 @@ class FakeCloud(pulumi_mocks.Mocks):
         elif args.typ == "command:remote:Command":
             # bootstrap-<phase>, bootstrap-<k>-<phase>, balancer-<phase>, balancer-member-<k>
             name = args.name.removeprefix("balancer-").removeprefix("bootstrap-")
-            phase = next(p for p in sorted(FAKE_PHASE_START, key=len, reverse=True) if p in name)
+            # A phase this list lacks fails loudly (a StopIteration from next() hung the mocks).
+            known = [p for p in sorted(FAKE_PHASE_START, key=len, reverse=True) if p in name]
+            assert known, f"pulumi_harness: no fake result for the Command {args.name}"
+            phase = known[0]
             outs["stdout"] = fake_stdout(phase)
             outs["stderr"] = f"[{phase}] done"
         elif args.typ == DNS_RECORD:

@@ -1,0 +1,151 @@
+"""Scale to zero and back, on the front (the Caddy balancer's Droplet): the waker's settings,
+its systemd unit, what the gateway's Caddyfile adds to route through it, and the `wake` output.
+scripts/phases/wake.py decides; this module renders its setup (the wake phase installs it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import catalog
+from .schema import StackConfig
+
+# The waker listens on the front's loopback only; Caddy reaches it, nothing else does.
+PORT = 8092
+ADDRESS = f"127.0.0.1:{PORT}"
+SCRIPT_PATH = "/usr/local/lib/nemotron/wake.py"
+ENV_FILE = "/etc/nemotron/wake.env"
+# The pipeline's token: root-only; the unit reads it as a systemd credential (LoadCredential),
+# so the service's own user never needs read access to /etc/nemotron.
+TOKEN_FILE = "/etc/nemotron/wake.token"  # noqa: S105 (a path, not a secret)
+UNIT = "nemotron-wake.service"
+# What the front answers with while the set sleeps (wake.py's route header).
+ROUTE_HEADER = "Nemotron-Route"
+# Keyed control of the waker through the gate (scripts/wake.py): its state, or wake now.
+CONTROL_PATH = "/nemotron/wake"
+# A wake's expected length when nothing better is known: the cold path's estimate (README,
+# "Where the minutes go": Droplet, driver and reboot, downloads, load and compile).
+EXPECTED_SECONDS = 900
+# The front's monthly price: its Droplet (catalog, list) and the Reserved IP (free while it is
+# assigned to a Droplet; docs/facts.md).
+HOURS_PER_MONTH = 672  # how DigitalOcean states a month of hourly billing (sizes API)
+
+
+def mode(cfg: StackConfig) -> str:
+    return "on" if cfg.wake.enabled else "off"
+
+
+def env_text(cfg: StackConfig) -> str:
+    """wake.py's settings (the token is not here: it is the credential file)."""
+    w = cfg.wake
+    lines = {
+        "WAKE_LISTEN": ADDRESS,
+        "WAKE_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
+        "WAKE_TRIGGER": w.trigger,
+        "WAKE_STACK": cfg.stack,
+        "WAKE_GITHUB_REPO": w.github_repo or "",
+        "WAKE_GITHUB_WORKFLOW": w.github_workflow,
+        "WAKE_GITHUB_REF": w.github_ref,
+        "WAKE_WEBHOOK_URL": w.webhook_url or "",
+        "WAKE_WEBHOOK_HEADER": w.webhook_header,
+        "WAKE_HOLD_SECONDS": str(w.hold_seconds),
+        "WAKE_EXPECTED_SECONDS": str(EXPECTED_SECONDS),
+        "WAKE_COOLDOWN_MINUTES": f"{w.cooldown_minutes:g}",
+        "WAKE_MAX_PER_DAY": str(w.max_per_day),
+        "WAKE_DEADLINE_MINUTES": str(w.deadline_minutes),
+        "WAKE_STATE_FILE": "/var/lib/nemotron-wake/state.json",
+    }
+    return "\n".join(f"{k}={v}" for k, v in lines.items())
+
+
+def unit_text() -> str:
+    """Its own unprivileged user (DynamicUser), the token as a credential, its state kept across
+    restarts (the day's wakes), restarted at once if it stops: Caddy asks it before each keyed
+    request, so while it is down those requests fail."""
+    return f"""[Unit]
+Description=Wake the GPU set on a keyed request (nemotron-droplet)
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+DynamicUser=yes
+StateDirectory=nemotron-wake
+EnvironmentFile={ENV_FILE}
+LoadCredential=token:{TOKEN_FILE}
+Environment=WAKE_TOKEN_FILE=%d/token
+ExecStart=/usr/bin/python3 {SCRIPT_PATH}
+Restart=always
+RestartSec=1
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+# No metadata service: the waker needs nothing from it.
+IPAddressDeny=169.254.169.254
+
+[Install]
+WantedBy=multi-user.target"""
+
+
+def held(replicas: str) -> str:
+    """A keyed request's route on the front: ask the waker first (Caddy's forward_auth, after
+    the gate); `hold` goes to the waker, which holds it while the set wakes; anything else to the
+    replicas as always. A refusal from the waker (503, Retry-After, an OpenAI-style error) is the
+    client's answer: forward_auth copies a non-2xx answer back (caddyserver/caddy
+    modules/caddyhttp/reverseproxy/forwardauth/caddyfile.go), and removes the header the client
+    may have sent before it copies the waker's."""
+    return f"""forward_auth {ADDRESS} {{
+	uri /route
+	copy_headers {ROUTE_HEADER}
+}}
+@held header {ROUTE_HEADER} hold
+handle @held {{
+	reverse_proxy {ADDRESS} {{
+		# The waker's progress comments and the replica's stream go out as they come.
+		flush_interval -1
+	}}
+}}
+handle {{
+	{replicas.replace(chr(10), chr(10) + chr(9))}
+}}"""
+
+
+def control_routes() -> str:
+    """The keyed control of the waker through the gate (scripts/wake.py): GET its state, POST to
+    wake now. Proxied as it came: the waker answers CONTROL_PATH itself."""
+    uri = f"{{http.request.uri}} == '{CONTROL_PATH}'"
+    methods = "{http.request.method} in ['GET', 'POST']"
+    return f"""
+	@wake_control expression `{uri} && {methods}`
+	handle @wake_control {{
+		handle @authorized {{
+			reverse_proxy {ADDRESS}
+		}}
+		handle {{
+			header WWW-Authenticate "Bearer"
+			respond "unauthorized: send one Authorization: Bearer <apiKey> header" 401
+		}}
+	}}"""
+
+
+def output(cfg: StackConfig, front_price_hourly: float, volumes_monthly: float) -> dict[str, Any]:
+    """The `wake` output: what wakes the set, within what, and what sleeping costs."""
+    if not cfg.wake.enabled:
+        return {"mode": "off"}
+    w = cfg.wake
+    front = round(front_price_hourly * HOURS_PER_MONTH, 2)
+    trigger = (
+        f"github: {w.github_repo} {w.github_workflow}@{w.github_ref}"
+        if w.trigger == "github"
+        else f"webhook: {w.webhook_url}"
+    )
+    return {
+        "mode": "on",
+        "trigger": trigger,
+        "holdSeconds": w.hold_seconds,
+        "maxPerDay": w.max_per_day,
+        "cooldownMinutes": w.cooldown_minutes,
+        "idleMonthlyPriceUsd": round(front + volumes_monthly, 2),
+        "idleCost": f"${front:.2f}/month the front (Droplet; its Reserved IP is free while "
+        f"assigned) + ${volumes_monthly:.2f}/month the cache Volumes, while the GPU set sleeps",
+        "state": f"python scripts/wake.py --stack {cfg.stack}",
+    }

@@ -1,0 +1,68 @@
+# shellcheck shell=bash
+# wake (on the Caddy balancer, the front): the waker (wake.py) as a service on loopback, which
+# the gateway asks before each keyed request and which holds requests while the GPU set wakes.
+# Its token (the pipeline's) is a root-only file the unit reads as a systemd credential; its
+# settings a root-only env file. Off: removes the service and the token if an earlier run
+# installed them. Runs before the gateway, whose Caddyfile then routes through it.
+# Settings: NEMO_WAKE_MODE (on|off) NEMO_WAKE_PY NEMO_WAKE_SCRIPT NEMO_WAKE_ENV_FILE
+#           NEMO_WAKE_ENV_TEXT NEMO_WAKE_TOKEN_FILE NEMO_WAKE_TOKEN (secret) NEMO_WAKE_UNIT
+#           NEMO_WAKE_UNIT_TEXT NEMO_WAKE_ADDRESS
+
+unit=/etc/systemd/system/$NEMO_WAKE_UNIT
+token=$NEMO_WAKE_TOKEN
+unset NEMO_WAKE_TOKEN
+
+if [[ $NEMO_WAKE_MODE == off ]]; then
+  step remove "wake is off: no waker"
+  if [[ -f $unit ]]; then
+    systemctl disable --now "$NEMO_WAKE_UNIT" >&2 || true
+    rm -f "$unit" "$NEMO_WAKE_ENV_FILE" "$NEMO_WAKE_TOKEN_FILE" "$NEMO_WAKE_SCRIPT"
+    systemctl daemon-reload >&2
+    changed
+    log "removed the waker and its token"
+  else
+    log "no waker installed"
+  fi
+  finish '"wake":"off"'
+fi
+
+restart=false
+step script "${NEMO_WAKE_SCRIPT}"
+mkdir -p "$(dirname "$NEMO_WAKE_SCRIPT")"
+if printf '%s\n' "$NEMO_WAKE_PY" | install_file "$NEMO_WAKE_SCRIPT" 755; then changed; restart=true; fi
+
+step token "root-only ${NEMO_WAKE_TOKEN_FILE} (the pipeline's token, read by the unit as a credential)"
+[[ -n $token ]] || fail "no wake.token was given" "pulumi config set --secret --path wake.token <token>"
+if printf '%s\n' "$token" | install_secret "$NEMO_WAKE_TOKEN_FILE"; then changed; restart=true; fi
+
+step env-file "root-only ${NEMO_WAKE_ENV_FILE}"
+if printf '%s\n' "$NEMO_WAKE_ENV_TEXT" | install_secret "$NEMO_WAKE_ENV_FILE"; then changed; restart=true; fi
+
+step unit "${unit}"
+if printf '%s\n' "$NEMO_WAKE_UNIT_TEXT" | install_file "$unit" 644; then
+  systemctl daemon-reload >&2
+  changed
+  restart=true
+fi
+
+step start "enable and (re)start ${NEMO_WAKE_UNIT}"
+if ! systemctl is-enabled --quiet "$NEMO_WAKE_UNIT"; then
+  systemctl enable "$NEMO_WAKE_UNIT" >&2
+  changed
+fi
+if [[ $restart == true ]] || ! systemctl is-active --quiet "$NEMO_WAKE_UNIT"; then
+  systemctl restart "$NEMO_WAKE_UNIT" >&2
+  changed
+fi
+
+step answers "the waker answers on ${NEMO_WAKE_ADDRESS}"
+for _ in $(seq 50); do
+  if curl --silent --max-time 2 --output /dev/null "http://${NEMO_WAKE_ADDRESS}/health"; then
+    log "the waker answers; the set is $(curl --silent --max-time 2 "http://${NEMO_WAKE_ADDRESS}/health" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])' 2>/dev/null || echo unknown)"
+    finish '"wake":"on"'
+  fi
+  sleep 0.2
+done
+journalctl -u "$NEMO_WAKE_UNIT" -n 20 --no-pager 2>/dev/null | sed "s/^/[$PHASE] journal: /" >&2 || true
+fail "the waker did not answer on ${NEMO_WAKE_ADDRESS} within 10 s" \
+     "read the journal lines above (journalctl -u ${NEMO_WAKE_UNIT}); pulumi up again"
