@@ -265,6 +265,14 @@ def _install_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[s
             f"`scripts/lock-vllm.sh {vllm.version} {bootstrap.python}` and commit it"
         )
 
+    loader = vllm.load_format
+    if ok("vllm.loadFormat", "vllm.safetensorsLoadStrategy") and (
+        loader != "auto" and vllm.safetensors_load_strategy is not None
+    ):
+        problems.append(
+            f"vllm.safetensorsLoadStrategy: applies to vllm.loadFormat: auto only; {loader} "
+            "reads the files its own way: unset one of the two"
+        )
     preinstalled = bootstrap.driver.mode == "preinstalled"
     if ok("droplet.size", "droplet.image", "bootstrap.driver.mode") and size and preinstalled:
         image = catalog.IMAGES[droplet.image or catalog.default_image(size)]

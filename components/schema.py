@@ -45,6 +45,8 @@ MANAGED_VLLM_FLAGS = (
     "--max-model-len",
     "--max-num-seqs",
     "--enforce-eager",
+    "--load-format",
+    "--safetensors-load-strategy",
     "--download-dir",
     "--hf-token",
     "--speculative-config",
@@ -361,6 +363,21 @@ class VllmConfig(_Section):
         False,
         description="Disable CUDA graphs. Slows decoding 1.7-4.3x; if graph capture runs out of "
         "memory, lower gpuMemoryUtilization or maxNumSeqs instead.",
+    )
+    load_format: Literal["auto", "fastsafetensors", "instanttensor"] = Field(
+        "auto",
+        description="How vLLM reads the weights (`--load-format`; each is in the pinned "
+        "release and its lock). `auto`: safetensors, memory-mapped (vLLM's default). "
+        "`fastsafetensors`, `instanttensor`: straight into GPU memory, in parallel. Measured "
+        "here (scripts/loader_bench.py, CPU side only): every CPU loader reads at the disk's "
+        "pace, so `auto` stays the default until a real run measures one faster.",
+    )
+    safetensors_load_strategy: Literal["lazy", "eager", "prefetch"] | None = Field(
+        None,
+        description="`auto` only (`--safetensors-load-strategy`): `prefetch` reads the files "
+        "into the page cache first, in parallel (vLLM: for network storage; a cache Volume is "
+        "network block storage); `eager` reads each file whole (measured 7x slower here). "
+        "Unset: vLLM's default (memory-mapped; prefetch on NFS and Lustre only).",
     )
     git_ref: str | None = Field(
         None,

@@ -78,6 +78,11 @@ def serve_args(cfg: StackConfig) -> list[str]:
         args += ["--max-num-seqs", str(cfg.vllm.max_num_seqs)]
     if cfg.vllm.enforce_eager:
         args.append("--enforce-eager")
+    # Only when chosen: the default line stays vLLM's own (a new flag restarts every replica).
+    if cfg.vllm.load_format != "auto":
+        args += ["--load-format", cfg.vllm.load_format]
+    if cfg.vllm.safetensors_load_strategy is not None:
+        args += ["--safetensors-load-strategy", cfg.vllm.safetensors_load_strategy]
     known = cfg.catalog_model
     if known is not None:
         args += list(known.vllm_flags)

@@ -422,6 +422,15 @@ REJECTED = [
         "dropet: unknown key; accepted: droplet, access, model, vllm, bootstrap, autodown, cache, balancer, wake, replicas, hfToken, apiKey",
     ),
     ({"droplet": "gpu-h100x1-80gb"}, "droplet: expected an object (a YAML mapping)"),
+    # vLLM's parser takes any --load-format (plugins may add one): the config is the check.
+    (
+        {"vllm": {"loadFormat": "fastsafetensor"}},
+        "vllm.loadFormat: Input should be 'auto', 'fastsafetensors' or 'instanttensor'",
+    ),
+    (
+        {"vllm": {"loadFormat": "instanttensor", "safetensorsLoadStrategy": "prefetch"}},
+        "vllm.safetensorsLoadStrategy: applies to vllm.loadFormat: auto only",
+    ),
 ]
 
 

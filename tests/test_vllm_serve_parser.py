@@ -60,6 +60,14 @@ def cases() -> dict[str, list[str]]:
         "gpu-4000adax1-20gb",
         extraArgs=["--enable-prefix-caching", "--max-num-batched-tokens", "8192"],
     )
+    # Every weight loader the config offers, through the pinned vLLM's own parser.
+    for loader in ("fastsafetensors", "instanttensor"):
+        out[f"load format {loader}"] = argv(super_fp8, "gpu-h100x8-640gb", loadFormat=loader)
+    for strategy in ("lazy", "eager", "prefetch"):
+        out[f"safetensors strategy {strategy}"] = argv(
+            "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16", "gpu-4000adax1-20gb",
+            safetensorsLoadStrategy=strategy,
+        )  # fmt: skip
     return out
 
 
@@ -70,6 +78,7 @@ BROKEN = {
     "unknown flag": ["m", "--tensor-parallel-sized", "8"],
     "auto tool choice without a parser": ["m", "--enable-auto-tool-choice"],
     "unknown speculative method": ["m", "--speculative-config", '{"method":"medusa2"}'],
+    "unknown safetensors strategy": ["m", "--safetensors-load-strategy", "stream"],
 }
 
 
