@@ -115,6 +115,8 @@ class Listen:
     admin_socket: str | None = catalog.CADDY_ADMIN_SOCKET
     # The files replicas join the balancer's pool by.
     upstreams: str = f"{catalog.BALANCER_UPSTREAMS_DIR}/*.caddy"
+    # The front's waker (wake.enabled), on loopback.
+    waker: str = wake.ADDRESS
 
 
 DROPLET = Listen()
@@ -171,8 +173,8 @@ def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
     routes = ""
     if cfg.wake.enabled:
         # The front that wakes the set: each keyed request (and /health) asks the waker first.
-        block = wake.held(block)
-        routes = wake.control_routes()
+        block = wake.held(block, listen.waker)
+        routes = wake.control_routes(listen.waker)
     return _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni) + gate(
         cfg,
         site=host if https else f"http://:{listen.http_port}",

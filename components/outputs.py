@@ -9,7 +9,7 @@ from typing import Any
 
 import pulumi
 
-from . import balancer, cache, catalog, gateway
+from . import balancer, cache, catalog, gateway, wake
 from .droplet import REPLACEMENT_NOTE, ssh_command
 from .endpoint import Endpoint
 from .schema import StackConfig
@@ -55,6 +55,14 @@ def export(cfg: StackConfig, site: Site, built: Endpoint, api_key: pulumi.Output
     if cfg.pooled:
         pulumi.export("replicas", replicas(cfg, plans, built))
         pulumi.export("balancer", balancer_output(cfg, built, site.caddy_price))
+    volumes = round(sum(p.monthly_price_usd for p in plans), 2)
+    pulumi.export("wake", wake.output(cfg, site.caddy_price, volumes))
+    if cfg.wake.enabled and not cfg.autodown.enabled:
+        pulumi.log.warn(
+            "wake.enabled without autodown: nothing puts the GPU set to sleep, so the front only "
+            "adds its cost; set autodown.idleMinutes (the set sleeps when idle, wakes on a keyed "
+            "request)"
+        )
     if cfg.autodown.enabled and cfg.autodown.token is None:
         pulumi.log.warn(
             "autodown runs as a dry run (logs only) until it has a token that may delete "

@@ -86,20 +86,20 @@ IPAddressDeny=169.254.169.254
 WantedBy=multi-user.target"""
 
 
-def held(replicas: str) -> str:
+def held(replicas: str, waker: str = ADDRESS) -> str:
     """A keyed request's route on the front: ask the waker first (Caddy's forward_auth, after
     the gate); `hold` goes to the waker, which holds it while the set wakes; anything else to the
     replicas as always. A refusal from the waker (503, Retry-After, an OpenAI-style error) is the
     client's answer: forward_auth copies a non-2xx answer back (caddyserver/caddy
     modules/caddyhttp/reverseproxy/forwardauth/caddyfile.go), and removes the header the client
     may have sent before it copies the waker's."""
-    return f"""forward_auth {ADDRESS} {{
+    return f"""forward_auth {waker} {{
 	uri /route
 	copy_headers {ROUTE_HEADER}
 }}
 @held header {ROUTE_HEADER} hold
 handle @held {{
-	reverse_proxy {ADDRESS} {{
+	reverse_proxy {waker} {{
 		# The waker's progress comments and the replica's stream go out as they come.
 		flush_interval -1
 	}}
@@ -109,7 +109,7 @@ handle {{
 }}"""
 
 
-def control_routes() -> str:
+def control_routes(waker: str = ADDRESS) -> str:
     """The keyed control of the waker through the gate (scripts/wake.py): GET its state, POST to
     wake now. Proxied as it came: the waker answers CONTROL_PATH itself."""
     uri = f"{{http.request.uri}} == '{CONTROL_PATH}'"
@@ -118,7 +118,7 @@ def control_routes() -> str:
 	@wake_control expression `{uri} && {methods}`
 	handle @wake_control {{
 		handle @authorized {{
-			reverse_proxy {ADDRESS}
+			reverse_proxy {waker}
 		}}
 		handle {{
 			header WWW-Authenticate "Bearer"

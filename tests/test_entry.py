@@ -3,6 +3,7 @@ DigitalOcean's Load Balancer), the firewall between them, the rolling order, the
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -454,3 +455,71 @@ def test_a_live_set_moving_to_the_load_balancer_adopts_its_tag() -> None:
     assert run.error is None, run.error
     tag = of(run, "digitalocean:index/tag:Tag")["lb-replica-tag"]
     assert tag.import_id == "nemotron-dev:replica"
+
+
+# ---- wake: the front that keeps the address while the set sleeps ---------------------------------
+
+WAKE_TOKEN = "github_pat_WAKEentryTEST0000000000000000000000"
+WAKE = {"enabled": True, "githubRepo": "me/llm", "token": WAKE_TOKEN}
+
+
+def test_wake_puts_even_one_replica_behind_the_front_and_keeps_its_token_secret() -> None:
+    config = dev(autodown={"idleMinutes": 30, "maxHours": 8})
+    run = run_program(config, secrets={"wake": json.dumps(WAKE)})
+    assert run.error is None, run.error
+    assert set(of(run, DROPLET)) == {"gpu", "balancer"}
+    # The endpoint is the front's Reserved IP, which outlives the GPU set.
+    assert run.outputs["endpoint"].value == f"https://{FAKE_RESERVED_IPV4}/v1"
+    commands = of(run, COMMAND)
+    waker, gateway = commands["balancer-wake"], commands["balancer-gateway"]
+    assert waker.urn in gateway.dependencies, "the gateway routes through the waker: it runs first"
+    output = run.outputs["wake"].value
+    assert output["mode"] == "on" and output["trigger"] == "github: me/llm deploy.yml@main"
+    assert output["idleMonthlyPriceUsd"] == pytest.approx(round(CADDY_PRICE * 672, 2))
+    _assert_nowhere_plain(run, WAKE_TOKEN)
+
+
+def test_without_wake_the_waker_is_removed_and_the_gateway_does_not_wait_for_it() -> None:
+    run = run_program({**dev(), "replicas": 2})
+    assert run.error is None, run.error
+    commands = of(run, COMMAND)
+    assert commands["balancer-wake"].urn not in commands["balancer-gateway"].dependencies
+    assert run.outputs["wake"].value == {"mode": "off"}
+
+
+@pytest.mark.parametrize(
+    ("wake", "message"),
+    [
+        ({"enabled": True, "githubRepo": "me/llm"}, "wake.token: the pipeline's token is unset"),
+        ({"enabled": True, "token": WAKE_TOKEN}, "wake.githubRepo: the repository whose workflow"),
+        (
+            {"enabled": True, "trigger": "webhook", "token": WAKE_TOKEN},
+            "wake.webhookUrl: wake.trigger: webhook needs the https:// URL",
+        ),
+        ({**WAKE, "webhookUrl": "http://ci.example.com/hook"}, "wake.webhookUrl: 'http://"),
+        (
+            {**WAKE, "githubRepo": "not a repo"},
+            "wake.githubRepo: 'not a repo': accepted: owner/name",
+        ),
+        ({**WAKE, "holdSeconds": 5}, "wake.holdSeconds"),
+    ],
+)
+def test_wake_refusals_name_the_field(wake: dict[str, Any], message: str) -> None:
+    run = run_program(dev(), secrets={"wake": json.dumps(wake)})
+    assert isinstance(run.error, ConfigError), run.error
+    assert any(message in p for p in run.error.problems), run.error.problems
+    assert not run.registrations or all(r.type.startswith("pulumi:") for r in run.registrations)
+
+
+def test_wake_needs_the_caddy_front_not_the_load_balancer() -> None:
+    run = run_program(
+        dev(access=MANAGED), secrets={"wake": json.dumps(WAKE)}, zones=("example.com",)
+    )
+    assert isinstance(run.error, ConfigError), run.error
+    assert any("DigitalOcean's Load Balancer can do neither" in p for p in run.error.problems)
+
+
+def test_a_wake_token_in_plain_text_is_refused() -> None:
+    run = run_program({**dev(), "wake": WAKE})
+    assert isinstance(run.error, ConfigError), run.error
+    assert any("wake.token: stored in plain text" in p for p in run.error.problems)

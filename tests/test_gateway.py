@@ -446,6 +446,10 @@ def golden_sites() -> dict[str, str]:
                            "acmeEmail": "ops@example.com"}}, "dev",
     )  # fmt: skip
     pooled = config.parse({**dev, "replicas": 2}, "dev")
+    waking = config.parse(
+        {**dev, "wake": {"enabled": True, "githubRepo": "me/llm", "token": "x"}}, "dev",
+        frozenset({"wake"}),
+    )  # fmt: skip
     listener = gateway.ReplicaListener("10.110.0.3", metrics_reader="10.110.0.2",
                                        retry_elsewhere=True)  # fmt: skip
     return {
@@ -453,6 +457,7 @@ def golden_sites() -> dict[str, str]:
         "lone-domain": gateway.lone_site(named, "llm.example.com"),
         "replica": gateway.replica_site(pooled, listener),
         "balancer": gateway.balancer_site(pooled, "203.0.113.201"),
+        "balancer-wake": gateway.balancer_site(waking, "203.0.113.201"),
     }
 
 

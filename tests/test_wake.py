@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -20,12 +23,17 @@ from typing import Any
 import loopback
 import pytest
 import requests
+from pulumi_harness import stack_config
+from sandbox import CADDY, free_port
+from test_gateway import KEY, run_caddy
+
+from components import config, gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 WAKE = ROOT / "scripts" / "phases" / "wake.py"
 FAKE = ROOT / "tests" / "support" / "fake_openai.py"
 TOKEN = "github_pat_WAKEtestTOKEN000000000000000000000000"
-API_KEY = "sk-wake-test-key"
+API_KEY = KEY  # the gateway's test key (test_gateway.spawn_caddy gives Caddy this one)
 CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
@@ -317,3 +325,72 @@ def test_the_day_budget_survives_a_restart_of_the_waker(
     again = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
     assert again.route().status_code == 503, "a crash loop must not reset the day's wakes"
     assert len(github.dispatches) == 1
+
+
+# ---- behind the real Caddy, with the balancer's Caddyfile as the gateway phase renders it -------
+
+
+def test_behind_caddy_keyless_floods_wake_nothing_and_a_keyed_request_wakes_once(
+    front_factory: Callable[..., Front], tmp_path: Path
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
+    sock_dir = Path(tempfile.mkdtemp(prefix="nemo-admin-"))  # a socket path under 108 bytes
+    admin = sock_dir / "admin.sock"
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "https": False}
+    raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": TOKEN}
+    cfg = config.parse(raw, "dev", frozenset({"wake"}))
+    listen = gateway.Listen(http_port=free_port(), https_port=free_port(),
+                            admin_socket=str(admin), upstreams=f"{front.upstreams}/*.caddy",
+                            waker=front.url.removeprefix("http://"))  # fmt: skip
+    url = f"http://127.0.0.1:{listen.http_port}"
+    chat = f"{url}/v1/chat/completions"
+    folder = tmp_path / "caddy"
+
+    def deploy() -> None:
+        """The pipeline's end, as on the front: the replica answers, its member phase writes
+        its upstream file and reloads Caddy gracefully."""
+        time.sleep(1.0)
+        front.start_replica()
+        subprocess.run(
+            [str(CADDY), "reload", "--config", str(folder / "Caddyfile"), "--adapter",
+             "caddyfile", "--address", f"unix/{admin}"],
+            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
+            capture_output=True, check=True, timeout=30,
+        )  # fmt: skip
+
+    github.on_dispatch = deploy
+    site = gateway.balancer_site(cfg, "front.example", listen)
+    try:
+        for _ in run_caddy(folder, site, f"{url}/health"):
+            # Scans and bots: no key, a wrong key, a doubled header. None reaches the waker.
+            def knock(headers: dict[str, str]) -> int:
+                return requests.post(chat, json=CHAT, headers=headers, timeout=10).status_code
+
+            bad = [{}, {"Authorization": "Bearer sk-wrong"},
+                   {"Authorization": f"Bearer {API_KEY}, Bearer {API_KEY}"}] * 100  # fmt: skip
+            with ThreadPoolExecutor(16) as pool:
+                codes = list(pool.map(knock, bad))
+            assert set(codes) == {401}
+            assert github.dispatches == [], "nothing without the key wakes the set"
+            health = requests.get(f"{url}/health", timeout=10)
+            assert health.status_code == 503 and health.json()["status"] == "asleep"
+            assert requests.get(f"{url}/nemotron/wake", timeout=10).status_code == 401
+            # The first keyed request wakes the set and is answered once a replica is up.
+            keyed = {"Authorization": f"Bearer {API_KEY}"}
+            answer = requests.post(chat, json=CHAT, headers=keyed, timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["message"]["content"]
+            assert len(github.dispatches) == 1
+            front.wait_mode("awake")
+            # Awake: the front proxies to the replicas as always; nothing more is dispatched.
+            for _ in range(5):
+                again = requests.post(chat, json=CHAT, headers=keyed, timeout=30)
+                assert again.status_code == 200, again.text
+            assert len(github.dispatches) == 1
+            assert requests.get(f"{url}/health", timeout=10).status_code == 200
+            state = requests.get(f"{url}/nemotron/wake", headers=keyed, timeout=10).json()
+            assert state["mode"] == "awake" and state["wakes_last_day"] == 1
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
