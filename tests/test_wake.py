@@ -320,6 +320,10 @@ def test_the_day_budget_survives_a_restart_of_the_waker(
     github = FakeGitHub()
     front = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
     front.route()
+    end = time.monotonic() + 10
+    while not github.dispatches:  # the wake's dispatch runs in a thread of its own
+        assert time.monotonic() < end, "no dispatch"
+        time.sleep(0.05)
     front.proc.kill()
     front.proc.wait()
     again = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
@@ -394,3 +398,36 @@ def test_behind_caddy_keyless_floods_wake_nothing_and_a_keyed_request_wakes_once
             assert state["mode"] == "awake" and state["wakes_last_day"] == 1
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def wake_tool(front: Front, *args: str) -> subprocess.CompletedProcess[str]:
+    """scripts/wake.py against the front (here the waker itself answers /nemotron/wake)."""
+    env = {"PATH": os.environ["PATH"], "OPENAI_API_KEY": API_KEY}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "wake.py"), "--endpoint", f"{front.url}/v1",
+         *args], env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_the_wake_tool_shows_the_state_and_wakes_by_hand_within_the_guards(
+    front_factory: Callable[..., Front],
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_MAX_PER_DAY="1")
+    shown = wake_tool(front)
+    assert shown.returncode == 0 and "mode: asleep" in shown.stdout, shown.stderr
+    assert "wakes in the last 24 h: 0 of 1" in shown.stdout
+    woken = wake_tool(front, "--now")
+    assert woken.returncode == 0 and "waking" in woken.stdout, woken.stderr
+    end = time.monotonic() + 10
+    while len(github.dispatches) != 1:  # the dispatch runs in a thread of the waker's own
+        assert time.monotonic() < end, github.dispatches
+        time.sleep(0.05)
+    front.start_replica()
+    front.wait_mode("awake")
+    front.stop_replicas()
+    front.wait_mode("asleep")
+    refused = wake_tool(front, "--now")
+    assert refused.returncode == 1 and "wake.maxPerDay (1)" in refused.stdout
+    assert "retry after" in refused.stdout
+    assert API_KEY not in shown.stdout + woken.stdout + refused.stdout + refused.stderr

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The front's waker by hand: see whether the GPU set is awake, asleep or waking, or wake it now.
+
+    python scripts/wake.py --stack dev            # the state, and the last wake's timeline
+    python scripts/wake.py --stack dev --now      # wake it now (the same guards as a request)
+    python scripts/wake.py --stack dev --now --wait 900   # ... and wait until it answers
+
+It asks the endpoint's front (wake.enabled) through its gate, with the stack's API key, at
+`/nemotron/wake`: the front holds the pipeline's token; this tool needs none, and no cloud
+access. A refusal (the day's wakes spent, a cooldown after a failed wake) is printed as the
+front said it, with when to come back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import requests
+import target as target_mod
+
+CONTROL_PATH = "/nemotron/wake"  # components/wake.py CONTROL_PATH
+TIMEOUT_SECONDS = 20
+
+
+def control_url(endpoint: str) -> str:
+    return endpoint.rstrip("/").removesuffix("/v1") + CONTROL_PATH
+
+
+def describe(state: dict[str, Any]) -> str:
+    lines = [
+        f"mode: {state.get('mode')} since {state.get('since')} "
+        f"({state.get('replicas_healthy', 0)} replica(s) answering)",
+        f"wakes in the last 24 h: {state.get('wakes_last_day')} of {state.get('max_per_day')}; "
+        f"trigger: {state.get('trigger')}; hold: {state.get('hold_seconds')} s",
+    ]
+    if state.get("last_failure"):
+        lines.append(f"last failure: {state['last_failure']}")
+    last = state.get("last_wake") or {}
+    if last:
+        lines.append("last wake: " + ", ".join(f"{k} {v}" for k, v in last.items()))
+    return "\n".join(lines)
+
+
+def ask(method: str, url: str, key: str) -> tuple[int, dict[str, Any], str]:
+    """One call to the front; its status, JSON body (or {}) and Retry-After."""
+    try:
+        answer = requests.request(method, url, headers={"Authorization": f"Bearer {key}"},
+                                  timeout=TIMEOUT_SECONDS)  # fmt: skip
+    except requests.RequestException as err:
+        raise target_mod.TargetError(
+            f"{url}: the front did not answer ({type(err).__name__})"
+        ) from None
+    try:
+        body = answer.json()
+    except ValueError:
+        body = {}
+    return (
+        answer.status_code,
+        body if isinstance(body, dict) else {},
+        answer.headers.get("Retry-After", ""),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    target_mod.add_arguments(parser)
+    parser.add_argument("--now", action="store_true", help="wake the set now")
+    parser.add_argument("--wait", type=float, default=0, help="with --now: seconds to wait")
+    args = parser.parse_args(argv)
+    target = target_mod.resolve(args)
+    url = control_url(target.endpoint)
+    if args.now:
+        status, body, retry = ask("POST", url, target.api_key)
+        if status == 401:
+            raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
+        if status == 404:
+            raise target_mod.TargetError(f"{url}: no waker here: is wake.enabled set?")
+        if status >= 400:
+            message = (body.get("error") or {}).get("message", f"HTTP {status}")
+            print(f"refused: {message}" + (f" (retry after {retry} s)" if retry else ""))
+            return 1
+        print("waking" if body.get("mode") == "waking" else f"already {body.get('mode')}")
+        end = time.monotonic() + args.wait
+        while args.wait and time.monotonic() < end:
+            _, body, _ = ask("GET", url, target.api_key)
+            if body.get("mode") in ("awake", "failed"):
+                break
+            time.sleep(5)
+    status, state, _ = ask("GET", url, target.api_key)
+    if status == 401:
+        raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
+    if status != 200:
+        raise target_mod.TargetError(f"{url}: HTTP {status}: is wake.enabled set for this stack?")
+    print(describe(state))
+    return 0 if state.get("mode") != "failed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
