@@ -5,8 +5,9 @@ HTTPS, Let's Encrypt with profiles, validating from the internet). Nothing rende
 but the one declared gap (internet.SUBSTITUTED: the Miniforge installer's sha256).
 
 Each scenario prints its contract line (scenario.summary) in the run's summary. `./check` (and
-CI) runs scenarios 1, 2 (both entries), 4 and 6; the two of minutes, 3 (a rolling update under
-load, about 4 minutes beside the other tests) and 5 (autodown, then refresh and up), are marked
+CI) runs scenarios 1, 2 (both entries), 4 and 6; those of minutes, 3 (a rolling update under
+load, about 4 minutes beside the other tests), 5 (autodown, then refresh and up) and 7 (scale to
+zero: autodown deletes, a keyed request wakes the set through the pipeline), are marked
 stack_long and left out by default (pyproject addopts) to keep CI near six minutes: `./check -m
 stack` runs all of them, and only them.
 """
@@ -545,3 +546,103 @@ def test_a_driver_that_does_not_build_stops_the_run_and_a_cut_download_resumes(
         smoke = client(emu, "smoke.py", second.outputs)
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         report(request, summary("driver-fails-download-cut", emu, results))
+
+
+# A client on the internet: one request to the endpoint, as the README's users send it; prints
+# the status, then the body (a stream's lines as they came).
+ASK = """
+import json, sys, requests
+url, key, body, floods = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+if floods:
+    bad = [{}, {"Authorization": "Bearer sk-wrong"}]
+    codes = {requests.post(url, json=body, headers=bad[i % 2], timeout=30).status_code
+             for i in range(floods)}
+    print(json.dumps(sorted(codes)))
+    sys.exit(0)
+r = requests.post(url, json=body, headers={"Authorization": "Bearer " + key}, timeout=900)
+print(r.status_code)
+print(r.text)
+"""
+
+
+def ask(
+    emu: Emulation, outputs: dict[str, object], body: dict[str, object], floods: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """A chat completion to the endpoint from the internet (or `floods` without the key)."""
+    bundle = emu.workdir / "ask-roots.pem"
+    bundle.write_text(emu.ca.root_pem)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "REQUESTS_CA_BUNDLE": str(bundle)}
+    url = f"{outputs['endpoint']}/chat/completions"
+    argv = [sys.executable, "-c", ASK, url, str(outputs["apiKey"]), json.dumps(body), str(floods)]
+    proc = subprocess.run(emu.world.argv(argv), env=env, capture_output=True, text=True,
+                          timeout=1200, check=False)  # fmt: skip
+    emu.requests += max(1, floods)
+    return proc
+
+
+@pytest.mark.stack_long
+def test_scale_to_zero_a_keyed_request_wakes_the_deleted_set_through_the_pipeline(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Scenario 7: the dev stack with wake on (one replica behind the front) and autodown
+    (maxHours 0.01, a token of the README's scopes). Autodown deletes the GPU Droplet; the
+    front and its address stay. Hundreds of requests without the key wake nothing. A keyed
+    request is held; the front dispatches the deploy workflow once, at GitHub (api.github.com
+    in the world: the token and the inputs checked); a second keyed request during the wake
+    starts no second one. The pipeline runs what the workflow does (refresh, then up); the
+    replica comes back, joins the front, and both held requests are answered."""
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+        token = emu.api.account.add_token("readme", sorted(readme_scopes()))
+        base = {k: v for k, v in stack_config("dev").items() if k != "autodown"}
+        wake = {"enabled": True, "githubRepo": emu.github.repo, "token": emu.github.token}
+        secrets = {"autodown": json.dumps({"maxHours": 0.01, "token": token}),
+                   "wake": json.dumps(wake)}  # fmt: skip
+        stack = emu.stack("dev")
+        first = stack.up(base, secrets=secrets)
+        results.append(first)
+        assert first.error is None, first.error
+        address = first.outputs["balancer"]["address"]
+        assert first.outputs["endpoint"] == f"https://{address}/v1"
+        assert first.outputs["wake"]["mode"] == "on"
+        [replica] = gpu_ids(stack.state)
+        started = min(s.started for s in first.steps)
+        time.sleep(max(0.0, started + 40 - time.time()))  # past maxHours
+        fired = fire_autodown(emu, replica)
+        assert fired.returncode == 0, fired.stdout + fired.stderr
+        deadline = time.time() + 30
+        while time.time() < deadline and replica in emu.account.machines:
+            time.sleep(0.5)
+        assert replica not in emu.account.machines and len(emu.account.machines) == 1
+
+        chat = {"model": first.outputs["servedModelName"], "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hello"}]}  # fmt: skip
+        flood = ask(emu, first.outputs, chat, floods=300)
+        assert json.loads(flood.stdout) == [401], flood.stdout + flood.stderr
+        assert emu.github.dispatches == [], "requests without the key wake nothing"
+
+        held: list[subprocess.CompletedProcess[str]] = []
+        woke = time.monotonic()
+        waiting = [threading.Thread(target=lambda: held.append(ask(emu, first.outputs, chat)))
+                   for _ in range(2)]  # fmt: skip
+        waiting[0].start()
+        assert emu.github.dispatched.wait(60), "the keyed request dispatched the deploy"
+        waiting[1].start()
+        assert emu.github.dispatches == [
+            {"ref": "main", "inputs": {"stack": "dev", "command": "up", "refresh": "true"}}
+        ]
+        # The deploy workflow's run: refresh (the Droplet is gone), then up.
+        refreshed = stack.refresh()
+        results.append(refreshed)
+        assert refreshed.ops("refresh-delete", "droplet:Droplet") == ["gpu"]
+        back = stack.up(base, secrets=secrets)
+        results.append(back)
+        assert back.error is None, back.error
+        emu.github.finish_run("success")
+        for thread in waiting:
+            thread.join(timeout=600)
+        waited = time.monotonic() - woke
+        assert [h.stdout.split("\n", 1)[0] for h in held] == ["200", "200"], held
+        assert len(emu.github.dispatches) == 1, "one wake, for both requests"
+        assert back.outputs["endpoint"] == first.outputs["endpoint"], "the address stayed"
+        report(request, summary("wake", emu, results) + f"\n  wake to answer: {waited:.0f} s")

@@ -431,3 +431,16 @@ def test_the_wake_tool_shows_the_state_and_wakes_by_hand_within_the_guards(
     assert refused.returncode == 1 and "wake.maxPerDay (1)" in refused.stdout
     assert "retry after" in refused.stdout
     assert API_KEY not in shown.stdout + woken.stdout + refused.stdout + refused.stderr
+
+
+def test_a_replica_that_just_joined_is_found_before_any_wake(
+    front_factory: Callable[..., Front],
+) -> None:
+    """The deploy's own ready probe comes through the front a moment after the replica joins,
+    before the monitor's next look: the front looks again before it wakes anything."""
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_HEALTH_SECONDS="60")
+    front.wait_mode("asleep")
+    front.start_replica()
+    assert front.route().headers["Nemotron-Route"] == "awake"
+    assert github.dispatches == [] and front.state()["mode"] == "awake"

@@ -3,9 +3,9 @@
 is held until a replica answers it.
 
 Runs on the balancer Droplet (the front that holds the endpoint's address) as its own service,
-on loopback. Caddy asks it before each keyed API request (`forward_auth` to GET /route, after
-the gate has checked the key): while a replica is healthy it answers `Nemotron-Route: awake`
-and Caddy proxies to the replicas as always; while none is, `Nemotron-Route: hold` and Caddy
+on loopback. Caddy asks it before each keyed API request ('forward_auth' to GET /route, after
+the gate has checked the key): while a replica is healthy it answers 'Nemotron-Route: awake'
+and Caddy proxies to the replicas as always; while none is, 'Nemotron-Route: hold' and Caddy
 proxies the request here, where it is held. Unkeyed requests never reach this service, so scans
 and bots wake nothing.
 
@@ -17,8 +17,8 @@ REST "Create a workflow dispatch event"), or a generic webhook (WAKE_TRIGGER=web
 with a secret header). One wake at a time; after one fails, none for WAKE_COOLDOWN_MINUTES; at
 most WAKE_MAX_PER_DAY in any 24 hours. A refusal names the setting.
 
-Held requests: a streamed one (`"stream": true`) gets its 200 and SSE comment lines at once
-(`: waking ...`, every WAKE_COMMENT_SECONDS) so the client sees progress, then the replica's
+Held requests: a streamed one ('"stream": true') gets its 200 and SSE comment lines at once
+(': waking ...', every WAKE_COMMENT_SECONDS) so the client sees progress, then the replica's
 stream; any other request waits silently. Once a replica answers /health, each held request is
 sent to it as it came. Past WAKE_HOLD_SECONDS, or when the wake failed (the pipeline refused,
 its run failed, no replica answered within WAKE_DEADLINE_MINUTES), held requests get 503 with
@@ -31,7 +31,7 @@ now, the same guards), GET /health (200 while awake, else 503 with the mode and 
 Every event is one JSON log line (the journal); the pipeline's token is never printed.
 
 Settings (environment; the token from the file WAKE_TOKEN_FILE, a systemd credential):
-WAKE_LISTEN, WAKE_UPSTREAMS_DIR (Caddy's upstream files: `to <host>:<port>`), WAKE_TRIGGER,
+WAKE_LISTEN, WAKE_UPSTREAMS_DIR (Caddy's upstream files: 'to <host>:<port>'), WAKE_TRIGGER,
 WAKE_STACK, WAKE_GITHUB_API, WAKE_GITHUB_REPO, WAKE_GITHUB_WORKFLOW, WAKE_GITHUB_REF,
 WAKE_WEBHOOK_URL, WAKE_WEBHOOK_HEADER, WAKE_HOLD_SECONDS, WAKE_EXPECTED_SECONDS,
 WAKE_COOLDOWN_MINUTES, WAKE_MAX_PER_DAY, WAKE_DEADLINE_MINUTES, WAKE_STATE_FILE,
@@ -57,7 +57,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-# One upstream per file, as the balancer phase writes them (`to 10.110.0.2:8080`).
+# One upstream per file, as the balancer phase writes them ('to 10.110.0.2:8080').
 UPSTREAM = re.compile(r"^\s*to\s+([0-9A-Za-z.\-\[\]:]+):([0-9]{1,5})\s*$", re.M)
 DAY = 86400.0
 # The keyed control path the gate sends here as it came (components/wake.py CONTROL_PATH).
@@ -152,7 +152,7 @@ class Refusal:
 
 @dataclass
 class Waker:
-    """The set's state, shared by the request threads and the monitor thread (under `cond`)."""
+    """The set's state, shared by the request threads and the monitor thread (under 'cond')."""
 
     s: Settings
     clock: Callable[[], float] = time.time
@@ -164,6 +164,7 @@ class Waker:
     failed_at: float | None = None
     timeline: dict[str, Any] = field(default_factory=dict)
     cond: threading.Condition = field(default_factory=threading.Condition)
+    checking: threading.Lock = field(default_factory=threading.Lock)
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -369,9 +370,10 @@ class Waker:
                 continue
         return found
 
-    def monitor(self) -> None:
-        """Every WAKE_HEALTH_SECONDS: which replicas answer /health; the mode follows."""
-        while True:
+    def check(self) -> None:
+        """One look at the replicas (each one's /health) and the mode that follows. One look at
+        a time: a caller that finds one under way waits for its result."""
+        with self.checking:
             healthy = [u for u in self.upstreams() if _healthy(u)]
             with self.cond:
                 self.healthy = healthy
@@ -388,6 +390,11 @@ class Waker:
                               "(wake.deadlineMinutes)")  # fmt: skip
                 elif self.mode == "failed" and now - (self.failed_at or now) >= self.cooldown():
                     self.set_mode("asleep")
+
+    def monitor(self) -> None:
+        """Every WAKE_HEALTH_SECONDS, a look at the replicas."""
+        while True:
+            self.check()
             time.sleep(self.s.health_seconds)
 
     def wait(self, deadline: float, tick: float) -> str:
@@ -470,6 +477,12 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
         def route(self) -> None:
             """forward_auth: awake, or hold (a wake started), or the refusal as the answer."""
             uri = self.headers.get("X-Forwarded-Uri", "")
+            with waker.cond:
+                stale = waker.mode != "awake" and uri != "/health"
+            if stale:
+                # A fresh look before a wake: the monitor's last one may be seconds old, and a
+                # replica that just joined (the deploy's own ready probe) must not wake the set.
+                waker.check()
             with waker.cond:
                 if waker.mode == "awake":
                     route = "awake"

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 from sandbox import FAKES, Sandbox, caddy_release_tarball
 
 from components import catalog
-from stack.net import ACME_CA, DO_API, DOWNLOADS, Netns
+from stack.net import ACME_CA, DO_API, DOWNLOADS, GITHUB_API, Netns
 from stack.pki import Authority
 
 GITHUB, GITHUB_OBJECTS = "github.com", "objects.githubusercontent.com"
@@ -56,6 +56,8 @@ SERVICES: dict[str, str] = {
     "acme-v02.api.letsencrypt.org": ACME_CA,
     "acme.zerossl.com": ACME_CA,
     "api.digitalocean.com": DO_API,
+    # What the front's waker calls (a workflow_dispatch): github_api.py.
+    "api.github.com": GITHUB_API,
 }
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # Debian/Ubuntu's; curl and Go read it
 # A Droplet's resolver is systemd-resolved's stub. Nothing listens there in a host's namespace,

@@ -52,6 +52,7 @@ GATEWAY = "203.0.113.1"
 ACME_CA = "192.0.2.10"
 DO_API = "192.0.2.20"
 DOWNLOADS = "192.0.2.30"
+GITHUB_API = "192.0.2.40"
 CLIENT = "192.0.2.100"
 
 PREFIX_BASE = "nds"
@@ -262,7 +263,7 @@ class World(Netns):
             f"link add name {self.vpc_bridge} type bridge",
             f"link set {self.vpc_bridge} up",
         )
-        for address in (ACME_CA, DO_API, DOWNLOADS, CLIENT):
+        for address in (ACME_CA, DO_API, DOWNLOADS, GITHUB_API, CLIENT):
             self.add_address(address)
         # What the world sends to a Droplet comes from the client address unless bound to
         # another: users' requests.

@@ -6,6 +6,7 @@ phase took)."""
 from __future__ import annotations
 
 import contextlib
+import secrets
 import socket
 import ssl
 import tempfile
@@ -19,7 +20,7 @@ import openai
 from pulumi_harness import DEFAULT_OFFERS
 
 from components import catalog
-from stack import do_api, internet, net
+from stack import do_api, github_api, internet, net
 from stack.acme_ca import ACMECA
 from stack.cloud import Account
 from stack.commands import RemoteCommands
@@ -42,6 +43,8 @@ class Emulation:
     # DigitalOcean's API at api.digitalocean.com (do_api.py), on the account's own Droplets:
     # what autodown calls from the hosts. Tokens: api.account.add_token(name, scopes).
     api: do_api.DigitalOceanAPI
+    # GitHub's API at api.github.com (github_api.py): the deploy workflow a wake dispatches.
+    github: github_api.GitHub
     stacks: dict[str, Stack] = field(default_factory=dict)
     requests: int = 0
     failed_requests: int = 0
@@ -84,8 +87,13 @@ def emulation(
         api = serve_api(world, downloads)
         services.callback(api.stop)
         account.serve_api(api.account)
+        github = github_api.GitHub("me/llm", "deploy.yml", f"github_pat_{secrets.token_hex(20)}")
+        sock, context = tls_listener(world, downloads, "api.github.com", net.GITHUB_API)
+        server = github_api.serve(github, sock, context)
+        services.callback(server.server_close)
+        services.callback(server.shutdown)
         commands = RemoteCommands(world, workdir, downloads.substitutions())
-        emu = Emulation(world, account, commands, workdir, downloads, ca, model_urls, api)
+        emu = Emulation(world, account, commands, workdir, downloads, ca, model_urls, api, github)
         try:
             yield emu
         finally:
@@ -96,23 +104,35 @@ def emulation(
 
 
 def serve_api(world: net.World, internet_: internet.Internet) -> do_api.DigitalOceanAPI:
-    """DigitalOcean's API over HTTPS at its name's world address (net.DO_API), with a
-    certificate from the CA the hosts trust for the other outside services."""
-    chain, key = internet_.ca.issue(["api.digitalocean.com"])
+    """DigitalOcean's API over HTTPS at its name's world address (net.DO_API)."""
+    sock, context = tls_listener(world, internet_, "api.digitalocean.com", net.DO_API)
+    try:
+        return do_api.DigitalOceanAPI(do_api.Account(), sock=sock, tls=context)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def tls_listener(
+    world: net.World, internet_: internet.Internet, name: str, address: str
+) -> tuple[socket.socket, ssl.SSLContext]:
+    """A socket listening on `address`:443 in the world, and a server context with a
+    certificate for `name` from the CA the hosts trust for the other outside services."""
+    chain, key = internet_.ca.issue([name])
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    with tempfile.TemporaryDirectory(prefix="do-api-") as tmp:  # read at once, then gone
+    with tempfile.TemporaryDirectory(prefix="tls-") as tmp:  # read at once, then gone
         (Path(tmp) / "chain.pem").write_text(chain)
         (Path(tmp) / "key.pem").write_bytes(key)
         context.load_cert_chain(Path(tmp) / "chain.pem", Path(tmp) / "key.pem")
     sock = world.call(socket.socket)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((net.DO_API, 443))
+        sock.bind((address, 443))
         sock.listen(64)
-        return do_api.DigitalOceanAPI(do_api.Account(), sock=sock, tls=context)
     except BaseException:
         sock.close()
         raise
+    return sock, context
 
 
 class Load:
