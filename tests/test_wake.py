@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import loopback
+import openai
 import pytest
 import requests
 from pulumi_harness import stack_config
@@ -198,7 +199,9 @@ def test_a_keyed_request_wakes_the_set_once_and_is_held_until_a_replica_answers(
     front.wait_mode("awake")
     assert front.route().headers["Nemotron-Route"] == "awake"
     last = front.state()["last_wake"]
-    assert list(last) == ["request_in", "pipeline_started", "ready", "first_token"]
+    assert list(last) == [
+        "request_in", "pipeline_started", "replica_joined", "ready", "first_token"
+    ]  # fmt: skip
 
 
 def test_a_streamed_request_sees_it_waking_then_the_stream(
@@ -444,3 +447,18 @@ def test_a_replica_that_just_joined_is_found_before_any_wake(
     front.start_replica()
     assert front.route().headers["Nemotron-Route"] == "awake"
     assert github.dispatches == [] and front.state()["mode"] == "awake"
+
+
+def test_the_openai_client_gets_a_clear_error_when_the_hold_runs_out(
+    front_factory: Callable[..., Front],
+) -> None:
+    """What a user's OpenAI client sees (the official Python client, its retries off so the
+    test does not wait out Retry-After): an APIStatusError 503 whose message says why."""
+    front = front_factory(FakeGitHub(), WAKE_HOLD_SECONDS="1", WAKE_EXPECTED_SECONDS="300")
+    front.route()
+    client = openai.OpenAI(base_url=f"{front.url}/v1", api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(model="nemotron", messages=CHAT["messages"], max_tokens=4)
+    assert raised.value.status_code == 503
+    assert "still waking" in str(raised.value) and "wake.holdSeconds: 1" in str(raised.value)
+    assert int(raised.value.response.headers["Retry-After"]) >= 30

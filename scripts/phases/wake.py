@@ -378,6 +378,12 @@ class Waker:
             with self.cond:
                 self.healthy = healthy
                 now = self.clock()
+                # A member file newer than the wake: the deploy made a replica and it joined
+                # the front (the balancer's member phase writes the file once it is ready).
+                joined = any(_mtime(p) > self.since for p in self.s.upstreams_dir.glob("*.caddy"))
+                if self.mode == "waking" and joined and "replica_joined" not in self.timeline:
+                    self.timeline["replica_joined"] = iso(now)
+                    log("replica_joined")
                 if healthy and self.mode != "awake":
                     if self.mode == "waking":
                         self.timeline["ready"] = iso(now)
@@ -415,6 +421,13 @@ def _epoch(text: Any) -> float | None:
         return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _healthy(upstream: tuple[str, int]) -> bool:
