@@ -552,11 +552,14 @@ def test_a_driver_that_does_not_build_stops_the_run_and_a_cut_download_resumes(
 # the status, then the body (a stream's lines as they came).
 ASK = """
 import json, sys, requests
+from concurrent.futures import ThreadPoolExecutor
 url, key, body, floods = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 if floods:
-    bad = [{}, {"Authorization": "Bearer sk-wrong"}]
-    codes = {requests.post(url, json=body, headers=bad[i % 2], timeout=30).status_code
-             for i in range(floods)}
+    bad = [{}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic " + key}]
+    def knock(i):
+        return requests.post(url, json=body, headers=bad[i % 3], timeout=30).status_code
+    with ThreadPoolExecutor(32) as pool:
+        codes = set(pool.map(knock, range(floods)))
     print(json.dumps(sorted(codes)))
     sys.exit(0)
 r = requests.post(url, json=body, headers={"Authorization": "Bearer " + key}, timeout=900)
@@ -580,22 +583,36 @@ def ask(
     return proc
 
 
+def front_log(emu: Emulation) -> str:
+    """The waker's journal on the front (the one machine left while the set sleeps)."""
+    logs = []
+    for machine in emu.account.machines.values():
+        path = machine.box.file("/var/log/fake-nemotron-wake.log")
+        if path.exists():
+            logs.append(path.read_text()[-3000:])
+    return "\n".join(logs)
+
+
 @pytest.mark.stack_long
 def test_scale_to_zero_a_keyed_request_wakes_the_deleted_set_through_the_pipeline(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Scenario 7: the dev stack with wake on (one replica behind the front) and autodown
     (maxHours 0.01, a token of the README's scopes). Autodown deletes the GPU Droplet; the
-    front and its address stay. Hundreds of requests without the key wake nothing. A keyed
-    request is held; the front dispatches the deploy workflow once, at GitHub (api.github.com
-    in the world: the token and the inputs checked); a second keyed request during the wake
-    starts no second one. The pipeline runs what the workflow does (refresh, then up); the
-    replica comes back, joins the front, and both held requests are answered."""
+    front and its address stay. Thousands of requests without the key (none, a wrong one,
+    another scheme) wake nothing. A keyed request dispatches the deploy workflow at GitHub
+    (api.github.com in the world: the token and the inputs checked) and its run fails: the held
+    request gets 503 with the reason, nothing is retried, and a request during the cooldown is
+    told so. After it, a keyed request is held and dispatches once more; a second keyed request
+    during that wake starts no other. The pipeline runs what the workflow does (refresh, then
+    up); the replica comes back, joins the front, and both held requests are answered; the
+    front's timeline of the wake is read with scripts/wake.py."""
     results: list[Result] = []
     with emulation(tmp_path) as emu:
         token = emu.api.account.add_token("readme", sorted(readme_scopes()))
         base = {k: v for k, v in stack_config("dev").items() if k != "autodown"}
-        wake = {"enabled": True, "githubRepo": emu.github.repo, "token": emu.github.token}
+        wake = {"enabled": True, "githubRepo": emu.github.repo, "token": emu.github.token,
+                "cooldownMinutes": 1}  # fmt: skip
         secrets = {"autodown": json.dumps({"maxHours": 0.01, "token": token}),
                    "wake": json.dumps(wake)}  # fmt: skip
         stack = emu.stack("dev")
@@ -617,20 +634,39 @@ def test_scale_to_zero_a_keyed_request_wakes_the_deleted_set_through_the_pipelin
 
         chat = {"model": first.outputs["servedModelName"], "max_tokens": 8,
                 "messages": [{"role": "user", "content": "hello"}]}  # fmt: skip
-        flood = ask(emu, first.outputs, chat, floods=300)
+        flood = ask(emu, first.outputs, chat, floods=3000)
         assert json.loads(flood.stdout) == [401], flood.stdout + flood.stderr
         assert emu.github.dispatches == [], "requests without the key wake nothing"
 
+        # A wake whose run fails: the held request gets the reason within the hold, and the
+        # front starts nothing more by itself.
+        failing = threading.Thread(target=lambda: held.append(ask(emu, first.outputs, chat)))
         held: list[subprocess.CompletedProcess[str]] = []
+        failing.start()
+        assert emu.github.dispatched.wait(60), front_log(emu)
+        emu.github.finish_run("failure")
+        failing.join(timeout=120)
+        status, body = held[0].stdout.split("\n", 1)
+        assert status == "503" and "the deploy run ended failure" in body, held[0].stdout
+        time.sleep(5)
+        assert len(emu.github.dispatches) == 1, "a failed wake is not retried by itself"
+        cooldown = ask(emu, first.outputs, chat)
+        assert cooldown.stdout.startswith("503") and "wake.cooldownMinutes: 1" in cooldown.stdout
+        time.sleep(62)  # the cooldown: the next keyed request may wake the set again
+        emu.github.runs.clear()
+        emu.github.dispatched.clear()
+
+        held = []
         woke = time.monotonic()
         waiting = [threading.Thread(target=lambda: held.append(ask(emu, first.outputs, chat)))
                    for _ in range(2)]  # fmt: skip
         waiting[0].start()
-        assert emu.github.dispatched.wait(60), "the keyed request dispatched the deploy"
+        assert emu.github.dispatched.wait(60), front_log(emu)
         waiting[1].start()
-        assert emu.github.dispatches == [
-            {"ref": "main", "inputs": {"stack": "dev", "command": "up", "refresh": "true"}}
-        ]
+        assert (
+            emu.github.dispatches
+            == [{"ref": "main", "inputs": {"stack": "dev", "command": "up", "refresh": "true"}}] * 2
+        )
         # The deploy workflow's run: refresh (the Droplet is gone), then up.
         refreshed = stack.refresh()
         results.append(refreshed)
@@ -643,6 +679,13 @@ def test_scale_to_zero_a_keyed_request_wakes_the_deleted_set_through_the_pipelin
             thread.join(timeout=600)
         waited = time.monotonic() - woke
         assert [h.stdout.split("\n", 1)[0] for h in held] == ["200", "200"], held
-        assert len(emu.github.dispatches) == 1, "one wake, for both requests"
+        assert len(emu.github.dispatches) == 2, "one wake, for both requests"
         assert back.outputs["endpoint"] == first.outputs["endpoint"], "the address stayed"
-        report(request, summary("wake", emu, results) + f"\n  wake to answer: {waited:.0f} s")
+        # The last wake, as the front logged it: scripts/wake.py through the gate, with the key.
+        state = client(emu, "wake.py", back.outputs)
+        assert state.returncode == 0 and "mode: awake" in state.stdout, state.stdout
+        last = next(line for line in state.stdout.splitlines() if line.startswith("last wake:"))
+        for event in ("request_in", "pipeline_started", "replica_joined", "ready", "first_token"):
+            assert event in last, last
+        report(request, summary("wake", emu, results)
+               + f"\n  wake to answer: {waited:.0f} s\n  {last}")  # fmt: skip

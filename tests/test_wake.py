@@ -462,3 +462,47 @@ def test_the_openai_client_gets_a_clear_error_when_the_hold_runs_out(
     assert raised.value.status_code == 503
     assert "still waking" in str(raised.value) and "wake.holdSeconds: 1" in str(raised.value)
     assert int(raised.value.response.headers["Retry-After"]) >= 30
+
+
+def test_the_webhook_trigger_posts_the_stack_with_its_secret_header(
+    front_factory: Callable[..., Front],
+) -> None:
+    """wake.trigger: webhook, for any other CI: a POST with the token in the named header; a
+    refusal fails the wake with the status."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+    status = [200]
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append((self.headers.get("X-Wake-Token", ""), body))
+            loopback.reply(self, status[0], b"{}", "application/json")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    hook = loopback.serve(Hook)
+    try:
+        front = front_factory(
+            WAKE_TRIGGER="webhook", WAKE_WEBHOOK_URL=f"{loopback.url(hook)}/deploy",
+            WAKE_WEBHOOK_HEADER="X-Wake-Token",
+        )  # fmt: skip
+        front.route()
+        front.wait_mode("waking")
+        end = time.monotonic() + 10
+        while not calls:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert calls == [(TOKEN, {"stack": "dev", "event": "wake"})]
+        assert front.state()["last_wake"]["pipeline_started"]
+        status[0] = 500
+        second = front_factory(
+            WAKE_TRIGGER="webhook", WAKE_WEBHOOK_URL=f"{loopback.url(hook)}/deploy",
+            WAKE_WEBHOOK_HEADER="X-Wake-Token",
+        )  # fmt: skip
+        second.route()
+        answer = second.send(CHAT)
+        assert answer.status_code == 503
+        assert "the webhook refused the wake (HTTP 500)" in answer.json()["error"]["message"]
+    finally:
+        loopback.stop(hook)
