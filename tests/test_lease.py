@@ -48,6 +48,12 @@ def ours(stack: str, minutes: int | None) -> list[str]:
     return tags + ([catalog.lease_tag(minutes)] if minutes else [])
 
 
+def past_lease(api: DigitalOceanAPI, name: str = "nemotron-dev", stack: str = "dev") -> Any:
+    """One of our GPU Droplets whose one-hour lease ended four hours ago."""
+    return api.account.add_droplet(name, GPU, tags=ours(stack, 60),
+                                   created_at=NOW - timedelta(hours=5))  # fmt: skip
+
+
 @pytest.fixture
 def api() -> Iterator[DigitalOceanAPI]:
     with DigitalOceanAPI(Account()) as fake:
@@ -121,8 +127,7 @@ def test_the_grace_gives_autodown_its_chance_first(api: DigitalOceanAPI, tmp_pat
 def test_a_dry_run_needs_only_read_and_deletes_nothing(
     api: DigitalOceanAPI, tmp_path: Path
 ) -> None:
-    droplet = api.account.add_droplet("nemotron-dev", GPU, tags=ours("dev", 60),
-                                      created_at=NOW - timedelta(hours=5))  # fmt: skip
+    droplet = past_lease(api, "nemotron-dev", "dev")
     token = api.account.add_token("reader", ["droplet:read"])
     code, _, text = run(api, token, "--dry-run", tmp_path=tmp_path)
     assert code == 0 and droplet.id in api.account.droplets
@@ -153,8 +158,7 @@ def test_it_reads_every_page(api: DigitalOceanAPI, tmp_path: Path) -> None:
     """More GPU Droplets than a page holds (200): the expired one is on the second page."""
     for i in range(204):
         api.account.add_droplet(f"other-{i:03d}", GPU, tags=["someone-else"])
-    expired = api.account.add_droplet("nemotron-dev", GPU, tags=ours("dev", 60),
-                                      created_at=NOW - timedelta(hours=5))  # fmt: skip
+    expired = past_lease(api, "nemotron-dev", "dev")
     token = api.account.add_token("lease", SCOPES)
     code, _, _ = run(api, token, tmp_path=tmp_path)
     assert code == 0 and expired.id not in api.account.droplets
@@ -165,8 +169,7 @@ def test_it_reads_every_page(api: DigitalOceanAPI, tmp_path: Path) -> None:
 def test_a_rate_limit_is_waited_out_not_counted_as_a_failure(
     api: DigitalOceanAPI, tmp_path: Path
 ) -> None:
-    expired = api.account.add_droplet("nemotron-dev", GPU, tags=ours("dev", 60),
-                                      created_at=NOW - timedelta(hours=5))  # fmt: skip
+    expired = past_lease(api, "nemotron-dev", "dev")
     token = api.account.add_token("lease", SCOPES)
     api.throttle(4, retry_after=7)  # more 429s in a row than the 5xx tries
     code, slept, _ = run(api, token, tmp_path=tmp_path)
@@ -175,14 +178,12 @@ def test_a_rate_limit_is_waited_out_not_counted_as_a_failure(
 
 
 def test_server_errors_are_tried_again_then_reported(api: DigitalOceanAPI, tmp_path: Path) -> None:
-    expired = api.account.add_droplet("nemotron-dev", GPU, tags=ours("dev", 60),
-                                      created_at=NOW - timedelta(hours=5))  # fmt: skip
+    expired = past_lease(api, "nemotron-dev", "dev")
     token = api.account.add_token("lease", SCOPES)
     api.fail(2, status=503)
     code, slept, _ = run(api, token, tmp_path=tmp_path)
     assert code == 0 and expired.id not in api.account.droplets and slept == [2.0, 4.0]
-    api.account.add_droplet("nemotron-prod", GPU, tags=ours("prod", 60),
-                            created_at=NOW - timedelta(hours=5))  # fmt: skip
+    past_lease(api, "nemotron-prod", "prod")
     api.fail(3, status=500)
     code, _, text = run(api, token, tmp_path=tmp_path)
     assert code == 1 and "listing the GPU Droplets failed" in text
@@ -191,8 +192,7 @@ def test_server_errors_are_tried_again_then_reported(api: DigitalOceanAPI, tmp_p
 def test_a_droplet_deleted_between_list_and_delete_is_gone_not_failed(
     api: DigitalOceanAPI, tmp_path: Path
 ) -> None:
-    expired = api.account.add_droplet("nemotron-dev", GPU, tags=ours("dev", 60),
-                                      created_at=NOW - timedelta(hours=5))  # fmt: skip
+    expired = past_lease(api, "nemotron-dev", "dev")
     token = api.account.add_token("lease", SCOPES)
     api.vanish_after_list(expired.id)  # autodown, or a person, got there first
     code, _, text = run(api, token, tmp_path=tmp_path)
@@ -202,8 +202,7 @@ def test_a_droplet_deleted_between_list_and_delete_is_gone_not_failed(
 def test_the_cli_never_prints_the_token_and_sends_it_over_https_only(
     api: DigitalOceanAPI, tmp_path: Path
 ) -> None:
-    api.account.add_droplet("nemotron-dev", GPU, tags=ours("dev", 60),
-                            created_at=NOW - timedelta(hours=5))  # fmt: skip
+    past_lease(api, "nemotron-dev", "dev")
     token = api.account.add_token("lease", SCOPES)
     summary = tmp_path / "step-summary.md"
     env = {**os.environ, "DIGITALOCEAN_TOKEN": token, "GITHUB_STEP_SUMMARY": str(summary)}

@@ -20,17 +20,17 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from test_tools import fake_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "real_run.py"
 WORKFLOW = ROOT / ".github" / "workflows" / "real-run.yml"
-FAKE_OPENAI = ROOT / "tests" / "support" / "fake_openai.py"
 KEY = "sk-real-run-test-0123456789"
 AUTODOWN_TOKEN = "dop_v1_fake_autodown_token_0123456789"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nFAKEKEYMATERIALabcdef\n-----END OPENSSH..."
@@ -886,22 +886,9 @@ def test_same_action_versions_as_deploy() -> None:
 # ---- the workflow's own lines, in order, against the fakes ----------------------------------
 
 
-@contextmanager
-def fake_openai(*args: str) -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(FAKE_OPENAI), "--api-key", KEY, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1] + "/v1"
-    finally:
-        proc.kill()
-        proc.wait()
+def fake_openai(*args: str) -> AbstractContextManager[str]:
+    """The fake OpenAI-compatible server asking for this file's key (test_tools.fake_server)."""
+    return fake_server(*args, key=KEY)
 
 
 def resolve(text: str, values: dict[str, str]) -> str:

@@ -41,10 +41,11 @@ KEY = "sk-test-0123456789"
 
 
 @contextmanager
-def fake_server(*args: str) -> Iterator[str]:
-    """Start tests/support/fake_openai.py in its own process; yield its /v1 base URL."""
+def fake_server(*args: str, key: str = KEY) -> Iterator[str]:
+    """Start tests/support/fake_openai.py in its own process (asking for `key`); yield its /v1
+    base URL."""
     proc = subprocess.Popen(
-        [sys.executable, str(FAKE), "--api-key", KEY, *args],
+        [sys.executable, str(FAKE), "--api-key", key, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
