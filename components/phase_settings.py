@@ -387,7 +387,8 @@ def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     token = cfg.wake.token.get_secret_value() if cfg.wake.token is not None else ""
     return {
         "NEMO_WAKE_MODE": wake.mode(cfg),
-        "NEMO_WAKE_PY": (PHASES_DIR / "wake.py").read_text(),
+        # Off: no script, so a new waker changes nothing on a stack that does not run one.
+        "NEMO_WAKE_PY": (PHASES_DIR / "wake.py").read_text() if cfg.wake.enabled else "",
         "NEMO_WAKE_SCRIPT": wake.SCRIPT_PATH,
         "NEMO_WAKE_ENV_FILE": wake.ENV_FILE,
         "NEMO_WAKE_ENV_TEXT": wake.env_text(cfg),

@@ -22,6 +22,7 @@ from components import (
     phase_settings,
     phases,
     pool,
+    wake,
 )
 
 __all__ = ["box"]  # the fixture, used by name
@@ -478,3 +479,44 @@ def test_a_drain_ends_on_stuck_gauges_and_a_stopped_drain_ends_itself(
     assert client["ended"] + 2 < ended < started + 30, (client["ended"], started, ended)
     assert "no token generated or prefilled for 3s: stuck gauges" in run.stderr
     assert drain_file.exists() and health(url) == 503, "out of the pool while it goes down"
+
+
+WAKE_TOKEN = "github_pat_SANDBOXwakeTOKEN0000000000000000"
+
+
+def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_when_off(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """The wake phase on the balancer: the waker's script, its settings and the pipeline's
+    token (root-only, read by the unit as a credential), its unit; it answers on loopback.
+    Turned off, all of it goes, the token first of all."""
+    b = Balancer(box, downloads)
+    assert b.run("preflight").returncode == 0
+    off_cfg = b.cfg
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "https": False}
+    raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": WAKE_TOKEN}
+    b.cfg = config.parse(raw, "dev", frozenset({"wake"}))
+    on = b.run("wake")
+    assert on.returncode == 0, on.stderr
+    assert on.result["wake"] == "on" and on.result["changed"] is True
+    assert WAKE_TOKEN not in on.stdout + on.stderr
+    token = box.file(wake.TOKEN_FILE)
+    assert token.read_text().strip() == WAKE_TOKEN and oct(token.stat().st_mode & 0o777) == "0o600"
+    assert oct(box.file(wake.ENV_FILE).stat().st_mode & 0o777) == "0o600"
+    unit = box.file(f"/etc/systemd/system/{wake.UNIT}").read_text()
+    assert f"LoadCredential=token:{wake.TOKEN_FILE}" in unit and "DynamicUser=yes" in unit
+    assert WAKE_TOKEN not in unit + box.file(wake.ENV_FILE).read_text()
+    assert "the waker answers; the set is asleep" in on.stderr
+    again = b.run("wake")
+    assert again.returncode == 0 and again.result["changed"] is False
+    b.cfg = off_cfg
+    off = b.run("wake")
+    assert off.returncode == 0 and off.result["wake"] == "off" and off.result["changed"] is True
+    for path in (
+        wake.TOKEN_FILE,
+        wake.ENV_FILE,
+        wake.SCRIPT_PATH,
+        f"/etc/systemd/system/{wake.UNIT}",
+    ):
+        assert not box.file(path).exists(), path
