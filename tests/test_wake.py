@@ -506,3 +506,22 @@ def test_the_webhook_trigger_posts_the_stack_with_its_secret_header(
         assert "the webhook refused the wake (HTTP 500)" in answer.json()["error"]["message"]
     finally:
         loopback.stop(hook)
+
+
+def test_a_set_deleted_since_the_last_look_is_held_and_woken_not_proxied_to(
+    front_factory: Callable[..., Front],
+) -> None:
+    """Autodown deleted the set moments ago and the monitor has not looked since: a keyed
+    request must not be sent to replicas that are gone; the front looks again, holds it and
+    wakes the set."""
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_HEALTH_SECONDS="60")
+    front.start_replica()
+    assert front.route().headers["Nemotron-Route"] == "awake"
+    front.stop_replicas()
+    time.sleep(5.5)  # past the freshness of the last look (wake.py FRESH_SECONDS)
+    assert front.route().headers["Nemotron-Route"] == "hold"
+    end = time.monotonic() + 10
+    while not github.dispatches:
+        assert time.monotonic() < end, "no wake"
+        time.sleep(0.05)

@@ -65,6 +65,8 @@ CONTROL_PATH = "/nemotron/wake"
 MAX_BODY = 16_000_000  # the gate's own limit: nothing larger gets this far
 FORWARD_TIMEOUT = 3600.0  # a held request, once sent, may generate for long
 API_TIMEOUT = 20.0
+# A look at the replicas older than this is looked at again before a keyed request is routed.
+FRESH_SECONDS = 5.0
 # Headers a held request keeps when it is sent on to a replica (the gate already checked the key).
 FORWARDED = ("authorization", "content-type", "accept", "user-agent", "openai-organization")
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
@@ -165,6 +167,7 @@ class Waker:
     timeline: dict[str, Any] = field(default_factory=dict)
     cond: threading.Condition = field(default_factory=threading.Condition)
     checking: threading.Lock = field(default_factory=threading.Lock)
+    checked_at: float = 0.0  # when the replicas were last looked at
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -378,6 +381,7 @@ class Waker:
             with self.cond:
                 self.healthy = healthy
                 now = self.clock()
+                self.checked_at = now
                 # A member file newer than the wake: the deploy made a replica and it joined
                 # the front (the balancer's member phase writes the file once it is ready).
                 joined = any(_mtime(p) > self.since for p in self.s.upstreams_dir.glob("*.caddy"))
@@ -491,10 +495,12 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
             """forward_auth: awake, or hold (a wake started), or the refusal as the answer."""
             uri = self.headers.get("X-Forwarded-Uri", "")
             with waker.cond:
-                stale = waker.mode != "awake" and uri != "/health"
+                # Look again before a wake (the monitor's last look may be seconds old, and a
+                # replica that just joined must not wake the set), and before "awake" on an old
+                # look (a set autodown just deleted must be held and woken, not proxied to).
+                old = waker.clock() - waker.checked_at > FRESH_SECONDS
+                stale = uri != "/health" and (waker.mode != "awake" or old)
             if stale:
-                # A fresh look before a wake: the monitor's last one may be seconds old, and a
-                # replica that just joined (the deploy's own ready probe) must not wake the set.
                 waker.check()
             with waker.cond:
                 if waker.mode == "awake":
