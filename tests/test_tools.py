@@ -147,9 +147,11 @@ def test_fake_server_passes_with_the_official_openai_client() -> None:
 def near_injected(measured: float, injected_s: float) -> bool:
     """A latency the client measured against what the fake server waits: the server's sleep is
     a floor (5% below it: where chunks arrive bunched), and a busy machine (the suite runs on
-    four workers) adds scheduling on top, under a third of it here. Whether the formula counts
-    the right gaps is held exactly, by their number per request (one fewer than its tokens)."""
-    return injected_s * 1000 * 0.95 <= measured <= injected_s * 1000 * 1.3
+    four workers on two cores) adds scheduling on top: a third of it, plus 20 ms that a short
+    gap cannot absorb (a clean CI run measured a 30 ms gap at 39 ms). Still far from what a
+    wrong formula reads (a TTFT, a bunched 0). Whether the formula counts the right gaps is held
+    exactly, by their number per request (one fewer than its tokens)."""
+    return injected_s * 1000 * 0.95 <= measured <= injected_s * 1000 * 1.3 + 20
 
 
 def test_bench_reads_the_injected_ttft_and_itl(tmp_path: Path) -> None:
