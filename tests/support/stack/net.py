@@ -430,11 +430,14 @@ class Host(Netns):
         return self.run(["nft", "list", "table", "inet", TABLE]).stdout
 
     def remove(self) -> None:
-        """Delete the Droplet: its processes, its namespace (its veths go with it)."""
-        self.stop()
+        """Delete the Droplet: its processes, its namespace (its veths go with it). Out of the
+        world's hosts first, under its lock: stop() kills every process in the namespace, which
+        would include an `nft` that another host's removal runs here to refresh its rules."""
         with self.world.hosts_lock:
             if self in self.world.hosts:
                 self.world.hosts.remove(self)
+        self.stop()
+        with self.world.hosts_lock:
             _ip("netns", "del", self.name)
             self.world.refresh_firewalls()
 
