@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -233,6 +234,7 @@ def test_a_failing_pipeline_answers_the_held_requests_with_why_and_does_not_retr
     def failed_run() -> None:
         time.sleep(0.5)
         github.runs.append({"status": "completed", "conclusion": "failure",
+                            "display_name": "deploy dev up",
                             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                             "html_url": "https://github.com/me/llm/actions/runs/7"})  # fmt: skip
 
@@ -525,3 +527,16 @@ def test_a_set_deleted_since_the_last_look_is_held_and_woken_not_proxied_to(
     while not github.dispatches:
         assert time.monotonic() < end, "no wake"
         time.sleep(0.05)
+
+
+def test_the_control_path_is_one_value_in_its_three_places() -> None:
+    """The gate's route to the waker: the program's (components/wake.py), the waker's own (it runs
+    on the front with the standard library alone) and the tool's (the tools' venv has no
+    pydantic, which the program's module needs): held equal here."""
+    found = {
+        path: re.search(r'^CONTROL_PATH = "([^"]+)"', (ROOT / path).read_text(), re.M)
+        for path in ("components/wake.py", "scripts/phases/wake.py", "scripts/wake.py")
+    }
+    assert {path: m.group(1) if m else None for path, m in found.items()} == dict.fromkeys(
+        found, "/nemotron/wake"
+    )

@@ -70,7 +70,8 @@ FRESH_SECONDS = 5.0
 # Headers a held request keeps when it is sent on to a replica (the gate already checked the key).
 FORWARDED = ("authorization", "content-type", "accept", "user-agent", "openai-organization")
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-       "proxy-authorization", "proxy-authenticate", "content-length"}  # fmt: skip
+       "proxy-authorization", "proxy-authenticate", "content-length",
+       "server", "date"}  # the last two: send_response() writes its own  # fmt: skip
 
 
 def log(event: str, **fields: Any) -> None:
@@ -99,7 +100,7 @@ class Settings:
     webhook_url: str = ""
     webhook_header: str = ""
     hold_seconds: float = 540.0
-    expected_seconds: float = 600.0
+    expected_seconds: float = 900.0
     cooldown_minutes: float = 10.0
     max_per_day: int = 6
     deadline_minutes: float = 45.0
@@ -133,7 +134,7 @@ class Settings:
             webhook_url=env.get("WAKE_WEBHOOK_URL", ""),
             webhook_header=env.get("WAKE_WEBHOOK_HEADER", ""),
             hold_seconds=float(env.get("WAKE_HOLD_SECONDS", "540")),
-            expected_seconds=float(env.get("WAKE_EXPECTED_SECONDS", "600")),
+            expected_seconds=float(env.get("WAKE_EXPECTED_SECONDS", "900")),
             cooldown_minutes=float(env.get("WAKE_COOLDOWN_MINUTES", "10")),
             max_per_day=int(env.get("WAKE_MAX_PER_DAY", "6")),
             deadline_minutes=float(env.get("WAKE_DEADLINE_MINUTES", "45")),
@@ -352,9 +353,18 @@ class Waker:
                 continue
             for run in body.get("workflow_runs") or []:
                 created = _epoch(run.get("created_at"))
-                if created is None or created < started - 60:
+                # This stack's run (deploy.yml's run-name), queued by this dispatch: not another
+                # stack's, not one started by hand before it.
+                name = str(run.get("display_name") or "")
+                if (
+                    created is None
+                    or created < started - 5
+                    or f"deploy {self.s.stack} " not in name
+                ):
                     continue
-                if run.get("status") == "completed" and run.get("conclusion") != "success":
+                ended = run.get("status") == "completed"
+                # A newer dispatch cancels a queued one (deploy.yml's concurrency): keep waiting.
+                if ended and run.get("conclusion") not in ("success", "cancelled"):
                     with self.cond:
                         if self.mode == "waking":
                             self.fail(f"the deploy run ended {run.get('conclusion')}: "
@@ -376,7 +386,10 @@ class Waker:
     def check(self) -> None:
         """One look at the replicas (each one's /health) and the mode that follows. One look at
         a time: a caller that finds one under way waits for its result."""
+        asked = self.clock()
         with self.checking:
+            if self.checked_at >= asked:
+                return  # a look that began after this call was made has just ended: its result
             healthy = [u for u in self.upstreams() if _healthy(u)]
             with self.cond:
                 self.healthy = healthy
@@ -407,13 +420,14 @@ class Waker:
             self.check()
             time.sleep(self.s.health_seconds)
 
-    def wait(self, deadline: float, tick: float) -> str:
-        """Block a held request until awake, failed, the deadline or the next tick."""
+    def wait(self, deadline: float, tick: float) -> tuple[str, list[tuple[str, int]]]:
+        """Block a held request until awake, failed, the deadline or the next tick; the mode
+        and the replicas that answered, read together under the lock."""
         with self.cond:
             end = min(deadline, self.clock() + tick)
             while self.mode == "waking" and self.clock() < end:
                 self.cond.wait(timeout=max(0.05, end - self.clock()))
-            return self.mode
+            return self.mode, list(self.healthy)
 
 
 class PipelineError(Exception):
@@ -519,8 +533,13 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
 
         def hold(self) -> None:
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                # Caddy passes a chunked body through; OpenAI clients send a length.
+                self.close_connection = True
+                return self.send_json(411, b'{"error":{"message":"send a Content-Length"}}')
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
+                self.close_connection = True  # the unread body must not pass for a request
                 return self.send_json(413, b'{"error":{"message":"body too large"}}')
             body = self.rfile.read(length) if length else b""
             stream = _is_stream(body)
@@ -528,9 +547,9 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
             deadline = waker.clock() + s.hold_seconds
             commented = False
             while True:
-                mode = waker.wait(deadline, s.comment_seconds)
-                if mode == "awake" and waker.healthy:
-                    return self.forward(body, stream, commented)
+                mode, healthy = waker.wait(deadline, s.comment_seconds)
+                if mode == "awake" and healthy:
+                    return self.forward(healthy[0], body, commented)
                 now = waker.clock()
                 if mode in ("failed", "asleep") or now >= deadline:
                     waited = int(time.monotonic() - started)
@@ -570,15 +589,16 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
                     )
                     self.wfile.flush()
 
-        def forward(self, body: bytes, stream: bool, commented: bool) -> None:
-            """Send the held request to a healthy replica and relay its answer."""
-            host, port = waker.healthy[0]
+        def forward(self, upstream: tuple[str, int], body: bytes, commented: bool) -> None:
+            """Send the held request to a replica that answered and relay its answer (after
+            progress comments, the stream's status line is already out)."""
+            host, port = upstream
             headers = {k: v for k, v in self.headers.items() if k.lower() in FORWARDED}
             conn = http.client.HTTPConnection(host, port, timeout=FORWARD_TIMEOUT)
             try:
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 resp = conn.getresponse()
-                first = True
+                first, sent = True, commented
                 if not commented:
                     self.send_response(resp.status)
                     for k, v in resp.getheaders():
@@ -586,6 +606,7 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
                             self.send_header(k, v)
                     self.send_header("Connection", "close")
                     self.end_headers()
+                    sent = True
                 self.close_connection = True
                 while chunk := resp.read1(65536):
                     if first:
@@ -599,7 +620,7 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
                     self.wfile.flush()
             except (OSError, http.client.HTTPException) as err:
                 log("forward_failed", error=type(err).__name__)
-                if not commented:
+                if not sent:  # one status line per response: after it, the stream just ends
                     self.send_json(502, b'{"error":{"message":"the replica did not answer"}}')
             finally:
                 conn.close()

@@ -54,9 +54,12 @@ class GitHub:
         return 204, None
 
     def finish_run(self, conclusion: str) -> None:
-        """The run the last dispatch queued ended (`success`, `failure`, ...)."""
+        """The run the last dispatch queued ended (`success`, `failure`, ...); named as
+        deploy.yml's run-name names it."""
         with self.lock:
+            stack = self.dispatches[-1]["inputs"]["stack"]
             self.runs.append({
+                "display_name": f"deploy {stack} up",
                 "id": len(self.runs) + 1, "status": "completed", "conclusion": conclusion,
                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "html_url": f"https://github.com/{self.repo}/actions/runs/{len(self.runs) + 1}",
