@@ -225,7 +225,6 @@ class CaddyEntry(pulumi.ComponentResource):
         # The name it serves until serve() gives the one to wait for (the DNS record's).
         self.hostname: pulumi.Output[str] = self.ipv4.apply(lambda ip: gateway.hostname(cfg, ip))
         self.preflight = self._command("preflight", [])
-        self.waker = self._command("wake", [self.preflight])
         self.joins: dict[int, command.remote.Command] = {}
         self.register_outputs({"ipv4": self.ipv4})
 
@@ -236,9 +235,15 @@ class CaddyEntry(pulumi.ComponentResource):
         gateway waits for it); else it is the Reserved IP's own. The gateway also waits until
         the address is assigned to this Droplet."""
         self.hostname = hostname
-        # With wake, the gateway routes keyed requests through the waker: it must run first.
-        waker = [self.waker] if self.cfg.wake.enabled else []
-        self.gateway = self._command("gateway", [self.preflight, self.assignment, *waker])
+        if self.cfg.wake.enabled:
+            # The gateway routes keyed requests through the waker: the waker runs first.
+            self.waker = self._command("wake", [self.preflight])
+            self.gateway = self._command("gateway", [self.preflight, self.assignment, self.waker])
+        else:
+            # Off: the waker (if an earlier run installed one) goes only once the gateway's new
+            # Caddyfile no longer asks it, so no keyed request meets a missing waker.
+            self.gateway = self._command("gateway", [self.preflight, self.assignment])
+            self.waker = self._command("wake", [self.gateway])
 
     def join(
         self,

@@ -33,7 +33,8 @@ def export(cfg: StackConfig, site: Site, built: Endpoint, api_key: pulumi.Output
     pulumi.export("hourlyPriceUsd", hourly)
     pulumi.export("dropletReplacement", replacement_note(cfg, REPLACEMENT_NOTE))
     pulumi.export("cache", cache_output(cfg, plans, built, 0))
-    pulumi.export("cacheMonthlyPriceUsd", round(sum(p.monthly_price_usd for p in plans), 2))
+    volumes_monthly = round(sum(p.monthly_price_usd for p in plans), 2)
+    pulumi.export("cacheMonthlyPriceUsd", volumes_monthly)
     pulumi.export(
         "sshCommand",
         pulumi.Output.all(first.ipv4, first.host_public_key).apply(
@@ -55,8 +56,7 @@ def export(cfg: StackConfig, site: Site, built: Endpoint, api_key: pulumi.Output
     if cfg.pooled:
         pulumi.export("replicas", replicas(cfg, plans, built))
         pulumi.export("balancer", balancer_output(cfg, built, site.caddy_price))
-    volumes = round(sum(p.monthly_price_usd for p in plans), 2)
-    pulumi.export("wake", wake.output(cfg, site.caddy_price, volumes))
+    pulumi.export("wake", wake.output(cfg, site.caddy_price, volumes_monthly))
     if cfg.wake.enabled and not cfg.autodown.enabled:
         pulumi.log.warn(
             "wake.enabled without autodown: nothing puts the GPU set to sleep, so the front only "

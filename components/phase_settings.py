@@ -383,19 +383,21 @@ def balancer_member(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
 
 
 def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
-    """The front's waker (wake.enabled): its script, settings, token and unit; off: removed."""
-    token = cfg.wake.token.get_secret_value() if cfg.wake.token is not None else ""
+    """The front's waker (wake.enabled): its script, settings, token and unit. Off: it removes
+    one an earlier run installed, and carries none of their text, so a new waker changes
+    nothing on a stack that does not run one."""
+    on = cfg.wake.enabled
+    token = cfg.wake.token.get_secret_value() if on and cfg.wake.token is not None else ""
     return {
         "NEMO_WAKE_MODE": wake.mode(cfg),
-        # Off: no script, so a new waker changes nothing on a stack that does not run one.
-        "NEMO_WAKE_PY": (PHASES_DIR / "wake.py").read_text() if cfg.wake.enabled else "",
+        "NEMO_WAKE_PY": (PHASES_DIR / "wake.py").read_text() if on else "",
         "NEMO_WAKE_SCRIPT": wake.SCRIPT_PATH,
         "NEMO_WAKE_ENV_FILE": wake.ENV_FILE,
-        "NEMO_WAKE_ENV_TEXT": wake.env_text(cfg),
+        "NEMO_WAKE_ENV_TEXT": wake.env_text(cfg) if on else "",
         "NEMO_WAKE_TOKEN_FILE": wake.TOKEN_FILE,
         "NEMO_WAKE_TOKEN": token,
         "NEMO_WAKE_UNIT": wake.UNIT,
-        "NEMO_WAKE_UNIT_TEXT": wake.unit_text(),
+        "NEMO_WAKE_UNIT_TEXT": wake.unit_text() if on else "",
         "NEMO_WAKE_ADDRESS": wake.ADDRESS,
     }
 

@@ -4,6 +4,7 @@ scripts/phases/wake.py decides; this module renders its setup (the wake phase in
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 from . import catalog
@@ -18,16 +19,13 @@ ENV_FILE = "/etc/nemotron/wake.env"
 # so the service's own user never needs read access to /etc/nemotron.
 TOKEN_FILE = "/etc/nemotron/wake.token"  # noqa: S105 (a path, not a secret)
 UNIT = "nemotron-wake.service"
-# What the front answers with while the set sleeps (wake.py's route header).
+# The header the waker answers Caddy's forward_auth with: `hold` (to the waker) or `awake`.
 ROUTE_HEADER = "Nemotron-Route"
 # Keyed control of the waker through the gate (scripts/wake.py): its state, or wake now.
 CONTROL_PATH = "/nemotron/wake"
 # A wake's expected length when nothing better is known: the cold path's estimate (README,
 # "Where the minutes go": Droplet, driver and reboot, downloads, load and compile).
 EXPECTED_SECONDS = 900
-# The front's monthly price: its Droplet (catalog, list) and the Reserved IP (free while it is
-# assigned to a Droplet; docs/facts.md).
-HOURS_PER_MONTH = 672  # how DigitalOcean states a month of hourly billing (sizes API)
 
 
 def mode(cfg: StackConfig) -> str:
@@ -132,11 +130,12 @@ def output(cfg: StackConfig, front_price_hourly: float, volumes_monthly: float) 
     if not cfg.wake.enabled:
         return {"mode": "off"}
     w = cfg.wake
-    front = round(front_price_hourly * HOURS_PER_MONTH, 2)
+    front = round(front_price_hourly * catalog.HOURS_PER_BILLING_MONTH, 2)
     trigger = (
         f"github: {w.github_repo} {w.github_workflow}@{w.github_ref}"
         if w.trigger == "github"
-        else f"webhook: {w.webhook_url}"
+        # Scheme and host only: a CI's trigger URL may carry its own token in the path or query.
+        else f"webhook: {_origin(w.webhook_url or '')}"
     )
     return {
         "mode": "on",
@@ -149,3 +148,8 @@ def output(cfg: StackConfig, front_price_hourly: float, volumes_monthly: float) 
         f"assigned) + ${volumes_monthly:.2f}/month the cache Volumes, while the GPU set sleeps",
         "state": f"python scripts/wake.py --stack {cfg.stack}",
     }
+
+
+def _origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"

@@ -508,6 +508,7 @@ def test_wake_refusals_name_the_field(wake: dict[str, Any], message: str) -> Non
     run = run_program(dev(), secrets={"wake": json.dumps(wake)})
     assert isinstance(run.error, ConfigError), run.error
     assert any(message in p for p in run.error.problems), run.error.problems
+    assert all(WAKE_TOKEN not in p for p in run.error.problems), "a refusal never quotes it"
     assert not run.registrations or all(r.type.startswith("pulumi:") for r in run.registrations)
 
 
@@ -523,3 +524,4 @@ def test_a_wake_token_in_plain_text_is_refused() -> None:
     run = run_program({**dev(), "wake": WAKE})
     assert isinstance(run.error, ConfigError), run.error
     assert any("wake.token: stored in plain text" in p for p in run.error.problems)
+    assert all(WAKE_TOKEN not in p for p in run.error.problems), "nor quotes the token"
