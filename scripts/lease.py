@@ -67,7 +67,6 @@ class FailedError(Exception):
 class Api:
     url: str
     token: str
-    clock: Clock = time.time
     sleep: Sleep = time.sleep
     waited: float = 0.0
 
@@ -249,7 +248,7 @@ def summary(verdicts: list[Verdict], now: datetime, dry_run: bool, failures: lis
                 f"{v.created.strftime('%Y-%m-%d %H:%M')} | {describe(v, now)} | {v.action} |"
             )
     if failures:
-        lines += ["", "FailedError (the next run tries again):", *[f"- {f}" for f in failures]]
+        lines += ["", "Failed (the next run tries again):", *[f"- {f}" for f in failures]]
     return "\n".join(lines) + "\n"
 
 
@@ -282,7 +281,7 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
     summary_path = args.summary or (
         Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None
     )
-    api = Api(args.api_url.rstrip("/"), token, clock, sleep)
+    api = Api(args.api_url.rstrip("/"), token, sleep)
     now = datetime.fromtimestamp(clock(), UTC)
     verdicts: list[Verdict] = []
     failures: list[str] = []

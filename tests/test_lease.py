@@ -67,12 +67,10 @@ def run(
     slept: list[float] = []
     summary = tmp_path / "summary.md"
     summary.unlink(missing_ok=True)
-    os.environ["DIGITALOCEAN_TOKEN"] = token
-    try:
+    with pytest.MonkeyPatch.context() as env:  # a token the caller had set comes back after
+        env.setenv("DIGITALOCEAN_TOKEN", token)
         code = lease.main(["--api-url", api.url, "--summary", str(summary), *args],
                           clock=NOW.timestamp, sleep=slept.append)  # fmt: skip
-    finally:
-        del os.environ["DIGITALOCEAN_TOKEN"]
     return code, slept, summary.read_text() if summary.exists() else ""
 
 

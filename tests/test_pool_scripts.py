@@ -513,6 +513,8 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
     b.cfg = off_cfg
     off = b.run("wake")
     assert off.returncode == 0 and off.result["wake"] == "off" and off.result["changed"] is True
+    journal = box.file("/var/log/fake-nemotron-wake.log").read_text()
+    assert WAKE_TOKEN not in off.stdout + off.stderr + journal, "nor in the waker's own log"
     for path in (
         wake.TOKEN_FILE,
         wake.ENV_FILE,

@@ -116,7 +116,8 @@ fetch() {
   after=$(repo_bytes "$repo_dir")
   elapsed_ms=$(( ($(date +%s%N) - started) / 1000000 ))
   # What this run moved over the network, and how long it took (the timeline's rate).
-  DOWNLOAD_BYTES=$(( DOWNLOAD_BYTES + after - before ))
+  # Never below 0: hf may drop a stale partial blob before it fetches the file again.
+  (( after > before )) && DOWNLOAD_BYTES=$(( DOWNLOAD_BYTES + after - before ))
   DOWNLOAD_MS=$(( DOWNLOAD_MS + elapsed_ms ))
   log "fetched $(( (after - before) / 1000000 )) MB in $(( elapsed_ms / 1000 )) s"
 

@@ -23,7 +23,9 @@ baseline_file=$STATE_DIR/${NEMO_UNIT%.service}.restarts
 # so a change here means a start that compiles again: said before the restart, in pulumi up's
 # output (pulumi-command logs a command's stderr by default: remote/command.go `logging`).
 compile_key_file=$STATE_DIR/${NEMO_UNIT%.service}.compile-key
-compile_key=$(printf '%s\n%s\n' "$NEMO_VLLM_ENV" "$(grep -E '^(ExecStart|Environment)=' <<<"$NEMO_UNIT_TEXT")" | sha256sum | cut -c1-16)
+# The env file counts too (its VLLM_* settings), all but the API key, which compiles nothing.
+compile_key=$(printf '%s\n%s\n%s\n' "$NEMO_VLLM_ENV" "$(grep -E '^(ExecStart|Environment)=' <<<"$NEMO_UNIT_TEXT")" \
+  "$(grep -v '^VLLM_API_KEY=' <<<"$NEMO_ENV_TEXT" || true)" | sha256sum | cut -c1-16)
 
 # compile_note: before a restart, whether vLLM's compile cache can hit on this start.
 compile_note() {

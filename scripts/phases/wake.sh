@@ -13,16 +13,18 @@ token=$NEMO_WAKE_TOKEN
 unset NEMO_WAKE_TOKEN
 
 if [[ $NEMO_WAKE_MODE == off ]]; then
-  step remove "wake is off: no waker"
+  step remove "wake is off: no waker, no token"
   if [[ -f $unit ]]; then
     systemctl disable --now "$NEMO_WAKE_UNIT" >&2 || true
-    rm -f "$unit" "$NEMO_WAKE_ENV_FILE" "$NEMO_WAKE_TOKEN_FILE" "$NEMO_WAKE_SCRIPT"
+    rm -f "$unit"
     systemctl daemon-reload >&2
     changed
-    log "removed the waker and its token"
-  else
-    log "no waker installed"
   fi
+  # Whether or not a unit was written: a run cut before it may have left the token.
+  for file in "$NEMO_WAKE_TOKEN_FILE" "$NEMO_WAKE_ENV_FILE" "$NEMO_WAKE_SCRIPT"; do
+    if [[ -e $file ]]; then rm -f "$file"; changed; fi
+  done
+  if [[ $CHANGED == true ]]; then log "removed the waker and its token"; else log "no waker installed"; fi
   finish '"wake":"off"'
 fi
 
