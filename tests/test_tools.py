@@ -148,9 +148,9 @@ def near_injected(measured: float, injected_s: float) -> bool:
     """A latency the client measured against what the fake server waits: the server's sleep is
     a floor (5% below it: where chunks arrive bunched), and a busy machine (the suite runs on
     four workers on two cores) adds scheduling on top: a third of it, plus 20 ms that a short
-    gap cannot absorb (a clean CI run measured a 30 ms gap at 39 ms). Still far from what a
-    wrong formula reads (a TTFT, a bunched 0). Whether the formula counts the right gaps is held
-    exactly, by their number per request (one fewer than its tokens)."""
+    gap cannot absorb (a clean CI run measured a 30 ms gap at 39 ms). This bound alone would
+    not tell a first-token wait folded into the mean: the formula is held exactly where the
+    requests are saved (the gaps' number per request, and the mean of exactly those gaps)."""
     return injected_s * 1000 * 0.95 <= measured <= injected_s * 1000 * 1.3 + 20
 
 
@@ -170,6 +170,9 @@ def test_bench_reads_the_injected_ttft_and_itl(tmp_path: Path) -> None:
         assert r["requests"] == 8 and r["errors"] == 0
         assert near_injected(r["ttft_ms"]["mean"], ttft), r["ttft_ms"]
         assert near_injected(r["itl_ms"]["mean"], itl), r["itl_ms"]
+        # Exactly the mean of the gaps its requests saved: no first-token wait folded in.
+        gaps = [g for x in lines if x["concurrency"] == r["concurrency"] for g in x["itl_s"]]
+        assert r["itl_ms"]["mean"] == pytest.approx(1000 * sum(gaps) / len(gaps))
         assert near_injected(r["tpot_ms"]["p50"], itl), r["tpot_ms"]
         assert near_injected(r["e2e_ms"]["mean"], ttft + itl * (tokens - 1)), r["e2e_ms"]
         # Token counts are the server's usage: the fake counts prompt words, and sends max_tokens.
