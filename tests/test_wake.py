@@ -48,6 +48,14 @@ class FakeGitHub:
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     on_dispatch: Callable[[], None] | None = None
 
+    def wait_dispatches(self, count: int, seconds: float = 10) -> None:
+        """The waker dispatches from a thread of its own: a test that has seen the wake begin
+        waits for its POST to arrive before counting it (then it must be exactly `count`)."""
+        end = time.monotonic() + seconds
+        while len(self.dispatches) < count and time.monotonic() < end:
+            time.sleep(0.05)
+        assert len(self.dispatches) == count, self.dispatches
+
     def handler(self) -> type[BaseHTTPRequestHandler]:
         github = self
 
@@ -316,7 +324,7 @@ def test_health_says_waking_and_since_when_and_never_wakes(
     front.route()
     health = requests.get(f"{front.url}/health", timeout=5).json()
     assert health["status"] == "waking" and health["since"].endswith("Z")
-    assert len(github.dispatches) == 1
+    github.wait_dispatches(1)
 
 
 def test_the_day_budget_survives_a_restart_of_the_waker(
@@ -325,10 +333,7 @@ def test_the_day_budget_survives_a_restart_of_the_waker(
     github = FakeGitHub()
     front = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
     front.route()
-    end = time.monotonic() + 10
-    while not github.dispatches:  # the wake's dispatch runs in a thread of its own
-        assert time.monotonic() < end, "no dispatch"
-        time.sleep(0.05)
+    github.wait_dispatches(1)
     front.proc.kill()
     front.proc.wait()
     again = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
@@ -424,10 +429,7 @@ def test_the_wake_tool_shows_the_state_and_wakes_by_hand_within_the_guards(
     assert "wakes in the last 24 h: 0 of 1" in shown.stdout
     woken = wake_tool(front, "--now")
     assert woken.returncode == 0 and "waking" in woken.stdout, woken.stderr
-    end = time.monotonic() + 10
-    while len(github.dispatches) != 1:  # the dispatch runs in a thread of the waker's own
-        assert time.monotonic() < end, github.dispatches
-        time.sleep(0.05)
+    github.wait_dispatches(1)
     front.start_replica()
     front.wait_mode("awake")
     front.stop_replicas()
@@ -523,10 +525,7 @@ def test_a_set_deleted_since_the_last_look_is_held_and_woken_not_proxied_to(
     front.stop_replicas()
     time.sleep(5.5)  # past the freshness of the last look (wake.py FRESH_SECONDS)
     assert front.route().headers["Nemotron-Route"] == "hold"
-    end = time.monotonic() + 10
-    while not github.dispatches:
-        assert time.monotonic() < end, "no wake"
-        time.sleep(0.05)
+    github.wait_dispatches(1)
 
 
 def test_the_control_path_is_one_value_in_its_three_places() -> None:
