@@ -74,6 +74,9 @@ VLLM_BASE_ENV = "/opt/conda/envs/vllm.base"
 # huggingface_hub lives in an env of its own so the model download can run while uv rewrites
 # the vLLM env.
 HF_ENV = "/opt/conda/envs/hf"
+# Its packages (conda-forge name, PyPI name in the vLLM lock): hf, and hf-xet for Xet-stored
+# repos (the Hub's storage for large files), at the lock's versions (phase_settings.hf_packages).
+HF_ENV_PACKAGES = (("huggingface_hub", "huggingface-hub"), ("hf-xet", "hf-xet"))
 HF_HOME = "/var/lib/nemotron/hf"
 # What the vllm and model phases installed, one line each; the service restarts when either
 # changes (a new vLLM, new weights), not only when its unit or env file does. A vLLM env's

@@ -32,6 +32,24 @@ def remote_lock_path(cfg: StackConfig) -> str:
     return f"{catalog.LOCKS_DIR}/{cfg.lock_file.name}"
 
 
+def locked_version(cfg: StackConfig, package: str) -> str:
+    """`package`'s version in the stack's lock (uv pip compile writes `name==version \\`)."""
+    for line in cfg.lock_file.read_text().splitlines():
+        name, sep, rest = line.partition("==")
+        if sep and name.strip() == package:
+            return rest.split()[0]
+    raise ValueError(f"{cfg.lock_file.name} pins no {package}")
+
+
+def hf_packages(cfg: StackConfig) -> list[str]:
+    """The download env's packages (conda-forge specs), at the versions vLLM's lock has: the hf
+    the model phase runs is the one the tests run (tests/test_model_download.py)."""
+    return [
+        f"{conda_name}=={locked_version(cfg, pypi_name)}"
+        for conda_name, pypi_name in catalog.HF_ENV_PACKAGES
+    ]
+
+
 @dataclass(frozen=True)
 class Ports:
     """Where a public gateway listens: 80 and 443 on a Droplet. A test that cannot take those
@@ -143,6 +161,7 @@ def conda(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_PYTHON": cfg.bootstrap.python,
         "NEMO_VLLM_BASE_ENV": catalog.VLLM_BASE_ENV,
         "NEMO_HF_ENV": catalog.HF_ENV,
+        "NEMO_HF_PACKAGES": hf_packages(cfg),
     }
 
 

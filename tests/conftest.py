@@ -96,6 +96,8 @@ LEVELS: dict[str, tuple[str, ...]] = {
     "test_vllm_serve_parser": ("vllm",),
     "test_vllm_startup": ("vllm",),
     "test_loader_bench": ("vllm",),
+    # The model phase with the locked huggingface_hub's real `hf` against a Hub on loopback.
+    "test_model_download": ("sandbox", "vllm"),
     # The user's tools against fake servers with real delays (bench's measurements, its knee
     # search) and a real sshd (logs.py).
     "test_tools": ("tools",),

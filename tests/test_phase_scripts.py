@@ -534,6 +534,28 @@ def test_conda_installs_verified_miniforge_and_both_envs_once(
     assert len(downloads.requests) == fetched, "nothing downloaded on the second run"
 
 
+def test_conda_keeps_the_download_env_at_the_locks_hf(box: Sandbox, downloads: Downloads) -> None:
+    """The hf the model phase runs is the vLLM lock's (tests/test_model_download.py holds its
+    resume behaviour): an env from an earlier release, with another hf, is made again."""
+    p = Phases(box, downloads)
+    wanted = phase_settings.hf_packages(p.cfg)
+    assert wanted == [
+        f"huggingface_hub=={phase_settings.locked_version(p.cfg, 'huggingface-hub')}",
+        f"hf-xet=={phase_settings.locked_version(p.cfg, 'hf-xet')}",
+    ]
+    p.ok("conda")
+    meta = box.file(f"{catalog.HF_ENV}/conda-meta")
+    hub_record = f"huggingface_hub-{wanted[0].split('==')[1]}-fake_0.json"
+    assert (meta / hub_record).exists()
+    (meta / hub_record).rename(meta / "huggingface_hub-0.36.0-pyhd8ed1ab_0.json")
+    run = p.run("conda")
+    assert run.returncode == 0 and run.result["changed"] is True, run.stderr
+    assert f"env {catalog.HF_ENV} has no {wanted[0]}: recreating it" in run.stderr
+    assert (meta / hub_record).exists()
+    assert not (meta / "huggingface_hub-0.36.0-pyhd8ed1ab_0.json").exists()
+    assert p.ok("conda")["changed"] is False
+
+
 def test_conda_refuses_a_tampered_installer_and_a_failing_download(
     box: Sandbox, downloads: Downloads
 ) -> None:
@@ -667,7 +689,7 @@ def test_model_wrong_id_and_failing_download(box: Sandbox, downloads: Downloads)
     p.failed("model", "download", "check model.id and model.revision")
     q = Phases(box, downloads)
     downloads.failing.add(f"/{MODEL}/resolve/main/config.json")
-    q.failed("model", "download", "pulumi up again resumes the download")
+    q.failed("model", "download", "pulumi up again fetches only the files not yet complete")
 
 
 def test_model_disk_check(box: Sandbox, downloads: Downloads) -> None:

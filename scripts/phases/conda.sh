@@ -2,9 +2,10 @@
 # conda: Miniforge (conda-forge only) in NEMO_CONDA_PREFIX, checksum-verified, and two envs with
 # the configured Python: the base of vLLM's envs (with uv, which installs vLLM; the vllm phase
 # clones it into an env per release, beside the one the service runs from) and one for
-# huggingface_hub (the model download runs there while uv installs vLLM).
+# huggingface_hub at the vLLM lock's version (the model download runs there while uv installs
+# vLLM).
 # Settings: NEMO_CONDA_PREFIX NEMO_MINIFORGE_URL NEMO_MINIFORGE_SHA256 NEMO_PYTHON
-#           NEMO_VLLM_BASE_ENV NEMO_HF_ENV
+#           NEMO_VLLM_BASE_ENV NEMO_HF_ENV NEMO_HF_PACKAGES (conda specs, NAME==VERSION: the lock's)
 
 conda=$NEMO_CONDA_PREFIX/bin/conda
 
@@ -23,17 +24,38 @@ else
   changed
 fi
 
-# ensure_env PREFIX PACKAGES...: an env with exactly the configured Python and these packages.
+# missing_pin PREFIX SPECS...: the first NAME==VERSION of SPECS the env does not hold, read
+# from conda's own record of what it installed (conda-meta/NAME-VERSION-BUILD.json); nothing
+# when it holds them all.
+missing_pin() {
+  local prefix=$1 spec
+  shift
+  for spec in "$@"; do
+    [[ $spec == *==* ]] || continue
+    if ! compgen -G "${prefix}/conda-meta/${spec%%==*}-${spec#*==}-*.json" >/dev/null; then
+      printf '%s\n' "$spec"
+      return 0
+    fi
+  done
+}
+
+# ensure_env PREFIX PACKAGES...: an env with exactly the configured Python and these packages
+# (at the versions a NAME==VERSION spec pins).
 ensure_env() {
-  local prefix=$1 have
+  local prefix=$1 have missing
   shift
   if [[ -x $prefix/bin/python ]]; then
     have=$("$prefix/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    if [[ $have == "$NEMO_PYTHON" ]]; then
-      log "env ${prefix} has Python ${have}"
+    missing=$(missing_pin "$prefix" "$@")
+    if [[ $have == "$NEMO_PYTHON" && -z $missing ]]; then
+      log "env ${prefix} has Python ${have}${*:+ and $*}"
       return 0
     fi
-    log "env ${prefix} has Python ${have}, not ${NEMO_PYTHON}: recreating it"
+    if [[ $have != "$NEMO_PYTHON" ]]; then
+      log "env ${prefix} has Python ${have}, not ${NEMO_PYTHON}: recreating it"
+    else
+      log "env ${prefix} has no ${missing}: recreating it"
+    fi
     rm -rf "$prefix"
   fi
   retry 3 bounded 1200 "$conda" create --yes --quiet --prefix "$prefix" \
@@ -47,7 +69,7 @@ ensure_env() {
 step vllm-base-env "the env each vLLM env is cloned from: Python ${NEMO_PYTHON} and uv"
 ensure_env "$NEMO_VLLM_BASE_ENV" uv
 
-step hf-env "the env the model download runs in: huggingface_hub"
-ensure_env "$NEMO_HF_ENV" huggingface_hub hf-xet
+step hf-env "the env the model download runs in: ${NEMO_HF_PACKAGES[*]}"
+ensure_env "$NEMO_HF_ENV" "${NEMO_HF_PACKAGES[@]}"
 
 finish

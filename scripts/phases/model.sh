@@ -4,6 +4,9 @@
 # complete (every file at the size recorded after its download: a cache Volume another Droplet
 # filled, or left half-filled) are not fetched again. Runs beside the vllm phase, from its own
 # env. A gated model without a token, or a wrong id, fails here with a message that says so.
+# A download cut or stalled mid-file (HF_HUB_DOWNLOAD_TIMEOUT) is resumed by hf itself, from
+# the last 10 MiB it kept (tests/test_model_download.py, with the locked huggingface_hub); a
+# try that failed or was stopped costs only its unfinished files: finished ones stay.
 # Settings: NEMO_MODEL_ID NEMO_MODEL_REVISION NEMO_MODEL_DISK_GB NEMO_MODEL_MARKER NEMO_HF_ENV
 #           NEMO_HF_HOME NEMO_DRAFT_ID NEMO_DRAFT_DISK_GB (empty/0: no draft)
 #           NEMO_HF_TOKEN (secret, may be empty) NEMO_HF_ENDPOINT (may be empty)
@@ -35,6 +38,22 @@ incomplete_files() {
   done
 }
 
+# drop_partials DIR: remove the unfinished files a stopped hf left in a repo's blobs. hf writes
+# each file to a name of its own, BLOB.RANDOM.incomplete, and removes it when a download fails
+# inside hf; one that was stopped (the phase's bound, a reboot, a cut session) leaves it, and
+# no later hf reads it again (huggingface_hub 2.4.0, file_download._download_to_tmp_and_move).
+# Left, they would fill the disk (or the cache Volume) a model's size at a time. Only ever
+# between two hf runs: the bootstrap's lock keeps a second one away.
+drop_partials() {
+  local partials mb
+  [[ -d $1/blobs ]] || return 0
+  partials=$(find "$1/blobs" -maxdepth 1 -type f -name '*.incomplete' -printf '%s\n')
+  [[ -n $partials ]] || return 0
+  mb=$(awk '{ n += $1 } END { printf "%d", n / 1000000 }' <<<"$partials")
+  find "$1/blobs" -maxdepth 1 -type f -name '*.incomplete' -delete
+  log "removed $(grep -c . <<<"$partials") unfinished file(s), ${mb} MB, that a stopped download left"
+}
+
 # hf_download ID REVISION WHAT: hf download with three tries; a gated or missing repo fails at
 # once with the fix (WHAT names the setting to check).
 hf_download() {
@@ -43,6 +62,8 @@ hf_download() {
   # failed phase would leave them behind).
   local errors="$STATE_DIR/hf-download.err"
   until bounded 7200 "$NEMO_HF_ENV/bin/hf" download "$id" --revision "$revision" >/dev/null 2>"$errors"; do
+    # A try that ran into the bound was stopped, not failed: its unfinished files stay.
+    drop_partials "$HF_HOME/hub/models--${id//\//--}"
     tail -n 5 "$errors" | sed "s/^/[$PHASE] hf: /" >&2
     if grep -qiE 'gated|restricted|awaiting a review|401|403' "$errors"; then
       if [[ -n ${HF_TOKEN:-} ]]; then
@@ -57,7 +78,7 @@ hf_download() {
            "check ${what} (the repo id is case-sensitive)"
     fi
     if (( attempt >= 3 )); then
-      fail "the download failed 3 times" "check the Droplet's outbound network; pulumi up again resumes the download"
+      fail "the download failed 3 times" "check the Droplet's outbound network; pulumi up again fetches only the files not yet complete"
     fi
     log "attempt ${attempt}/3 failed; retrying in $(( ${NEMO_RETRY_DELAY:-2} << attempt ))s"
     sleep $(( ${NEMO_RETRY_DELAY:-2} << attempt ))
@@ -66,8 +87,8 @@ hf_download() {
   rm -f "$errors"
 }
 
-# repo_bytes DIR: bytes in a repo's blobs (a resumed download's partial files included, so a
-# retry that resumes is not counted twice).
+# repo_bytes DIR: bytes in a repo's blobs: its finished files (drop_partials runs first), so a
+# file is counted once, when it is whole.
 repo_bytes() {
   if [[ -d $1/blobs ]]; then
     find "$1/blobs" -type f -printf '%s\n' | awk '{ n += $1 } END { print n + 0 }'
@@ -110,6 +131,7 @@ fetch() {
   step download "hf download ${want}"
   rm -f "$marker" "$manifest"
   local repo_dir=$HF_HOME/hub/models--${id//\//--} before after started elapsed_ms
+  drop_partials "$repo_dir"
   before=$(repo_bytes "$repo_dir")
   started=$(date +%s%N)
   hf_download "$id" "$revision" "$what"
