@@ -62,6 +62,23 @@ def systemd_quote(arg: str) -> str:
     return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def load_strategy(cfg: StackConfig) -> str | None:
+    """`--safetensors-load-strategy`: the one chosen; unset, `prefetch` where the weights live on
+    the cache Volume, else none (vLLM's default: memory-mapped reads in the loader's order).
+
+    A Volume is network block storage (docs/facts.md: 200-300 MB/s per Volume, DigitalOcean's
+    figures), where one reader waits on the network for each page; `prefetch` reads the files
+    into the page cache with 8 threads while the loader follows. vLLM turns it on by itself
+    only for NFS and Lustre (model_loader/weight_utils.py, safetensors_weights_iterator: it
+    reads the mount's type, and the Volume's is ext4). On a local disk it costs nothing
+    measured (scripts/loader_bench.py: prefetch and the default at the same pace), so a Volume
+    that turns out fast loses nothing either."""
+    chosen = cfg.vllm.safetensors_load_strategy
+    if chosen is not None or cfg.vllm.load_format != "auto":
+        return chosen
+    return "prefetch" if cfg.cache.enabled else None
+
+
 def serve_args(cfg: StackConfig) -> list[str]:
     """`vllm serve` arguments, from the config and the catalog: one place for each flag."""
     args = [
@@ -81,8 +98,9 @@ def serve_args(cfg: StackConfig) -> list[str]:
     # Only when chosen: the default line stays vLLM's own (a new flag restarts every replica).
     if cfg.vllm.load_format != "auto":
         args += ["--load-format", cfg.vllm.load_format]
-    if cfg.vllm.safetensors_load_strategy is not None:
-        args += ["--safetensors-load-strategy", cfg.vllm.safetensors_load_strategy]
+    strategy = load_strategy(cfg)
+    if strategy is not None:
+        args += ["--safetensors-load-strategy", strategy]
     known = cfg.catalog_model
     if known is not None:
         args += list(known.vllm_flags)

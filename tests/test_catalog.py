@@ -257,3 +257,23 @@ def test_nvfp4_is_refused_for_the_gpu_generation_not_for_its_name() -> None:
     blackwell = dataclasses.replace(hopper, slug="gpu-b300x8", arch="blackwell")
     assert not nvfp4.runs_on_arch(hopper) and nvfp4.runs_on_arch(blackwell)
     assert catalog.MODELS[SUPER_FP8].runs_on_arch(hopper)
+
+
+def test_weights_on_the_cache_volume_are_prefetched_unless_the_stack_chooses() -> None:
+    """A Volume is network block storage, which vLLM's auto-prefetch does not detect (it looks
+    for NFS and Lustre): the program asks for it; on the boot disk the line stays vLLM's own."""
+
+    def strategy(cache: dict[str, object] | None = None, **vllm: object) -> str | None:
+        raw = merged(stack_config("dev"), {"vllm": vllm, **({"cache": cache} if cache else {})})
+        args = vllm_service.serve_args(config.parse(raw, "dev"))
+        if "--safetensors-load-strategy" not in args:
+            return None
+        return flag(args, "--safetensors-load-strategy")
+
+    volume = {"sizeGb": 60}
+    assert strategy() is None
+    assert strategy(volume) == "prefetch"
+    assert strategy(volume, safetensorsLoadStrategy="lazy") == "lazy"
+    assert strategy(safetensorsLoadStrategy="eager") == "eager"
+    # The other loaders read the files their own way: no strategy applies.
+    assert strategy(volume, loadFormat="instanttensor") is None

@@ -41,8 +41,18 @@ def fmt(relative: str, needle: str) -> str:
     return found[0]
 
 
-def start(*, cached: bool, weights: float, compile_s: float, capture: float, init: float) -> str:
-    """One start of the pinned vLLM, in its own words."""
+def start(
+    *,
+    cached: bool,
+    weights: float,
+    compile_s: float,
+    capture: float,
+    init: float,
+    prefetch: float | None = None,
+) -> str:
+    """One start of the pinned vLLM, in its own words (`prefetch`: with
+    --safetensors-load-strategy prefetch, the seconds its read into the page cache took)."""
+    utils = "model_executor/model_loader/weight_utils.py"
     graph = (
         fmt("compilation/backends.py", "Directly load the compiled graph")
         % ("", "(1, 8192)", 0.812)
@@ -52,6 +62,8 @@ def start(*, cached: bool, weights: float, compile_s: float, capture: float, ini
     )
     lines = [
         fmt("v1/engine/core.py", "Initializing a V1 LLM engine") % ("0.33.0", "model=..."),
+        fmt(utils, "Filesystem type for checkpoints") % ("EXT4", 7.81, 230.4),
+        *([fmt(utils, "page cache finished in") % prefetch] if prefetch is not None else []),
         fmt("model_executor/model_loader/default_loader.py", "Loading weights took") % weights,
         fmt("v1/worker/gpu_model_runner.py", "Model loading took") % ("7.45", weights + 1.5),
         fmt("compilation/backends.py", "Dynamo bytecode transform time") % ("", 5.5),
@@ -68,6 +80,9 @@ def test_each_part_of_a_start_is_read_from_the_pinned_vllms_own_lines() -> None:
         start(cached=False, weights=3.21, compile_s=31.4, capture=12, init=48.2)
     )
     assert parts == {
+        "prefetch_s": None,
+        "checkpoint_fs": "EXT4",
+        "checkpoint_gib": 7.81,
         "weights_s": 3.21,
         "model_load_s": pytest.approx(4.71),
         "model_load_gib": 7.45,
@@ -77,6 +92,17 @@ def test_each_part_of_a_start_is_read_from_the_pinned_vllms_own_lines() -> None:
         "init_engine_s": 48.2,
         "compile_cache": "miss",
     }
+
+
+def test_a_prefetched_start_says_how_long_the_page_cache_read_took() -> None:
+    """The weights on the cache Volume are prefetched (vllm_service.load_strategy): the read
+    into the page cache is its own line, and the filesystem says where the weights were."""
+    text = start(cached=True, weights=1.2, compile_s=4.1, capture=11, init=20.5, prefetch=38.25)
+    parts = vllm_startup.parse(text)
+    assert parts["prefetch_s"] == 38.25 and parts["checkpoint_fs"] == "EXT4"
+    report = vllm_startup.report(parts)
+    assert re.search(r"weights read from +7\.8 GiB on EXT4$", report, re.M), report
+    assert re.search(r"weights into the page cache \(prefetch\) +38\.2 s$", report, re.M), report
 
 
 def test_the_last_start_counts_and_a_cache_hit_says_so() -> None:
