@@ -221,6 +221,14 @@ class GpuSize:
     nvswitch: bool = False
     # The GPU generation: NVFP4 checkpoints run only on Blackwell.
     arch: Literal["ada", "hopper", "blackwell", "cdna"] = "hopper"
+    # Its disks and memory, where DigitalOcean documents them in a source the repo holds (the
+    # OpenAPI's sizes disk_info: a `local` boot disk, and for GPU sizes a `scratch` disk "for
+    # non-persistent data"; docs/facts.md). None: not documented there; the sizes API says at
+    # deploy time (`python -m components.validate` reads it) and preflight logs the disks the
+    # Droplet sees.
+    boot_disk_gib: int | None = None
+    scratch_disk_gib: int | None = None
+    memory_gib: int | None = None
 
     @property
     def total_vram_gb(self) -> int:
@@ -235,7 +243,10 @@ _SIZES = (
     GpuSize("gpu-4000adax1-20gb", "RTX 4000 Ada", 1, 20, "nvidia", 0.76, arch="ada"),
     GpuSize("gpu-6000adax1-48gb", "RTX 6000 Ada", 1, 48, "nvidia", 1.89, arch="ada"),
     GpuSize("gpu-l40sx1-48gb", "L40S", 1, 48, "nvidia", 1.57, arch="ada"),
-    GpuSize("gpu-h100x1-80gb", "H100", 1, 80, "nvidia", 3.39),
+    # 720 GiB boot, 5,120 GiB scratch, 240 GiB memory: the OpenAPI's gpu_droplets example
+    # (droplets/responses/examples.yml) and FACTS.md.
+    GpuSize("gpu-h100x1-80gb", "H100", 1, 80, "nvidia", 3.39,
+            boot_disk_gib=720, scratch_disk_gib=5120, memory_gib=240),  # fmt: skip
     GpuSize("gpu-h100x8-640gb", "H100", 8, 80, "nvidia", 23.92, nvswitch=True),
     GpuSize("gpu-h200x1-141gb", "H200", 1, 141, "nvidia", None),
     GpuSize("gpu-h200x8-1128gb", "H200", 8, 141, "nvidia", None, nvswitch=True),

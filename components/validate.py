@@ -8,8 +8,9 @@ Offline it reads `stacks/Pulumi.<stack>.yaml` and checks what `pulumi up` checks
 keys are under this project's namespace, and every field of every section, together (the
 model fits the size, the entry fits the replicas, ...). Encrypted values are taken as set. With
 a token in DIGITALOCEAN_TOKEN it also asks DigitalOcean what only the account knows: whether the
-size is offered in one of `droplet.regions` now, whether `access.dnsZone` is a domain of the
-account, and whether the token may read each kind of resource the stack makes (the provider reads
+size is offered in one of `droplet.regions` now, whether its boot disk holds what the stack puts
+there (and notes its disks and memory), whether `access.dnsZone` is a domain of the account, and
+whether the token may read each kind of resource the stack makes (the provider reads
 every resource back after creating it, so a token without the read scope fails half-way through
 `pulumi up`). It reads only (GET); the token is never printed. A write scope cannot be checked
 without writing, and DigitalOcean has no endpoint that lists a token's scopes: those, and the
@@ -29,7 +30,7 @@ from typing import Any
 import requests
 import yaml
 
-from . import autodown, config, render
+from . import autodown, catalog, config, phase_settings, render, vllm_service
 from .schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +104,51 @@ def reads(cfg: StackConfig) -> tuple[Read, ...]:
     return READS + extra
 
 
-def cloud_problems(cfg: StackConfig, token: str, api_url: str = API_URL) -> list[str]:
+def disks(size: dict[str, Any]) -> dict[str, int]:
+    """A size's disks in GiB by type (`local`: the boot disk; `scratch`: GPU sizes' disk "for
+    non-persistent data"), from its `disk_info` (sizes/models/disk_info.yml), or its `disk`."""
+    found = {
+        d["type"]: int(d["size"]["amount"]) * (1024 if d["size"].get("unit") == "tib" else 1)
+        for d in size.get("disk_info") or []
+        if d.get("type") and d.get("size")
+    }
+    if "local" not in found and size.get("disk"):
+        found["local"] = int(size["disk"])
+    return found
+
+
+def size_problems(cfg: StackConfig, size: dict[str, Any], notes: list[str]) -> list[str]:
+    """What the offered size's disks and memory say about this stack: without a cache Volume,
+    the vLLM env and the weights go on the boot disk (preflight fails on the Droplet when they
+    do not fit: here it is said before anything is billed); with the weights prefetched into
+    the page cache, they should fit the memory (vLLM's own bound: 90% of the memory free)."""
+    found = disks(size)
+    memory_gib = int(size.get("memory") or 0) // 1024
+    shown = ", ".join(f"{kind} disk {gib} GiB" for kind, gib in sorted(found.items()))
+    notes.append(f"{cfg.droplet.size}: {shown or 'no disk listed'}, memory {memory_gib} GiB "
+                 f"(GET /v2/sizes; the catalog holds what DigitalOcean documents)")  # fmt: skip
+    problems = []
+    need = catalog.VLLM_ENV_DISK_GB + phase_settings.preflight_model_disk_gb(cfg)
+    boot = found.get("local")
+    if not cfg.cache.enabled and boot is not None and need > boot:
+        problems.append(
+            f"droplet.size: {cfg.droplet.size}'s boot disk is {boot} GiB; this stack needs about "
+            f"{need} GB on it (the vLLM env and the weights): choose a larger size, a smaller "
+            "model (model.id), or set cache.sizeGb to keep them on a Volume"
+        )
+    weights = cfg.model_disk_gb
+    if vllm_service.load_strategy(cfg) == "prefetch" and memory_gib and weights > 0.9 * memory_gib:
+        notes.append(
+            f"vllm.safetensorsLoadStrategy: prefetch reads about {weights} GB of weights into "
+            f"the page cache, more than 90% of {cfg.droplet.size}'s {memory_gib} GiB: set it "
+            "to lazy, or vLLM may read them twice"
+        )
+    return problems
+
+
+def cloud_problems(
+    cfg: StackConfig, token: str, api_url: str = API_URL, notes: list[str] | None = None
+) -> list[str]:
     """What only the account knows: the size offered in a region the stack allows, the DNS
     zone among its domains (GET /v2/sizes, GET /v2/domains/{name}: DigitalOcean OpenAPI
     sizes_list.yml, domains_get.yml)."""
@@ -128,6 +173,7 @@ def cloud_problems(cfg: StackConfig, token: str, api_url: str = API_URL) -> list
     if size is None or not size.get("available", False):
         problems.append(f"droplet.size: {cfg.droplet.size} is not offered to this account now")
     else:
+        problems += size_problems(cfg, size, notes if notes is not None else [])
         regions = [r for r in cfg.droplet.regions if r in size.get("regions", [])]
         if not regions:
             where = ", ".join(size.get("regions", [])) or "no region right now"
@@ -179,11 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--api-url: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
     problems, cfg = file_problems(args.stack, args.stacks)
     token = os.environ.get("DIGITALOCEAN_TOKEN", "")
+    notes: list[str] = []
     if cfg is not None and token:
         try:
-            problems += cloud_problems(cfg, token, args.api_url)
+            problems += cloud_problems(cfg, token, args.api_url, notes)
         except requests.RequestException as err:
             problems.append(f"DigitalOcean could not be asked: {type(err).__name__}")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from stack.do_api import Account, DigitalOceanAPI
+from stack.do_api import Account, DigitalOceanAPI, Size
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "dop_v1_VALIDATEtestTOKEN00000000000000000000"
@@ -128,6 +128,41 @@ def test_with_a_token_the_size_must_be_offered_in_one_of_the_stacks_regions(
     assert "droplet.size: gpu-4000adax1-20gb is not offered to this account now" in sold.stderr
     assert {seen.method for seen in api.requests} == {"GET"}, "it only reads"
     assert TOKEN not in ok.stdout + ok.stderr + gone.stdout + gone.stderr
+
+
+def test_with_a_token_the_sizes_disks_and_memory_are_read_and_checked(
+    api: DigitalOceanAPI, tmp_path: Path
+) -> None:
+    """The sizes API's disk_info is where a size's disks are documented for each size: validate
+    shows them, and refuses a boot disk too small for what the stack puts on it."""
+    env = {"DIGITALOCEAN_TOKEN": TOKEN}
+    ok = validate("--stack", "dev", "--api-url", api.url, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert ("note: gpu-4000adax1-20gb: local disk 720 GiB, scratch disk 5120 GiB, memory 240 GiB"
+            in ok.stderr)  # fmt: skip
+    small = Size("gpu-4000adax1-20gb", 0.76, memory=16 * 1024, disk=25, gpu_count=1)
+    api.account.shapes["gpu-4000adax1-20gb"] = small
+    full = validate("--stack", "dev", "--api-url", api.url, env=env)
+    assert full.returncode == 2
+    assert "droplet.size: gpu-4000adax1-20gb's boot disk is 25 GiB; this stack needs about" in (
+        full.stderr
+    )
+    assert "or set cache.sizeGb to keep them on a Volume" in full.stderr
+    # With a cache Volume the weights and the env live there: the boot disk is not asked. The
+    # weights are prefetched into the page cache, and 16 GiB is room enough for 8 GB of them.
+    cached = stack_file(
+        tmp_path, "dev", {**shipped("dev"), "nemotron-droplet:cache": {"sizeGb": 60}}
+    )
+    volume = validate("--stack", "dev", "--api-url", api.url, env=env, stacks=cached.parent)
+    assert volume.returncode == 0, volume.stderr
+    assert "prefetch" not in volume.stderr
+    api.account.shapes["gpu-4000adax1-20gb"] = Size(
+        "gpu-4000adax1-20gb", 0.76, memory=8 * 1024, disk=25, gpu_count=1
+    )
+    tight = validate("--stack", "dev", "--api-url", api.url, env=env, stacks=cached.parent)
+    assert tight.returncode == 0, tight.stderr
+    assert "vllm.safetensorsLoadStrategy: prefetch reads about" in tight.stderr
+    assert "more than 90% of gpu-4000adax1-20gb's 8 GiB: set it to lazy" in tight.stderr
 
 
 def test_with_a_token_the_dns_zone_must_be_the_accounts(

@@ -99,7 +99,8 @@ class Size:
     price_hourly: float
     vcpus: int = 1
     memory: int = 1024  # MiB
-    disk: int = 25  # GiB
+    disk: int = 25  # GiB: the boot disk (disk_info's `local`)
+    scratch: int = 0  # GiB: a GPU size's scratch disk (disk_info's `scratch`), 0: none
     gpu_count: int = 0
     gpu_model: str = ""
     vram_gib: int = 0
@@ -114,6 +115,7 @@ class Size:
             "memory": self.memory,
             "vcpus": self.vcpus,
             "disk": self.disk,
+            "disk_info": self.disk_info(),
             "transfer": 1.0,
             "price_monthly": round(self.price_hourly * 672, 2),
             "price_hourly": self.price_hourly,
@@ -124,6 +126,13 @@ class Size:
         if self.gpu:
             out["gpu_info"] = self.gpu_info()
         return out
+
+    def disk_info(self) -> list[dict[str, Any]]:
+        """sizes/models/disk_info.yml: the boot disk, and the scratch disk where there is one."""
+        disks = [("local", self.disk), ("scratch", self.scratch)]
+        return [
+            {"type": kind, "size": {"amount": gib, "unit": "gib"}} for kind, gib in disks if gib
+        ]
 
     def gpu_info(self) -> dict[str, Any]:
         return {
@@ -136,7 +145,8 @@ class Size:
 def size(slug: str) -> Size:
     """The project's GPU catalog (components/catalog.py) as sizes; any other slug a plain CPU
     size. The H100's shape is the OpenAPI's example (droplets/responses/examples.yml,
-    gpu_droplets); prices without a list price are made up."""
+    gpu_droplets), as the catalog records it; a size the catalog has no disks or memory for
+    gets that shape per GPU, and prices without a list price are made up."""
     gpu = catalog.SIZES.get(slug)
     if gpu is None:
         return Size(slug, 0.00893)
@@ -145,8 +155,9 @@ def size(slug: str) -> Size:
         slug,
         gpu.list_price_usd_hour or 3.44 * gpu.gpu_count,
         vcpus=20 * gpu.gpu_count,
-        memory=245760 * gpu.gpu_count,
-        disk=720 * gpu.gpu_count,
+        memory=(gpu.memory_gib or 240 * gpu.gpu_count) * 1024,
+        disk=gpu.boot_disk_gib or 720 * gpu.gpu_count,
+        scratch=gpu.scratch_disk_gib or 5120 * gpu.gpu_count,
         gpu_count=gpu.gpu_count,
         gpu_model=model,
         vram_gib=gpu.vram_gb_per_gpu,
@@ -272,6 +283,8 @@ class Account:
         self.tokens: dict[str, Token] = {}  # secret -> token
         # Size slug -> the regions it is offered in now (GET /v2/sizes lists these).
         self.offered: dict[str, list[str]] = {}
+        # A size of another shape than the catalog's (its disks, its memory) for a test.
+        self.shapes: dict[str, Size] = {}
         self._ids = itertools.count(400_000_001)
         self._hosts = itertools.count(10)
         # Called with a Droplet's id once a DELETE removed it (the emulation powers it off).
@@ -653,7 +666,7 @@ class DigitalOceanAPI:
         `available` (false when it is offered nowhere)."""
         items = []
         for slug, regions in sorted(self.account.offered.items()):
-            item = size(slug).as_json()
+            item = (self.account.shapes.get(slug) or size(slug)).as_json()
             item.update(regions=list(regions), available=bool(regions))
             items.append(item)
         return _page("sizes", items, query, f"http://{host}/v2/sizes")
