@@ -53,8 +53,9 @@ def timeline(stdouts: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-# The result members timeline() keeps beside the times (scripts/timeline.py reads them).
-MOVED = ("download_bytes", "download_seconds")
+# The result members timeline() keeps beside the times (scripts/timeline.py reads them): what
+# the model phase moved, and the disks preflight saw (where a size's scratch disk appears).
+MOVED = ("download_bytes", "download_seconds", "disks")
 
 
 @dataclass(frozen=True)

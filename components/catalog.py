@@ -245,8 +245,17 @@ _SIZES = (
     GpuSize("gpu-l40sx1-48gb", "L40S", 1, 48, "nvidia", 1.57, arch="ada"),
     # 720 GiB boot, 5,120 GiB scratch, 240 GiB memory: the OpenAPI's gpu_droplets example
     # (droplets/responses/examples.yml) and FACTS.md.
-    GpuSize("gpu-h100x1-80gb", "H100", 1, 80, "nvidia", 3.39,
-            boot_disk_gib=720, scratch_disk_gib=5120, memory_gib=240),  # fmt: skip
+    GpuSize(
+        "gpu-h100x1-80gb",
+        "H100",
+        1,
+        80,
+        "nvidia",
+        3.39,
+        boot_disk_gib=720,
+        scratch_disk_gib=5120,
+        memory_gib=240,
+    ),
     GpuSize("gpu-h100x8-640gb", "H100", 8, 80, "nvidia", 23.92, nvswitch=True),
     GpuSize("gpu-h200x1-141gb", "H200", 1, 141, "nvidia", None),
     GpuSize("gpu-h200x8-1128gb", "H200", 8, 141, "nvidia", None, nvswitch=True),

@@ -122,6 +122,18 @@ def budget(timeline: dict[str, Any], link_gbps: float = LINK_GBPS) -> list[str]:
     return ["downloads against the link (the floor: bytes at the link's rate):", *lines]
 
 
+def disks(timeline: dict[str, Any]) -> list[str]:
+    """The disks preflight saw on the Droplet (DigitalOcean does not document where a GPU size's
+    scratch disk appears): one line each, or nothing for a timeline without them."""
+    lines = []
+    for phase, entry in timeline.items():
+        for d in entry.get("disks") or []:
+            where = f"mounted at {d['mounts']}" if d.get("mounts") else "not mounted"
+            volume = ", a Volume" if d.get("volume") else ""
+            lines.append(f"  {phase:<12} {d['name']:<10} {d['gib']:>7,} GiB  {where}{volume}")
+    return ["disks the Droplet saw:", *lines] if lines else []
+
+
 def weights_rate(parts: dict[str, Any]) -> str | None:
     """vLLM's weight load as a rate: its GiB in GPU memory over its load time."""
     gib, seconds = parts.get("model_load_gib"), parts.get("weights_s") or parts.get("model_load_s")
@@ -196,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     timed, untimed = spans(timeline)
     print(report(timed, untimed))
     print("\n".join(["", *budget(timeline, args.link_gbps)]))
+    if seen := disks(timeline):
+        print("\n".join(["", *seen]))
     if args.journal:
         try:
             with open(args.journal, errors="replace") as f:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -160,8 +161,21 @@ def test_preflight_reports_a_ready_host_and_changes_nothing(
     assert result["boot_id"] == box.boot_id
     assert box.file("/var/lib/nemotron/secure-boot").read_text() == "disabled\n"
     run = p.run("preflight")
-    for step in ("cloud-init", "apt-locks", "os", "disk", "gpu", "secure-boot"):
+    for step in ("cloud-init", "apt-locks", "os", "disk", "disks", "gpu", "secure-boot"):
         assert f"[preflight] step {step}" in run.stderr
+    # The disks: this machine's own, as the real lsblk lists them outside the sandbox.
+    listed = json.loads(subprocess.run(["lsblk", "--json", "--bytes", "--nodeps", "--output",
+                                        "NAME,SIZE,TYPE"], capture_output=True, text=True,
+                                       check=True).stdout)["blockdevices"]  # fmt: skip
+    disks = [d for d in listed if d["type"] == "disk" and int(d["size"]) > 0]
+    assert [(d["name"], d["gib"]) for d in result["disks"]] == [
+        (d["name"], int(d["size"]) // 2**30) for d in disks
+    ]
+    assert all(d["volume"] is False for d in result["disks"])
+    for d in result["disks"]:
+        where = f"mounted at {d['mounts']}" if d["mounts"] else "not mounted"
+        assert f"[preflight] disk {d['name']}: {d['gib']} GiB, " in run.stderr
+        assert where in run.stderr
 
 
 @pytest.mark.parametrize(

@@ -1008,6 +1008,28 @@ def test_timeline_puts_a_download_next_to_its_floor(tmp_path: Path) -> None:
     assert "downloads: nothing fetched on the runs recorded" in cached.stdout
 
 
+def test_timeline_lists_the_disks_preflight_saw(tmp_path: Path) -> None:
+    """Where a GPU size's scratch disk appears is not documented: preflight's list says it."""
+    outputs = tmp_path / "outputs.json"
+    timeline = {**TIMELINE}
+    timeline["preflight"] = {**TIMELINE["preflight"], "disks": [
+        {"name": "vda", "gib": 720, "mounts": "/,/boot/efi", "volume": False},
+        {"name": "vdb", "gib": 5120, "mounts": "", "volume": False},
+        {"name": "sda", "gib": 60, "mounts": "/mnt/nemotron-cache", "volume": True},
+    ]}  # fmt: skip
+    outputs.write_text(json.dumps({"bootstrapTimeline": timeline}))
+    proc = run_tool("timeline.py", "--outputs", str(outputs))
+    assert proc.returncode == 0, proc.stderr
+    assert "disks the Droplet saw:" in proc.stdout
+    assert "  preflight    vda            720 GiB  mounted at /,/boot/efi\n" in proc.stdout
+    assert "  preflight    vdb          5,120 GiB  not mounted\n" in proc.stdout
+    assert "  preflight    sda             60 GiB  mounted at /mnt/nemotron-cache, a Volume" in (
+        proc.stdout
+    )
+    outputs.write_text(json.dumps({"bootstrapTimeline": TIMELINE}))
+    assert "disks the Droplet saw" not in run_tool("timeline.py", "--outputs", str(outputs)).stdout
+
+
 def test_timeline_without_the_output_says_what_to_do(tmp_path: Path) -> None:
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps({"endpoint": "https://x/v1"}))

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # preflight: is this host ready for the rest? Waits for first-boot work, then checks the OS,
-# free disk, the GPU on the PCI bus and Secure Boot. Changes nothing but its own records.
+# free disk, the GPU on the PCI bus and Secure Boot, and lists the disks. Changes nothing but
+# its own records.
 # Settings: NEMO_OS_RELEASES NEMO_DISK_NEED_GB NEMO_GPU_COUNT NEMO_WAIT_SECONDS
 # NEMO_FIRST_BOOTSTRAP_FILE
 
@@ -58,6 +59,29 @@ if (( free_gb < NEMO_DISK_NEED_GB )); then
 fi
 log "disk: ${free_gb} GB free"
 
+step disks "list the disks this Droplet sees: its boot disk, a scratch disk, Volumes"
+# DigitalOcean documents a GPU size's scratch disk (the sizes API's disk_info) but not where it
+# appears on the Droplet (docs/facts.md): a line per disk says it, in the bootstrap's log and
+# its timeline. Reads only.
+disks=""
+if command -v lsblk >/dev/null; then
+  while read -r name bytes; do
+    name=$(tr -dc 'a-z0-9' <<<"$name")
+    mounts=$(lsblk -nr -o MOUNTPOINT "/dev/${name}" 2>/dev/null | awk 'NF' | paste -sd, - | tr -dc 'A-Za-z0-9/_.,-')
+    fs=$(lsblk -nr -o FSTYPE "/dev/${name}" 2>/dev/null | awk 'NF' | sort -u | paste -sd, - | tr -dc 'A-Za-z0-9_.,-')
+    volume=false
+    for link in /dev/disk/by-id/scsi-0DO_Volume_*; do
+      if [[ -e $link && $(readlink -f "$link") == "/dev/${name}" ]]; then volume=true; fi
+    done
+    what="${fs:-no filesystem}, ${mounts:+mounted at ${mounts}}${mounts:-not mounted}"
+    if [[ $volume == true ]]; then what+=", a DigitalOcean Volume"; fi
+    log "disk ${name}: $(( bytes / 1073741824 )) GiB, ${what}"
+    disks+="${disks:+,}{\"name\":\"${name}\",\"gib\":$(( bytes / 1073741824 )),\"mounts\":\"${mounts}\",\"volume\":${volume}}"
+  done < <(lsblk -dnb -o NAME,SIZE,TYPE 2>/dev/null | awk '$3 == "disk" && $2 > 0 {print $1, $2}')
+else
+  log "no lsblk here: the disks are not listed"
+fi
+
 step gpu "look for NVIDIA GPUs on the PCI bus"
 gpus=0
 if (( NEMO_GPU_COUNT == 0 )); then
@@ -101,4 +125,4 @@ fi
 printf '%s\n' "$sb" > "$STATE_DIR/secure-boot"
 log "Secure Boot: ${sb} (unsigned kernel modules load only when it is not enabled)"
 
-finish "\"gpus\":${gpus},\"disk_free_gb\":${free_gb},\"secure_boot\":\"${sb}\""
+finish "\"gpus\":${gpus},\"disk_free_gb\":${free_gb},\"disks\":[${disks}],\"secure_boot\":\"${sb}\""
