@@ -104,37 +104,43 @@ def reads(cfg: StackConfig) -> tuple[Read, ...]:
     return READS + extra
 
 
+# disk_info's units, in GiB. The OpenAPI's examples all say gib; a unit not listed is left out.
+DISK_UNITS = {"gib": 1, "tib": 1024}
+
+
 def disks(size: dict[str, Any]) -> dict[str, int]:
-    """A size's disks in GiB by type (`local`: the boot disk; `scratch`: GPU sizes' disk "for
-    non-persistent data"), from its `disk_info` (sizes/models/disk_info.yml), or its `disk`."""
-    found = {
-        d["type"]: int(d["size"]["amount"]) * (1024 if d["size"].get("unit") == "tib" else 1)
-        for d in size.get("disk_info") or []
-        if d.get("type") and d.get("size")
-    }
-    if "local" not in found and size.get("disk"):
+    """A size's disks in GiB by type, from its `disk_info` (sizes/models/disk_info.yml: every
+    Droplet has a `local` or `boot` disk, GPU sizes a `scratch` disk "for non-persistent
+    data"), the boot disk from `disk` when disk_info names none."""
+    found: dict[str, int] = {}
+    for d in size.get("disk_info") or []:
+        amount, unit = (d.get("size") or {}).get("amount"), (d.get("size") or {}).get("unit")
+        if d.get("type") and isinstance(amount, int) and unit in DISK_UNITS:
+            found[d["type"]] = amount * DISK_UNITS[unit]
+    if "local" not in found and "boot" not in found and size.get("disk"):
         found["local"] = int(size["disk"])
     return found
 
 
 def size_problems(cfg: StackConfig, size: dict[str, Any], notes: list[str]) -> list[str]:
-    """What the offered size's disks and memory say about this stack: without a cache Volume,
-    the vLLM env and the weights go on the boot disk (preflight fails on the Droplet when they
-    do not fit: here it is said before anything is billed); with the weights prefetched into
-    the page cache, they should fit the memory (vLLM's own bound: 90% of the memory free)."""
+    """What the offered size's disks and memory say about this stack: the boot disk must hold
+    what preflight asks of it, the vLLM env and the weights (preflight fails on the Droplet
+    when it does not: here it is said before anything is billed); weights prefetched into the
+    page cache should fit the memory (vLLM's own bound: 90% of the memory free)."""
     found = disks(size)
     memory_gib = int(size.get("memory") or 0) // 1024
     shown = ", ".join(f"{kind} disk {gib} GiB" for kind, gib in sorted(found.items()))
     notes.append(f"{cfg.droplet.size}: {shown or 'no disk listed'}, memory {memory_gib} GiB "
                  f"(GET /v2/sizes; the catalog holds what DigitalOcean documents)")  # fmt: skip
     problems = []
+    # What preflight asks of the boot disk (NEMO_DISK_NEED_GB, before any Volume is mounted).
     need = catalog.VLLM_ENV_DISK_GB + phase_settings.preflight_model_disk_gb(cfg)
-    boot = found.get("local")
-    if not cfg.cache.enabled and boot is not None and need > boot:
+    boot = found.get("local") or found.get("boot")
+    if boot is not None and need > boot:
         problems.append(
             f"droplet.size: {cfg.droplet.size}'s boot disk is {boot} GiB; this stack needs about "
-            f"{need} GB on it (the vLLM env and the weights): choose a larger size, a smaller "
-            "model (model.id), or set cache.sizeGb to keep them on a Volume"
+            f"{need} GB on it (the vLLM env and the weights; preflight checks it on the "
+            "Droplet): choose a larger size or a smaller model (model.id)"
         )
     weights = cfg.model_disk_gb
     if vllm_service.load_strategy(cfg) == "prefetch" and memory_gib and weights > 0.9 * memory_gib:

@@ -76,6 +76,11 @@ def load_strategy(cfg: StackConfig) -> str | None:
     chosen = cfg.vllm.safetensors_load_strategy
     if chosen is not None or cfg.vllm.load_format != "auto":
         return chosen
+    # The multithreaded loader (--model-loader-extra-config '{"enable_multithread_load": ...}',
+    # scripts/loader_bench.py's `multithread`) refuses any strategy but lazy
+    # (model_loader/default_loader.py): a stack that passes a loader config chooses alone.
+    if any(a.split("=", 1)[0] == "--model-loader-extra-config" for a in cfg.vllm.extra_args):
+        return None
     return "prefetch" if cfg.cache.enabled else None
 
 

@@ -275,5 +275,9 @@ def test_weights_on_the_cache_volume_are_prefetched_unless_the_stack_chooses() -
     assert strategy(volume) == "prefetch"
     assert strategy(volume, safetensorsLoadStrategy="lazy") == "lazy"
     assert strategy(safetensorsLoadStrategy="eager") == "eager"
-    # The other loaders read the files their own way: no strategy applies.
+    # The other loaders read the files their own way: no strategy applies. vLLM's multithreaded
+    # loader refuses every strategy but lazy (default_loader.py): a loader config chooses alone.
     assert strategy(volume, loadFormat="instanttensor") is None
+    threads = '{"enable_multithread_load": true, "num_threads": 8}'
+    assert strategy(volume, extraArgs=["--model-loader-extra-config", threads]) is None
+    assert strategy(volume, extraArgs=[f"--model-loader-extra-config={threads}"]) is None

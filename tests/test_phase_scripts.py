@@ -174,8 +174,9 @@ def test_preflight_reports_a_ready_host_and_changes_nothing(
     assert all(d["volume"] is False for d in result["disks"])
     for d in result["disks"]:
         where = f"mounted at {d['mounts']}" if d["mounts"] else "not mounted"
-        assert f"[preflight] disk {d['name']}: {d['gib']} GiB, " in run.stderr
-        assert where in run.stderr
+        line = next(x for x in run.stderr.splitlines() if f"[preflight] disk {d['name']}: " in x)
+        assert line.startswith(f"[preflight] disk {d['name']}: {d['gib']} GiB, ")
+        assert line.endswith(f", {where}"), line
 
 
 @pytest.mark.parametrize(

@@ -147,22 +147,40 @@ def test_with_a_token_the_sizes_disks_and_memory_are_read_and_checked(
     assert "droplet.size: gpu-4000adax1-20gb's boot disk is 25 GiB; this stack needs about" in (
         full.stderr
     )
-    assert "or set cache.sizeGb to keep them on a Volume" in full.stderr
-    # With a cache Volume the weights and the env live there: the boot disk is not asked. The
-    # weights are prefetched into the page cache, and 16 GiB is room enough for 8 GB of them.
+    assert "(the vLLM env and the weights; preflight checks it on the Droplet)" in full.stderr
+    # With a cache Volume the weights are prefetched into the page cache: 16 GiB is room
+    # enough for 8 GB of them, 8 GiB is not.
     cached = stack_file(
         tmp_path, "dev", {**shipped("dev"), "nemotron-droplet:cache": {"sizeGb": 60}}
+    )
+    api.account.shapes["gpu-4000adax1-20gb"] = Size(
+        "gpu-4000adax1-20gb", 0.76, memory=16 * 1024, disk=100, gpu_count=1
     )
     volume = validate("--stack", "dev", "--api-url", api.url, env=env, stacks=cached.parent)
     assert volume.returncode == 0, volume.stderr
     assert "prefetch" not in volume.stderr
     api.account.shapes["gpu-4000adax1-20gb"] = Size(
-        "gpu-4000adax1-20gb", 0.76, memory=8 * 1024, disk=25, gpu_count=1
+        "gpu-4000adax1-20gb", 0.76, memory=8 * 1024, disk=100, gpu_count=1
     )
     tight = validate("--stack", "dev", "--api-url", api.url, env=env, stacks=cached.parent)
     assert tight.returncode == 0, tight.stderr
     assert "vllm.safetensorsLoadStrategy: prefetch reads about" in tight.stderr
     assert "more than 90% of gpu-4000adax1-20gb's 8 GiB: set it to lazy" in tight.stderr
+
+
+def test_disk_info_reads_boot_or_local_in_its_units_and_falls_back_to_disk() -> None:
+    """sizes/models/disk_info.yml: a `local` or a `boot` disk, and a scratch disk on GPU sizes."""
+    from components import validate as v  # noqa: PLC0415 (the module under test, in-process)
+
+    def info(kind: str, amount: object, unit: str) -> dict[str, Any]:
+        return {"type": kind, "size": {"amount": amount, "unit": unit}}
+
+    both = {"disk": 720, "disk_info": [info("boot", 720, "gib"), info("scratch", 5, "tib")]}
+    assert v.disks(both) == {"boot": 720, "scratch": 5120}
+    assert v.disks({"disk": 25}) == {"local": 25}
+    # A unit it does not know, or no amount, is left out rather than taken for GiB.
+    odd = {"disk": 25, "disk_info": [info("local", 25, "gb"), {"type": "scratch"}]}
+    assert v.disks(odd) == {"local": 25}
 
 
 def test_with_a_token_the_dns_zone_must_be_the_accounts(

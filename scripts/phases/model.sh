@@ -43,14 +43,14 @@ incomplete_files() {
 # inside hf; one that was stopped (the phase's bound, a reboot, a cut session) leaves it, and
 # no later hf reads it again (huggingface_hub 2.4.0, file_download._download_to_tmp_and_move).
 # Left, they would fill the disk (or the cache Volume) a model's size at a time. Only ever
-# between two hf runs: the bootstrap's lock keeps a second one away.
+# between two hf runs: the model lock below keeps a second phase's hf away.
 drop_partials() {
   local partials mb
   [[ -d $1/blobs ]] || return 0
-  partials=$(find "$1/blobs" -maxdepth 1 -type f -name '*.incomplete' -printf '%s\n')
+  partials=$(find "$1/blobs" -maxdepth 1 -ignore_readdir_race -type f -name '*.incomplete' -printf '%s\n')
   [[ -n $partials ]] || return 0
-  mb=$(awk '{ n += $1 } END { printf "%d", n / 1000000 }' <<<"$partials")
-  find "$1/blobs" -maxdepth 1 -type f -name '*.incomplete' -delete
+  mb=$(awk '{ n += $1 } END { printf "%.0f", n / 1000000 }' <<<"$partials")
+  find "$1/blobs" -maxdepth 1 -ignore_readdir_race -type f -name '*.incomplete' -delete
   log "removed $(grep -c . <<<"$partials") unfinished file(s), ${mb} MB, that a stopped download left"
 }
 
@@ -88,10 +88,13 @@ hf_download() {
 }
 
 # repo_bytes DIR: bytes in a repo's blobs: its finished files (drop_partials runs first), so a
-# file is counted once, when it is whole.
+# file is counted once, when it is whole. -L: hf 2.4.0 moves a Xet-stored repo's finished blob
+# into a store shared by the repos (hub/blobs/) and leaves a link in the repo's own blobs
+# (_shared_blobs.publish_blob_to_shared_store). %.0f: mawk prints a sum past 2^31 as 5e+09,
+# which bash's arithmetic refuses.
 repo_bytes() {
   if [[ -d $1/blobs ]]; then
-    find "$1/blobs" -type f -printf '%s\n' | awk '{ n += $1 } END { print n + 0 }'
+    find -L "$1/blobs" -type f -printf '%s\n' | awk '{ n += $1 } END { printf "%.0f\n", n }'
   else
     echo 0
   fi
@@ -149,11 +152,20 @@ fetch() {
   { printf '%s\n' "$want"; (cd "$dir" && find -L . -type f -printf '%s %P\n' | LC_ALL=C sort); } > "${manifest}.tmp"
   mv "${manifest}.tmp" "$manifest"
   FILES=$(( $(wc -l < "$manifest") - 1 ))
-  size=$(du -sh "$HF_HOME/hub/models--${id//\//--}" | cut -f1)
+  size=$(du -shL "$HF_HOME/hub/models--${id//\//--}" | cut -f1)
   printf '%s\n' "$want" > "$marker"
   changed
   log "downloaded ${want} (${FILES} files, ${size})"
 }
+
+# One model phase at a time: a phase whose SSH session was cut runs on to its bound, and the
+# next pulumi up's must not remove the files its hf is still writing. Held until this exits.
+mkdir -p "$STATE_DIR"
+exec 9>"$STATE_DIR/model.lock"
+if ! flock --nonblock 9; then
+  log "the model phase an earlier pulumi up started is still running: waiting for it"
+  flock 9
+fi
 
 FILES=0 DOWNLOAD_BYTES=0 DOWNLOAD_MS=0
 fetch "$NEMO_MODEL_ID" "$NEMO_MODEL_REVISION" "$NEMO_MODEL_DISK_GB" "$NEMO_MODEL_MARKER" "model.id and model.revision"

@@ -66,14 +66,17 @@ step disks "list the disks this Droplet sees: its boot disk, a scratch disk, Vol
 disks=""
 if command -v lsblk >/dev/null; then
   while read -r name bytes; do
-    name=$(tr -dc 'a-z0-9' <<<"$name")
-    mounts=$(lsblk -nr -o MOUNTPOINT "/dev/${name}" 2>/dev/null | awk 'NF' | paste -sd, - | tr -dc 'A-Za-z0-9/_.,-')
-    fs=$(lsblk -nr -o FSTYPE "/dev/${name}" 2>/dev/null | awk 'NF' | sort -u | paste -sd, - | tr -dc 'A-Za-z0-9_.,-')
+    # A name of other characters is not a kernel disk name: skipped, never quoted into JSON.
+    [[ $name =~ ^[a-z0-9]+$ ]] || continue
+    # A disk gone since the list (or no /dev node for it) lists nothing: it fails no phase.
+    mounts=$({ lsblk -nr -o MOUNTPOINT "/dev/${name}" 2>/dev/null || true; } | awk 'NF' | paste -sd, - | tr -dc 'A-Za-z0-9/_.,-')
+    fs=$({ lsblk -nr -o FSTYPE "/dev/${name}" 2>/dev/null || true; } | awk 'NF' | sort -u | paste -sd, - | tr -dc 'A-Za-z0-9_.,-')
     volume=false
     for link in /dev/disk/by-id/scsi-0DO_Volume_*; do
       if [[ -e $link && $(readlink -f "$link") == "/dev/${name}" ]]; then volume=true; fi
     done
-    what="${fs:-no filesystem}, ${mounts:+mounted at ${mounts}}${mounts:-not mounted}"
+    what="${fs:-no filesystem}, not mounted"
+    if [[ -n $mounts ]]; then what="${fs:-no filesystem}, mounted at ${mounts}"; fi
     if [[ $volume == true ]]; then what+=", a DigitalOcean Volume"; fi
     log "disk ${name}: $(( bytes / 1073741824 )) GiB, ${what}"
     disks+="${disks:+,}{\"name\":\"${name}\",\"gib\":$(( bytes / 1073741824 )),\"mounts\":\"${mounts}\",\"volume\":${volume}}"
