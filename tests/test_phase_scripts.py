@@ -571,6 +571,28 @@ def test_conda_keeps_the_download_env_at_the_locks_hf(box: Sandbox, downloads: D
     assert p.ok("conda")["changed"] is False
 
 
+def test_conda_without_the_locks_hf_on_conda_forge_makes_the_env_with_its_newest(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """conda-forge may not carry a PyPI release yet: the download env is made with conda-forge's
+    newest, says so, and is not made again on every run (until a new lock asks again)."""
+    p = Phases(box, downloads)
+    box.hw("conda_no_pins", "1")
+    run = p.run("conda")
+    assert run.returncode == 0 and run.result["changed"] is True, run.stderr
+    assert "PackagesNotFoundError" in run.stderr
+    assert "trying conda-forge's newest of each instead" in run.stderr
+    assert box.file(f"{catalog.HF_ENV}/bin/hf").exists()
+    assert p.ok("conda")["changed"] is False, "made once, not on every run"
+    # A new lock's pins are asked for again; once conda-forge has them, they are what it holds.
+    box.file("/var/lib/fakehw/conda_no_pins").unlink()
+    p.extra["conda"] = {"NEMO_HF_PACKAGES": ["huggingface_hub==9.9.9", "hf-xet==9.9.9"]}
+    again = p.run("conda")
+    assert again.returncode == 0 and again.result["changed"] is True, again.stderr
+    assert box.file(f"{catalog.HF_ENV}/conda-meta/huggingface_hub-9.9.9-fake_0.json").exists()
+    assert not box.file(f"{catalog.HF_ENV}/.nemotron-unpinned").exists()
+
+
 def test_conda_refuses_a_tampered_installer_and_a_failing_download(
     box: Sandbox, downloads: Downloads
 ) -> None:

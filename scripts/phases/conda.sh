@@ -26,10 +26,15 @@ fi
 
 # missing_pin PREFIX SPECS...: the first NAME==VERSION of SPECS the env does not hold, read
 # from conda's own record of what it installed (conda-meta/NAME-VERSION-BUILD.json); nothing
-# when it holds them all.
+# when it holds them all, or when it was made without them because conda-forge had none
+# (UNPINNED records which pins were asked for then: a new lock asks again).
+UNPINNED=.nemotron-unpinned
 missing_pin() {
   local prefix=$1 spec
   shift
+  if [[ -f $prefix/$UNPINNED && $(<"$prefix/$UNPINNED") == "$*" ]]; then
+    return 0
+  fi
   for spec in "$@"; do
     [[ $spec == *==* ]] || continue
     if ! compgen -G "${prefix}/conda-meta/${spec%%==*}-${spec#*==}-*.json" >/dev/null; then
@@ -58,9 +63,17 @@ ensure_env() {
     fi
     rm -rf "$prefix"
   fi
-  retry 3 bounded 1200 "$conda" create --yes --quiet --prefix "$prefix" \
-      --override-channels --channel conda-forge "python=${NEMO_PYTHON}" "$@" >&2 \
-    || fail "conda could not create ${prefix}" "check outbound network to conda-forge, then pulumi up again"
+  if ! retry 3 bounded 1200 "$conda" create --yes --quiet --prefix "$prefix" \
+      --override-channels --channel conda-forge "python=${NEMO_PYTHON}" "$@" >&2; then
+    [[ "$*" == *==* ]] || fail "conda could not create ${prefix}" "check outbound network to conda-forge, then pulumi up again"
+    # conda-forge may not carry a PyPI release yet: an env with its newest beats no download.
+    log "conda could not create ${prefix} with $*: trying conda-forge's newest of each instead (the download's behaviour is tested with the pinned ones)"
+    rm -rf "$prefix"
+    retry 3 bounded 1200 "$conda" create --yes --quiet --prefix "$prefix" \
+        --override-channels --channel conda-forge "python=${NEMO_PYTHON}" "${@%%==*}" >&2 \
+      || fail "conda could not create ${prefix}" "check outbound network to conda-forge, then pulumi up again"
+    printf '%s\n' "$*" > "$prefix/$UNPINNED"
+  fi
   changed
 }
 
