@@ -686,8 +686,12 @@ class WakeConfig(_Section):
     @field_validator("webhook_url")
     @classmethod
     def _webhook(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https://[^\s/]+(/\S*)?$", v):
-            raise ValueError(f"{v!r}: accepted: an https:// URL (the token goes in a header)")
+        # The value is not quoted back: a trigger URL may carry a CI's token in its query.
+        if v is not None and not re.match(r"^https://[^\s/@]+(/\S*)?$", v):
+            raise ValueError(
+                "accepted: an https:// URL with no user:password@ (the token goes in a header: "
+                "wake.token)"
+            )
         return v
 
     @field_validator("webhook_header")

@@ -151,5 +151,8 @@ def output(cfg: StackConfig, front_price_hourly: float, volumes_monthly: float) 
 
 
 def _origin(url: str) -> str:
+    """Scheme, host and port: never a userinfo, a path or a query (the schema refuses a
+    userinfo; this holds even so)."""
     parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}"

@@ -15,6 +15,7 @@ from pulumi_harness import (
     FAKE_RESERVED_IPV4,
     VOLUME,
     VOLUME_ATTACHMENT,
+    SECRET_SIG,
     Registration,
     Run,
     existing_droplet,
@@ -477,6 +478,18 @@ def test_wake_puts_even_one_replica_behind_the_front_and_keeps_its_token_secret(
     assert output["mode"] == "on" and output["trigger"] == "github: me/llm deploy.yml@main"
     assert output["idleMonthlyPriceUsd"] == pytest.approx(round(CADDY_PRICE * 672, 2))
     _assert_nowhere_plain(run, WAKE_TOKEN)
+    # It is sent, and only as a secret: the waker's script carries it in its secret stdin.
+    stdin = waker.raw["stdin"]
+    assert isinstance(stdin, dict) and stdin.get(SECRET_SIG), "the waker's stdin is secret"
+    assert WAKE_TOKEN in stdin["value"]
+
+
+def test_a_webhook_trigger_shows_only_its_origin_in_the_output() -> None:
+    hook = {**WAKE, "trigger": "webhook", "webhookUrl": "https://ci.example.com:8443/h?t=s3cr3t"}
+    run = run_program({**dev(), "replicas": 2}, secrets={"wake": json.dumps(hook)})
+    assert run.error is None, run.error
+    assert run.outputs["wake"].value["trigger"] == "webhook: https://ci.example.com:8443"
+    assert "s3cr3t" not in json.dumps(run.outputs["wake"].value)
 
 
 def test_without_wake_the_waker_is_removed_and_the_gateway_does_not_wait_for_it() -> None:
@@ -484,6 +497,8 @@ def test_without_wake_the_waker_is_removed_and_the_gateway_does_not_wait_for_it(
     assert run.error is None, run.error
     commands = of(run, COMMAND)
     assert commands["balancer-wake"].urn not in commands["balancer-gateway"].dependencies
+    # Off, it runs after the gateway: the gateway stops routing through the waker first.
+    assert commands["balancer-gateway"].urn in commands["balancer-wake"].dependencies
     assert run.outputs["wake"].value == {"mode": "off"}
 
 
@@ -496,7 +511,14 @@ def test_without_wake_the_waker_is_removed_and_the_gateway_does_not_wait_for_it(
             {"enabled": True, "trigger": "webhook", "token": WAKE_TOKEN},
             "wake.webhookUrl: wake.trigger: webhook needs the https:// URL",
         ),
-        ({**WAKE, "webhookUrl": "http://ci.example.com/hook"}, "wake.webhookUrl: 'http://"),
+        (
+            {**WAKE, "webhookUrl": "http://ci.example.com/hook"},
+            "wake.webhookUrl: accepted: an https:// URL with no user:password@",
+        ),
+        (
+            {**WAKE, "trigger": "webhook", "webhookUrl": "https://ci:s3cr3t@ci.example.com/h"},
+            "wake.webhookUrl: accepted: an https:// URL with no user:password@",
+        ),
         (
             {**WAKE, "githubRepo": "not a repo"},
             "wake.githubRepo: 'not a repo': accepted: owner/name",
@@ -509,6 +531,7 @@ def test_wake_refusals_name_the_field(wake: dict[str, Any], message: str) -> Non
     assert isinstance(run.error, ConfigError), run.error
     assert any(message in p for p in run.error.problems), run.error.problems
     assert all(WAKE_TOKEN not in p for p in run.error.problems), "a refusal never quotes it"
+    assert all("s3cr3t" not in p for p in run.error.problems), "nor a URL's credential"
     assert not run.registrations or all(r.type.startswith("pulumi:") for r in run.registrations)
 
 
