@@ -169,17 +169,21 @@ def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
     Caddyfile)."""
     https = cfg.access.https
     head, sni = _certificate(https, host, listen)
-    block = balancer.reverse_proxy(listen.upstreams)
+    block = health = balancer.reverse_proxy(listen.upstreams)
     routes = ""
     if cfg.wake.enabled:
-        # The front that wakes the set: each keyed request (and /health) asks the waker first.
-        block = wake.held(block, listen.waker)
+        # The front that wakes the set: each keyed request asks the waker first, and may wake
+        # it; /health asks too (asleep, the waker answers it), at a path that never wakes.
+        block, health = (
+            wake.held(block, listen.waker),
+            wake.held(block, listen.waker, wake.PROBE_URI),
+        )
         routes = wake.control_routes(listen.waker)
     return _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni) + gate(
         cfg,
         site=host if https else f"http://:{listen.http_port}",
         head=head,
-        health_proxy=block.replace("\n", "\n\t\t"),
+        health_proxy=health.replace("\n", "\n\t\t"),
         proxy=block.replace("\n", "\n\t\t\t"),
         routes=routes,
     )

@@ -84,15 +84,21 @@ IPAddressDeny=169.254.169.254
 WantedBy=multi-user.target"""
 
 
-def held(replicas: str, waker: str = ADDRESS) -> str:
-    """A keyed request's route on the front: ask the waker first (Caddy's forward_auth, after
-    the gate); `hold` goes to the waker, which holds it while the set wakes; anything else to the
-    replicas as always. A refusal from the waker (503, Retry-After, an OpenAI-style error) is the
-    client's answer: forward_auth copies a non-2xx answer back (caddyserver/caddy
-    modules/caddyhttp/reverseproxy/forwardauth/caddyfile.go), and removes the header the client
-    may have sent before it copies the waker's."""
+# The waker's two questions: may this keyed request go on (it may start a wake), and may this
+# unkeyed health probe (it never starts one). The path decides, not the request forwarded.
+ROUTE_URI, PROBE_URI = "/route", "/probe"
+
+
+def held(replicas: str, waker: str = ADDRESS, uri: str = ROUTE_URI) -> str:
+    """A request's route on the front: ask the waker first (Caddy's forward_auth, after the
+    gate) at `uri`: ROUTE_URI for a keyed request, PROBE_URI for the unkeyed /health; `hold`
+    goes to the waker, which holds it while the set wakes (and answers /health itself);
+    anything else to the replicas as always. A refusal from the waker (503, Retry-After, an
+    OpenAI-style error) is the client's answer: forward_auth copies a non-2xx answer back
+    (caddyserver/caddy modules/caddyhttp/reverseproxy/forwardauth/caddyfile.go), and removes
+    the header the client may have sent before it copies the waker's."""
     return f"""forward_auth {waker} {{
-	uri /route
+	uri {uri}
 	copy_headers {ROUTE_HEADER}
 }}
 @held header {ROUTE_HEADER} hold

@@ -29,7 +29,7 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_gateway import KEY, run_caddy
 
-from components import config, gateway
+from components import config, gateway, wake
 
 ROOT = Path(__file__).resolve().parent.parent
 WAKE = ROOT / "scripts" / "phases" / "wake.py"
@@ -113,8 +113,12 @@ class Front:
             proc.wait()
         self.replicas.clear()
 
-    def route(self, uri: str = "/v1/chat/completions") -> requests.Response:
-        return requests.get(f"{self.url}/route", headers={"X-Forwarded-Uri": uri}, timeout=10)
+    def route(
+        self, at: str = wake.ROUTE_URI, uri: str = "/v1/chat/completions"
+    ) -> requests.Response:
+        """forward_auth's question, at the path the gateway asks it (wake.ROUTE_URI for a keyed
+        request, wake.PROBE_URI for /health), with the request's path as Caddy forwards it."""
+        return requests.get(f"{self.url}{at}", headers={"X-Forwarded-Uri": uri}, timeout=10)
 
     def send(self, body: dict[str, Any], stream: bool = False) -> requests.Response:
         """The held request, as Caddy sends it on after a `hold` route."""
@@ -122,7 +126,7 @@ class Front:
                              headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)  # fmt: skip
 
     def state(self) -> dict[str, Any]:
-        data: dict[str, Any] = requests.get(f"{self.url}/state", timeout=5).json()
+        data: dict[str, Any] = requests.get(f"{self.url}{wake.CONTROL_PATH}", timeout=5).json()
         return data
 
     def wait_mode(self, mode: str, seconds: float = 10) -> None:
@@ -317,10 +321,14 @@ def test_health_says_waking_and_since_when_and_never_wakes(
 ) -> None:
     github = FakeGitHub()
     front = front_factory(github)
-    assert front.route("/health").headers["Nemotron-Route"] == "hold"
+    assert front.route(wake.PROBE_URI, "/health").headers["Nemotron-Route"] == "hold"
+    # The probe's path decides, not the request's: a probe forwarded as any path wakes nothing.
+    assert front.route(wake.PROBE_URI).headers["Nemotron-Route"] == "hold"
     health = requests.get(f"{front.url}/health", timeout=5)
     assert health.status_code == 503 and health.json()["status"] == "asleep"
+    time.sleep(0.5)  # a dispatch would be on its way from the waker's thread by now
     assert github.dispatches == [], "/health is not a keyed request: it wakes nothing"
+    assert front.state()["mode"] == "asleep"
     front.route()
     health = requests.get(f"{front.url}/health", timeout=5).json()
     assert health["status"] == "waking" and health["since"].endswith("Z")
@@ -539,3 +547,7 @@ def test_the_control_path_is_one_value_in_its_three_places() -> None:
     assert {path: m.group(1) if m else None for path, m in found.items()} == dict.fromkeys(
         found, "/nemotron/wake"
     )
+    # forward_auth's paths and its answer's header: the program's and the waker's.
+    waker = (ROOT / "scripts" / "phases" / "wake.py").read_text()
+    assert f'ROUTE_URI, PROBE_URI = "{wake.ROUTE_URI}", "{wake.PROBE_URI}"' in waker
+    assert f'ROUTE_HEADER = "{wake.ROUTE_HEADER}"' in waker

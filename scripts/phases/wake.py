@@ -60,8 +60,12 @@ from typing import Any
 # One upstream per file, as the balancer phase writes them ('to 10.110.0.2:8080').
 UPSTREAM = re.compile(r"^\s*to\s+([0-9A-Za-z.\-\[\]:]+):([0-9]{1,5})\s*$", re.M)
 DAY = 86400.0
-# The keyed control path the gate sends here as it came (components/wake.py CONTROL_PATH).
+# The keyed control path the gate sends here as it came, forward_auth's two paths (a keyed
+# request, which may wake the set; the /health probe, which never does) and the header of its
+# answer: components/wake.py's values (tests/test_wake.py holds them equal).
 CONTROL_PATH = "/nemotron/wake"
+ROUTE_URI, PROBE_URI = "/route", "/probe"
+ROUTE_HEADER = "Nemotron-Route"
 MAX_BODY = 16_000_000  # the gate's own limit: nothing larger gets this far
 FORWARD_TIMEOUT = 3600.0  # a held request, once sent, may generate for long
 API_TIMEOUT = 20.0
@@ -484,9 +488,9 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path == "/route":
-                return self.route()
-            if self.path in ("/state", CONTROL_PATH):
+            if self.path in (ROUTE_URI, PROBE_URI):
+                return self.route(may_wake=self.path == ROUTE_URI)
+            if self.path == CONTROL_PATH:
                 return self.send_json(200, json.dumps(waker.snapshot()).encode())
             if self.path == "/health":
                 snap = waker.snapshot()
@@ -497,7 +501,7 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
             return self.hold()
 
         def do_POST(self) -> None:
-            if self.path in ("/wake", CONTROL_PATH):
+            if self.path == CONTROL_PATH:
                 with waker.cond:
                     refusal = waker.admit()
                 if refusal:
@@ -505,30 +509,30 @@ def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
                 return self.send_json(202, json.dumps(waker.snapshot()).encode())
             return self.hold()
 
-        def route(self) -> None:
-            """forward_auth: awake, or hold (a wake started), or the refusal as the answer."""
-            uri = self.headers.get("X-Forwarded-Uri", "")
+        def route(self, may_wake: bool) -> None:
+            """forward_auth: awake, or hold (a wake started; or, for the health probe, which
+            never wakes, the waker's own answer), or the refusal as the answer."""
             with waker.cond:
                 # Look again before a wake (the monitor's last look may be seconds old, and a
                 # replica that just joined must not wake the set), and before "awake" on an old
                 # look (a set autodown just deleted must be held and woken, not proxied to).
                 old = waker.clock() - waker.checked_at > FRESH_SECONDS
-                stale = uri != "/health" and (waker.mode != "awake" or old)
+                stale = may_wake and (waker.mode != "awake" or old)
             if stale:
                 waker.check()
             with waker.cond:
                 if waker.mode == "awake":
                     route = "awake"
-                elif uri == "/health":
-                    route = "hold"  # /health is the waker's own answer; it never wakes
+                elif not may_wake:
+                    route = "hold"
                 else:
                     refusal = waker.admit()
                     if refusal:
                         log("refused", why=refusal.code)
                         return self.send_json(503, error_body(refusal), refusal.retry_after)
-                    route = "hold" if waker.mode != "awake" else "awake"
+                    route = "hold"
             self.send_response(200)
-            self.send_header("Nemotron-Route", route)
+            self.send_header(ROUTE_HEADER, route)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
