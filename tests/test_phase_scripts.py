@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -554,10 +555,10 @@ def test_conda_keeps_the_download_env_at_the_locks_hf(box: Sandbox, downloads: D
     resume behaviour): an env from an earlier release, with another hf, is made again."""
     p = Phases(box, downloads)
     wanted = phase_settings.hf_packages(p.cfg)
-    assert wanted == [
-        f"huggingface_hub=={phase_settings.locked_version(p.cfg, 'huggingface-hub')}",
-        f"hf-xet=={phase_settings.locked_version(p.cfg, 'hf-xet')}",
-    ]
+    # The lock's own lines, read here apart from the program's reader.
+    lock = p.cfg.lock_file.read_text()
+    pins = {m[1]: m[2] for m in re.finditer(r"^(huggingface-hub|hf-xet)==(\S+) \\$", lock, re.M)}
+    assert wanted == [f"huggingface_hub=={pins['huggingface-hub']}", f"hf-xet=={pins['hf-xet']}"]
     p.ok("conda")
     meta = box.file(f"{catalog.HF_ENV}/conda-meta")
     hub_record = f"huggingface_hub-{wanted[0].split('==')[1]}-fake_0.json"
@@ -571,6 +572,25 @@ def test_conda_keeps_the_download_env_at_the_locks_hf(box: Sandbox, downloads: D
     assert p.ok("conda")["changed"] is False
 
 
+def test_conda_out_of_reach_keeps_the_pins_it_retries_or_fails(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """Only conda's own "no such package" makes the env unpinned: a network failure is retried
+    with the pins, and fails with them, never falling back to whatever conda-forge has."""
+    p = Phases(box, downloads)
+    box.hw("conda_http_fail", "1")
+    run = p.run("conda")
+    assert run.returncode == 0, run.stderr
+    assert "CondaHTTPError" in run.stderr and "newest" not in run.stderr
+    hub = phase_settings.hf_packages(p.cfg)[0].replace("==", "-")
+    assert box.file(f"{catalog.HF_ENV}/conda-meta/{hub}-fake_0.json").exists()
+    assert not box.file(f"{catalog.HF_ENV}/.nemotron-unpinned").exists()
+    shutil.rmtree(box.file(catalog.HF_ENV))
+    box.hw("conda_http_fail", "9")
+    p.failed("conda", "hf-env", "check outbound network to conda-forge")
+    assert not box.file(f"{catalog.HF_ENV}/.nemotron-unpinned").exists()
+
+
 def test_conda_without_the_locks_hf_on_conda_forge_makes_the_env_with_its_newest(
     box: Sandbox, downloads: Downloads
 ) -> None:
@@ -581,7 +601,8 @@ def test_conda_without_the_locks_hf_on_conda_forge_makes_the_env_with_its_newest
     run = p.run("conda")
     assert run.returncode == 0 and run.result["changed"] is True, run.stderr
     assert "PackagesNotFoundError" in run.stderr
-    assert "trying conda-forge's newest of each instead" in run.stderr
+    assert "conda-forge has no huggingface_hub==" in run.stderr
+    assert "trying its newest of each instead" in run.stderr
     assert box.file(f"{catalog.HF_ENV}/bin/hf").exists()
     assert p.ok("conda")["changed"] is False, "made once, not on every run"
     # A new lock's pins are asked for again; once conda-forge has them, they are what it holds.
@@ -918,9 +939,7 @@ def test_a_restart_that_keeps_vllm_and_flags_says_the_compile_cache_hits(
     """A new API key (the env file) restarts vLLM with the same flags: the cache holds."""
     p = prepared(box, downloads)
     p.ok("service")
-    env_file = box.file("/etc/nemotron/vllm.env")
-    env_file.write_text(env_file.read_text() + "# touched\n")
-    again = p.run("service")
+    again = p.run("service", api_key="sk-another-key-0000000000000000")
     assert again.result["changed"] is True
     assert "compile cache: same vLLM and serve flags as the last start" in again.stderr
 

@@ -44,6 +44,19 @@ missing_pin() {
   done
 }
 
+# conda_create PREFIX SPECS...: conda create from conda-forge with the configured Python; its
+# messages go to the log, and the last try's stay in CREATE_ERRORS for the caller to read.
+CREATE_ERRORS=$STATE_DIR/conda-create.err
+conda_create() {
+  local prefix=$1 status=0
+  shift
+  mkdir -p "$STATE_DIR"
+  bounded 1200 "$conda" create --yes --quiet --prefix "$prefix" --override-channels \
+      --channel conda-forge "python=${NEMO_PYTHON}" "$@" >&2 2>"$CREATE_ERRORS" || status=$?
+  cat "$CREATE_ERRORS" >&2
+  return "$status"
+}
+
 # ensure_env PREFIX PACKAGES...: an env with exactly the configured Python and these packages
 # (at the versions a NAME==VERSION spec pins).
 ensure_env() {
@@ -63,17 +76,21 @@ ensure_env() {
     fi
     rm -rf "$prefix"
   fi
-  if ! retry 3 bounded 1200 "$conda" create --yes --quiet --prefix "$prefix" \
-      --override-channels --channel conda-forge "python=${NEMO_PYTHON}" "$@" >&2; then
-    [[ "$*" == *==* ]] || fail "conda could not create ${prefix}" "check outbound network to conda-forge, then pulumi up again"
-    # conda-forge may not carry a PyPI release yet: an env with its newest beats no download.
-    log "conda could not create ${prefix} with $*: trying conda-forge's newest of each instead (the download's behaviour is tested with the pinned ones)"
-    rm -rf "$prefix"
-    retry 3 bounded 1200 "$conda" create --yes --quiet --prefix "$prefix" \
-        --override-channels --channel conda-forge "python=${NEMO_PYTHON}" "${@%%==*}" >&2 \
-      || fail "conda could not create ${prefix}" "check outbound network to conda-forge, then pulumi up again"
-    printf '%s\n' "$*" > "$prefix/$UNPINNED"
+  if ! conda_create "$prefix" "$@"; then
+    if [[ "$*" == *==* ]] && grep -q PackagesNotFoundError "$CREATE_ERRORS"; then
+      # conda-forge may not carry a PyPI release yet, and no retry changes that: an env with
+      # its newest beats no download. Only this refusal: a network failure keeps the pins.
+      log "conda-forge has no ${*}: trying its newest of each instead (the download's behaviour is tested with the pinned ones)"
+      rm -rf "$prefix"
+      retry 3 conda_create "$prefix" "${@%%==*}" \
+        || fail "conda could not create ${prefix}" "check outbound network to conda-forge, then pulumi up again"
+      printf '%s\n' "$*" > "$prefix/$UNPINNED"
+    else
+      retry 2 conda_create "$prefix" "$@" \
+        || fail "conda could not create ${prefix}" "check outbound network to conda-forge, then pulumi up again"
+    fi
   fi
+  rm -f "$CREATE_ERRORS"
   changed
 }
 
