@@ -265,13 +265,20 @@ def _install_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[s
             f"`scripts/lock-vllm.sh {vllm.version} {bootstrap.python}` and commit it"
         )
 
-    loader = vllm.load_format
+    loader, strategy = vllm.load_format, vllm.safetensors_load_strategy
     if ok("vllm.loadFormat", "vllm.safetensorsLoadStrategy") and (
-        loader != "auto" and vllm.safetensors_load_strategy is not None
+        loader != "auto" and strategy is not None
     ):
         problems.append(
             f"vllm.safetensorsLoadStrategy: applies to vllm.loadFormat: auto only; {loader} "
             "reads the files its own way: unset one of the two"
+        )
+    if ok("vllm.safetensorsLoadStrategy", "vllm.extraArgs") and (
+        vllm.multithread_load and strategy not in (None, "lazy")
+    ):
+        problems.append(
+            f"vllm.safetensorsLoadStrategy: {strategy} with the multithreaded loader "
+            "(enable_multithread_load in vllm.extraArgs): vLLM takes lazy only there; unset it"
         )
     preinstalled = bootstrap.driver.mode == "preinstalled"
     if ok("droplet.size", "droplet.image", "bootstrap.driver.mode") and size and preinstalled:

@@ -92,7 +92,7 @@ class Inputs:
 def preflight(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     return {
         "NEMO_OS_RELEASES": " ".join(catalog.OS_RELEASES),
-        "NEMO_DISK_NEED_GB": catalog.VLLM_ENV_DISK_GB + preflight_model_disk_gb(cfg),
+        "NEMO_DISK_NEED_GB": cfg.boot_disk_need_gb,
         "NEMO_GPU_COUNT": cfg.size.gpu_count,
         "NEMO_WAIT_SECONDS": 600,
         "NEMO_FIRST_BOOTSTRAP_FILE": catalog.FIRST_BOOTSTRAP_FILE,
@@ -494,15 +494,3 @@ def draft_disk_gb(cfg: StackConfig) -> int:
     known = cfg.catalog_model
     drafts = {d.repo_id: d.disk_gb for d in (known.drafts if known else ())}
     return drafts.get(draft_id(cfg), catalog.DRAFT_DISK_GB)
-
-
-def preflight_model_disk_gb(cfg: StackConfig) -> int:
-    """Disk preflight reserves for weights: the largest catalog model this size can serve (or
-    the configured one, if larger). Sized by the droplet, not the model id, so that changing the
-    model re-runs model, service and ready only; the model phase checks its own need again."""
-    fitting = [
-        m.disk_gb
-        for m in catalog.MODELS.values()
-        if m.vram_gb <= cfg.size.total_vram_gb and m.runs_on_arch(cfg.size)
-    ]
-    return max([*fitting, cfg.model_disk_gb])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import math
 import re
 from pathlib import Path
@@ -379,7 +380,8 @@ class VllmConfig(_Section):
         "memory-mapped, in the loader's order; `eager` reads each file whole (measured 7x "
         "slower here). Unset: `prefetch` when the weights are on the cache Volume (network "
         "block storage, which vLLM does not detect by itself; measured here, prefetch costs "
-        "nothing on a local disk), else vLLM's default (memory-mapped; prefetch on NFS and "
+        "nothing on a local disk) and fit 90% of the size's memory where the catalog knows "
+        "it, else vLLM's default (memory-mapped; prefetch on NFS and "
         "Lustre only).",
     )
     git_ref: str | None = Field(
@@ -423,6 +425,25 @@ class VllmConfig(_Section):
                 "matching config field instead"
             )
         return v
+
+    @property
+    def multithread_load(self) -> bool:
+        """Whether extraArgs turn on vLLM's multithreaded loader (--model-loader-extra-config
+        '{"enable_multithread_load": true}'), which refuses every safetensors strategy but lazy
+        (model_executor/model_loader/default_loader.py). A value that is not JSON: vLLM says."""
+        args = self.extra_args
+        for i, arg in enumerate(args):
+            flag, eq, value = arg.partition("=")
+            if flag != "--model-loader-extra-config":
+                continue
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            try:
+                loaded = json.loads(value)
+            except ValueError:
+                return False
+            return isinstance(loaded, dict) and loaded.get("enable_multithread_load") is True
+        return False
 
 
 class DriverConfig(_Section):
@@ -820,6 +841,19 @@ class StackConfig(BaseModel):
         if self.model.disk_gb is not None:
             return self.model.disk_gb
         return known.disk_gb if known else self.model_vram_gb
+
+    @property
+    def boot_disk_need_gb(self) -> int:
+        """What preflight asks of the boot disk: the vLLM env and room for weights, the largest
+        catalog model this size can serve (or the configured one, if larger). Sized by the
+        droplet, not the model id, so that changing the model re-runs model, service and ready
+        only; the model phase checks its own need again."""
+        fitting = [
+            m.disk_gb
+            for m in catalog.MODELS.values()
+            if m.vram_gb <= self.size.total_vram_gb and m.runs_on_arch(self.size)
+        ]
+        return catalog.VLLM_ENV_DISK_GB + max([*fitting, self.model_disk_gb])
 
 
 def resolved_balancer_kind(

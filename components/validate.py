@@ -30,7 +30,7 @@ from typing import Any
 import requests
 import yaml
 
-from . import autodown, catalog, config, phase_settings, render, vllm_service
+from . import autodown, config, render, vllm_service
 from .schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,9 +132,19 @@ def size_problems(cfg: StackConfig, size: dict[str, Any], notes: list[str]) -> l
     shown = ", ".join(f"{kind} disk {gib} GiB" for kind, gib in sorted(found.items()))
     notes.append(f"{cfg.droplet.size}: {shown or 'no disk listed'}, memory {memory_gib} GiB "
                  f"(GET /v2/sizes; the catalog holds what DigitalOcean documents)")  # fmt: skip
+    # The catalog's documented figures (components/catalog.py), held to the live ones.
+    live = {"boot disk": found.get("local") or found.get("boot"), "scratch disk":
+            found.get("scratch"), "memory": memory_gib or None}  # fmt: skip
+    documented = {"boot disk": cfg.size.boot_disk_gib, "scratch disk": cfg.size.scratch_disk_gib,
+                  "memory": cfg.size.memory_gib}  # fmt: skip
+    differ = [f"{what} {gib} GiB (the API: {live[what]} GiB)" for what, gib in documented.items()
+              if gib is not None and live[what] is not None and live[what] != gib]  # fmt: skip
+    if differ:
+        notes.append(f"components/catalog.py documents {cfg.droplet.size} with "
+                     f"{', '.join(differ)}: the catalog is out of date")  # fmt: skip
     problems = []
     # What preflight asks of the boot disk (NEMO_DISK_NEED_GB, before any Volume is mounted).
-    need = catalog.VLLM_ENV_DISK_GB + phase_settings.preflight_model_disk_gb(cfg)
+    need = cfg.boot_disk_need_gb
     boot = found.get("local") or found.get("boot")
     if boot is not None and need > boot:
         problems.append(
@@ -143,7 +153,8 @@ def size_problems(cfg: StackConfig, size: dict[str, Any], notes: list[str]) -> l
             "Droplet): choose a larger size or a smaller model (model.id)"
         )
     weights = cfg.model_disk_gb
-    if vllm_service.load_strategy(cfg) == "prefetch" and memory_gib and weights > 0.9 * memory_gib:
+    bound = vllm_service.PREFETCH_MEMORY_SHARE * memory_gib
+    if vllm_service.load_strategy(cfg) == "prefetch" and memory_gib and weights > bound:
         notes.append(
             f"vllm.safetensorsLoadStrategy: prefetch reads about {weights} GB of weights into "
             f"the page cache, more than 90% of {cfg.droplet.size}'s {memory_gib} GiB: set it "

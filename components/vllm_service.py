@@ -74,14 +74,22 @@ def load_strategy(cfg: StackConfig) -> str | None:
     measured (scripts/loader_bench.py: prefetch and the default at the same pace), so a Volume
     that turns out fast loses nothing either."""
     chosen = cfg.vllm.safetensors_load_strategy
-    if chosen is not None or cfg.vllm.load_format != "auto":
+    if chosen is not None or cfg.vllm.load_format != "auto" or cfg.vllm.multithread_load:
+        # Chosen; or another loader, which reads the files its own way; or the multithreaded
+        # one (scripts/loader_bench.py's `multithread`), which takes lazy only.
         return chosen
-    # The multithreaded loader (--model-loader-extra-config '{"enable_multithread_load": ...}',
-    # scripts/loader_bench.py's `multithread`) refuses any strategy but lazy
-    # (model_loader/default_loader.py): a stack that passes a loader config chooses alone.
-    if any(a.split("=", 1)[0] == "--model-loader-extra-config" for a in cfg.vllm.extra_args):
+    # vLLM's own guard on prefetch (the checkpoint within 90% of the memory) applies only when
+    # it chooses: asked for, it prefetches anyway. Where the catalog knows the size's memory,
+    # weights past that bound are left to vLLM's default.
+    memory = cfg.size.memory_gib
+    if memory is not None and cfg.model_disk_gb > PREFETCH_MEMORY_SHARE * memory:
         return None
     return "prefetch" if cfg.cache.enabled else None
+
+
+# vLLM's bound for prefetching a checkpoint: 90% of the memory available
+# (weight_utils.safetensors_weights_iterator, ram_threshold_pct).
+PREFETCH_MEMORY_SHARE = 0.9
 
 
 def serve_args(cfg: StackConfig) -> list[str]:

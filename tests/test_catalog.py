@@ -281,3 +281,38 @@ def test_weights_on_the_cache_volume_are_prefetched_unless_the_stack_chooses() -
     threads = '{"enable_multithread_load": true, "num_threads": 8}'
     assert strategy(volume, extraArgs=["--model-loader-extra-config", threads]) is None
     assert strategy(volume, extraArgs=[f"--model-loader-extra-config={threads}"]) is None
+    # A loader config that does not turn threads on leaves the default as it is.
+    tracked = '{"enable_weights_track": true}'
+    assert strategy(volume, extraArgs=["--model-loader-extra-config", tracked]) == "prefetch"
+
+
+def test_a_chosen_strategy_the_multithreaded_loader_refuses_is_refused_before_anything() -> None:
+    raw = merged(stack_config("dev"), {"vllm": {
+        "safetensorsLoadStrategy": "prefetch",
+        "extraArgs": ["--model-loader-extra-config", '{"enable_multithread_load": true}'],
+    }})  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        config.parse(raw, "dev")
+    assert any(
+        p.startswith("vllm.safetensorsLoadStrategy: prefetch with the multithreaded loader")
+        for p in err.value.problems
+    ), err.value.problems
+    raw["vllm"]["safetensorsLoadStrategy"] = "lazy"
+    config.parse(raw, "dev")
+
+
+def test_weights_past_vllms_memory_bound_are_not_prefetched_where_the_memory_is_known() -> None:
+    """vLLM skips its own 90% guard when prefetch is asked for: the program asks only where the
+    weights fit (the catalog documents the H100x1's 240 GiB)."""
+    memory = catalog.SIZES["gpu-h100x1-80gb"].memory_gib
+    assert memory == 240
+
+    def args(disk_gb: int) -> list[str]:
+        raw = merged(stack_config("prod"), {
+            "model": {"id": "someorg/custom-model", "vramGb": 60, "diskGb": disk_gb},
+            "cache": {"sizeGb": 400},
+        })  # fmt: skip
+        return vllm_service.serve_args(config.parse(raw, "prod"))
+
+    assert flag(args(int(0.9 * memory)), "--safetensors-load-strategy") == "prefetch"
+    assert "--safetensors-load-strategy" not in args(int(0.9 * memory) + 1)

@@ -168,6 +168,26 @@ def test_with_a_token_the_sizes_disks_and_memory_are_read_and_checked(
     assert "more than 90% of gpu-4000adax1-20gb's 8 GiB: set it to lazy" in tight.stderr
 
 
+def test_the_catalogs_documented_disks_are_held_to_the_sizes_api(api: DigitalOceanAPI) -> None:
+    """The H100x1's disks and memory are in the catalog (documented); the live answer agreeing
+    says nothing more, a different one says the catalog is out of date."""
+    env = {"DIGITALOCEAN_TOKEN": TOKEN}
+    api.account.offered["gpu-h100x1-80gb"] = ["tor1"]
+    agree = validate("--stack", "prod", "--api-url", api.url, env=env)
+    assert agree.returncode == 0, agree.stderr
+    assert "local disk 720 GiB, scratch disk 5120 GiB, memory 240 GiB" in agree.stderr
+    assert "out of date" not in agree.stderr
+    api.account.shapes["gpu-h100x1-80gb"] = Size(
+        "gpu-h100x1-80gb", 3.39, memory=240 * 1024, disk=1000, scratch=5120, gpu_count=1
+    )
+    moved = validate("--stack", "prod", "--api-url", api.url, env=env)
+    assert moved.returncode == 0, moved.stderr
+    assert (
+        "components/catalog.py documents gpu-h100x1-80gb with boot disk 720 GiB (the API: 1000 "
+        "GiB): the catalog is out of date"
+    ) in moved.stderr
+
+
 def test_disk_info_reads_boot_or_local_in_its_units_and_falls_back_to_disk() -> None:
     """sizes/models/disk_info.yml: a `local` or a `boot` disk, and a scratch disk on GPU sizes."""
     from components import validate as v  # noqa: PLC0415 (the module under test, in-process)
