@@ -22,6 +22,7 @@ NAMESPACE = catalog.PROJECT
 LOCKS_DIR = Path(__file__).resolve().parent.parent / catalog.LOCKS_PATH
 
 _TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
+RESERVED_TAG_PREFIXES = (f"{catalog.PROJECT}-", "stack:")
 _REGION = re.compile(r"^[a-z]{3}[0-9]$")
 _FINGERPRINT = re.compile(r"^([0-9a-f]{2}:){15}[0-9a-f]{2}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -152,6 +153,14 @@ class DropletConfig(_Section):
         bad = [t for t in v if not _TAG.match(t)]
         if bad:
             raise ValueError(f"{bad}: tags accept letters, digits, '_', '-', ':' (1-255 chars)")
+        # The program's own: a user's could set a Droplet's lease (scripts/lease.py reads it),
+        # or file it under another stack.
+        reserved = [t for t in v if t.startswith(RESERVED_TAG_PREFIXES)]
+        if reserved:
+            raise ValueError(
+                f"{reserved}: tags starting with {' or '.join(RESERVED_TAG_PREFIXES)} are the "
+                "program's (the lease, the stack); choose another"
+            )
         return v
 
 
@@ -776,7 +785,7 @@ class StackConfig(BaseModel):
     @property
     def stack_tag(self) -> str:
         """The tag that finds this stack's Droplet (with its name) among the account's."""
-        return f"stack:{_slug(self.stack)}"
+        return f"{RESERVED_TAG_PREFIXES[1]}{_slug(self.stack)}"
 
     @property
     def tags(self) -> list[str]:

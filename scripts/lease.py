@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
     api_url = urllib.parse.urlsplit(args.api_url)
     if api_url.scheme != "https" and api_url.hostname != "127.0.0.1":
         parser.error("--api-url: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
-    if args.grace_minutes < 0:
+    # nan and inf would keep every Droplet past its lease: a number it can count to, or nothing.
+    if not (math.isfinite(args.grace_minutes) and args.grace_minutes >= 0):
         parser.error("--grace-minutes: a number of minutes, 0 or more")
     token = os.environ.get("DIGITALOCEAN_TOKEN", "")
     if not token:

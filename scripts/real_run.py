@@ -17,14 +17,16 @@ the workflow's YAML, so that the tests run it.
 `plan` turns the cost cap into every bound the run has: the minutes of Droplet time the cap buys
 at the size's list price (components/catalog.py), each step's timeout, the job's, and the
 throwaway stack's autodown.maxHours, so that a runner that dies mid-run still leaves a Droplet
-that deletes itself before the cap is spent (the lease workflow, scripts/lease.py, is the second
-guard). A cap too small for a useful run is refused, naming the minimum and what it is made of.
+that deletes itself before the cap is spent, when the AUTODOWN_TOKEN secret lets autodown
+delete. Without it, the lease workflow (scripts/lease.py) is the guard, and it acts up to its
+grace plus its schedule (about 45 minutes) past maxHours: beyond the cap on a small one. A cap
+too small for a useful run is refused, naming the minimum and what it is made of.
 
 `summary` writes the job summary (smoke lines, bench table, the bootstrap as a text chart, the
 cost) from whatever files the run left: any of them may be missing because an earlier step
 failed, and the summary says which and why instead of failing. Secrets never reach it: the
-outputs file is saved without them (`outputs`), the summary reads only the keys it shows, and any
-secret value found in the outputs is scrubbed from every line it writes.
+outputs file is saved without them (`outputs`), the summary reads only the keys it shows, and the
+tools whose text it quotes print no key (tests/test_tools.py).
 """
 
 from __future__ import annotations
@@ -89,12 +91,13 @@ GITHUB_JOB_LIMIT_MINUTES = 360
 # Keys of the stack file that a throwaway stack must not copy from the stack it starts from:
 # its Droplet's own name and the endpoint's DNS record would collide with that stack's, a cache
 # Volume can outlive the run (and a cold run is what is measured), and replicas multiply the
-# price the budget is computed from. autodown is rewritten from the cap.
+# price the budget is computed from, and so does wake (a front the budget does not price; its
+# token is a secret the throwaway stack has not). autodown is rewritten from the cap.
 DROPPED = {
     "droplet": ("name",),
     "access": ("domain", "dnsZone"),
 }
-DROPPED_SECTIONS = ("cache", "replicas", "balancer")
+DROPPED_SECTIONS = ("cache", "replicas", "balancer", "wake")
 # Outputs that are secrets (components/outputs.py): never written to a file, never summarised.
 SECRET_OUTPUTS = ("apiKey", "sshPrivateKey")
 # The outputs the summary reads; nothing else is looked at.
@@ -163,10 +166,22 @@ def cents_up(dollars: float) -> float:
     return math.ceil(round(dollars * 100, 6)) / 100
 
 
-def cold_start(model_id: str) -> tuple[int, str]:
-    """`pulumi up`'s cold start for a model, in minutes, and what it is made of."""
-    model = catalog.MODELS.get(model_id)
-    disk_gb = model.disk_gb if model else UNKNOWN_MODEL_DISK_GB
+def model_disk_gb(model: dict[str, Any]) -> int:
+    """The weights' size of the stack's `model` section, as StackConfig.model_disk_gb counts it
+    (the plan job runs without the program's requirements): diskGb, else the catalog's (the
+    default model when no id), else vramGb, else a guess for an unknown model."""
+    known = catalog.MODELS.get(model.get("id") or catalog.DEFAULT_MODEL)
+    given = model.get("diskGb")
+    if given is not None:
+        return int(given)
+    if known is not None:
+        return known.disk_gb
+    return int(model.get("vramGb") or UNKNOWN_MODEL_DISK_GB)
+
+
+def cold_start(model: dict[str, Any]) -> tuple[int, str]:
+    """`pulumi up`'s cold start for a stack's `model` section, in minutes, and its parts."""
+    disk_gb = model_disk_gb(model)
     download = math.ceil(disk_gb * 1000 / DOWNLOAD_MB_PER_S / 60)
     parts = (
         ("Droplet created", CREATE_MINUTES),
@@ -211,11 +226,13 @@ def price_of(size: str, price: float | None) -> float:
     return known.list_price_usd_hour
 
 
-def make_plan(cap: float, size: str, price: float, name: str, model_id: str) -> tuple[Plan, str]:
+def make_plan(
+    cap: float, size: str, price: float, name: str, model: dict[str, Any]
+) -> tuple[Plan, str]:
     """Every bound of the run from the cap; the second value says what the minimum is made of."""
     if not (math.isfinite(cap) and cap > 0):
         raise PlanError(f"--cost-cap {cap!r}: accepted: a positive number of dollars, like 5")
-    cold, parts = cold_start(model_id)
+    cold, parts = cold_start(model)
     fixed = fixed_minutes()
     min_minutes = cold + fixed
     min_cost = cents_up(price * min_minutes / 60)
@@ -359,9 +376,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         source = read_source(stacks, args.stack_from)
         section = source["config"].get(f"{NAMESPACE}:droplet") or {}
         size = args.size or section.get("size") or catalog.DEFAULT_SIZE
-        model_id = (source["config"].get(f"{NAMESPACE}:model") or {}).get("id")
+        model = source["config"].get(f"{NAMESPACE}:model") or {}
         price = price_of(size, args.price)
-        plan, why = make_plan(args.cost_cap, size, price, args.name, model_id or "")
+        plan, why = make_plan(args.cost_cap, size, price, args.name, model)
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -697,14 +714,6 @@ def read_json(path: Path) -> tuple[Any, str]:
         return None, f"not JSON ({err})"
 
 
-def secret_values(outputs: Any) -> list[str]:
-    """Values of secret outputs that are in the file (a file saved with --show-secrets)."""
-    if not isinstance(outputs, dict):
-        return []
-    found = [outputs.get(k) for k in SECRET_OUTPUTS]
-    return [v for v in found if isinstance(v, str) and len(v) >= 6 and v != "[secret]"]
-
-
 def fmt(value: Any, digits: int = 1) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, int | float) else "-"
 
@@ -875,7 +884,6 @@ def summary(inputs: Inputs) -> str:
     outputs, outputs_problem = read_json(inputs.outputs)
     plan, _ = read_json(inputs.plan)
     cleaned, cleanup_problem = read_json(inputs.cleanup)
-    secrets = secret_values(outputs)
     if isinstance(outputs, dict):  # only the keys the summary shows
         outputs = {k: outputs[k] for k in SUMMARY_OUTPUTS if k in outputs}
     stack = plan.get("stack") if isinstance(plan, dict) else None
@@ -922,10 +930,7 @@ def summary(inputs: Inputs) -> str:
         "The artifact keeps the JSON (plan, outputs without secrets, bench, cleanup), the smoke "
         "and timeline text and the timeline picture.",
     ]
-    text = "\n".join(body) + "\n"
-    for value in secrets:
-        text = text.replace(value, "[secret]")
-    return text
+    return "\n".join(body) + "\n"
 
 
 def epoch(text: str | None, what: str) -> int | None:

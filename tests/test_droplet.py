@@ -324,6 +324,11 @@ REJECTED = [
     ({"droplet": {"regions": ["Toronto"]}}, "droplet.regions: ['Toronto'] are not region slugs"),
     ({"droplet": {"tags": ["has space"]}}, "droplet.tags: ['has space']: tags accept"),
     (
+        {"droplet": {"tags": ["nemotron-droplet-lease-minutes:1", "stack:prod"]}},
+        "droplet.tags: ['nemotron-droplet-lease-minutes:1', 'stack:prod']: tags starting with "
+        "nemotron-droplet- or stack: are the program's",
+    ),
+    (
         {"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"}},
         "model.id: nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 needs about 72 GB of VRAM; gpu-4000adax1-20gb has 20 GB, 18 GB usable",
     ),

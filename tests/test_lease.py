@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
+from pulumi_harness import stack_config
 from stack.do_api import Account, DigitalOceanAPI
 
-from components import catalog
+from components import catalog, config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "lease.py"
@@ -43,9 +44,12 @@ lease = load()
 
 
 def ours(stack: str, minutes: int | None) -> list[str]:
-    """The tags the program gives a GPU Droplet (components/schema.py `tags`)."""
-    tags = [catalog.PROJECT, f"stack:{stack}"]
-    return tags + ([catalog.lease_tag(minutes)] if minutes else [])
+    """The tags the program gives a GPU Droplet of `stack` with autodown.maxHours of `minutes`
+    (StackConfig.tags, from a parsed stack: what the lease reads is what the program writes)."""
+    raw = stack_config("dev")
+    raw["droplet"] = {**raw["droplet"], "tags": []}
+    raw["autodown"] = {"maxHours": minutes / 60} if minutes else {}
+    return config.parse(raw, stack, frozenset({"autodown"})).tags
 
 
 def past_lease(api: DigitalOceanAPI, name: str = "nemotron-dev", stack: str = "dev") -> Any:
@@ -120,6 +124,19 @@ def test_the_grace_gives_autodown_its_chance_first(api: DigitalOceanAPI, tmp_pat
     code, _, text = run(api, token, "--grace-minutes", "5", tmp_path=tmp_path)
     assert code == 0 and droplet.id not in api.account.droplets
     assert "| deleted |" in text
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "-1"])
+def test_a_grace_it_cannot_count_to_is_refused(
+    api: DigitalOceanAPI, tmp_path: Path, grace: str
+) -> None:
+    """A free-text workflow input: nan or inf would keep every Droplet past its lease."""
+    past_lease(api)
+    token = api.account.add_token("lease", SCOPES)
+    with pytest.raises(SystemExit) as refused:
+        run(api, token, "--grace-minutes", grace, tmp_path=tmp_path)
+    assert refused.value.code == 2
+    assert len(api.account.droplets) == 1
 
 
 def test_a_dry_run_needs_only_read_and_deletes_nothing(
