@@ -32,6 +32,7 @@ from .schema import (
     VllmConfig,
     WakeConfig,
     _Section,
+    is_pooled,
     resolved_balancer_kind,
 )
 
@@ -348,8 +349,8 @@ def _cache_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str
 
 def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
     """What replicas behind one balancer need (several, or one behind the waking front)."""
-    replicas = parsed["replicas"]
-    if replicas is None or (replicas < 2 and not parsed["wake"].enabled):
+    replicas, wake = parsed["replicas"], parsed["wake"]
+    if replicas is None or wake is None or not is_pooled(replicas, wake):
         return []
     access: AccessConfig = parsed["access"]
     balancer: BalancerConfig = parsed["balancer"]
@@ -357,7 +358,7 @@ def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
     if ok("access.apiCidrs") and not access.api_cidrs:
         problems.append(
             f"access.apiCidrs: [] closes the API port, and with replicas: {replicas}"
-            f"{' and wake.enabled' if parsed['wake'].enabled else ''} the balancer is the only "
+            f"{' and wake.enabled' if wake.enabled else ''} the balancer is the only "
             "way in (the replicas are reachable only from it); list who may connect, or set "
             "replicas: 1 (without wake) and use an SSH tunnel"
         )
@@ -375,7 +376,7 @@ def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
                 "DigitalOcean issues only for a domain in its DNS: set access.domain and "
                 "access.dnsZone (the zone in this account), or use balancer.kind: caddy"
             )
-    managed = resolved_balancer_kind(balancer, access) == "managed"
+    managed = resolved_balancer_kind(balancer, access, wake) == "managed"
     ipv4 = [c for c in access.api_cidrs if ":" not in c]
     if ok("balancer.kind", "access.apiCidrs") and managed and access.api_cidrs and not ipv4:
         problems.append(
@@ -392,12 +393,13 @@ def _wake_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
     if not wake.enabled or not ok("wake"):
         return []
     problems: list[str] = []
-    if ok("balancer.kind", "access") and (
-        resolved_balancer_kind(parsed["balancer"], parsed["access"]) == "managed"
-    ):
+    # `auto` resolves to Caddy with wake on (resolved_balancer_kind): only a managed choice is
+    # refused.
+    if ok("balancer.kind") and parsed["balancer"].kind == "managed":
         problems.append(
             "wake.enabled: the front that holds requests and wakes the set is the Caddy "
-            "balancer; DigitalOcean's Load Balancer can do neither: set balancer.kind: caddy"
+            "balancer; DigitalOcean's Load Balancer can do neither: set balancer.kind: caddy "
+            "(or auto)"
         )
     if wake.token is None:
         problems.append(

@@ -600,7 +600,7 @@ class BalancerConfig(_Section):
         "requests without regard to load. `caddy`: Caddy's load balancing on a small CPU "
         "Droplet with a Reserved IP and the same certificate choices as one Droplet; it sends "
         "each request to the replica with the fewest in flight. `auto`: managed when "
-        "`access.dnsZone` is set, else caddy.",
+        "`access.dnsZone` is set (and wake is off: only Caddy holds requests), else caddy.",
     )
     size: str = Field(
         catalog.BALANCER_SIZE,
@@ -798,13 +798,11 @@ class StackConfig(BaseModel):
 
     @property
     def pooled(self) -> bool:
-        """The replicas behind a balancer: replicas >= 2, or one behind the front that wakes
-        the set (wake.enabled)."""
-        return self.replicas > 1 or self.wake.enabled
+        return is_pooled(self.replicas, self.wake)
 
     @property
     def balancer_kind(self) -> Literal["managed", "caddy"]:
-        return resolved_balancer_kind(self.balancer, self.access)
+        return resolved_balancer_kind(self.balancer, self.access, self.wake)
 
     def replica_name(self, index: int) -> str:
         """Replica 0 keeps the one-Droplet name, so growing a stack keeps its Droplet."""
@@ -866,13 +864,20 @@ class StackConfig(BaseModel):
 
 
 def resolved_balancer_kind(
-    balancer: BalancerConfig, access: AccessConfig
+    balancer: BalancerConfig, access: AccessConfig, wake: WakeConfig
 ) -> Literal["managed", "caddy"]:
     """`auto`: DigitalOcean's Load Balancer when its certificate can be had (a domain in
-    DigitalOcean DNS, HTTPS on), else Caddy."""
+    DigitalOcean DNS, HTTPS on) and nothing asks more of the entry than it does, else Caddy
+    (the front that wakes the set holds requests, which the Load Balancer cannot)."""
     if balancer.kind != "auto":
         return balancer.kind
-    return "managed" if access.dns_zone and access.https else "caddy"
+    return "managed" if access.dns_zone and access.https and not wake.enabled else "caddy"
+
+
+def is_pooled(replicas: int, wake: WakeConfig) -> bool:
+    """The replicas behind a balancer: replicas >= 2, or one behind the front that wakes the
+    set (wake.enabled)."""
+    return replicas > 1 or wake.enabled
 
 
 def _slug(text: str) -> str:

@@ -536,11 +536,20 @@ def test_wake_refusals_name_the_field(wake: dict[str, Any], message: str) -> Non
 
 
 def test_wake_needs_the_caddy_front_not_the_load_balancer() -> None:
-    run = run_program(
+    """With wake on, `auto` is the Caddy front even where the Load Balancer could serve (a
+    domain in DigitalOcean DNS); choosing the Load Balancer is refused."""
+    auto = run_program(
         dev(access=MANAGED), secrets={"wake": json.dumps(WAKE)}, zones=("example.com",)
     )
-    assert isinstance(run.error, ConfigError), run.error
-    assert any("DigitalOcean's Load Balancer can do neither" in p for p in run.error.problems)
+    assert auto.error is None, auto.error
+    assert not of(auto, LOAD_BALANCER) and set(of(auto, DROPLET)) == {"gpu", "balancer"}
+    managed = run_program(
+        {**dev(access=MANAGED), "balancer": {"kind": "managed"}},
+        secrets={"wake": json.dumps(WAKE)},
+        zones=("example.com",),
+    )
+    assert isinstance(managed.error, ConfigError), managed.error
+    assert any("DigitalOcean's Load Balancer can do neither" in p for p in managed.error.problems)
 
 
 def test_a_wake_token_in_plain_text_is_refused() -> None:

@@ -551,9 +551,10 @@ def test_a_driver_that_does_not_build_stops_the_run_and_a_cut_download_resumes(
 # A client on the internet: one request to the endpoint, as the README's users send it; prints
 # the status, then the body (a stream's lines as they came).
 ASK = """
-import json, sys, requests
+import json, os, sys, requests
 from concurrent.futures import ThreadPoolExecutor
-url, key, body, floods = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+url, body, floods = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+key = os.environ["OPENAI_API_KEY"]
 if floods:
     bad = [{}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic " + key}]
     def knock(i):
@@ -571,12 +572,14 @@ print(r.text)
 def ask(
     emu: Emulation, outputs: dict[str, object], body: dict[str, object], floods: int = 0
 ) -> subprocess.CompletedProcess[str]:
-    """A chat completion to the endpoint from the internet (or `floods` without the key)."""
+    """A chat completion to the endpoint from the internet (or `floods` without the key). The
+    key travels in the environment, as in client()."""
     bundle = emu.workdir / "ask-roots.pem"
     bundle.write_text(emu.ca.root_pem)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "REQUESTS_CA_BUNDLE": str(bundle)}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "REQUESTS_CA_BUNDLE": str(bundle),
+           "OPENAI_API_KEY": str(outputs["apiKey"])}  # fmt: skip
     url = f"{outputs['endpoint']}/chat/completions"
-    argv = [sys.executable, "-c", ASK, url, str(outputs["apiKey"]), json.dumps(body), str(floods)]
+    argv = [sys.executable, "-c", ASK, url, json.dumps(body), str(floods)]
     proc = subprocess.run(emu.world.argv(argv), env=env, capture_output=True, text=True,
                           timeout=1200, check=False)  # fmt: skip
     emu.requests += max(1, floods)
