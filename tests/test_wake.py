@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,8 @@ import pytest
 import requests
 from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
+from stack import github_api
+from stack.github_api import GitHub
 from test_gateway import KEY, run_caddy
 
 from components import config, gateway, wake
@@ -40,13 +43,25 @@ CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "m
 
 
 @dataclass
-class FakeGitHub:
-    """POST .../dispatches (204, or `refuse` as the status) and GET .../runs (the runs listed)."""
+class FakeGitHub(GitHub):
+    """The shared fake GitHub (tests/support/stack/github_api.py: the token, the workflow's path
+    and its declared inputs checked, answered 401, 404 or 422 otherwise), for the repository and
+    workflow the waker is set up with here; `refuse` answers a dispatch it recorded with that
+    status instead, and `on_dispatch` is the pipeline an accepted one starts."""
 
+    repo: str = "me/llm"
+    workflow: str = "deploy.yml"
+    token: str = TOKEN
     refuse: int | None = None
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    dispatches: list[dict[str, Any]] = field(default_factory=list)
     on_dispatch: Callable[[], None] | None = None
+
+    def answer(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, Any]:
+        status, reply = super().answer(method, path, auth, body)
+        if status == 204 and self.refuse:
+            return self.refuse, {"message": "refused"}
+        if status == 204 and self.on_dispatch:
+            threading.Thread(target=self.on_dispatch, daemon=True).start()
+        return status, reply
 
     def wait_dispatches(self, count: int, seconds: float = 10) -> None:
         """The waker dispatches from a thread of its own: a test that has seen the wake begin
@@ -55,36 +70,6 @@ class FakeGitHub:
         while len(self.dispatches) < count and time.monotonic() < end:
             time.sleep(0.05)
         assert len(self.dispatches) == count, self.dispatches
-
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        github = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                    return self.answer(401, {"message": "Bad credentials"})
-                assert self.path == "/repos/me/llm/actions/workflows/deploy.yml/dispatches"
-                github.dispatches.append(body)
-                if github.refuse:
-                    return self.answer(github.refuse, {"message": "refused"})
-                self.send_response(204)
-                self.end_headers()
-                if github.on_dispatch:
-                    threading.Thread(target=github.on_dispatch, daemon=True).start()
-                return None
-
-            def do_GET(self) -> None:
-                assert self.path.startswith("/repos/me/llm/actions/workflows/deploy.yml/runs?")
-                self.answer(200, {"total_count": len(github.runs), "workflow_runs": github.runs})
-
-            def answer(self, status: int, body: dict[str, Any]) -> None:
-                loopback.reply(self, status, json.dumps(body).encode(), "application/json")
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        return Handler
 
 
 @dataclass
@@ -153,7 +138,7 @@ def front_factory(tmp_path: Path) -> Iterator[Callable[..., Front]]:
 
     def make(github: FakeGitHub | None = None, **settings: str) -> Front:
         github = github or FakeGitHub()
-        server = loopback.serve(github.handler())
+        server = github_api.serve(github, socket.create_server(("127.0.0.1", 0)), None)
         servers.append(server)
         upstreams = tmp_path / f"upstreams{len(fronts)}"
         upstreams.mkdir()
@@ -245,10 +230,7 @@ def test_a_failing_pipeline_answers_the_held_requests_with_why_and_does_not_retr
 
     def failed_run() -> None:
         time.sleep(0.5)
-        github.runs.append({"status": "completed", "conclusion": "failure",
-                            "display_name": "deploy dev up",
-                            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            "html_url": "https://github.com/me/llm/actions/runs/7"})  # fmt: skip
+        github.finish_run("failure")
 
     github.on_dispatch = failed_run
     front.route()
@@ -258,7 +240,7 @@ def test_a_failing_pipeline_answers_the_held_requests_with_why_and_does_not_retr
     error = answer.json()["error"]
     assert error["code"] == "wake_failed"
     assert (
-        "the deploy run ended failure: https://github.com/me/llm/actions/runs/7"
+        "the deploy run ended failure: https://github.com/me/llm/actions/runs/1"
         in (error["message"])
     )
     assert int(answer.headers["Retry-After"]) > 0

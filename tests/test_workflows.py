@@ -102,10 +102,8 @@ def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment(
     inputs = wf[True]["workflow_dispatch"]["inputs"]
     assert sorted(inputs["stack"]["options"]) == shipped
     assert inputs["command"]["options"] == ["up", "destroy"]
-    # A wake from the front dispatches exactly these inputs (scripts/phases/wake.py): each must
-    # be one deploy.yml declares, or GitHub refuses the dispatch (422).
-    wake_source = (ROOT / "scripts" / "phases" / "wake.py").read_text()
-    assert '"inputs": {"stack": self.s.stack, "command": "up", "refresh": "true"}' in wake_source
+    # A wake from the front dispatches inputs deploy.yml must declare, or GitHub refuses the
+    # dispatch (422): tests/test_wake.py's fake GitHub reads them from this file and refuses so.
     assert inputs["refresh"]["type"] == "boolean" and inputs["refresh"]["default"] is False
     [pulumi] = [s for s in wf["jobs"]["deploy"]["steps"] if "pulumi/actions@" in str(s.get("uses"))]
     assert pulumi["with"]["refresh"] == "${{ inputs.refresh || false }}"

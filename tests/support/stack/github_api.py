@@ -15,7 +15,29 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+# The workflow a wake dispatches: the fake accepts its declared inputs and names its runs as its
+# run-name does, read from the file itself (so the waker is tested against deploy.yml as it is).
+DEPLOY_YML = Path(__file__).resolve().parents[3] / ".github" / "workflows" / "deploy.yml"
+# `${{ inputs.NAME || 'DEFAULT' }}` in a run-name.
+_EXPRESSION = re.compile(r"\$\{\{\s*inputs\.(\w+)\s*\|\|\s*'([^']*)'\s*\}\}")
+
+
+def deploy_inputs() -> frozenset[str]:
+    """deploy.yml's workflow_dispatch inputs (YAML reads the key `on` as True)."""
+    workflow = yaml.safe_load(DEPLOY_YML.read_text())
+    return frozenset(workflow[True]["workflow_dispatch"]["inputs"])
+
+
+def run_name(inputs: dict[str, Any]) -> str:
+    """deploy.yml's run-name for a dispatch's inputs, as GitHub evaluates its expressions."""
+    template = str(yaml.safe_load(DEPLOY_YML.read_text())["run-name"])
+    return _EXPRESSION.sub(lambda m: str(inputs.get(m[1]) or m[2]), template)
+
 
 DISPATCH = re.compile(r"^/repos/([^/]+/[^/]+)/actions/workflows/([^/]+)/dispatches$")
 RUNS = re.compile(r"^/repos/([^/]+/[^/]+)/actions/workflows/([^/]+)/runs(\?.*)?$")
@@ -29,7 +51,7 @@ class GitHub:
     workflow: str
     token: str
     # The workflow's workflow_dispatch inputs (deploy.yml's): any other input is refused.
-    inputs: frozenset[str] = frozenset({"stack", "command", "refresh"})
+    inputs: frozenset[str] = field(default_factory=deploy_inputs)
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     dispatched: threading.Event = field(default_factory=threading.Event)
@@ -57,9 +79,9 @@ class GitHub:
         """The run the last dispatch queued ended (`success`, `failure`, ...); named as
         deploy.yml's run-name names it."""
         with self.lock:
-            stack = self.dispatches[-1]["inputs"]["stack"]
+            name = run_name(self.dispatches[-1]["inputs"])
             self.runs.append({
-                "display_name": f"deploy {stack} up",
+                "display_name": name,
                 "id": len(self.runs) + 1, "status": "completed", "conclusion": conclusion,
                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "html_url": f"https://github.com/{self.repo}/actions/runs/{len(self.runs) + 1}",
