@@ -44,10 +44,11 @@ def describe(state: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def ask(method: str, url: str, key: str) -> tuple[int, dict[str, Any], str]:
-    """One call to the front; its status, JSON body (or {}) and Retry-After."""
+def ask(method: str, url: str, target: target_mod.Target) -> tuple[int, dict[str, Any], str]:
+    """One call to the front with the target's key; its status, JSON body (or {}) and
+    Retry-After."""
     try:
-        answer = requests.request(method, url, headers={"Authorization": f"Bearer {key}"},
+        answer = requests.request(method, url, headers=target.headers,
                                   timeout=TIMEOUT_SECONDS)  # fmt: skip
     except requests.RequestException as err:
         raise target_mod.TargetError(
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     target = target_mod.resolve(args)
     url = control_url(target.endpoint)
     if args.now:
-        status, body, retry = ask("POST", url, target.api_key)
+        status, body, retry = ask("POST", url, target)
         if status == 401:
             raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
         if status == 404:
@@ -87,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         print("waking" if body.get("mode") == "waking" else f"already {body.get('mode')}")
         end = time.monotonic() + args.wait
         while args.wait and time.monotonic() < end:
-            _, body, _ = ask("GET", url, target.api_key)
+            _, body, _ = ask("GET", url, target)
             if body.get("mode") in ("awake", "failed"):
                 break
             time.sleep(5)
-    status, state, _ = ask("GET", url, target.api_key)
+    status, state, _ = ask("GET", url, target)
     if status == 401:
         raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
     if status != 200:

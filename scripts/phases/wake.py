@@ -97,20 +97,21 @@ class Settings:
     trigger: str  # github | webhook
     stack: str
     token: str
-    github_api: str = "https://api.github.com"
-    github_repo: str = ""
-    github_workflow: str = ""
-    github_ref: str = "main"
-    webhook_url: str = ""
-    webhook_header: str = ""
-    hold_seconds: float = 540.0
-    expected_seconds: float = 900.0
-    cooldown_minutes: float = 10.0
-    max_per_day: int = 6
-    deadline_minutes: float = 45.0
-    state_file: Path | None = None
-    health_seconds: float = 2.0
-    comment_seconds: float = 10.0
+    # The defaults are from_env's, the one place that reads the environment.
+    github_api: str
+    github_repo: str
+    github_workflow: str
+    github_ref: str
+    webhook_url: str
+    webhook_header: str
+    hold_seconds: float
+    expected_seconds: float
+    cooldown_minutes: float
+    max_per_day: int
+    deadline_minutes: float
+    state_file: Path | None
+    health_seconds: float
+    comment_seconds: float
 
     @staticmethod
     def from_env(env: dict[str, str]) -> Settings:
@@ -120,6 +121,11 @@ class Settings:
         trigger = env.get("WAKE_TRIGGER", "github")
         if trigger not in ("github", "webhook"):
             raise SystemExit(f"WAKE_TRIGGER={trigger!r}: accepted: github, webhook")
+        if trigger == "webhook" and not (
+            env.get("WAKE_WEBHOOK_URL") and env.get("WAKE_WEBHOOK_HEADER")
+        ):
+            # Never a webhook called without its secret (the program sets both: WakeConfig).
+            raise SystemExit("WAKE_TRIGGER=webhook needs WAKE_WEBHOOK_URL and WAKE_WEBHOOK_HEADER")
         for url_key in ("WAKE_GITHUB_API", "WAKE_WEBHOOK_URL"):
             url = urllib.parse.urlsplit(env.get(url_key, ""))
             if url.scheme and url.scheme != "https" and url.hostname != "127.0.0.1":
@@ -331,9 +337,8 @@ class Waker:
                                 f"{': ' + said if said else ''})")  # fmt: skip
 
     def call_webhook(self) -> None:
-        headers = {"Content-Type": "application/json", "User-Agent": "nemotron-droplet-wake"}
-        if self.s.webhook_header:
-            headers[self.s.webhook_header] = self.s.token
+        headers = {"Content-Type": "application/json", "User-Agent": "nemotron-droplet-wake",
+                   self.s.webhook_header: self.s.token}  # fmt: skip
         status, _ = self._request("POST", self.s.webhook_url,
                                   {"stack": self.s.stack, "event": "wake"}, headers)  # fmt: skip
         if not 200 <= status < 300:

@@ -59,8 +59,9 @@ fi
 
 step answers "the waker answers on ${NEMO_WAKE_ADDRESS}"
 for _ in $(seq 50); do
-  if curl --silent --max-time 2 --output /dev/null "http://${NEMO_WAKE_ADDRESS}/health"; then
-    log "the waker answers; the set is $(curl --silent --max-time 2 "http://${NEMO_WAKE_ADDRESS}/health" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])' 2>/dev/null || echo unknown)"
+  # /health answers 200 awake and 503 otherwise: any answer is the waker's.
+  if health=$(curl --silent --max-time 2 "http://${NEMO_WAKE_ADDRESS}/health"); then
+    log "the waker answers; the set is $(python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])' <<<"$health" 2>/dev/null || echo unknown)"
     finish '"wake":"on"'
   fi
   sleep 0.2
