@@ -93,6 +93,7 @@ def preflight(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     return {
         "NEMO_OS_RELEASES": " ".join(catalog.OS_RELEASES),
         "NEMO_DISK_NEED_GB": cfg.boot_disk_need_gb,
+        "NEMO_VOLUME_DEVICE_PREFIX": catalog.VOLUME_DEVICE_PREFIX,
         "NEMO_GPU_COUNT": cfg.size.gpu_count,
         "NEMO_WAIT_SECONDS": 600,
         "NEMO_FIRST_BOOTSTRAP_FILE": catalog.FIRST_BOOTSTRAP_FILE,

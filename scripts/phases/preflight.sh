@@ -3,7 +3,7 @@
 # free disk, the GPU on the PCI bus and Secure Boot, and lists the disks. Changes nothing but
 # its own records.
 # Settings: NEMO_OS_RELEASES NEMO_DISK_NEED_GB NEMO_GPU_COUNT NEMO_WAIT_SECONDS
-# NEMO_FIRST_BOOTSTRAP_FILE
+# NEMO_FIRST_BOOTSTRAP_FILE NEMO_VOLUME_DEVICE_PREFIX
 
 step first-bootstrap "record when this Droplet's first bootstrap began (autodown's maxHours)"
 if [[ -s $NEMO_FIRST_BOOTSTRAP_FILE ]]; then
@@ -72,7 +72,7 @@ if command -v lsblk >/dev/null; then
     mounts=$({ lsblk -nr -o MOUNTPOINT "/dev/${name}" 2>/dev/null || true; } | awk 'NF' | paste -sd, - | tr -dc 'A-Za-z0-9/_.,-')
     fs=$({ lsblk -nr -o FSTYPE "/dev/${name}" 2>/dev/null || true; } | awk 'NF' | sort -u | paste -sd, - | tr -dc 'A-Za-z0-9_.,-')
     volume=false
-    for link in /dev/disk/by-id/scsi-0DO_Volume_*; do
+    for link in "${NEMO_VOLUME_DEVICE_PREFIX}"*; do
       if [[ -e $link && $(readlink -f "$link") == "/dev/${name}" ]]; then volume=true; fi
     done
     what="${fs:-no filesystem}, not mounted"
