@@ -798,6 +798,12 @@ def timeline_section(outputs: Any, png: Path) -> list[str]:
         length = max(1, round(s.seconds / wall * GANTT_WIDTH))
         bar = ("█" if s.phase in critical else "▒") * length
         lines.append(f"{s.phase:<12} {s.start - origin:>8,.0f} {s.seconds:>8,.1f}  {' ' * at}{bar}")
+    # The downloads against the link, and the disks preflight saw: timeline.py's own lines.
+    lines += [
+        "",
+        *timeline.budget(entries),
+        *(["", *seen] if (seen := timeline.disks(entries)) else []),
+    ]
     lines.append("```")
     if untimed:
         lines += ["", f"No times recorded for: {', '.join(untimed)}."]

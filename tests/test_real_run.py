@@ -582,7 +582,19 @@ def test_cleanup_that_cannot_list_the_stacks_fails_loudly(tmp_path: Path) -> Non
 TIMELINE = {
     "driver": {"start": 1000.0, "end": 1300.0, "after": []},
     "conda": {"start": 1000.0, "end": 1060.0, "after": []},
-    "model": {"start": 1060.0, "end": 1200.0, "after": ["conda"]},
+    "model": {
+        "start": 1060.0,
+        "end": 1200.0,
+        "after": ["conda"],
+        "download_bytes": 8_000_000_000,
+        "download_seconds": 140.0,
+    },
+    "preflight": {
+        "start": 990.0,
+        "end": 1000.0,
+        "after": [],
+        "disks": [{"name": "vda", "gib": 720, "mounts": "/", "volume": False}],
+    },
     "vllm": {"start": 1060.0, "end": 1100.0, "after": ["conda"]},
     "service": {"start": 1300.0, "end": 1420.0, "after": ["driver", "model", "vllm"]},
     "gateway": {"start": None, "end": None, "after": []},
@@ -661,9 +673,12 @@ def test_summary_of_a_complete_run(tmp_path: Path) -> None:
     assert "destroyed and removed stack x" in text
     # The timeline as text (the picture cannot be shown in a summary), critical path in full
     # blocks, a phase without times named.
-    assert "The bootstrap took 420 s" in text
-    assert re.search(r"^driver +0 +300\.0  █+$", text, re.M), text
-    assert re.search(r"^model +60 +140\.0  +▒+$", text, re.M), text
+    assert "The bootstrap took 430 s" in text
+    assert re.search(r"^driver +10 +300\.0  +█+$", text, re.M), text
+    assert re.search(r"^model +70 +140\.0  +▒+$", text, re.M), text
+    # timeline.py's own lines: the download against the link, the disks preflight saw.
+    assert "  model        fetched 8.00 GB in 140.0 s (57 MB/s); at 10 Gbit/s: 6.4 s" in text
+    assert "  preflight    vda            720 GiB  mounted at /" in text
     assert "No times recorded for: gateway." in text
     assert "`timeline.png` in this run's artifact" in text
     assert "GitHub strips `data:` images" in text
