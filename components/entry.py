@@ -85,6 +85,17 @@ def tag_exists(name: str) -> bool:
     return True
 
 
+def find_front(cfg: StackConfig) -> region.Existing | None:
+    """The Caddy front's Droplet, if DigitalOcean lists it: named `cfg.balancer_name`, tagged with
+    the stack's tag, among CPU Droplets (the front is not a GPU one). The balancer tag exists
+    from the front's first `pulumi up` on (the front carries it, and its Tag resource is never
+    deleted: adopted_tag), so a stack whose account has no such tag has no front, and the
+    Droplets are listed only once it does."""
+    if not tag_exists(cfg.balancer_tag):
+        return None
+    return region.find_existing(cfg.balancer_name, cfg.stack_tag, gpus=False)
+
+
 def adopted_tag(
     resource_name: str, tag: str, parent: pulumi.Resource | None = None
 ) -> digitalocean.Tag:

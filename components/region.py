@@ -8,6 +8,10 @@ on every `pulumi up` would move (delete and re-create) a live GPU Droplet the da
 sells out, and a size offered nowhere would block every update. So the program first asks
 DigitalOcean whether this stack's Droplet exists (its name and stack tag, among GPU Droplets),
 and if it does with the configured size, keeps its region and takes its price.
+
+A set whose GPU Droplets are all gone (autodown, scale to zero) is still pinned when its Caddy
+front lives (site.py: the front Droplet, the Reserved IP assigned to it and the cache Volumes
+share its region, and region forces a new one of each): it comes back there or not at all.
 """
 
 from __future__ import annotations
@@ -50,6 +54,17 @@ def will_replace(existing: Existing, cfg: StackConfig) -> bool:
 
 
 @dataclass(frozen=True)
+class Pin:
+    """What holds a live set's region while no GPU replica is kept: the front and its address
+    (and the cache Volumes beside them). Placing the set elsewhere would replace them all."""
+
+    region: str
+    # What pins it, for the placement reason and the refusal: "front Droplet 123
+    # (nemotron-dev-lb), its Reserved IP, Volume nemotron-dev-cache".
+    holders: str
+
+
+@dataclass(frozen=True)
 class Placement:
     region: str
     price_hourly: float
@@ -71,11 +86,13 @@ def lookup(size: str) -> Offer | None:
     return None
 
 
-def find_existing(name: str, stack_tag: str) -> Existing | None:
+def find_existing(name: str, stack_tag: str, *, gpus: bool = True) -> Existing | None:
     """This stack's Droplet, if it exists: named `name` and tagged `stack_tag`. GPU Droplets are
-    hidden from a plain list, hence `gpus=True` (docs/facts.md: DO OpenAPI droplets_list)."""
+    hidden from a plain list, hence `gpus=True` (docs/facts.md: DO OpenAPI droplets_list); a CPU
+    Droplet (the Caddy front) is in the plain list only, hence `gpus=False` for it."""
+    kind = "GPU Droplets" if gpus else "Droplets"
     result = digitalocean.get_droplets(
-        gpus=True,
+        gpus=gpus,
         filters=[
             {"key": "name", "values": [name]},
             {"key": "tags", "values": [stack_tag]},
@@ -84,7 +101,7 @@ def find_existing(name: str, stack_tag: str) -> Existing | None:
     found = [d for d in result.droplets if d.name == name and stack_tag in (d.tags or [])]
     if len(found) > 1:
         pulumi.log.warn(
-            f"{len(found)} GPU Droplets are named {name} and tagged {stack_tag}: "
+            f"{len(found)} {kind} are named {name} and tagged {stack_tag}: "
             f"{', '.join(f'{d.id} in {d.region}' for d in found)}; keeping the oldest one's "
             "region. Delete the strays in the control panel: each one is billed."
         )
@@ -107,11 +124,12 @@ def choose(
     offer: Offer | None,
     existing: Existing | None = None,
     cache_region: str | None = None,
+    pin: Pin | None = None,
 ) -> Placement:
-    """Keep an existing Droplet of this size where it is; else the first preferred region
-    offering the size now (the existing Droplet's region first, if it offers the new size; then
-    the cache Volume's, where a new Droplet starts warm), else an error saying where the size
-    is."""
+    """Keep an existing Droplet of this size where it is; else, with a live front (`pin`), its
+    region or a refusal; else the first preferred region offering the size now (the existing
+    Droplet's region first, if it offers the new size; then the cache Volume's, where a new
+    Droplet starts warm), else an error saying where the size is."""
     if existing is not None and existing.size == size:
         if offer is not None and existing.region not in offer.regions:
             pulumi.log.info(
@@ -132,6 +150,8 @@ def choose(
                 "Droplets must be enabled on the account (control panel), or the size was retired"
             ]
         )
+    if pin is not None:
+        return pinned(size, offer, pin)
     if not offer.available or not offer.regions:
         raise ConfigError(
             [
@@ -155,5 +175,25 @@ def choose(
         [
             f"droplet.regions: {size} is not offered in {', '.join(preferred)}; it is offered in: "
             f"{', '.join(sorted(offer.regions))}. Add one of these to droplet.regions"
+        ]
+    )
+
+
+def pinned(size: str, offer: Offer, pin: Pin) -> Placement:
+    """The pinned region when it offers `size` today, whatever droplet.regions prefers; else a
+    refusal before anything is created, one line (it is what the failed `pulumi up`, and so a
+    woken front's held requests, show)."""
+    offered = sorted(offer.regions) if offer.available else []
+    if pin.region in offered:
+        return Placement(
+            region=pin.region,
+            price_hourly=offer.price_hourly,
+            reason=f"kept: {pin.holders} stay in {pin.region}, which offers {size} now",
+        )
+    raise ConfigError(
+        [
+            f"droplet.size: {size} is not offered in {pin.region} today, where this stack's "
+            f"{pin.holders} stay (offered in: {', '.join(offered) or 'none right now'}); wait "
+            "and wake or up again, or `pulumi destroy` and up elsewhere (a new address)"
         ]
     )
