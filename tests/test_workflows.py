@@ -68,16 +68,24 @@ def test_actionlint_catches_a_broken_workflow(
     assert complaint in proc.stdout
 
 
+# The jobs whose GITHUB_TOKEN may do more than read the code, and exactly what more: preview
+# comments on its pull request; deploy.yml's `tested` lists the workflow's runs for the commit
+# and their jobs (scripts/ci/tested.py), which is `actions: read`, nothing that writes.
+EXTRA_PERMISSIONS = {
+    ("preview.yml", "preview"): {"contents": "read", "pull-requests": "write"},
+    ("deploy.yml", "tested"): {"contents": "read", "actions": "read"},
+}
+
+
 def test_least_privilege_permissions() -> None:
     for name in (w.name for w in WORKFLOWS):
         wf = load(name)
         assert wf["permissions"] == {"contents": "read"}, name
         for job_name, job in wf["jobs"].items():
             extra = job.get("permissions", {})
-            allowed = (
-                {"contents": "read", "pull-requests": "write"} if job_name == "preview" else {}
-            )
-            assert extra in ({}, allowed), (name, job_name, extra)
+            assert extra in ({}, EXTRA_PERMISSIONS.get((name, job_name))), (name, job_name, extra)
+    for (name, job_name), wanted in EXTRA_PERMISSIONS.items():
+        assert load(name)["jobs"][job_name]["permissions"] == wanted, (name, job_name)
 
 
 def test_preview_runs_for_each_stack_with_the_policy_pack_and_comments() -> None:
@@ -93,7 +101,9 @@ def test_preview_runs_for_each_stack_with_the_policy_pack_and_comments() -> None
     assert pulumi["with"]["comment-on-pr"] is True
     assert pulumi["with"]["policyPacks"] == "policy"
     test_steps = wf["jobs"]["test"]["steps"]
-    assert any(s.get("run") == "./check" for s in test_steps)
+    assert any(s.get("run") == "scripts/ci/check-on-runner.sh" for s in test_steps)
+    assert "if" not in wf["jobs"]["test"]  # a pull request's merge commit is always tested
+    assert pulumi["with"]["refresh"] is True
 
 
 def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment() -> None:
@@ -106,7 +116,8 @@ def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment(
     # dispatch (422): tests/test_wake.py's fake GitHub reads them from this file and refuses so.
     assert inputs["refresh"]["type"] == "boolean" and inputs["refresh"]["default"] is False
     [pulumi] = [s for s in wf["jobs"]["deploy"]["steps"] if "pulumi/actions@" in str(s.get("uses"))]
-    assert pulumi["with"]["refresh"] == "${{ inputs.refresh || false }}"
+    # Every run refreshes (a push after autodown too), whatever `refresh` the dispatch sent.
+    assert pulumi["with"]["refresh"] is True
     assert wf[True]["push"] == {"branches": ["main"]}
     job = wf["jobs"]["deploy"]
     assert job["environment"] == "${{ inputs.stack || 'dev' }}"
@@ -128,3 +139,21 @@ def test_both_workflows_create_a_stack_the_state_backend_does_not_have_yet() -> 
         steps = load(name)["jobs"][job]["steps"]
         [pulumi] = [s for s in steps if str(s.get("uses", "")).startswith("pulumi/actions@")]
         assert pulumi["with"]["upsert"] is True, name
+
+
+def test_deploy_runs_the_suite_only_for_a_commit_that_has_not_passed_it() -> None:
+    """The job graph tests/test_runner.py runs as GitHub would: `tested` asks, `test` runs when
+    it says so, `deploy` after a pass now or before and never after a failure."""
+    wf = load("deploy.yml")
+    assert wf["run-name"] == "deploy ${{ inputs.stack || 'dev' }} ${{ inputs.command || 'up' }}"
+    assert wf["concurrency"]["group"] == "deploy-${{ inputs.stack || 'dev' }}"
+    jobs = wf["jobs"]
+    assert list(jobs) == ["tested", "test", "deploy"]
+    assert "needs" not in jobs["tested"]
+    [ask] = [s for s in jobs["tested"]["steps"] if "run" in s]
+    assert "scripts/ci/tested.py --workflow deploy.yml --job test" in ask["run"]
+    assert jobs["tested"]["outputs"]["run-tests"] == "${{ steps.ask.outputs.run-tests }}"
+    assert jobs["test"]["needs"] == "tested"
+    assert jobs["test"]["if"] == "needs.tested.outputs.run-tests == 'true'"
+    assert jobs["deploy"]["needs"] == ["tested", "test"]
+    assert jobs["deploy"]["if"].startswith("${{ !failure() && !cancelled() && ")

@@ -1,0 +1,151 @@
+"""Did this commit already pass its tests? deploy.yml's first job asks GitHub, so that a wake (the
+front's workflow_dispatch) or any second run of a commit does not wait minutes for a suite that
+already passed on that same commit.
+
+What counts: a run of the same workflow file (deploy.yml) for the same commit (`head_sha` ==
+GITHUB_SHA) whose job named `test` completed with conclusion `success`, in any of its attempts.
+The same file at the same commit defines that job, so it ran the same suite on the same code.
+A skipped test job concludes `skipped`, so only a real pass counts, never a skip resting on an
+earlier skip. Two REST calls with the job's GITHUB_TOKEN (`actions: read`), per
+github/rest-api-description (operations actions/list-workflow-runs, actions/list-jobs-for-
+workflow-run):
+
+  GET {api}/repos/{repo}/actions/workflows/{workflow}/runs?head_sha={sha}&exclude_pull_requests=true
+      -> {"workflow_runs": [{"id", "head_sha", "status", "conclusion", ...}]}, newest first
+  GET {api}/repos/{repo}/actions/runs/{run_id}/jobs?filter=all
+      -> {"jobs": [{"name", "status", "conclusion", "run_attempt", ...}]}
+
+Anything it cannot read (an HTTP error, a time-out, a missing permission, a body it does not
+understand) counts as "not passed": the suite runs, and a warning says why. `destroy` runs no
+program code (Pulumi deletes what the state lists), and a broken commit must never block the
+command that stops the bill, so it needs no tests.
+
+Writes `run-tests=true|false` to $GITHUB_OUTPUT and one line to $GITHUB_STEP_SUMMARY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+TIMEOUT_S = 10  # one request
+DEADLINE_S = 30  # all of them: past it, the suite runs
+MAX_RUNS = 20  # runs of this commit looked at, newest first
+
+
+class UnknownError(Exception):
+    """GitHub's answer could not be read: treat the commit as not tested."""
+
+
+def get(url: str, token: str, deadline: float) -> Any:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise UnknownError(f"no answer within {DEADLINE_S} s")
+    req = urllib.request.Request(  # noqa: S310 (the API URL is the runner's GITHUB_API_URL)
+        url,
+        headers={
+            "Accept": "application/vnd.github+json",
+            "Authorization": f"Bearer {token}",
+            "X-GitHub-Api-Version": "2022-11-28",
+            "User-Agent": "nemotron-droplet-tested",
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=min(TIMEOUT_S, left)) as resp:  # noqa: S310
+            return json.load(resp)
+    except urllib.error.HTTPError as e:
+        hint = (
+            " (does the job have `permissions: actions: read`?)"
+            if e.code in (401, 403, 404)
+            else ""
+        )
+        raise UnknownError(f"GET {url}: HTTP {e.code}{hint}") from e
+    except (OSError, ValueError) as e:
+        raise UnknownError(f"GET {url}: {e}") from e
+
+
+def passed_run(api: str, repo: str, workflow: str, job: str, sha: str, token: str) -> str | None:
+    """The html_url of a run of `workflow` for `sha` whose job `job` succeeded, or None."""
+    deadline = time.monotonic() + DEADLINE_S
+    query = urllib.parse.urlencode(
+        {"head_sha": sha, "exclude_pull_requests": "true", "per_page": MAX_RUNS}
+    )
+    runs_url = f"{api}/repos/{repo}/actions/workflows/{urllib.parse.quote(workflow)}/runs?{query}"
+    body = get(runs_url, token, deadline)
+    runs = body.get("workflow_runs") if isinstance(body, dict) else None
+    if not isinstance(runs, list):
+        raise UnknownError(f"GET {runs_url}: no workflow_runs in the answer")
+    for run in runs[:MAX_RUNS]:
+        if not isinstance(run, dict) or run.get("head_sha") != sha:
+            continue  # the filter is GitHub's; the check is ours
+        run_id = run.get("id")
+        if not isinstance(run_id, int):
+            raise UnknownError(f"GET {runs_url}: a run without an id")
+        jobs_url = f"{api}/repos/{repo}/actions/runs/{run_id}/jobs?filter=all&per_page=100"
+        body = get(jobs_url, token, deadline)
+        jobs = body.get("jobs") if isinstance(body, dict) else None
+        if not isinstance(jobs, list):
+            raise UnknownError(f"GET {jobs_url}: no jobs in the answer")
+        for j in jobs:
+            if (
+                isinstance(j, dict)
+                and j.get("name") == job
+                and j.get("status") == "completed"
+                and j.get("conclusion") == "success"
+            ):
+                return str(run.get("html_url") or f"run {run_id}")
+    return None
+
+
+def decide(args: argparse.Namespace, env: dict[str, str]) -> tuple[bool, str]:
+    """(run the tests?, why), never raising for what GitHub answers."""
+    if args.command == "destroy":
+        return False, "destroy runs no program code and stops the bill: no tests before it"
+    sha = env.get("GITHUB_SHA", "")
+    try:
+        missing = [
+            k for k in ("GITHUB_API_URL", "GITHUB_REPOSITORY", "GITHUB_SHA", "GITHUB_TOKEN")
+            if not env.get(k)
+        ]  # fmt: skip
+        if missing:
+            raise UnknownError(f"{', '.join(missing)} not set")
+        where = passed_run(
+            env["GITHUB_API_URL"].rstrip("/"), env["GITHUB_REPOSITORY"], args.workflow, args.job,
+            sha, env["GITHUB_TOKEN"],
+        )  # fmt: skip
+    except UnknownError as e:
+        print(f"::warning::could not tell whether {sha[:12]} passed its tests ({e}): running them")
+        return True, f"could not tell ({e}): the tests run"
+    if where:
+        return False, f"{sha[:12]} passed job `{args.job}` of {args.workflow} already: {where}"
+    return True, f"no passed `{args.job}` job of {args.workflow} for {sha[:12]} yet: the tests run"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--workflow", required=True, help="the workflow file, e.g. deploy.yml")
+    parser.add_argument("--job", required=True, help="the test job's name, e.g. test")
+    parser.add_argument("--command", default="up", help="the deploy's command (up, destroy)")
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    run_tests, why = decide(args, env)
+    print(f"[tested] {why}")
+    for name, line in (
+        ("GITHUB_OUTPUT", f"run-tests={'true' if run_tests else 'false'}\n"),
+        ("GITHUB_STEP_SUMMARY", f"Tests: {why}\n"),
+    ):
+        if env.get(name):
+            with open(env[name], "a", encoding="utf-8") as f:
+                f.write(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
