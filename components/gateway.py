@@ -115,8 +115,10 @@ class Listen:
     admin_socket: str | None = catalog.CADDY_ADMIN_SOCKET
     # The files replicas join the balancer's pool by.
     upstreams: str = f"{catalog.BALANCER_UPSTREAMS_DIR}/*.caddy"
-    # The front's waker (wake.enabled), on loopback.
+    # The front's waker (wake.enabled), on loopback, and the file it keeps while no replica is
+    # ready.
     waker: str = wake.ADDRESS
+    wake_hold_file: str = wake.HOLD_FILE
 
 
 DROPLET = Listen()
@@ -172,14 +174,13 @@ def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
     block = health = balancer.reverse_proxy(listen.upstreams)
     routes = ""
     if cfg.wake.enabled:
-        # The front that wakes the set: each keyed request asks the waker first, and may wake
-        # it; /health asks too (asleep, the waker answers it), at a path that never wakes.
-        block, health = (
-            wake.held(block, listen.waker),
-            wake.held(block, listen.waker, wake.PROBE_URI),
-        )
+        # The front that wakes the set: while no replica is ready, keyed requests and /health
+        # go to the waker (it holds the first and answers the second, which never wakes).
+        block = health = wake.held(block, listen.waker, listen.wake_hold_file)
         routes = wake.control_routes(listen.waker)
-    return _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni) + gate(
+    options = _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni,
+                              held=cfg.wake.enabled)  # fmt: skip
+    return options + gate(
         cfg,
         site=host if https else f"http://:{listen.http_port}",
         head=head,
@@ -215,10 +216,24 @@ def _local_proxy(upstream: str) -> str:
 
 
 def _global_options(
-    cfg: StackConfig, listen: Listen, admin_socket: str | None, http_port: int, sni: str | None
+    cfg: StackConfig,
+    listen: Listen,
+    admin_socket: str | None,
+    http_port: int,
+    sni: str | None,
+    held: bool = False,
 ) -> str:
     """The global options every site shares: no trust store, the ports, the ACME account, the
-    header and idle timeouts, and the admin API (a root-only socket, or off)."""
+    header and idle timeouts, and the admin API (a root-only socket, or off). `held`: the front
+    that holds requests while the set wakes, whose timeouts say so."""
+    timeouts = "read_header 30s\n\t\t\tidle 5m"
+    if held:
+        # A held request is silent both ways for up to wake.holdSeconds: no hard deadline on
+        # reading its body or writing its answer, said here rather than left to a default
+        # (Caddy after 2.11.7 adds 1-minute read_body_idle and write_idle defaults, which
+        # 2.11.7 does not parse: caddyserver/caddy 0cf03d32f). tests/test_wake.py holds a
+        # silent request for longer than a minute through the pinned Caddy.
+        timeouts = "read_header 30s\n\t\t\tread_body 0s\n\t\t\twrite 0s\n\t\t\tidle 5m"
     options = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
     if listen.acme_ca:
         options += f"\n\tacme_ca {listen.acme_ca}"
@@ -242,8 +257,7 @@ def _global_options(
 	https_port {listen.https_port}{options}
 	servers {{
 		timeouts {{
-			read_header 30s
-			idle 5m
+			{timeouts}
 		}}
 	}}
 }}

@@ -419,6 +419,8 @@ def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_WAKE_UNIT": wake.UNIT,
         "NEMO_WAKE_UNIT_TEXT": wake.unit_text() if on else "",
         "NEMO_WAKE_ADDRESS": wake.ADDRESS,
+        "NEMO_WAKE_PYTHON": wake.PYTHON,
+        "NEMO_WAKE_PACKAGE": wake.APT_PACKAGE,
     }
 
 

@@ -19,13 +19,34 @@ ENV_FILE = "/etc/nemotron/wake.env"
 # so the service's own user never needs read access to /etc/nemotron.
 TOKEN_FILE = "/etc/nemotron/wake.token"  # noqa: S105 (a path, not a secret)
 UNIT = "nemotron-wake.service"
-# The header the waker answers Caddy's forward_auth with: `hold` (to the waker) or `awake`.
-ROUTE_HEADER = "Nemotron-Route"
+# Ubuntu's Python with Ubuntu's aiohttp (python3-aiohttp, which the wake phase installs): the
+# waker's HTTP server and client, updated with the image's security updates.
+PYTHON = "/usr/bin/python3"
+APT_PACKAGE = "python3-aiohttp"
+# While no replica is ready the waker keeps this file, and the gateway sends keyed requests to
+# the waker (Caddy's `file` matcher, checked per request); awake, it is gone and Caddy proxies to
+# the replicas itself. In the unit's RuntimeDirectory: systemd removes it when the waker stops.
+HOLD_DIR = "/run/nemotron-wake"
+HOLD_FILE = f"{HOLD_DIR}/hold"
 # Keyed control of the waker through the gate (scripts/wake.py): its state, or wake now.
 CONTROL_PATH = "/nemotron/wake"
 # A wake's expected length when nothing better is known: the cold path's estimate (README,
 # "Where the minutes go": Droplet, driver and reboot, downloads, load and compile).
 EXPECTED_SECONDS = 900
+# How the waker looks and holds (scripts/phases/wake.py reads them from its env file): a look at
+# every replica's /health every HEALTH_SECONDS; a progress comment on a held stream every
+# COMMENT_SECONDS; no replica at all for ASLEEP_LOOKS looks in a row over ASLEEP_SECONDS before
+# the set counts as asleep (a replica draining for a `pulumi up` answers, so it never does); the
+# deploy run looked at every RUN_POLL_SECONDS (90 calls in a 15-minute wake, within GitHub's
+# 5,000 an hour for a token); at most MAX_HELD requests and MAX_HELD_BYTES of their bodies held
+# (a 1 GB front: the bodies are held whole until a replica is ready).
+HEALTH_SECONDS = 2
+COMMENT_SECONDS = 10
+ASLEEP_SECONDS = 10
+ASLEEP_LOOKS = 3
+RUN_POLL_SECONDS = 10
+MAX_HELD = 2000
+MAX_HELD_BYTES = 200_000_000
 
 
 def mode(cfg: StackConfig) -> str:
@@ -38,6 +59,7 @@ def env_text(cfg: StackConfig) -> str:
     lines = {
         "WAKE_LISTEN": ADDRESS,
         "WAKE_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
+        "WAKE_HOLD_FILE": HOLD_FILE,
         "WAKE_TRIGGER": w.trigger,
         "WAKE_STACK": cfg.stack,
         "WAKE_GITHUB_REPO": w.github_repo or "",
@@ -51,6 +73,13 @@ def env_text(cfg: StackConfig) -> str:
         "WAKE_MAX_PER_DAY": str(w.max_per_day),
         "WAKE_DEADLINE_MINUTES": str(w.deadline_minutes),
         "WAKE_STATE_FILE": "/var/lib/nemotron-wake/state.json",
+        "WAKE_HEALTH_SECONDS": str(HEALTH_SECONDS),
+        "WAKE_COMMENT_SECONDS": str(COMMENT_SECONDS),
+        "WAKE_ASLEEP_SECONDS": str(ASLEEP_SECONDS),
+        "WAKE_ASLEEP_LOOKS": str(ASLEEP_LOOKS),
+        "WAKE_RUN_POLL_SECONDS": str(RUN_POLL_SECONDS),
+        "WAKE_MAX_HELD": str(MAX_HELD),
+        "WAKE_MAX_HELD_BYTES": str(MAX_HELD_BYTES),
     }
     return "\n".join(f"{k}={v}" for k, v in lines.items())
 
@@ -67,12 +96,17 @@ Wants=network-online.target
 [Service]
 DynamicUser=yes
 StateDirectory=nemotron-wake
+# The hold file's folder: Caddy (user caddy) reads whether it exists.
+RuntimeDirectory=nemotron-wake
+RuntimeDirectoryMode=0755
 EnvironmentFile={ENV_FILE}
 LoadCredential=token:{TOKEN_FILE}
 Environment=WAKE_TOKEN_FILE=%d/token
-ExecStart=/usr/bin/python3 {SCRIPT_PATH}
+ExecStart={PYTHON} {SCRIPT_PATH}
 Restart=always
 RestartSec=1
+# Held requests: one socket each from Caddy and one to a replica when it is ready.
+LimitNOFILE=65536
 NoNewPrivileges=yes
 ProtectSystem=strict
 ProtectHome=yes
@@ -84,28 +118,25 @@ IPAddressDeny=169.254.169.254
 WantedBy=multi-user.target"""
 
 
-# The waker's two questions: may this keyed request go on (it may start a wake), and may this
-# unkeyed health probe (it never starts one). The path decides, not the request forwarded.
-ROUTE_URI, PROBE_URI = "/route", "/probe"
-
-
-def held(replicas: str, waker: str = ADDRESS, uri: str = ROUTE_URI) -> str:
-    """A request's route on the front: ask the waker first (Caddy's forward_auth, after the
-    gate) at `uri`: ROUTE_URI for a keyed request, PROBE_URI for the unkeyed /health; `hold`
-    goes to the waker, which holds it while the set wakes (and answers /health itself);
-    anything else to the replicas as always. A refusal from the waker (503, Retry-After, an
-    OpenAI-style error) is the client's answer: forward_auth copies a non-2xx answer back
-    (caddyserver/caddy modules/caddyhttp/reverseproxy/forwardauth/caddyfile.go), and removes
-    the header the client may have sent before it copies the waker's."""
-    return f"""forward_auth {waker} {{
-	uri {uri}
-	copy_headers {ROUTE_HEADER}
+def held(replicas: str, waker: str = ADDRESS, hold_file: str = HOLD_FILE) -> str:
+    """A request's route on the front, after the gate: while the waker's hold file exists (no
+    replica is ready), to the waker, which holds it while the set wakes (or a replica finishes
+    starting or draining) and answers /health itself; otherwise to the replicas, with no Python
+    in the path. Caddy's `file` matcher stats the file for each request
+    (caddyserver/caddy modules/caddyhttp/fileserver/matcher.go)."""
+    folder, name = hold_file.rsplit("/", 1)
+    return f"""@held file {{
+	root {folder}
+	try_files /{name}
 }}
-@held header {ROUTE_HEADER} hold
 handle @held {{
 	reverse_proxy {waker} {{
 		# The waker's progress comments and the replica's stream go out as they come.
 		flush_interval -1
+		# A waker restarting (systemd, 1 s) refuses the connection: the request, not sent
+		# yet, is tried again.
+		lb_try_duration 5s
+		lb_try_interval 250ms
 	}}
 }}
 handle {{

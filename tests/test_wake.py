@@ -1,14 +1,18 @@
-"""scripts/phases/wake.py, the front's waker, for real on loopback: a fake GitHub API that checks
-the token and the inputs, a fake pipeline that brings a replica (tests/support/fake_openai.py)
-up behind the upstream files Caddy reads, and clients that ask as Caddy's forward_auth does
-(GET /route) and then send the held request."""
+"""scripts/phases/wake.py, the front's waker, for real on loopback: a fake GitHub as strict as
+GitHub's REST API (tests/support/stack/github_api.py), fake replicas (tests/support/fake_openai.py)
+behind the upstream files Caddy reads, and clients that send what Caddy sends it while its hold
+file exists; then behind the real Caddy with the balancer's Caddyfile as the gateway phase renders
+it, asleep and awake, with the shipped settings, a burst, a silent hold past a minute and the
+official OpenAI client at its default retries."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +26,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import loopback
 import openai
 import pytest
@@ -40,31 +45,39 @@ FAKE = ROOT / "tests" / "support" / "fake_openai.py"
 TOKEN = "github_pat_WAKEtestTOKEN000000000000000000000000"
 API_KEY = KEY  # the gateway's test key (test_gateway.spawn_caddy gives Caddy this one)
 CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+KEYED = {"Authorization": f"Bearer {API_KEY}"}
+DISPATCH = {"ref": "main", "inputs": {"stack": "dev", "command": "up", "refresh": "true"}}
 
 
 @dataclass
 class FakeGitHub(GitHub):
-    """The shared fake GitHub (tests/support/stack/github_api.py: the token, the workflow's path
-    and its declared inputs checked, answered 401, 404 or 422 otherwise), for the repository and
-    workflow the waker is set up with here; `refuse` answers a dispatch it recorded with that
-    status instead, and `on_dispatch` is the pipeline an accepted one starts."""
+    """The shared strict fake GitHub for the repository and workflow the waker is set up with
+    here; `refuse` answers an accepted dispatch with that status instead, `on_dispatch` is the
+    pipeline an accepted one starts, `old` answers as a GitHub Enterprise that predates
+    `return_run_details` (204, no run id)."""
 
     repo: str = "me/llm"
     workflow: str = "deploy.yml"
     token: str = TOKEN
     refuse: int | None = None
+    old: bool = False
     on_dispatch: Callable[[], None] | None = None
 
     def answer(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, Any]:
+        if self.old and method == "POST" and body:
+            request = json.loads(body)
+            if "return_run_details" in request:
+                return 422, {"message": "Invalid request.\n\n\"return_run_details\" is not a "
+                                        "permitted key."}  # fmt: skip
         status, reply = super().answer(method, path, auth, body)
-        if status == 204 and self.refuse:
+        if status in (200, 204) and method == "POST" and self.refuse:
             return self.refuse, {"message": "refused"}
-        if status == 204 and self.on_dispatch:
+        if status in (200, 204) and method == "POST" and self.on_dispatch:
             threading.Thread(target=self.on_dispatch, daemon=True).start()
         return status, reply
 
     def wait_dispatches(self, count: int, seconds: float = 10) -> None:
-        """The waker dispatches from a thread of its own: a test that has seen the wake begin
+        """The waker dispatches from a task of its own: a test that has seen the wake begin
         waits for its POST to arrive before counting it (then it must be exactly `count`)."""
         end = time.monotonic() + seconds
         while len(self.dispatches) < count and time.monotonic() < end:
@@ -74,22 +87,27 @@ class FakeGitHub(GitHub):
 
 @dataclass
 class Front:
-    """The waker on loopback, its upstream folder and the fakes around it."""
+    """The waker on loopback, its upstream folder, its hold file and the fakes around it."""
 
     url: str
     upstreams: Path
+    hold_file: Path
     github: FakeGitHub
     proc: subprocess.Popen[str]
     replicas: list[subprocess.Popen[str]] = field(default_factory=list)
 
-    def start_replica(self, name: str = "r0") -> None:
+    def start_replica(self, name: str = "r0", *args: str) -> None:
         """What the deploy does in the end: a replica answers and joins the balancer."""
         proc = subprocess.Popen([sys.executable, str(FAKE), "--api-key", API_KEY, "--tokens",
-                                 "4", "--itl", "0.01"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+                                 "4", "--itl", "0.01", *args], stdout=subprocess.PIPE,
+                                text=True)  # fmt: skip
         assert proc.stdout is not None
         line = proc.stdout.readline()
         port = line.split()[-1].rsplit(":", 1)[1]
         self.replicas.append(proc)
+        self.join(name, int(port))
+
+    def join(self, name: str, port: int) -> None:
         (self.upstreams / f"{name}.caddy").write_text(f"to 127.0.0.1:{port}\n")
 
     def stop_replicas(self) -> None:
@@ -98,17 +116,11 @@ class Front:
             proc.wait()
         self.replicas.clear()
 
-    def route(
-        self, at: str = wake.ROUTE_URI, uri: str = "/v1/chat/completions"
-    ) -> requests.Response:
-        """forward_auth's question, at the path the gateway asks it (wake.ROUTE_URI for a keyed
-        request, wake.PROBE_URI for /health), with the request's path as Caddy forwards it."""
-        return requests.get(f"{self.url}{at}", headers={"X-Forwarded-Uri": uri}, timeout=10)
-
-    def send(self, body: dict[str, Any], stream: bool = False) -> requests.Response:
-        """The held request, as Caddy sends it on after a `hold` route."""
-        return requests.post(f"{self.url}/v1/chat/completions", json=body, stream=stream,
-                             headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)  # fmt: skip
+    def send(self, body: dict[str, Any], stream: bool = False, path: str = "/v1/chat/completions",
+             timeout: float = 60) -> requests.Response:  # fmt: skip
+        """A keyed request, as Caddy sends it on while the hold file exists."""
+        return requests.post(f"{self.url}{path}", json=body, stream=stream, headers=KEYED,
+                             timeout=timeout)  # fmt: skip
 
     def state(self) -> dict[str, Any]:
         data: dict[str, Any] = requests.get(f"{self.url}{wake.CONTROL_PATH}", timeout=5).json()
@@ -119,6 +131,13 @@ class Front:
         while self.state()["mode"] != mode:
             assert time.monotonic() < end, f"not {mode}: {self.state()}"
             time.sleep(0.05)
+
+    def wake_in_background(self, body: dict[str, Any] | None = None) -> list[requests.Response]:
+        """A held request on its own thread (its answer lands in the list)."""
+        answers: list[requests.Response] = []
+        threading.Thread(target=lambda: answers.append(self.send(body or CHAT)),
+                         daemon=True).start()  # fmt: skip
+        return answers
 
 
 def later(seconds: float, then: Callable[[], None]) -> Callable[[], None]:
@@ -131,34 +150,45 @@ def later(seconds: float, then: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
+# Fast looks for the tests; test_the_shipped_settings_hold_silently_past_a_minute_through_caddy
+# runs the values the program renders.
+FAST = {"WAKE_HOLD_SECONDS": "30", "WAKE_EXPECTED_SECONDS": "5", "WAKE_HEALTH_SECONDS": "0.2",
+        "WAKE_COMMENT_SECONDS": "0.3", "WAKE_ASLEEP_SECONDS": "0.6", "WAKE_ASLEEP_LOOKS": "2",
+        "WAKE_RUN_POLL_SECONDS": "0.2"}  # fmt: skip
+
+
 @pytest.fixture
 def front_factory(tmp_path: Path) -> Iterator[Callable[..., Front]]:
     fronts: list[Front] = []
     servers = []
 
-    def make(github: FakeGitHub | None = None, **settings: str) -> Front:
+    def make(github: FakeGitHub | None = None, fast: bool = True, **settings: str) -> Front:
         github = github or FakeGitHub()
         server = github_api.serve(github, socket.create_server(("127.0.0.1", 0)), None)
         servers.append(server)
         upstreams = tmp_path / f"upstreams{len(fronts)}"
-        upstreams.mkdir()
+        upstreams.mkdir(exist_ok=True)
+        hold = tmp_path / f"run{len(fronts)}" / "hold"
         token = tmp_path / "token"
         token.write_text(TOKEN + "\n")
         env = {
             "PATH": os.environ["PATH"], "WAKE_LISTEN": "127.0.0.1:0",
-            "WAKE_UPSTREAMS_DIR": str(upstreams), "WAKE_TRIGGER": "github", "WAKE_STACK": "dev",
+            "WAKE_UPSTREAMS_DIR": str(upstreams), "WAKE_HOLD_FILE": str(hold),
+            "WAKE_TRIGGER": "github", "WAKE_STACK": "dev",
             "WAKE_TOKEN_FILE": str(token), "WAKE_GITHUB_API": loopback.url(server),
             "WAKE_GITHUB_REPO": "me/llm", "WAKE_GITHUB_WORKFLOW": "deploy.yml",
-            "WAKE_HOLD_SECONDS": "30", "WAKE_EXPECTED_SECONDS": "5",
-            "WAKE_HEALTH_SECONDS": "0.2", "WAKE_COMMENT_SECONDS": "0.3",
-            "WAKE_STATE_FILE": str(tmp_path / f"state{len(fronts)}.json"), **settings,
+            "WAKE_STATE_FILE": str(tmp_path / f"state{len(fronts)}.json"),
+            **(FAST if fast else {}), **settings,
         }  # fmt: skip
         proc = subprocess.Popen([sys.executable, str(WAKE)], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
         assert proc.stdout is not None
+        # Its first look comes before it listens (the hold file matches the replicas first).
         first = json.loads(proc.stdout.readline())
+        while first["event"] == "mode":
+            first = json.loads(proc.stdout.readline())
         assert first["event"] == "listening", first
-        front = Front(f"http://{first['address']}", upstreams, github, proc)
+        front = Front(f"http://{first['address']}", upstreams, hold, github, proc)
         fronts.append(front)
         return front
 
@@ -173,97 +203,144 @@ def front_factory(tmp_path: Path) -> Iterator[Callable[..., Front]]:
         loopback.stop(server)
 
 
+# ---- the waker on its own ----------------------------------------------------------------------
+
+
 def test_a_keyed_request_wakes_the_set_once_and_is_held_until_a_replica_answers(
     front_factory: Callable[..., Front],
 ) -> None:
     github = FakeGitHub()
     front = front_factory(github)
     github.on_dispatch = later(1.0, front.start_replica)
-    assert front.state()["mode"] == "asleep"
-    assert front.route().headers["Nemotron-Route"] == "hold"
+    assert front.state()["mode"] == "asleep", "no upstream file: no replica exists"
+    assert front.hold_file.exists(), "asleep, Caddy sends keyed requests to the waker"
     answers: list[requests.Response] = []
     held = [threading.Thread(target=lambda: answers.append(front.send(CHAT))) for _ in range(3)]
     for thread in held:
         thread.start()
-    # A second keyed request during the wake starts no second one.
-    assert front.route().headers["Nemotron-Route"] == "hold"
     for thread in held:
         thread.join(timeout=30)
     assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
     assert answers[0].json()["choices"][0]["message"]["content"]
-    assert github.dispatches == [
-        {"ref": "main", "inputs": {"stack": "dev", "command": "up", "refresh": "true"}}
-    ]
+    assert github.dispatches == [DISPATCH], "three held requests, one wake"
     front.wait_mode("awake")
-    assert front.route().headers["Nemotron-Route"] == "awake"
+    assert not front.hold_file.exists(), "awake, Caddy proxies to the replicas itself"
     last = front.state()["last_wake"]
     assert list(last) == [
-        "request_in", "pipeline_started", "replica_joined", "ready", "first_token"
+        "request_in", "pipeline_started", "run_id", "replica_joined", "ready", "first_token"
     ]  # fmt: skip
+    assert last["run_id"] == github.runs[0]["id"], "the run the dispatch answered with"
 
 
-def test_a_streamed_request_sees_it_waking_then_the_stream(
+def test_a_streamed_request_gets_its_200_and_a_first_comment_at_once(
     front_factory: Callable[..., Front],
 ) -> None:
+    """At the shipped comment interval (10 s): the 200 and the first progress comment come at
+    once, not at the first tick; then the replica's stream."""
     github = FakeGitHub()
-    front = front_factory(github)
-    github.on_dispatch = later(1.0, front.start_replica)
-    front.route()
+    front = front_factory(github, WAKE_COMMENT_SECONDS=str(wake.COMMENT_SECONDS))
+    github.on_dispatch = later(2.0, front.start_replica)
+    started = time.monotonic()
     with front.send({**CHAT, "stream": True}, stream=True) as answer:
-        assert answer.status_code == 200
+        assert answer.status_code == 200 and time.monotonic() - started < 1.5
         assert answer.headers["Content-Type"].startswith("text/event-stream")
-        lines = [line for line in answer.iter_lines(decode_unicode=True) if line]
-    comments = [line for line in lines if line.startswith(": waking")]
-    data = [line for line in lines if line.startswith("data: ")]
-    assert comments and "expected" in comments[0], lines
-    assert lines.index(comments[-1]) < lines.index(data[0]), "progress first, then the answer"
+        lines = answer.iter_lines(decode_unicode=True)
+        first = next(line for line in lines if line)
+        assert time.monotonic() - started < 1.5 and first.startswith(": waking"), first
+        rest = [line for line in lines if line]
+    data = [line for line in rest if line.startswith("data: ")]
     assert data[-1] == "data: [DONE]"
     chunks = [json.loads(d.removeprefix("data: ")) for d in data[:-1]]
-    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks and all(c["object"] == "chat.completion.chunk" for c in chunks)
 
 
-def test_a_failing_pipeline_answers_the_held_requests_with_why_and_does_not_retry(
-    front_factory: Callable[..., Front],
+@pytest.mark.parametrize("conclusion", ["failure", "startup_failure", "timed_out"])
+def test_a_run_that_ends_badly_answers_the_held_requests_with_why_and_is_not_retried(
+    front_factory: Callable[..., Front], conclusion: str
 ) -> None:
+    """The run is followed by the id the dispatch answered with; GitHub names it by
+    display_title. A startup_failure (a broken workflow file) ends a wake like any failure."""
     github = FakeGitHub()
     front = front_factory(github, WAKE_COOLDOWN_MINUTES="5")
-
-    def failed_run() -> None:
-        time.sleep(0.5)
-        github.finish_run("failure")
-
-    github.on_dispatch = failed_run
-    front.route()
+    github.on_dispatch = later(0.5, lambda: github.finish_run(conclusion))
     started = time.monotonic()
     answer = front.send(CHAT)
     assert answer.status_code == 503 and time.monotonic() - started < 20
     error = answer.json()["error"]
     assert error["code"] == "wake_failed"
-    assert (
-        "the deploy run ended failure: https://github.com/me/llm/actions/runs/1"
-        in (error["message"])
-    )
+    run = github.runs[0]
+    assert f"the deploy run ended {conclusion}: {run['html_url']}" in error["message"]
+    assert answer.headers["x-should-retry"] == "false", "no client retry can help"
     assert int(answer.headers["Retry-After"]) > 0
     time.sleep(1.5)
     assert len(github.dispatches) == 1, "a failed wake is not retried by itself"
-    again = front.route()
-    assert (
-        again.status_code == 503 and "wake.cooldownMinutes: 5" in again.json()["error"]["message"]
-    )
+    again = front.send(CHAT)
+    assert again.status_code == 503
+    assert "wake.cooldownMinutes: 5" in again.json()["error"]["message"]
     assert len(github.dispatches) == 1
+
+
+def test_a_wake_cancelled_in_the_concurrency_group_fails_naming_the_run_that_replaced_it(
+    front_factory: Callable[..., Front],
+) -> None:
+    """A push deploys (in progress); the wake's run queues behind it (pending); a second push
+    queues and GitHub cancels the pending wake run, even with cancel-in-progress: false. The
+    wake fails saying so, and the push run is not taken for the wake's own."""
+    github = FakeGitHub()
+    github.push()
+    front = front_factory(github)
+    answers = front.wake_in_background()
+    github.wait_dispatches(1)
+    wake_run = github.runs[-1]
+    assert wake_run["status"] == "pending"
+    newer = github.push()
+    assert wake_run["conclusion"] == "cancelled"
+    end = time.monotonic() + 20
+    while not answers:
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    [answer] = answers
+    assert answer.status_code == 503
+    message = answer.json()["error"]["message"]
+    assert f"the deploy run was cancelled by the newer push run {newer['html_url']}" in message
+    assert wake_run["html_url"] in message
+
+
+def test_an_older_github_without_run_details_is_followed_by_the_runs_title(
+    front_factory: Callable[..., Front],
+) -> None:
+    """A GitHub Enterprise that refuses `return_run_details`: the dispatch is sent again
+    without it (204), and the run is found among the workflow_dispatch runs by display_title."""
+    github = FakeGitHub(old=True)
+    front = front_factory(github)
+    github.on_dispatch = later(0.5, lambda: github.finish_run("failure"))
+    answer = front.send(CHAT)
+    assert answer.status_code == 503
+    assert f"ended failure: {github.runs[0]['html_url']}" in answer.json()["error"]["message"]
+    assert github.dispatches == [DISPATCH]
 
 
 def test_a_refused_token_fails_the_wake_with_githubs_reason(
     front_factory: Callable[..., Front],
 ) -> None:
     front = front_factory(FakeGitHub(refuse=403))
-    front.route()
     answer = front.send(CHAT)
     assert answer.status_code == 503
-    assert (
-        "GitHub refused the wake (HTTP 403: the token may not run workflows"
-        in (answer.json()["error"]["message"])
-    )
+    message = answer.json()["error"]["message"]
+    assert "GitHub refused the wake (HTTP 403: the token may not run workflows" in message
+
+
+def test_a_ref_or_stack_github_does_not_know_fails_the_wake_with_its_422(
+    front_factory: Callable[..., Front],
+) -> None:
+    """The strict fake refuses as GitHub does (and validate says so before the first wake)."""
+    front = front_factory(WAKE_GITHUB_REF="release")
+    answer = front.send(CHAT)
+    assert "HTTP 422" in answer.json()["error"]["message"]
+    assert "No ref found for: release" in answer.json()["error"]["message"]
+    other = front_factory(WAKE_STACK="staging")
+    message = other.send(CHAT).json()["error"]["message"]
+    assert "'staging' for input 'stack' not in the list of allowed values" in message
 
 
 def test_the_day_budget_refuses_naming_wake_max_per_day(
@@ -272,132 +349,332 @@ def test_the_day_budget_refuses_naming_wake_max_per_day(
     github = FakeGitHub()
     front = front_factory(github, WAKE_MAX_PER_DAY="1")
     github.on_dispatch = front.start_replica
-    front.route()
     assert front.send(CHAT).status_code == 200
+    front.wait_mode("awake")
     front.stop_replicas()  # autodown deleted the set
     front.wait_mode("asleep")
-    refused = front.route()
+    refused = front.send(CHAT)
     assert refused.status_code == 503 and int(refused.headers["Retry-After"]) > 80000
+    assert refused.headers["x-should-retry"] == "false"
     error = refused.json()["error"]
     assert error["code"] == "wake_budget_spent" and "wake.maxPerDay (1)" in error["message"]
     assert len(github.dispatches) == 1
 
 
-def test_a_hold_past_wake_hold_seconds_is_answered_with_retry_after(
+def test_a_hold_past_wake_hold_seconds_asks_the_client_to_retry_at_once(
     front_factory: Callable[..., Front],
 ) -> None:
-    github = FakeGitHub()  # the pipeline starts, and takes longer than the hold
-    front = front_factory(github, WAKE_HOLD_SECONDS="1.5", WAKE_EXPECTED_SECONDS="120")
-    front.route()
+    front = front_factory(WAKE_HOLD_SECONDS="1.5", WAKE_EXPECTED_SECONDS="120")
     started = time.monotonic()
     answer = front.send(CHAT)
     assert answer.status_code == 503 and 1.4 < time.monotonic() - started < 10
-    assert "still waking" in answer.json()["error"]["message"]
-    assert "wake.holdSeconds: 1.5" in answer.json()["error"]["message"]
-    assert int(answer.headers["Retry-After"]) >= 30
+    message = answer.json()["error"]["message"]
+    assert "still waking" in message and "wake.holdSeconds: 1.5" in message
+    # openai-python retries it (x-should-retry) after Retry-After, and the retry is held again.
+    assert answer.headers["x-should-retry"] == "true" and answer.headers["Retry-After"] == "1"
     assert front.state()["mode"] == "waking", "the wake goes on for the next request"
 
 
-def test_health_says_waking_and_since_when_and_never_wakes(
+def test_health_get_and_head_answer_the_mode_and_never_wake(
     front_factory: Callable[..., Front],
 ) -> None:
     github = FakeGitHub()
     front = front_factory(github)
-    assert front.route(wake.PROBE_URI, "/health").headers["Nemotron-Route"] == "hold"
-    # The probe's path decides, not the request's: a probe forwarded as any path wakes nothing.
-    assert front.route(wake.PROBE_URI).headers["Nemotron-Route"] == "hold"
     health = requests.get(f"{front.url}/health", timeout=5)
     assert health.status_code == 503 and health.json()["status"] == "asleep"
-    time.sleep(0.5)  # a dispatch would be on its way from the waker's thread by now
+    head = requests.head(f"{front.url}/health", timeout=5)
+    assert head.status_code == 503 and head.content == b""
+    time.sleep(0.5)
     assert github.dispatches == [], "/health is not a keyed request: it wakes nothing"
-    assert front.state()["mode"] == "asleep"
-    front.route()
+    front.wake_in_background()
+    front.wait_mode("waking")
     health = requests.get(f"{front.url}/health", timeout=5).json()
     assert health["status"] == "waking" and health["since"].endswith("Z")
     github.wait_dispatches(1)
+
+
+def raw_exchange(url: str, data: bytes, seconds: float = 3) -> bytes:
+    """Bytes on one connection, and whatever comes back within `seconds`."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=seconds) as sock:
+        sock.sendall(data)
+        got = b""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+# An attacker's request with no key, hidden in a body: Caddy's gate never sees it as a request,
+# and the waker (which trusts the gate and checks no key) would hold it and wake the set if it
+# read it as one.
+SMUGGLED = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: 2\r\n\r\n{}")  # fmt: skip
+
+
+def test_a_body_on_health_is_never_read_as_a_request(
+    front_factory: Callable[..., Front],
+) -> None:
+    """The desync that woke the set: a /health whose body is a keyed request. The body is the
+    body (framed by its length, or its chunks), never a second request."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    by_length = (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(SMUGGLED)).encode()
+                 + b"\r\n\r\n" + SMUGGLED)  # fmt: skip
+    chunk = hex(len(SMUGGLED))[2:].encode()
+    by_chunks = (b"GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk
+                 + b"\r\n" + SMUGGLED + b"\r\n0\r\n\r\n")  # fmt: skip
+    for attack in (by_length, by_chunks):
+        got = raw_exchange(front.url, attack, 2)
+        assert got.count(b"HTTP/1.1 ") == 1 and b" 503 " in got.split(b"\r\n")[0], got[:200]
+    time.sleep(0.5)
+    assert github.dispatches == [] and front.state()["mode"] == "asleep"
+    # The keyed control path with a body: the next request on the connection is its own.
+    wake_now = (b"GET " + wake.CONTROL_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: 5\r\n\r\nhello"
+                b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # fmt: skip
+    got = raw_exchange(front.url, wake_now, 2)
+    assert got.count(b"HTTP/1.1 200 ") == 1 and got.count(b"HTTP/1.1 503 ") == 1, got[:400]
+    assert b" 501 " not in got
 
 
 def test_the_day_budget_survives_a_restart_of_the_waker(
     front_factory: Callable[..., Front], tmp_path: Path
 ) -> None:
     github = FakeGitHub()
-    front = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
-    front.route()
+    state = str(tmp_path / "s.json")
+    front = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=state)
+    front.wake_in_background()
     github.wait_dispatches(1)
     front.proc.kill()
     front.proc.wait()
-    again = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=str(tmp_path / "s.json"))
-    assert again.route().status_code == 503, "a crash loop must not reset the day's wakes"
+    again = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=state)
+    assert again.send(CHAT).status_code == 503, "a crash loop must not reset the day's wakes"
     assert len(github.dispatches) == 1
 
 
-# ---- behind the real Caddy, with the balancer's Caddyfile as the gateway phase renders it -------
-
-
-def test_behind_caddy_keyless_floods_wake_nothing_and_a_keyed_request_wakes_once(
-    front_factory: Callable[..., Front], tmp_path: Path
+def test_keyed_requests_with_a_query_are_held_woken_for_and_answered(
+    front_factory: Callable[..., Front],
 ) -> None:
+    """GET /v1/models?limit=5 is held and wakes the set; the replica gets the query."""
     github = FakeGitHub()
-    front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
-    sock_dir = Path(tempfile.mkdtemp(prefix="nemo-admin-"))  # a socket path under 108 bytes
-    admin = sock_dir / "admin.sock"
-    raw = stack_config("dev")
-    raw["access"] = {**raw["access"], "https": False}
-    raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": TOKEN}
-    cfg = config.parse(raw, "dev", frozenset({"wake"}))
-    listen = gateway.Listen(http_port=free_port(), https_port=free_port(),
-                            admin_socket=str(admin), upstreams=f"{front.upstreams}/*.caddy",
-                            waker=front.url.removeprefix("http://"))  # fmt: skip
-    url = f"http://127.0.0.1:{listen.http_port}"
-    chat = f"{url}/v1/chat/completions"
-    folder = tmp_path / "caddy"
+    front = front_factory(github)
+    github.on_dispatch = later(0.5, front.start_replica)
+    answer = requests.get(f"{front.url}/v1/models?limit=5", headers=KEYED, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["data"][0]["id"] == "nemotron"
+    assert github.dispatches == [DISPATCH]
 
-    def deploy() -> None:
-        """The pipeline's end, as on the front: the replica answers, its member phase writes
-        its upstream file and reloads Caddy gracefully."""
-        time.sleep(1.0)
-        front.start_replica()
-        subprocess.run(
-            [str(CADDY), "reload", "--config", str(folder / "Caddyfile"), "--adapter",
-             "caddyfile", "--address", f"unix/{admin}"],
-            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
-            capture_output=True, check=True, timeout=30,
-        )  # fmt: skip
 
-    github.on_dispatch = deploy
-    site = gateway.balancer_site(cfg, "front.example", listen)
+def test_a_chunked_keyed_request_is_held_not_bounced(front_factory: Callable[..., Front]) -> None:
+    github = FakeGitHub()
+    front = front_factory(github)
+    github.on_dispatch = later(0.5, front.start_replica)
+    body = json.dumps(CHAT).encode()
+    answer = requests.post(f"{front.url}/v1/chat/completions", data=iter([body[:10], body[10:]]),
+                           headers={**KEYED, "Content-Type": "application/json"},
+                           timeout=30)  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"]
+
+
+class Dying(BaseHTTPRequestHandler):
+    """A replica whose /health says ready and which dies on the request itself."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        loopback.reply(self, 200, b"{}", "application/json")
+
+    def do_POST(self) -> None:
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_a_replica_that_dies_after_the_comments_ends_the_stream_with_an_error(
+    front_factory: Callable[..., Front],
+) -> None:
+    """After the 200 and the progress comments, a replica that fails the request: an SSE error
+    event (and [DONE]), which the official client raises, never an empty answer."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    dying = loopback.serve(Dying)
     try:
-        for _ in run_caddy(folder, site, f"{url}/health"):
-            # Scans and bots: no key, a wrong key, a doubled header. None reaches the waker.
-            def knock(headers: dict[str, str]) -> int:
-                return requests.post(chat, json=CHAT, headers=headers, timeout=10).status_code
-
-            bad = [{}, {"Authorization": "Bearer sk-wrong"},
-                   {"Authorization": f"Bearer {API_KEY}, Bearer {API_KEY}"}] * 100  # fmt: skip
-            with ThreadPoolExecutor(16) as pool:
-                codes = list(pool.map(knock, bad))
-            assert set(codes) == {401}
-            assert github.dispatches == [], "nothing without the key wakes the set"
-            health = requests.get(f"{url}/health", timeout=10)
-            assert health.status_code == 503 and health.json()["status"] == "asleep"
-            assert requests.get(f"{url}/nemotron/wake", timeout=10).status_code == 401
-            # The first keyed request wakes the set and is answered once a replica is up.
-            keyed = {"Authorization": f"Bearer {API_KEY}"}
-            answer = requests.post(chat, json=CHAT, headers=keyed, timeout=60)
-            assert answer.status_code == 200, answer.text
-            assert answer.json()["choices"][0]["message"]["content"]
-            assert len(github.dispatches) == 1
-            front.wait_mode("awake")
-            # Awake: the front proxies to the replicas as always; nothing more is dispatched.
-            for _ in range(5):
-                again = requests.post(chat, json=CHAT, headers=keyed, timeout=30)
-                assert again.status_code == 200, again.text
-            assert len(github.dispatches) == 1
-            assert requests.get(f"{url}/health", timeout=10).status_code == 200
-            state = requests.get(f"{url}/nemotron/wake", headers=keyed, timeout=10).json()
-            assert state["mode"] == "awake" and state["wakes_last_day"] == 1
+        port = int(loopback.url(dying).rsplit(":", 1)[1])
+        github.on_dispatch = later(1.0, lambda: front.join("r0", port))
+        client = openai.OpenAI(base_url=f"{front.url}/v1", api_key=API_KEY, max_retries=0)
+        stream = client.chat.completions.create(model="nemotron", messages=CHAT["messages"],
+                                                max_tokens=4, stream=True)  # fmt: skip
+        with pytest.raises(openai.APIError) as raised:
+            for _ in stream:
+                pass
+        assert "no replica answered the held request" in str(raised.value)
+        # Not streamed: 502, and the client may retry.
+        answer = front.send(CHAT)
+        assert answer.status_code == 502 and answer.headers["x-should-retry"] == "true"
     finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        loopback.stop(dying)
+
+
+def test_the_held_requests_are_bounded_and_the_rest_told_to_come_back(
+    front_factory: Callable[..., Front],
+) -> None:
+    front = front_factory(WAKE_MAX_HELD="3", WAKE_EXPECTED_SECONDS="60")
+    held = [front.wake_in_background() for _ in range(3)]
+    end = time.monotonic() + 10
+    while front.state()["held"] < 3:
+        assert time.monotonic() < end, front.state()
+        time.sleep(0.05)
+    over = front.send(CHAT, timeout=10)
+    assert over.status_code == 503 and over.json()["error"]["code"] == "front_busy"
+    assert over.headers["x-should-retry"] == "true"
+    assert all(answers == [] for answers in held), "the three are still held"
+
+
+class Draining(BaseHTTPRequestHandler):
+    """A replica draining for a routine `pulumi up`: /health 503 until `ready` is set."""
+
+    protocol_version = "HTTP/1.1"
+    ready = threading.Event()
+
+    def do_GET(self) -> None:
+        status = 200 if self.ready.is_set() else 503
+        loopback.reply(self, status, b'{"status":"draining"}', "application/json")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"choices": [{"message": {"content": "back"}}]}).encode()
+        loopback.reply(self, 200, body, "application/json")
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_a_replica_answering_503_for_seconds_is_not_asleep_and_gets_no_dispatch(
+    front_factory: Callable[..., Front],
+) -> None:
+    """Asleep means no replica exists. A replica that answers, even 503 while it drains, holds
+    the requests without a wake, and they are answered once it is ready."""
+    github = FakeGitHub()
+    Draining.ready = threading.Event()
+    draining = loopback.serve(Draining)
+    try:
+        front = front_factory(github)
+        front.join("r0", int(loopback.url(draining).rsplit(":", 1)[1]))
+        front.wait_mode("unready")
+        answers = [front.wake_in_background() for _ in range(3)]
+        time.sleep(4)  # many looks, far past WAKE_ASLEEP_SECONDS
+        assert front.state()["mode"] == "unready" and github.dispatches == []
+        assert all(a == [] for a in answers), "held, not bounced"
+        Draining.ready.set()
+        end = time.monotonic() + 10
+        while not all(answers):
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert [a[0].json()["choices"][0]["message"]["content"] for a in answers] == ["back"] * 3
+        assert github.dispatches == [] and front.state()["mode"] == "awake"
+        refused = requests.post(f"{front.url}{wake.CONTROL_PATH}", timeout=5)
+        assert refused.status_code == 202 and github.dispatches == [], "awake: nothing to wake"
+    finally:
+        loopback.stop(draining)
+
+
+def test_a_set_deleted_since_the_last_look_is_held_and_woken_not_proxied_to(
+    front_factory: Callable[..., Front],
+) -> None:
+    """Autodown deleted the set: the next look raises the hold file (Caddy sends the keyed
+    requests here), and once no replica has answered over the window, the held request wakes
+    the set."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    front.start_replica()
+    front.wait_mode("awake")
+    assert not front.hold_file.exists()
+    front.stop_replicas()
+    end = time.monotonic() + 5
+    while not front.hold_file.exists():
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    front.wake_in_background()
+    github.wait_dispatches(1)
+
+
+def test_the_openai_client_at_its_default_retries_ends_as_the_readme_says(
+    front_factory: Callable[..., Front],
+) -> None:
+    """The official client, as a user runs it (max_retries 2): a hold that runs out is retried
+    twice, each try held again, then raises with the reason; a failed wake raises at once."""
+    front = front_factory(WAKE_HOLD_SECONDS="1", WAKE_EXPECTED_SECONDS="300")
+    client = openai.OpenAI(base_url=f"{front.url}/v1", api_key=API_KEY)
+    assert client.max_retries == 2
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(model="nemotron", messages=CHAT["messages"], max_tokens=4)
+    assert raised.value.status_code == 503 and front.state()["held_total"] == 3
+    assert "still waking" in str(raised.value) and "wake.holdSeconds: 1" in str(raised.value)
+
+    github = FakeGitHub()
+    github.on_dispatch = later(0.3, lambda: github.finish_run("failure"))
+    failing = front_factory(github, WAKE_HOLD_SECONDS="20")
+    client = openai.OpenAI(base_url=f"{failing.url}/v1", api_key=API_KEY)
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(model="nemotron", messages=CHAT["messages"], max_tokens=4)
+    assert failing.state()["held_total"] == 1, "x-should-retry: false: no retry of a failed wake"
+    assert "the deploy run ended failure" in str(raised.value)
+
+
+def test_the_webhook_trigger_posts_the_stack_with_its_secret_header(
+    front_factory: Callable[..., Front],
+) -> None:
+    """wake.trigger: webhook, for any other CI: a POST with the token in the named header; a
+    refusal fails the wake with the status."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+    status = [200]
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append((self.headers.get("X-Wake-Token", ""), body))
+            loopback.reply(self, status[0], b"{}", "application/json")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    hook = loopback.serve(Hook)
+    try:
+        front = front_factory(
+            WAKE_TRIGGER="webhook", WAKE_WEBHOOK_URL=f"{loopback.url(hook)}/deploy",
+            WAKE_WEBHOOK_HEADER="X-Wake-Token",
+        )  # fmt: skip
+        front.wake_in_background()
+        front.wait_mode("waking")
+        end = time.monotonic() + 10
+        while not calls:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert calls == [(TOKEN, {"stack": "dev", "event": "wake"})]
+        end = time.monotonic() + 10
+        while not front.state()["last_wake"].get("pipeline_started"):
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        status[0] = 500
+        second = front_factory(
+            WAKE_TRIGGER="webhook", WAKE_WEBHOOK_URL=f"{loopback.url(hook)}/deploy",
+            WAKE_WEBHOOK_HEADER="X-Wake-Token",
+        )  # fmt: skip
+        answer = second.send(CHAT)
+        assert answer.status_code == 503
+        assert "the webhook refused the wake (HTTP 500)" in answer.json()["error"]["message"]
+    finally:
+        loopback.stop(hook)
 
 
 def wake_tool(front: Front, *args: str) -> subprocess.CompletedProcess[str]:
@@ -430,98 +707,33 @@ def test_the_wake_tool_shows_the_state_and_wakes_by_hand_within_the_guards(
     assert API_KEY not in shown.stdout + woken.stdout + refused.stdout + refused.stderr
 
 
-def test_a_replica_that_just_joined_is_found_before_any_wake(
-    front_factory: Callable[..., Front],
-) -> None:
-    """The deploy's own ready probe comes through the front a moment after the replica joins,
-    before the monitor's next look: the front looks again before it wakes anything."""
-    github = FakeGitHub()
-    front = front_factory(github, WAKE_HEALTH_SECONDS="60")
-    front.wait_mode("asleep")
-    front.start_replica()
-    assert front.route().headers["Nemotron-Route"] == "awake"
-    assert github.dispatches == [] and front.state()["mode"] == "awake"
+def test_the_fields_the_waker_reads_are_the_ones_githubs_description_requires() -> None:
+    """The REST description (tests/support/stack/github_api_schema.json, extracted from
+    github/rest-api-description): the run fields, query parameters and dispatch keys the waker
+    uses are ones GitHub documents, so the strict fake's answers are GitHub's shape."""
+    described = github_api.schema()
+    waker = WAKE.read_text()
+    read = set(re.findall(r'run\.get\("(\w+)"', waker)) | set(
+        re.findall(r'found\.get\("(\w+)"', waker)
+    )
+    assert read and read <= set(described["workflow_run_required"]), read
+    queries = set(re.findall(r"[?&](\w+)=", waker))
+    assert queries and queries <= set(described["runs_list_query_parameters"]), queries
+    sent = set(
+        re.findall(
+            r'^\s+"(\w+)": ',
+            waker[waker.index("def dispatch_github") : waker.index("def call_webhook")],
+            re.M,
+        )
+    )
+    assert sent == set(described["dispatch_request"]["properties"]), sent
+    assert "workflow_run_id" in described["dispatch_response_200_required"]
 
 
-def test_the_openai_client_gets_a_clear_error_when_the_hold_runs_out(
-    front_factory: Callable[..., Front],
-) -> None:
-    """What a user's OpenAI client sees (the official Python client, its retries off so the
-    test does not wait out Retry-After): an APIStatusError 503 whose message says why."""
-    front = front_factory(FakeGitHub(), WAKE_HOLD_SECONDS="1", WAKE_EXPECTED_SECONDS="300")
-    front.route()
-    client = openai.OpenAI(base_url=f"{front.url}/v1", api_key=API_KEY, max_retries=0)
-    with pytest.raises(openai.APIStatusError) as raised:
-        client.chat.completions.create(model="nemotron", messages=CHAT["messages"], max_tokens=4)
-    assert raised.value.status_code == 503
-    assert "still waking" in str(raised.value) and "wake.holdSeconds: 1" in str(raised.value)
-    assert int(raised.value.response.headers["Retry-After"]) >= 30
-
-
-def test_the_webhook_trigger_posts_the_stack_with_its_secret_header(
-    front_factory: Callable[..., Front],
-) -> None:
-    """wake.trigger: webhook, for any other CI: a POST with the token in the named header; a
-    refusal fails the wake with the status."""
-    calls: list[tuple[str, dict[str, Any]]] = []
-    status = [200]
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            calls.append((self.headers.get("X-Wake-Token", ""), body))
-            loopback.reply(self, status[0], b"{}", "application/json")
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    hook = loopback.serve(Hook)
-    try:
-        front = front_factory(
-            WAKE_TRIGGER="webhook", WAKE_WEBHOOK_URL=f"{loopback.url(hook)}/deploy",
-            WAKE_WEBHOOK_HEADER="X-Wake-Token",
-        )  # fmt: skip
-        front.route()
-        front.wait_mode("waking")
-        end = time.monotonic() + 10
-        while not calls:
-            assert time.monotonic() < end
-            time.sleep(0.05)
-        assert calls == [(TOKEN, {"stack": "dev", "event": "wake"})]
-        assert front.state()["last_wake"]["pipeline_started"]
-        status[0] = 500
-        second = front_factory(
-            WAKE_TRIGGER="webhook", WAKE_WEBHOOK_URL=f"{loopback.url(hook)}/deploy",
-            WAKE_WEBHOOK_HEADER="X-Wake-Token",
-        )  # fmt: skip
-        second.route()
-        answer = second.send(CHAT)
-        assert answer.status_code == 503
-        assert "the webhook refused the wake (HTTP 500)" in answer.json()["error"]["message"]
-    finally:
-        loopback.stop(hook)
-
-
-def test_a_set_deleted_since_the_last_look_is_held_and_woken_not_proxied_to(
-    front_factory: Callable[..., Front],
-) -> None:
-    """Autodown deleted the set moments ago and the monitor has not looked since: a keyed
-    request must not be sent to replicas that are gone; the front looks again, holds it and
-    wakes the set."""
-    github = FakeGitHub()
-    front = front_factory(github, WAKE_HEALTH_SECONDS="60")
-    front.start_replica()
-    assert front.route().headers["Nemotron-Route"] == "awake"
-    front.stop_replicas()
-    time.sleep(5.5)  # past the freshness of the last look (wake.py FRESH_SECONDS)
-    assert front.route().headers["Nemotron-Route"] == "hold"
-    github.wait_dispatches(1)
-
-
-def test_the_control_path_is_one_value_in_its_three_places() -> None:
-    """The gate's route to the waker: the program's (components/wake.py), the waker's own (it runs
-    on the front with the standard library alone) and the tool's (the tools' venv has no
-    pydantic, which the program's module needs): held equal here."""
+def test_the_waker_and_the_program_share_their_names() -> None:
+    """The gate's route to the waker and the hold file: the program's (components/wake.py), the
+    waker's own (it runs on the front on Ubuntu's Python and aiohttp, without the program) and
+    the tool's (the tools' venv has no pydantic, which the program's module needs)."""
     found = {
         path: re.search(r'^CONTROL_PATH = "([^"]+)"', (ROOT / path).read_text(), re.M)
         for path in ("components/wake.py", "scripts/phases/wake.py", "scripts/wake.py")
@@ -529,7 +741,223 @@ def test_the_control_path_is_one_value_in_its_three_places() -> None:
     assert {path: m.group(1) if m else None for path, m in found.items()} == dict.fromkeys(
         found, "/nemotron/wake"
     )
-    # forward_auth's paths and its answer's header: the program's and the waker's.
     waker = (ROOT / "scripts" / "phases" / "wake.py").read_text()
-    assert f'ROUTE_URI, PROBE_URI = "{wake.ROUTE_URI}", "{wake.PROBE_URI}"' in waker
-    assert f'ROUTE_HEADER = "{wake.ROUTE_HEADER}"' in waker
+    assert f'env.get("WAKE_HOLD_FILE", "{wake.HOLD_FILE}")' in waker
+    rendered = dict(line.split("=", 1) for line in wake.env_text(wake_cfg()).splitlines())
+    assert rendered["WAKE_HOLD_FILE"] == wake.HOLD_FILE
+    assert f"RuntimeDirectory={wake.HOLD_DIR.removeprefix('/run/')}" in wake.unit_text()
+
+
+# ---- behind the real Caddy, with the balancer's Caddyfile as the gateway phase renders it -------
+
+
+def wake_cfg() -> config.StackConfig:
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "https": False}
+    raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": TOKEN}
+    return config.parse(raw, "dev", frozenset({"wake"}))
+
+
+@dataclass
+class CaddyFront:
+    front: Front
+    url: str
+    reload: Callable[[], None]
+
+
+@pytest.fixture
+def caddy_front(
+    front_factory: Callable[..., Front], tmp_path: Path
+) -> Iterator[Callable[..., CaddyFront]]:
+    """The waker behind the pinned Caddy running the front's rendered Caddyfile; `reload` is
+    the member phase's graceful reload after a replica's file is written."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="nemo-admin-"))  # a socket path under 108 bytes
+    stacks: list[Iterator[Any]] = []
+
+    def make(front: Front) -> CaddyFront:
+        admin = sock_dir / f"admin{len(stacks)}.sock"
+        listen = gateway.Listen(http_port=free_port(), https_port=free_port(),
+                                admin_socket=str(admin), upstreams=f"{front.upstreams}/*.caddy",
+                                waker=front.url.removeprefix("http://"),
+                                wake_hold_file=str(front.hold_file))  # fmt: skip
+        url = f"http://127.0.0.1:{listen.http_port}"
+        folder = tmp_path / f"caddy{len(stacks)}"
+        running = run_caddy(folder, gateway.balancer_site(wake_cfg(), "front.example", listen),
+                            f"{url}/health")  # fmt: skip
+        next(running)
+        stacks.append(running)
+
+        def reload() -> None:
+            subprocess.run(
+                [str(CADDY), "reload", "--config", str(folder / "Caddyfile"), "--adapter",
+                 "caddyfile", "--address", f"unix/{admin}"],
+                env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
+                capture_output=True, check=True, timeout=30,
+            )  # fmt: skip
+
+        return CaddyFront(front, url, reload)
+
+    yield make
+    for running in stacks:
+        with pytest.raises(StopIteration):
+            next(running)
+    shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_behind_caddy_keyless_floods_wake_nothing_and_awake_requests_skip_the_waker(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
+    cf = caddy_front(front)
+    chat = f"{cf.url}/v1/chat/completions"
+
+    def deploy() -> None:
+        """The pipeline's end, as on the front: the replica answers, its member phase writes
+        its upstream file and reloads Caddy gracefully."""
+        time.sleep(1.0)
+        front.start_replica()
+        cf.reload()
+
+    github.on_dispatch = deploy
+
+    def knock(headers: dict[str, str]) -> int:
+        return requests.post(chat, json=CHAT, headers=headers, timeout=10).status_code
+
+    bad = [{}, {"Authorization": "Bearer sk-wrong"},
+           {"Authorization": f"Bearer {API_KEY}, Bearer {API_KEY}"}] * 100  # fmt: skip
+    with ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(knock, bad))
+    assert set(codes) == {401}
+    assert github.dispatches == [], "nothing without the key wakes the set"
+    health = requests.get(f"{cf.url}/health", timeout=10)
+    assert health.status_code == 503 and health.json()["status"] == "asleep"
+    assert requests.head(f"{cf.url}/health", timeout=10).status_code == 503
+    assert requests.get(f"{cf.url}/nemotron/wake", timeout=10).status_code == 401
+    answer = requests.post(chat, json=CHAT, headers=KEYED, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert len(github.dispatches) == 1
+    front.wait_mode("awake")
+    # Awake, no request passes through Python: with the waker stopped, the front still answers.
+    front.proc.send_signal(signal.SIGSTOP)
+    try:
+        for path in ("/v1/chat/completions", "/v1/models?limit=5"):
+            again = requests.request("POST" if "chat" in path else "GET", f"{cf.url}{path}",
+                                     json=CHAT if "chat" in path else None, headers=KEYED,
+                                     timeout=10)  # fmt: skip
+            assert again.status_code == 200, (path, again.text)
+        assert requests.get(f"{cf.url}/health", timeout=10).status_code == 200
+    finally:
+        front.proc.send_signal(signal.SIGCONT)
+    state = requests.get(f"{cf.url}/nemotron/wake", headers=KEYED, timeout=10).json()
+    assert state["mode"] == "awake" and state["wakes_last_day"] == 1
+    assert len(github.dispatches) == 1
+
+
+def test_behind_caddy_a_smuggled_request_wakes_nothing_in_either_state(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    """CL.TE, TE.CL, a body on /health and pipelining, through the real Caddy: asleep (the
+    waker behind it) and awake (the replicas behind it) alike, nothing unkeyed is dispatched
+    for and no second request appears."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    cf = caddy_front(front)
+    body = len(SMUGGLED)
+    attacks = {
+        "health-body": b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: "
+        + str(body).encode() + b"\r\n\r\n" + SMUGGLED,
+        "cl-te": b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
+        "te-cl": b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + hex(body)[2:].encode() + b"\r\n" + SMUGGLED
+        + b"\r\n0\r\n\r\n",
+        "pipelined": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+    }  # fmt: skip
+    for state in ("asleep", "awake"):
+        for name, attack in attacks.items():
+            got = raw_exchange(cf.url, attack, 2)
+            assert b" 200 " not in got.split(b"\r\n")[0] or state == "awake", (state, name, got)
+        time.sleep(0.5)
+        assert github.dispatches == [], state
+        if state == "asleep":
+            assert front.state()["mode"] == "asleep"
+            front.start_replica()
+            cf.reload()
+            front.wait_mode("awake")
+    # The keyed unsmuggled request still works awake.
+    assert requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED,
+                         timeout=10).status_code == 200  # fmt: skip
+
+
+def test_behind_caddy_a_burst_of_500_keyed_requests_while_waking_are_all_answered(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    """500 keyed requests at once while the set wakes: every one held and answered 200 once a
+    replica is ready, none reset, none left without an answer; the waker's memory is read."""
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
+    cf = caddy_front(front)
+    rss: list[int] = []
+
+    def deploy() -> None:
+        time.sleep(4.0)
+        rss.append(_rss_kib(front.proc.pid))
+        front.start_replica("r0", "--capacity", "600")
+        cf.reload()
+
+    github.on_dispatch = deploy
+
+    async def burst() -> list[int]:
+        limits = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=limits) as session:
+
+            async def one() -> int:
+                async with session.post(f"{cf.url}/v1/chat/completions", json=CHAT,
+                                        headers=KEYED,
+                                        timeout=aiohttp.ClientTimeout(total=120)) as r:  # fmt: skip
+                    await r.read()
+                    return r.status
+
+            return await asyncio.gather(*(one() for _ in range(500)), return_exceptions=True)  # type: ignore[arg-type]
+
+    codes = asyncio.run(burst())
+    assert [c for c in codes if c != 200] == [], sorted(map(str, codes))[:5]
+    assert len(github.dispatches) == 1
+    print(f"waker RSS with 500 requests held: {rss[0]} KiB")
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_the_shipped_settings_hold_silently_past_a_minute_through_caddy(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    """The waker with the settings the program renders (wake.env_text: hold 540 s, its health,
+    comment and asleep intervals), only its addresses and paths this test's: a request held
+    silently for 65 s through the pinned Caddy is answered, not cut by a timeout."""
+    rendered = dict(line.split("=", 1) for line in wake.env_text(wake_cfg()).splitlines())
+    local = {"WAKE_LISTEN", "WAKE_UPSTREAMS_DIR", "WAKE_HOLD_FILE", "WAKE_STATE_FILE"}
+    shipped = {k: v for k, v in rendered.items() if k not in local}
+    assert shipped["WAKE_HOLD_SECONDS"] == "540"
+    github = FakeGitHub()
+    front = front_factory(github, fast=False, **shipped)
+    cf = caddy_front(front)
+
+    def deploy() -> None:
+        time.sleep(65)
+        front.start_replica()
+        cf.reload()
+
+    github.on_dispatch = deploy
+    started = time.monotonic()
+    answer = requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED,
+                           timeout=200)  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert time.monotonic() - started > 65
+    assert github.dispatches == [DISPATCH]

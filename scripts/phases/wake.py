@@ -1,51 +1,64 @@
 #!/usr/bin/env python3
-"""wake: the front's waker. When no replica exists, a keyed request wakes the GPU set, once, and
-is held until a replica answers it.
+"""wake: the front's waker. While no replica answers, it holds the keyed requests Caddy sends it,
+wakes the GPU set (once) when none exists, and relays each held request to the first replica
+that is ready.
 
 Runs on the balancer Droplet (the front that holds the endpoint's address) as its own service,
-on loopback. Caddy asks it before each keyed API request ('forward_auth' to GET /route, after
-the gate has checked the key): while a replica is healthy it answers 'Nemotron-Route: awake'
-and Caddy proxies to the replicas as always; while none is, 'Nemotron-Route: hold' and Caddy
-proxies the request here, where it is held. Unkeyed requests never reach this service, so scans
-and bots wake nothing.
+on loopback, on aiohttp (a production HTTP/1.1 server: its parser frames every body by its
+length or its chunks, so a body is never read as a request, and it serves many held requests
+from one thread). It is in the data path only while no replica is ready: it keeps the file
+WAKE_HOLD_FILE while that is so, and Caddy's gateway sends a keyed request here only while
+that file exists (a `file` matcher, after the gate has checked the key); awake, Caddy proxies
+to the replicas and no request passes through Python. Unkeyed requests never reach it, but
+`GET /health`, which it answers itself and which never wakes anything.
+
+Asleep means no replica exists: no upstream file, or every upstream refused the connection
+(or was unreachable) at WAKE_ASLEEP_LOOKS looks in a row spanning WAKE_ASLEEP_SECONDS. A
+replica that answers anything, a 503 while it drains for a `pulumi up`, a slow answer under
+load, exists: the requests are held until it is ready, and nothing is woken.
 
 A wake starts the user's own deploy pipeline, which holds the cloud secrets (this service holds
 no DigitalOcean token and never creates or deletes a Droplet): GitHub Actions' workflow_dispatch
 of the deploy workflow for this stack (WAKE_TRIGGER=github; a fine-grained token limited to
-Actions on one repository; POST /repos/{repo}/actions/workflows/{workflow}/dispatches, GitHub
-REST "Create a workflow dispatch event"), or a generic webhook (WAKE_TRIGGER=webhook: a POST
-with a secret header). One wake at a time; after one fails, none for WAKE_COOLDOWN_MINUTES; at
-most WAKE_MAX_PER_DAY in any 24 hours. A refusal names the setting.
+Actions on one repository; POST /repos/{repo}/actions/workflows/{workflow}/dispatches with
+`return_run_details`, GitHub REST "Create a workflow dispatch event": 200 and the run's id,
+which is then followed by id; 204 from an older GitHub Enterprise: the run is found by its
+display_title), or a generic webhook (WAKE_TRIGGER=webhook: a POST with a secret header). One
+wake at a time; after one fails, none for WAKE_COOLDOWN_MINUTES; at most WAKE_MAX_PER_DAY in
+any 24 hours. A refusal names the setting.
 
-Held requests: a streamed one ('"stream": true') gets its 200 and SSE comment lines at once
-(': waking ...', every WAKE_COMMENT_SECONDS) so the client sees progress, then the replica's
-stream; any other request waits silently. Once a replica answers /health, each held request is
-sent to it as it came. Past WAKE_HOLD_SECONDS, or when the wake failed (the pipeline refused,
-its run failed, no replica answered within WAKE_DEADLINE_MINUTES), held requests get 503 with
-Retry-After and an OpenAI-style error body saying why (a stream: an SSE error event). A failed
-wake is never retried by itself: the next keyed request after the cooldown starts the next one.
+Held requests: a streamed one ('"stream": true') gets its 200 and a first SSE comment at once
+(': waking ...', then every WAKE_COMMENT_SECONDS), then the replica's stream, or an SSE error
+event and [DONE] if the replica fails it; any other request waits silently. Past
+WAKE_HOLD_SECONDS the answer is 503 with `x-should-retry: true` and a short Retry-After (the
+OpenAI clients retry it, each try held again); when the wake failed or cannot start, 503 with
+`x-should-retry: false` and the real Retry-After, and an OpenAI-style error saying why.
+openai-python `_base_client.py` `_should_retry`: `x-should-retry` decides unless Retry-After
+exceeds 120 s. At most WAKE_MAX_HELD requests and WAKE_MAX_HELD_BYTES of their bodies are held.
 
-State for people and tools: GET /state (JSON: mode, since, the last wake's timeline: request in,
-pipeline started, a replica joined, ready, first token; wakes in the last day), POST /wake (wake
-now, the same guards), GET /health (200 while awake, else 503 with the mode and since when).
-Every event is one JSON log line (the journal); the pipeline's token is never printed.
+State for people and tools: GET /nemotron/wake (JSON: mode, since, the last wake's timeline),
+POST /nemotron/wake (wake now, the same guards), GET|HEAD /health (200 while awake, else 503
+with the mode). Every event is one JSON log line (the journal); no token and no request line
+is ever printed.
 
 Settings (environment; the token from the file WAKE_TOKEN_FILE, a systemd credential):
-WAKE_LISTEN, WAKE_UPSTREAMS_DIR (Caddy's upstream files: 'to <host>:<port>'), WAKE_TRIGGER,
-WAKE_STACK, WAKE_GITHUB_API, WAKE_GITHUB_REPO, WAKE_GITHUB_WORKFLOW, WAKE_GITHUB_REF,
-WAKE_WEBHOOK_URL, WAKE_WEBHOOK_HEADER, WAKE_HOLD_SECONDS, WAKE_EXPECTED_SECONDS,
-WAKE_COOLDOWN_MINUTES, WAKE_MAX_PER_DAY, WAKE_DEADLINE_MINUTES, WAKE_STATE_FILE,
-WAKE_HEALTH_SECONDS, WAKE_COMMENT_SECONDS. Standard library only.
+WAKE_LISTEN, WAKE_UPSTREAMS_DIR (Caddy's upstream files: 'to <host>:<port>'), WAKE_HOLD_FILE,
+WAKE_TRIGGER, WAKE_STACK, WAKE_GITHUB_API, WAKE_GITHUB_REPO, WAKE_GITHUB_WORKFLOW,
+WAKE_GITHUB_REF, WAKE_WEBHOOK_URL, WAKE_WEBHOOK_HEADER, WAKE_HOLD_SECONDS,
+WAKE_EXPECTED_SECONDS, WAKE_COOLDOWN_MINUTES, WAKE_MAX_PER_DAY, WAKE_DEADLINE_MINUTES,
+WAKE_STATE_FILE, WAKE_HEALTH_SECONDS, WAKE_COMMENT_SECONDS, WAKE_ASLEEP_SECONDS,
+WAKE_ASLEEP_LOOKS, WAKE_MAX_HELD, WAKE_MAX_HELD_BYTES, WAKE_RUN_POLL_SECONDS.
 """
 
 from __future__ import annotations
 
-import http.client
+import asyncio
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -53,29 +66,30 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 # One upstream per file, as the balancer phase writes them ('to 10.110.0.2:8080').
 UPSTREAM = re.compile(r"^\s*to\s+([0-9A-Za-z.\-\[\]:]+):([0-9]{1,5})\s*$", re.M)
 DAY = 86400.0
-# The keyed control path the gate sends here as it came, forward_auth's two paths (a keyed
-# request, which may wake the set; the /health probe, which never does) and the header of its
-# answer: components/wake.py's values (tests/test_wake.py holds them equal).
+# The keyed control path the gate sends here as it came: components/wake.py's value
+# (tests/test_wake.py holds them equal).
 CONTROL_PATH = "/nemotron/wake"
-ROUTE_URI, PROBE_URI = "/route", "/probe"
-ROUTE_HEADER = "Nemotron-Route"
 MAX_BODY = 16_000_000  # the gate's own limit: nothing larger gets this far
 FORWARD_TIMEOUT = 3600.0  # a held request, once sent, may generate for long
 API_TIMEOUT = 20.0
-# A look at the replicas older than this is looked at again before a keyed request is routed.
-FRESH_SECONDS = 5.0
+LOOK_TIMEOUT = 2.0  # one replica's /health
 # Headers a held request keeps when it is sent on to a replica (the gate already checked the key).
-FORWARDED = ("authorization", "content-type", "accept", "user-agent", "openai-organization")
+FORWARDED = ("authorization", "content-type", "accept", "user-agent", "openai-organization",
+             "openai-project", "idempotency-key")  # fmt: skip
+# What a replica's answer does not pass on: hop-by-hop, and what aiohttp writes itself.
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-       "proxy-authorization", "proxy-authenticate", "content-length",
-       "server", "date"}  # the last two: send_response() writes its own  # fmt: skip
+       "proxy-authorization", "proxy-authenticate", "content-length", "server", "date",
+       "content-encoding"}  # fmt: skip
+# A run's conclusions that end a wake other than in success (GitHub REST, workflow-run).
+RUN_ENDED = "completed"
 
 
 def log(event: str, **fields: Any) -> None:
@@ -94,6 +108,7 @@ def iso(t: float | None) -> str | None:
 class Settings:
     listen: tuple[str, int]
     upstreams_dir: Path
+    hold_file: Path
     trigger: str  # github | webhook
     stack: str
     token: str
@@ -112,6 +127,11 @@ class Settings:
     state_file: Path | None
     health_seconds: float
     comment_seconds: float
+    asleep_seconds: float
+    asleep_looks: int
+    max_held: int
+    max_held_bytes: int
+    run_poll_seconds: float
 
     @staticmethod
     def from_env(env: dict[str, str]) -> Settings:
@@ -134,6 +154,7 @@ class Settings:
         return Settings(
             listen=(host or "127.0.0.1", int(port)),
             upstreams_dir=Path(env.get("WAKE_UPSTREAMS_DIR", "/etc/caddy/upstreams")),
+            hold_file=Path(env.get("WAKE_HOLD_FILE", "/run/nemotron-wake/hold")),
             trigger=trigger,
             stack=env.get("WAKE_STACK", ""),
             token=token,
@@ -151,34 +172,58 @@ class Settings:
             state_file=Path(state) if state else None,
             health_seconds=float(env.get("WAKE_HEALTH_SECONDS", "2")),
             comment_seconds=float(env.get("WAKE_COMMENT_SECONDS", "10")),
+            asleep_seconds=float(env.get("WAKE_ASLEEP_SECONDS", "10")),
+            asleep_looks=int(env.get("WAKE_ASLEEP_LOOKS", "3")),
+            max_held=int(env.get("WAKE_MAX_HELD", "2000")),
+            max_held_bytes=int(env.get("WAKE_MAX_HELD_BYTES", "200000000")),
+            run_poll_seconds=float(env.get("WAKE_RUN_POLL_SECONDS", "10")),
         )
 
 
 @dataclass
 class Refusal:
-    """Why a keyed request cannot be served now, and when to come back."""
+    """Why a keyed request cannot be served now, when to come back, and whether a client's
+    own retry may help (`x-should-retry`)."""
 
     message: str
     retry_after: int
     code: str = "wake_unavailable"
+    retry: bool = False
+
+
+class PipelineError(Exception):
+    pass
+
+
+# What one look at one replica found: ready (/health 200), there (any other answer, or a slow
+# one: it exists), or gone (the connection refused or unreachable).
+READY, THERE, GONE = "ready", "there", "gone"
 
 
 @dataclass
 class Waker:
-    """The set's state, shared by the request threads and the monitor thread (under 'cond')."""
+    """The set's state. One event loop: no locks; `changed` wakes every held request."""
 
     s: Settings
     clock: Callable[[], float] = time.time
-    mode: str = "asleep"  # awake | asleep | waking | failed
+    # awake | unready (no replica ready, one may exist) | asleep | waking | failed
+    mode: str = "unready"
     since: float = field(default_factory=time.time)
     healthy: list[tuple[str, int]] = field(default_factory=list)
     wakes: list[float] = field(default_factory=list)  # start times, the last day's
     reason: str = ""  # why the last wake failed
     failed_at: float | None = None
     timeline: dict[str, Any] = field(default_factory=dict)
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    checking: threading.Lock = field(default_factory=threading.Lock)
-    checked_at: float = 0.0  # when the replicas were last looked at
+    checked_at: float = 0.0
+    # Looks in a row that found no replica at all, and when the first of them was.
+    gone_looks: int = 0
+    gone_since: float | None = None
+    held: int = 0
+    held_bytes: int = 0
+    held_total: int = 0  # since this service started
+    turn: int = 0  # round robin over the ready replicas
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -210,43 +255,50 @@ class Waker:
         return self.s.cooldown_minutes * 60
 
     def snapshot(self) -> dict[str, Any]:
-        with self.cond:
-            now = self.clock()
-            return {
-                "mode": self.mode,
-                "since": iso(self.since),
-                "replicas_healthy": len(self.healthy),
-                "trigger": self.s.trigger,
-                "wakes_last_day": len([t for t in self.wakes if now - t < DAY]),
-                "max_per_day": self.s.max_per_day,
-                "hold_seconds": self.s.hold_seconds,
-                "expected_seconds": self.s.expected_seconds,
-                "last_failure": self.reason or None,
-                "last_wake": self.timeline or None,
-            }
+        now = self.clock()
+        return {
+            "mode": self.mode,
+            "since": iso(self.since),
+            "replicas_healthy": len(self.healthy),
+            "trigger": self.s.trigger,
+            "wakes_last_day": len([t for t in self.wakes if now - t < DAY]),
+            "max_per_day": self.s.max_per_day,
+            "hold_seconds": self.s.hold_seconds,
+            "expected_seconds": self.s.expected_seconds,
+            "held": self.held,
+            "held_total": self.held_total,
+            "last_failure": self.reason or None,
+            "last_wake": self.timeline or None,
+        }
 
     def set_mode(self, mode: str, **fields: Any) -> None:
-        """Under the lock: a new mode, logged and told to every held request."""
+        """A new mode, logged, the hold file set to match, and told to every held request."""
         if mode != self.mode:
             self.mode, self.since = mode, self.clock()
             log("mode", mode=mode, **fields)
-        self.cond.notify_all()
+        self.route_file()
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def route_file(self) -> None:
+        """Caddy sends keyed requests here while this file exists: whenever no replica is
+        ready. Awake, it is gone and Caddy proxies to the replicas itself."""
+        if self.mode == "awake":
+            self.s.hold_file.unlink(missing_ok=True)
+        elif not self.s.hold_file.exists():
+            self.s.hold_file.parent.mkdir(parents=True, exist_ok=True)
+            self.s.hold_file.write_text("hold\n")
 
     # ---- the guards ------------------------------------------------------------------------------
 
     def admit(self) -> Refusal | None:
-        """Under the lock: start a wake if the set sleeps and the guards allow; the refusal
-        when they do not. Awake or already waking: nothing to do."""
+        """Start a wake if the set is asleep and the guards allow; the refusal when they do not.
+        Awake, waking, or a replica that exists but is not ready: nothing to start."""
         now = self.clock()
-        if self.mode in ("awake", "waking"):
+        if self.mode in ("awake", "waking", "unready"):
             return None
         if self.failed_at is not None and now - self.failed_at < self.cooldown():
-            left = int(self.failed_at + self.cooldown() - now) + 1
-            return Refusal(
-                f"the last wake failed ({self.reason}); the next may start in {left} s "
-                f"(wake.cooldownMinutes: {self.s.cooldown_minutes:g})",
-                left,
-            )
+            return self.cooldown_refusal()
         recent = sorted(t for t in self.wakes if now - t < DAY)
         if len(recent) >= self.s.max_per_day:
             left = int(recent[0] + DAY - now) + 1
@@ -261,36 +313,55 @@ class Waker:
         self.timeline = {"request_in": iso(now)}
         self.set_mode("waking", trigger=self.s.trigger)
         self.save()
-        threading.Thread(target=self.start_pipeline, args=(now,), daemon=True).start()
+        self.spawn(self.start_pipeline(now))
         return None
 
+    def cooldown_refusal(self) -> Refusal:
+        """The last wake failed: why, and when the next may start."""
+        left = max(1, int((self.failed_at or 0) + self.cooldown() - self.clock()) + 1)
+        return Refusal(
+            f"the wake failed: {self.reason}; the next may start in {left} s "
+            f"(wake.cooldownMinutes: {self.s.cooldown_minutes:g})",
+            left,
+            "wake_failed",
+        )
+
     def fail(self, reason: str) -> None:
-        """Under the lock: the wake failed; held requests are answered, no retry by itself."""
+        """The wake failed; held requests are answered, no retry by itself."""
+        if self.mode != "waking":
+            return
         self.reason, self.failed_at = reason, self.clock()
         self.timeline["failed"] = iso(self.failed_at)
         self.timeline["reason"] = reason
         self.set_mode("failed", reason=reason)
         self.save()
 
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
     # ---- the pipeline ----------------------------------------------------------------------------
 
-    def start_pipeline(self, started: float) -> None:
+    async def start_pipeline(self, started: float) -> None:
         try:
             if self.s.trigger == "github":
-                self.dispatch_github()
+                run_id = await asyncio.to_thread(self.dispatch_github)
             else:
-                self.call_webhook()
+                await asyncio.to_thread(self.call_webhook)
+                run_id = None
         except PipelineError as err:
-            with self.cond:
-                if self.mode == "waking":
-                    self.fail(str(err))
+            self.fail(str(err))
             return
-        with self.cond:
-            self.timeline["pipeline_started"] = iso(self.clock())
-            log("pipeline_started", trigger=self.s.trigger, stack=self.s.stack)
-            self.save()
+        if self.mode != "waking":
+            return
+        self.timeline["pipeline_started"] = iso(self.clock())
+        if run_id is not None:
+            self.timeline["run_id"] = run_id
+        log("pipeline_started", trigger=self.s.trigger, stack=self.s.stack, run=run_id)
+        self.save()
         if self.s.trigger == "github":
-            self.watch_github_run(started)
+            await self.watch_github_run(started, run_id)
 
     def _request(self, method: str, url: str, body: dict[str, Any] | None,
                  headers: dict[str, str]) -> tuple[int, Any]:  # fmt: skip
@@ -321,20 +392,35 @@ class Waker:
             "User-Agent": "nemotron-droplet-wake",
         }
 
-    def dispatch_github(self) -> None:
-        """POST .../dispatches: 204 when the run is queued (GitHub REST, actions/workflows)."""
-        url = (f"{self.s.github_api}/repos/{self.s.github_repo}/actions/workflows/"
-               f"{self.s.github_workflow}/dispatches")  # fmt: skip
-        body = {"ref": self.s.github_ref,
-                "inputs": {"stack": self.s.stack, "command": "up", "refresh": "true"}}  # fmt: skip
+    def _repo_url(self, tail: str) -> str:
+        return f"{self.s.github_api}/repos/{self.s.github_repo}/actions/{tail}"
+
+    def dispatch_github(self) -> int | None:
+        """POST .../dispatches with return_run_details: 200 and the run's id (GitHub since
+        2026-02-19); 204 and no body from an older GitHub Enterprise, whose run is then found
+        by its title."""
+        url = self._repo_url(f"workflows/{self.s.github_workflow}/dispatches")
+        body: dict[str, Any] = {
+            "ref": self.s.github_ref,
+            "inputs": {"stack": self.s.stack, "command": "up", "refresh": "true"},
+            "return_run_details": True,
+        }
         status, detail = self._request("POST", url, body, self._github_headers())
-        if status != 204:
-            said = (detail or {}).get("message", "") if isinstance(detail, dict) else ""
-            why = {401: "the token was refused", 403: "the token may not run workflows",
-                   404: "no such repository or workflow (or the token cannot see it)",
-                   422: "the workflow refused the inputs"}.get(status, "an error")  # fmt: skip
-            raise PipelineError(f"GitHub refused the wake (HTTP {status}: {why}"
-                                f"{': ' + said if said else ''})")  # fmt: skip
+        said = str((detail or {}).get("message", "")) if isinstance(detail, dict) else ""
+        if status == 422 and "return_run_details" in said:
+            # A GitHub that does not know the parameter yet: the dispatch as it was before.
+            del body["return_run_details"]
+            status, detail = self._request("POST", url, body, self._github_headers())
+            said = str((detail or {}).get("message", "")) if isinstance(detail, dict) else ""
+        if status == 200 and isinstance(detail, dict) and detail.get("workflow_run_id"):
+            return int(detail["workflow_run_id"])
+        if status in (200, 204):
+            return None
+        why = {401: "the token was refused", 403: "the token may not run workflows",
+               404: "no such repository or workflow (or the token cannot see it)",
+               422: "the workflow refused the dispatch"}.get(status, "an error")  # fmt: skip
+        raise PipelineError(f"GitHub refused the wake (HTTP {status}: {why}"
+                            f"{': ' + said if said else ''})")  # fmt: skip
 
     def call_webhook(self) -> None:
         headers = {"Content-Type": "application/json", "User-Agent": "nemotron-droplet-wake",
@@ -344,41 +430,80 @@ class Waker:
         if not 200 <= status < 300:
             raise PipelineError(f"the webhook refused the wake (HTTP {status})")
 
-    def watch_github_run(self, started: float) -> None:
-        """Follow the run the dispatch queued: one that ends other than in success fails the
-        wake with its link (GET .../runs?event=workflow_dispatch)."""
-        url = (f"{self.s.github_api}/repos/{self.s.github_repo}/actions/workflows/"
-               f"{self.s.github_workflow}/runs?event=workflow_dispatch&per_page=10")  # fmt: skip
-        while True:
-            time.sleep(max(1.0, self.s.health_seconds * 5))
-            with self.cond:
-                if self.mode != "waking":
-                    return
+    def _title_matches(self, run: dict[str, Any]) -> bool:
+        # deploy.yml's run-name: `deploy <stack> <command>` (GitHub's field is display_title).
+        return str(run.get("display_title") or "").startswith(f"deploy {self.s.stack} ")
+
+    def find_run(self, started: float) -> dict[str, Any] | None:
+        """Without a run id (a 204): the newest workflow_dispatch run of this stack created
+        since the dispatch."""
+        url = self._repo_url(
+            f"workflows/{self.s.github_workflow}/runs?event=workflow_dispatch&per_page=20"
+        )
+        status, body = self._request("GET", url, None, self._github_headers())
+        if status != 200 or not isinstance(body, dict):
+            return None
+        for run in body.get("workflow_runs") or []:
+            created = _epoch(run.get("created_at"))
+            if created is not None and created >= started - 5 and self._title_matches(run):
+                return dict(run)
+        return None
+
+    def replaced_by(self, ours: dict[str, Any]) -> str:
+        """The run that took a cancelled run's place in deploy.yml's concurrency group (GitHub
+        cancels a pending run when a newer one queues, even with cancel-in-progress: false)."""
+        url = self._repo_url(f"workflows/{self.s.github_workflow}/runs?per_page=20")
+        try:
+            status, body = self._request("GET", url, None, self._github_headers())
+        except PipelineError:
+            return ""
+        if status != 200 or not isinstance(body, dict):
+            return ""
+        mine = _epoch(ours.get("created_at")) or 0.0
+        for run in body.get("workflow_runs") or []:
+            created = _epoch(run.get("created_at"))
+            # The same stack's group: its push runs are titled as its dispatches are.
+            newer = created is not None and created >= mine and run.get("id") != ours.get("id")
+            if newer and self._title_matches(run):
+                return f" by the newer {run.get('event')} run {run.get('html_url', '')}"
+        return ""
+
+    async def watch_github_run(self, started: float, run_id: int | None) -> None:
+        """Follow the run the dispatch queued, by id (GET .../actions/runs/{id}): one that ends
+        other than in success fails the wake with its link; a success leaves the wake to the
+        replicas (their readiness ends it, or the deadline)."""
+        while self.mode == "waking":
+            await asyncio.sleep(self.s.run_poll_seconds)
+            if self.mode != "waking":
+                return
             try:
-                status, body = self._request("GET", url, None, self._github_headers())
+                if run_id is not None:
+                    status, run = await asyncio.to_thread(
+                        self._request, "GET", self._repo_url(f"runs/{run_id}"), None,
+                        self._github_headers(),
+                    )  # fmt: skip
+                    if status != 200 or not isinstance(run, dict):
+                        continue
+                else:
+                    found = await asyncio.to_thread(self.find_run, started)
+                    if found is None:
+                        continue
+                    run, run_id = found, int(found.get("id") or 0) or None
             except PipelineError:
                 continue
-            if status != 200 or not isinstance(body, dict):
+            if run.get("status") != RUN_ENDED:
                 continue
-            for run in body.get("workflow_runs") or []:
-                created = _epoch(run.get("created_at"))
-                # This stack's run (deploy.yml's run-name), queued by this dispatch: not another
-                # stack's, not one started by hand before it.
-                name = str(run.get("display_name") or "")
-                if (
-                    created is None
-                    or created < started - 5
-                    or f"deploy {self.s.stack} " not in name
-                ):
-                    continue
-                ended = run.get("status") == "completed"
-                # A newer dispatch cancels a queued one (deploy.yml's concurrency): keep waiting.
-                if ended and run.get("conclusion") not in ("success", "cancelled"):
-                    with self.cond:
-                        if self.mode == "waking":
-                            self.fail(f"the deploy run ended {run.get('conclusion')}: "
-                                      f"{run.get('html_url', '')}")  # fmt: skip
-                    return
+            conclusion = str(run.get("conclusion"))
+            if conclusion == "success":
+                self.timeline["run_succeeded"] = iso(self.clock())
+                return
+            link = run.get("html_url", "")
+            if conclusion == "cancelled":
+                newer = await asyncio.to_thread(self.replaced_by, run)
+                self.fail(f"the deploy run was cancelled{newer or ''}: {link}")
+            else:
+                self.fail(f"the deploy run ended {conclusion}: {link}")
+            return
 
     # ---- the replicas ----------------------------------------------------------------------------
 
@@ -392,55 +517,97 @@ class Waker:
                 continue
         return found
 
-    def check(self) -> None:
-        """One look at the replicas (each one's /health) and the mode that follows. One look at
-        a time: a caller that finds one under way waits for its result."""
-        asked = self.clock()
-        with self.checking:
-            if self.checked_at >= asked:
-                return  # a look that began after this call was made has just ended: its result
-            healthy = [u for u in self.upstreams() if _healthy(u)]
-            with self.cond:
-                self.healthy = healthy
-                now = self.clock()
-                self.checked_at = now
-                # A member file newer than the wake: the deploy made a replica and it joined
-                # the front (the balancer's member phase writes the file once it is ready).
-                joined = any(_mtime(p) > self.since for p in self.s.upstreams_dir.glob("*.caddy"))
-                if self.mode == "waking" and joined and "replica_joined" not in self.timeline:
-                    self.timeline["replica_joined"] = iso(now)
-                    log("replica_joined")
-                if healthy and self.mode != "awake":
-                    if self.mode == "waking":
-                        self.timeline["ready"] = iso(now)
-                        self.save()
-                    self.set_mode("awake", replicas=len(healthy))
-                elif not healthy and self.mode == "awake":
-                    self.set_mode("asleep")
-                elif self.mode == "waking" and now - self.since > self.s.deadline_minutes * 60:
-                    self.fail(f"no replica answered within {self.s.deadline_minutes:g} minutes "
-                              "(wake.deadlineMinutes)")  # fmt: skip
-                elif self.mode == "failed" and now - (self.failed_at or now) >= self.cooldown():
-                    self.set_mode("asleep")
+    async def look(self, session: ClientSession) -> None:
+        """One look at every replica and the mode that follows."""
+        ups = self.upstreams()
+        found = await asyncio.gather(*(_look_one(session, u) for u in ups))
+        now = self.clock()
+        self.checked_at = now
+        self.healthy = [u for u, f in zip(ups, found, strict=True) if f == READY]
+        if all(f == GONE for f in found):  # none answered at all (or there are none)
+            self.gone_looks += 1
+            self.gone_since = self.gone_since or now
+        else:
+            self.gone_looks, self.gone_since = 0, None
+        # A member file newer than the wake: the deploy made a replica and it joined the front
+        # (the balancer's member phase writes the file once it is ready).
+        joined = any(_mtime(p) > self.since for p in self.s.upstreams_dir.glob("*.caddy"))
+        if self.mode == "waking" and joined and "replica_joined" not in self.timeline:
+            self.timeline["replica_joined"] = iso(now)
+            log("replica_joined")
+        gone = not ups or (
+            self.gone_looks >= self.s.asleep_looks
+            and now - (self.gone_since or now) >= self.s.asleep_seconds
+        )
+        self.follow(now, gone)
+        if self.mode == "asleep" and self.held:
+            # Requests held while it was not yet known that no replica exists: wake for them
+            # (a refusal reaches them through the mode's notice).
+            self.admit()
+            self.changed.set()
 
-    def monitor(self) -> None:
+    def follow(self, now: float, gone: bool) -> None:
+        """The mode after a look: awake with a ready replica; a wake goes on until its deadline;
+        a failure holds for its cooldown; else asleep when no replica exists, unready when one
+        may (it answers but is not ready, or has not been missing for long enough)."""
+        if self.healthy:
+            if self.mode == "waking":
+                self.timeline["ready"] = iso(now)
+                self.save()
+            self.set_mode("awake", replicas=len(self.healthy))
+        elif self.mode == "waking":
+            if now - self.since > self.s.deadline_minutes * 60:
+                self.fail(f"no replica answered within {self.s.deadline_minutes:g} minutes "
+                          "(wake.deadlineMinutes)")  # fmt: skip
+        elif self.mode != "failed" or now - (self.failed_at or now) >= self.cooldown():
+            self.set_mode("asleep" if gone else "unready")
+
+    async def monitor(self, session: ClientSession) -> None:
         """Every WAKE_HEALTH_SECONDS, a look at the replicas."""
         while True:
-            self.check()
-            time.sleep(self.s.health_seconds)
+            try:
+                await self.look(session)
+            except Exception as err:  # noqa: BLE001 (the monitor must outlive any one look)
+                log("look_failed", error=type(err).__name__)
+            await asyncio.sleep(self.s.health_seconds)
 
-    def wait(self, deadline: float, tick: float) -> tuple[str, list[tuple[str, int]]]:
-        """Block a held request until awake, failed, the deadline or the next tick; the mode
-        and the replicas that answered, read together under the lock."""
-        with self.cond:
-            end = min(deadline, self.clock() + tick)
-            while self.mode == "waking" and self.clock() < end:
-                self.cond.wait(timeout=max(0.05, end - self.clock()))
-            return self.mode, list(self.healthy)
+    async def wait(self, deadline: float, tick: float) -> None:
+        """Until the mode changes, the deadline, or the next tick."""
+        left = min(deadline - self.clock(), tick)
+        if left > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
+
+    def next_replica(self) -> list[tuple[str, int]]:
+        """The ready replicas, starting with the next in turn."""
+        ready = list(self.healthy)
+        if not ready:
+            return []
+        self.turn = (self.turn + 1) % len(ready)
+        return ready[self.turn :] + ready[: self.turn]
 
 
-class PipelineError(Exception):
-    pass
+async def _look_one(session: ClientSession, upstream: tuple[str, int]) -> str:
+    host, port = upstream
+    try:
+        async with session.get(f"http://{host}:{port}/health",
+                               timeout=ClientTimeout(total=LOOK_TIMEOUT)) as resp:  # fmt: skip
+            return READY if resp.status == 200 else THERE
+    except TimeoutError:
+        # Connected and slow (a busy replica) exists; a connect that timed out is gone: tell
+        # them apart by a bare connect of its own.
+        return THERE if await _connects(host, port) else GONE
+    except (ClientError, OSError):
+        return GONE
+
+
+async def _connects(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), LOOK_TIMEOUT)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
 
 
 def _epoch(text: Any) -> float | None:
@@ -457,184 +624,20 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _healthy(upstream: tuple[str, int]) -> bool:
-    conn = http.client.HTTPConnection(*upstream, timeout=2)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
 def error_body(refusal: Refusal) -> bytes:
     """OpenAI's error shape, so clients print the message."""
     return json.dumps({"error": {"message": refusal.message, "type": "service_unavailable",
                                  "code": refusal.code, "param": None}}).encode()  # fmt: skip
 
 
-def handler(waker: Waker) -> type[BaseHTTPRequestHandler]:
-    s = waker.s
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *_: Any) -> None:
-            pass  # every event is logged by name; never a request line (it may hold a key)
-
-        def send_json(self, status: int, body: bytes, retry_after: int | None = None) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            if retry_after is not None:
-                self.send_header("Retry-After", str(retry_after))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            if self.path in (ROUTE_URI, PROBE_URI):
-                return self.route(may_wake=self.path == ROUTE_URI)
-            if self.path == CONTROL_PATH:
-                return self.send_json(200, json.dumps(waker.snapshot()).encode())
-            if self.path == "/health":
-                snap = waker.snapshot()
-                status = 200 if snap["mode"] == "awake" else 503
-                return self.send_json(status, json.dumps(
-                    {"status": snap["mode"], "since": snap["since"],
-                     "expected_seconds": s.expected_seconds}).encode())  # fmt: skip
-            return self.hold()
-
-        def do_POST(self) -> None:
-            if self.path == CONTROL_PATH:
-                with waker.cond:
-                    refusal = waker.admit()
-                if refusal:
-                    return self.send_json(503, error_body(refusal), refusal.retry_after)
-                return self.send_json(202, json.dumps(waker.snapshot()).encode())
-            return self.hold()
-
-        def route(self, may_wake: bool) -> None:
-            """forward_auth: awake, or hold (a wake started; or, for the health probe, which
-            never wakes, the waker's own answer), or the refusal as the answer."""
-            with waker.cond:
-                # Look again before a wake (the monitor's last look may be seconds old, and a
-                # replica that just joined must not wake the set), and before "awake" on an old
-                # look (a set autodown just deleted must be held and woken, not proxied to).
-                old = waker.clock() - waker.checked_at > FRESH_SECONDS
-                stale = may_wake and (waker.mode != "awake" or old)
-            if stale:
-                waker.check()
-            with waker.cond:
-                if waker.mode == "awake":
-                    route = "awake"
-                elif not may_wake:
-                    route = "hold"
-                else:
-                    refusal = waker.admit()
-                    if refusal:
-                        log("refused", why=refusal.code)
-                        return self.send_json(503, error_body(refusal), refusal.retry_after)
-                    route = "hold"
-            self.send_response(200)
-            self.send_header(ROUTE_HEADER, route)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def hold(self) -> None:
-            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-                # Caddy passes a chunked body through; OpenAI clients send a length.
-                self.close_connection = True
-                return self.send_json(411, b'{"error":{"message":"send a Content-Length"}}')
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                self.close_connection = True  # the unread body must not pass for a request
-                return self.send_json(413, b'{"error":{"message":"body too large"}}')
-            body = self.rfile.read(length) if length else b""
-            stream = _is_stream(body)
-            started = time.monotonic()
-            deadline = waker.clock() + s.hold_seconds
-            commented = False
-            while True:
-                mode, healthy = waker.wait(deadline, s.comment_seconds)
-                if mode == "awake" and healthy:
-                    return self.forward(healthy[0], body, commented)
-                now = waker.clock()
-                if mode in ("failed", "asleep") or now >= deadline:
-                    waited = int(time.monotonic() - started)
-                    if mode == "failed":
-                        refusal = Refusal(f"the wake failed: {waker.reason}",
-                                          int(waker.cooldown()) or 60, "wake_failed")  # fmt: skip
-                    elif mode == "asleep":
-                        refusal = Refusal("the GPU set is asleep and no wake is running", 60)
-                    else:
-                        left = max(30, int(s.expected_seconds - (now - waker.since)))
-                        refusal = Refusal(
-                            f"the GPU set is still waking after {waited} s (wake.holdSeconds: "
-                            f"{s.hold_seconds:g}); retry in about {left} s",
-                            left,
-                            "waking",
-                        )
-                    log("held_answered", outcome=refusal.code, waited=waited)
-                    if commented:
-                        self.wfile.write(b"data: " + error_body(refusal) + b"\n\n")
-                        self.wfile.write(b"data: [DONE]\n\n")
-                        self.wfile.flush()
-                        self.close_connection = True
-                        return None
-                    return self.send_json(503, error_body(refusal), refusal.retry_after)
-                if stream:
-                    if not commented:
-                        self.send_response(200)
-                        self.send_header("Content-Type", "text/event-stream")
-                        self.send_header("Cache-Control", "no-cache")
-                        self.send_header("Connection", "close")
-                        self.end_headers()
-                        commented = True
-                    since = int(now - waker.since)
-                    self.wfile.write(
-                        f": waking: the GPU set is starting ({since} s so far, about "
-                        f"{int(s.expected_seconds)} s expected)\n\n".encode()
-                    )
-                    self.wfile.flush()
-
-        def forward(self, upstream: tuple[str, int], body: bytes, commented: bool) -> None:
-            """Send the held request to a replica that answered and relay its answer (after
-            progress comments, the stream's status line is already out)."""
-            host, port = upstream
-            headers = {k: v for k, v in self.headers.items() if k.lower() in FORWARDED}
-            conn = http.client.HTTPConnection(host, port, timeout=FORWARD_TIMEOUT)
-            try:
-                conn.request(self.command, self.path, body=body or None, headers=headers)
-                resp = conn.getresponse()
-                first, sent = True, commented
-                if not commented:
-                    self.send_response(resp.status)
-                    for k, v in resp.getheaders():
-                        if k.lower() not in HOP:
-                            self.send_header(k, v)
-                    self.send_header("Connection", "close")
-                    self.end_headers()
-                    sent = True
-                self.close_connection = True
-                while chunk := resp.read1(65536):
-                    if first:
-                        first = False
-                        with waker.cond:
-                            if "first_token" not in waker.timeline and "ready" in waker.timeline:
-                                waker.timeline["first_token"] = iso(waker.clock())
-                                log("first_token")
-                                waker.save()
-                    self.wfile.write(chunk)
-                    self.wfile.flush()
-            except (OSError, http.client.HTTPException) as err:
-                log("forward_failed", error=type(err).__name__)
-                if not sent:  # one status line per response: after it, the stream just ends
-                    self.send_json(502, b'{"error":{"message":"the replica did not answer"}}')
-            finally:
-                conn.close()
-
-    return Handler
+def refusal_response(refusal: Refusal) -> web.Response:
+    """503 with the reason. `x-should-retry` tells OpenAI's clients whether their own retry
+    helps (openai-python _base_client.py _should_retry reads it first, unless Retry-After is
+    over 120 s)."""
+    headers = {"Retry-After": str(refusal.retry_after),
+               "x-should-retry": "true" if refusal.retry else "false"}  # fmt: skip
+    return web.Response(status=503, body=error_body(refusal), headers=headers,
+                        content_type="application/json")  # fmt: skip
 
 
 def _is_stream(body: bytes) -> bool:
@@ -645,16 +648,218 @@ def _is_stream(body: bytes) -> bool:
     return isinstance(data, dict) and data.get("stream") is True
 
 
-def main() -> int:
-    settings = Settings.from_env(dict(os.environ))
+SSE_REPLICA_FAILED = {"error": {"message": "no replica answered the held request",
+                                 "type": "service_unavailable", "code": "replica_failed",
+                                 "param": None}}  # fmt: skip
+SSE_REPLICA_CUT = {"error": {"message": "the replica stopped mid-answer",
+                             "type": "service_unavailable", "code": "replica_failed",
+                             "param": None}}  # fmt: skip
+
+
+async def sse_error(out: web.StreamResponse, error: bytes) -> None:
+    """End a stream whose 200 is out with an error event (the OpenAI clients raise on an SSE
+    event whose data holds `error`) and [DONE]."""
+    try:
+        data = json.loads(error)
+    except ValueError:
+        data = None
+    if not (isinstance(data, dict) and "error" in data):
+        data = {"error": {"message": error.decode(errors="replace")[:500],
+                          "type": "service_unavailable", "code": None, "param": None}}  # fmt: skip
+    await out.write(b"data: " + json.dumps(data).encode() + b"\n\ndata: [DONE]\n\n")
+    await out.write_eof()
+
+
+@dataclass
+class Front:
+    """The waker's HTTP side: /health, the control path, and the held requests."""
+
+    waker: Waker
+    session: ClientSession
+
+    def app(self) -> web.Application:
+        application = web.Application(client_max_size=MAX_BODY)
+        application.router.add_get("/health", self.health)  # HEAD too (aiohttp's allow_head)
+        application.router.add_route("GET", CONTROL_PATH, self.control)
+        application.router.add_route("POST", CONTROL_PATH, self.control)
+        application.router.add_route("*", "/{tail:.*}", self.hold)
+        return application
+
+    async def health(self, _: web.Request) -> web.Response:
+        w = self.waker
+        return web.json_response(
+            {"status": w.mode, "since": iso(w.since), "expected_seconds": w.s.expected_seconds},
+            status=200 if w.mode == "awake" else 503,
+        )
+
+    async def control(self, request: web.Request) -> web.Response:
+        """GET: the state. POST: wake now, within the same guards as a request."""
+        w = self.waker
+        if request.method == "POST":
+            if w.mode == "unready":
+                why = "no wake: a replica exists but is not ready yet (starting or draining)"
+                return refusal_response(Refusal(why, 30))
+            refusal = w.admit()
+            if refusal:
+                return refusal_response(refusal)
+            return web.json_response(w.snapshot(), status=202)
+        return web.json_response(w.snapshot())
+
+    async def hold(self, request: web.Request) -> web.StreamResponse:
+        """A keyed request Caddy sent while no replica was ready: counted, held, relayed."""
+        w, s = self.waker, self.waker.s
+        if not request.path.startswith("/v1/"):
+            # The gate sends only the API's routes here: anything else wakes nothing.
+            return web.Response(status=404, text="not found")
+        length = request.content_length or 0
+        if w.held >= s.max_held or w.held_bytes + length > s.max_held_bytes:
+            log("held_full", held=w.held)
+            return refusal_response(Refusal(
+                f"the front holds {w.held} requests already while the GPU set wakes; "
+                "retry shortly", 5, "front_busy", retry=True))  # fmt: skip
+        w.held += 1
+        w.held_total += 1
+        w.held_bytes += length
+        counted = length
+        try:
+            body = await request.read()
+            w.held_bytes += len(body) - counted
+            counted = len(body)
+            return await self.held_request(request, body)
+        finally:
+            w.held -= 1
+            w.held_bytes -= counted
+
+    async def held_request(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """Wait for a ready replica (progress comments on a stream), or answer why not."""
+        w, s = self.waker, self.waker.s
+        started = time.monotonic()
+        deadline = w.clock() + s.hold_seconds
+        stream = _is_stream(body)
+        sse: web.StreamResponse | None = None
+        while True:
+            if w.mode == "awake" and w.healthy:
+                return await self.forward(request, body, sse)
+            now = w.clock()
+            refusal = w.admit() if w.mode == "asleep" else None
+            if refusal is None and (w.mode == "failed" or now >= deadline):
+                refusal = self.held_refusal(int(time.monotonic() - started), now)
+            if refusal is not None:
+                log("held_answered", outcome=refusal.code, waited=int(time.monotonic() - started))
+                if sse is None:
+                    return refusal_response(refusal)
+                await sse_error(sse, error_body(refusal))
+                return sse
+            if stream and sse is None:
+                sse = web.StreamResponse(status=200, headers={
+                    "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})  # fmt: skip
+                await sse.prepare(request)
+            if sse is not None:
+                await sse.write(
+                    f": {w.mode}: the GPU set is starting ({int(now - w.since)} s so far, about "
+                    f"{int(s.expected_seconds)} s expected)\n\n".encode()
+                )
+            await w.wait(deadline, s.comment_seconds)
+
+    def held_refusal(self, waited: int, now: float) -> Refusal:
+        w, s = self.waker, self.waker.s
+        if w.mode == "failed":
+            return w.cooldown_refusal()
+        what = "waking" if w.mode == "waking" else "not ready (starting or draining)"
+        left = max(30, int(s.expected_seconds - (now - w.since)))
+        # Retry at once: the next try is held again (the hold is the wait); a client that
+        # honours Retry-After up to 60 s (older openai-python) or 120 s (2.52+) retries it.
+        return Refusal(
+            f"the GPU set is still {what} after {waited} s (wake.holdSeconds: "
+            f"{s.hold_seconds:g}); about {left} s more expected",
+            1,
+            "waking",
+            retry=True,
+        )
+
+    async def forward(self, request: web.Request, body: bytes,
+                      sse: web.StreamResponse | None) -> web.StreamResponse:  # fmt: skip
+        """Send the held request to a ready replica and relay its answer. A replica that
+        cannot be reached before it answers is skipped for the next (a chat completion has no
+        side effect until it answers); after progress comments, a failure is an SSE error."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED}
+        for host, port in self.waker.next_replica():
+            try:
+                async with self.session.request(
+                    request.method, f"http://{host}:{port}{request.raw_path}", data=body or None,
+                    headers=headers, timeout=ClientTimeout(total=FORWARD_TIMEOUT, sock_connect=5),
+                    allow_redirects=False,
+                ) as resp:  # fmt: skip
+                    return await self.relay(request, resp, sse)
+            except (ClientError, OSError, TimeoutError) as err:
+                log("forward_failed", error=type(err).__name__)
+        failed = json.dumps(SSE_REPLICA_FAILED).encode()
+        if sse is not None:
+            await sse_error(sse, failed)
+            return sse
+        return web.Response(status=502, body=failed, content_type="application/json",
+                            headers={"x-should-retry": "true"})  # fmt: skip
+
+    async def relay(self, request: web.Request, resp: Any,
+                    sse: web.StreamResponse | None) -> web.StreamResponse:  # fmt: skip
+        """The replica's answer as it comes; the wake's first token noted."""
+        w = self.waker
+        if sse is not None and resp.status != 200:
+            # The stream's 200 is out: the replica's error goes as the SSE error event.
+            await sse_error(sse, await resp.read())
+            return sse
+        out = sse
+        if out is None:
+            out = web.StreamResponse(status=resp.status, reason=resp.reason)
+            for k, v in resp.headers.items():
+                if k.lower() not in HOP:
+                    out.headers.add(k, v)
+            await out.prepare(request)
+        try:
+            async for chunk in resp.content.iter_any():
+                if "first_token" not in w.timeline and "ready" in w.timeline:
+                    w.timeline["first_token"] = iso(w.clock())
+                    log("first_token")
+                    w.save()
+                await out.write(chunk)
+        except (ClientError, OSError, TimeoutError) as err:
+            log("forward_cut", error=type(err).__name__)
+            if sse is not None or "text/event-stream" in resp.headers.get("Content-Type", ""):
+                await sse_error(out, json.dumps(SSE_REPLICA_CUT).encode())
+            return out
+        await out.write_eof()
+        return out
+
+
+async def serve(settings: Settings) -> None:
     waker = Waker(settings)
     waker.load()
-    server = ThreadingHTTPServer(settings.listen, handler(waker))
-    server.daemon_threads = True
-    threading.Thread(target=waker.monitor, daemon=True).start()
-    log("listening", address=f"{settings.listen[0]}:{server.server_address[1]}",
-        trigger=settings.trigger, stack=settings.stack)  # fmt: skip
-    server.serve_forever(poll_interval=0.2)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with ClientSession(auto_decompress=False) as session:
+        await waker.look(session)  # the hold file matches the replicas before the first request
+        waker.route_file()
+        runner = web.AppRunner(Front(waker, session).app(), access_log=None,
+                               handle_signals=False)  # fmt: skip
+        await runner.setup()
+        # Many held requests may arrive at once while the set wakes: a deep accept queue.
+        site = web.TCPSite(runner, settings.listen[0], settings.listen[1], backlog=4096)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else settings.listen[1]
+        log("listening", address=f"{settings.listen[0]}:{bound}", trigger=settings.trigger,
+            stack=settings.stack, mode=waker.mode)  # fmt: skip
+        monitor = asyncio.ensure_future(waker.monitor(session))
+        await stop.wait()
+        monitor.cancel()
+        # Stopped: Caddy proxies to the replicas again (systemd removes the folder too).
+        settings.hold_file.unlink(missing_ok=True)
+        await runner.cleanup()
+
+
+def main() -> int:
+    asyncio.run(serve(Settings.from_env(dict(os.environ))))
     return 0
 
 

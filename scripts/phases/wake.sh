@@ -6,7 +6,7 @@
 # installed them. Runs before the gateway, whose Caddyfile then routes through it.
 # Settings: NEMO_WAKE_MODE (on|off) NEMO_WAKE_PY NEMO_WAKE_SCRIPT NEMO_WAKE_ENV_FILE
 #           NEMO_WAKE_ENV_TEXT NEMO_WAKE_TOKEN_FILE NEMO_WAKE_TOKEN (secret) NEMO_WAKE_UNIT
-#           NEMO_WAKE_UNIT_TEXT NEMO_WAKE_ADDRESS
+#           NEMO_WAKE_UNIT_TEXT NEMO_WAKE_ADDRESS NEMO_WAKE_PYTHON NEMO_WAKE_PACKAGE
 
 unit=/etc/systemd/system/$NEMO_WAKE_UNIT
 token=$NEMO_WAKE_TOKEN
@@ -29,6 +29,18 @@ if [[ $NEMO_WAKE_MODE == off ]]; then
 fi
 
 restart=false
+step aiohttp "${NEMO_WAKE_PACKAGE}: the waker's HTTP server and client, from Ubuntu's archive"
+if "$NEMO_WAKE_PYTHON" -c 'import aiohttp' 2>/dev/null; then
+  log "aiohttp $("$NEMO_WAKE_PYTHON" -c 'import aiohttp; print(aiohttp.__version__)') is there"
+else
+  apt_install "$NEMO_WAKE_PACKAGE"
+  "$NEMO_WAKE_PYTHON" -c 'import aiohttp' \
+    || fail "${NEMO_WAKE_PACKAGE} installed, yet ${NEMO_WAKE_PYTHON} cannot import aiohttp" \
+            "run ${NEMO_WAKE_PYTHON} -c 'import aiohttp' on the front to see why; pulumi up again"
+  changed
+  restart=true
+fi
+
 step script "${NEMO_WAKE_SCRIPT}"
 mkdir -p "$(dirname "$NEMO_WAKE_SCRIPT")"
 if printf '%s\n' "$NEMO_WAKE_PY" | install_file "$NEMO_WAKE_SCRIPT" 755; then changed; restart=true; fi
