@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pulumi
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import apikey, catalog
@@ -511,9 +513,52 @@ def parse(
     if replicas is None:
         bad.add("replicas")
     problems.extend(_cross_check(parsed, bad))
+    if "wake" not in bad and isinstance(parsed.get("wake"), WakeConfig):
+        problems.extend(wake_pipeline_problems(parsed["wake"], stack))
     if problems:
         raise ConfigError(problems)
     return StackConfig(stack=stack, **parsed)
+
+
+WORKFLOWS = Path(__file__).resolve().parent.parent / ".github" / "workflows"
+# What a wake dispatches (scripts/phases/wake.py dispatch_github): the workflow must declare
+# these inputs, and GitHub answers 422 to a `choice` value outside its options.
+WAKE_INPUTS = {"stack": None, "command": "up", "refresh": "true"}
+
+
+def wake_pipeline_problems(wake: WakeConfig, stack: str, workflows: Path = WORKFLOWS) -> list[str]:
+    """Whether the deploy workflow in this repository takes the wake's dispatch for this stack,
+    before the first wake finds out with GitHub's 422. Only a workflow this repository holds
+    is read (another repository's is checked by `validate` with a GitHub token)."""
+    if not wake.enabled or wake.trigger != "github":
+        return []
+    path = workflows / wake.github_workflow
+    if not path.is_file():
+        return []
+    try:
+        on = (yaml.safe_load(path.read_text()) or {}).get(True) or {}  # YAML reads `on` as True
+    except yaml.YAMLError:
+        return [f"wake.githubWorkflow: {path.name} is not YAML"]
+    dispatch = on.get("workflow_dispatch") if isinstance(on, dict) else None
+    if not isinstance(dispatch, dict):
+        return [f"wake.githubWorkflow: {path.name} has no workflow_dispatch trigger to wake by"]
+    inputs = dispatch.get("inputs") or {}
+    problems = []
+    for name, value in {**WAKE_INPUTS, "stack": stack}.items():
+        spec = inputs.get(name)
+        if not isinstance(spec, dict):
+            problems.append(f"wake.githubWorkflow: {path.name} declares no input `{name}`, "
+                            "which a wake sends (GitHub would answer 422)")  # fmt: skip
+        elif spec.get("type") == "choice" and str(value) not in (
+            options_given := [str(o) for o in spec.get("options") or []]
+        ):
+            options = ", ".join(options_given)
+            what = f"the stack `{stack}`" if name == "stack" else f"`{name}: {value}`"
+            problems.append(
+                f"wake: {path.name} does not offer {what} (its `{name}` options: {options}); "
+                "add it there, or GitHub refuses the wake with 422"
+            )
+    return problems
 
 
 def _replicas(value: Any, problems: list[str]) -> int | None:

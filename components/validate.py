@@ -14,7 +14,9 @@ whether the token may read each kind of resource the stack makes (the provider r
 every resource back after creating it, so a token without the read scope fails half-way through
 `pulumi up`). It reads only (GET); the token is never printed. A write scope cannot be checked
 without writing, and DigitalOcean has no endpoint that lists a token's scopes: those, and the
-autodown token's, are named, not checked.
+autodown token's, are named, not checked. With wake on and a token in GITHUB_TOKEN (any that
+may read the repository) it checks that `wake.githubRef` is a branch there; that the stack is
+one of the deploy workflow's `stack` choices is checked offline, as `pulumi up` does.
 """
 
 from __future__ import annotations
@@ -227,6 +229,30 @@ def cloud_problems(
     return problems
 
 
+GITHUB_API_URL = "https://api.github.com"
+
+
+def github_problems(cfg: StackConfig, token: str, api_url: str = GITHUB_API_URL) -> list[str]:
+    """What only GitHub knows of a wake's dispatch: that the branch it runs from exists (GET
+    /repos/{owner}/{repo}/git/ref/heads/{branch}, GitHub REST git/get-ref; a dispatch to a
+    missing ref is refused with 422 "No ref found")."""
+    w = cfg.wake
+    if not (w.enabled and w.trigger == "github" and w.github_repo):
+        return []
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
+               "X-GitHub-Api-Version": "2022-11-28"}  # fmt: skip
+    url = f"{api_url.rstrip('/')}/repos/{w.github_repo}/git/ref/heads/{w.github_ref}"
+    answer = requests.get(url, headers=headers, timeout=TIMEOUT_SECONDS)
+    if answer.status_code == 401:
+        return ["GITHUB_TOKEN: GitHub refused it (HTTP 401)"]
+    if answer.status_code == 404:
+        return [f"wake.githubRef: {w.github_repo} has no branch {w.github_ref!r} (or the token "
+                "cannot see the repository): GitHub would refuse every wake with 422"]  # fmt: skip
+    if answer.status_code >= 400:
+        return [f"wake.githubRef: could not read it (HTTP {answer.status_code})"]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -236,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         "--stacks", type=Path, default=ROOT / "stacks", help="the folder of stack files (stacks/)"
     )
     parser.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)
+    parser.add_argument("--github-api-url", default=GITHUB_API_URL, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    api = urllib.parse.urlsplit(args.api_url)
-    if api.scheme != "https" and api.hostname != "127.0.0.1":
-        parser.error("--api-url: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
+    for flag, value in (("--api-url", args.api_url), ("--github-api-url", args.github_api_url)):
+        api = urllib.parse.urlsplit(value)
+        if api.scheme != "https" and api.hostname != "127.0.0.1":
+            parser.error(f"{flag}: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
     problems, cfg = file_problems(args.stack, args.stacks)
     token = os.environ.get("DIGITALOCEAN_TOKEN", "")
     notes: list[str] = []
@@ -248,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
             problems += cloud_problems(cfg, token, args.api_url, notes)
         except requests.RequestException as err:
             problems.append(f"DigitalOcean could not be asked: {type(err).__name__}")
+    github_token = os.environ.get("GITHUB_TOKEN", "")
+    if cfg is not None and github_token:
+        try:
+            problems += github_problems(cfg, github_token, args.github_api_url)
+        except requests.RequestException as err:
+            problems.append(f"GitHub could not be asked: {type(err).__name__}")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     for problem in problems:

@@ -5,14 +5,17 @@ asked of a fake DigitalOcean on loopback that answers as the API does."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import loopback
 import pytest
 import yaml
+from stack import github_api
 from stack.do_api import Account, DigitalOceanAPI, Size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,3 +289,50 @@ def test_a_stack_file_that_is_not_yaml_says_where_and_quotes_nothing(tmp_path: P
     run = validate("--stack", "broken", stacks=tmp_path)
     assert run.returncode == 2 and "not YAML at line 2" in run.stderr, run.stderr
     assert "sk-do-not-echo-me" not in run.stderr
+
+
+# ---- wake: the deploy workflow must take the wake's dispatch (GitHub answers 422 otherwise) ----
+
+WAKE_TOKEN = "github_pat_VALIDATEwakeTOKEN00000000000000000"
+
+
+def wake_stack(tmp_path: Path, name: str, ref: str = "main") -> Path:
+    config = shipped("dev")
+    config["nemotron-droplet:wake"] = {"enabled": True, "githubRepo": "me/llm", "githubRef": ref,
+                                       "token": {"secure": "v1:AAAAsecret"}}  # fmt: skip
+    folder = tmp_path / "stacks"
+    stack_file(folder, name, config)
+    return folder
+
+
+def test_a_stack_the_deploy_workflow_does_not_offer_is_refused_before_the_first_wake(
+    tmp_path: Path,
+) -> None:
+    """deploy.yml's `stack` is a choice: a wake for a stack outside its options gets 422 from
+    GitHub. validate (and pulumi up: the same config.parse) says so first, naming the fix."""
+    run = validate("--stack", "staging", stacks=wake_stack(tmp_path, "staging"))
+    assert run.returncode == 2
+    assert "wake: deploy.yml does not offer the stack `staging`" in run.stderr
+    assert "its `stack` options: dev, prod, super" in run.stderr
+    ok = validate("--stack", "dev", stacks=wake_stack(tmp_path, "dev"))
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_with_a_github_token_the_wake_branch_must_exist(tmp_path: Path) -> None:
+    """The strict fake GitHub (tests/support/stack/github_api.py) knows only `main`."""
+    github = github_api.GitHub(repo="me/llm", workflow="deploy.yml", token=WAKE_TOKEN)
+    server = github_api.serve(github, socket.create_server(("127.0.0.1", 0)), None)
+    try:
+        url = ["--github-api-url", loopback.url(server)]
+        env = {"GITHUB_TOKEN": WAKE_TOKEN}
+        bad = validate("--stack", "dev", *url, env=env, stacks=wake_stack(tmp_path, "dev", "rel"))
+        assert bad.returncode == 2
+        assert "wake.githubRef: me/llm has no branch 'rel'" in bad.stderr
+        good = validate("--stack", "dev", *url, env=env, stacks=wake_stack(tmp_path / "g", "dev"))
+        assert good.returncode == 0, good.stderr
+        refused = validate("--stack", "dev", *url, env={"GITHUB_TOKEN": "nope"},
+                           stacks=wake_stack(tmp_path / "r", "dev"))  # fmt: skip
+        assert "GITHUB_TOKEN: GitHub refused it (HTTP 401)" in refused.stderr
+        assert WAKE_TOKEN not in bad.stdout + bad.stderr + good.stdout + good.stderr
+    finally:
+        loopback.stop(server)
