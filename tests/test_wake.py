@@ -961,3 +961,18 @@ def test_the_shipped_settings_hold_silently_past_a_minute_through_caddy(
     assert answer.status_code == 200, answer.text
     assert time.monotonic() - started > 65
     assert github.dispatches == [DISPATCH]
+
+
+def test_a_replica_that_just_joined_is_found_before_any_wake(
+    front_factory: Callable[..., Front],
+) -> None:
+    """The deploy's own ready probe comes through the front a moment after the replica joins,
+    before the monitor's next look (the hold file still there): the waker looks again before it
+    wakes anything, and sends the request on."""
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_HEALTH_SECONDS="60")
+    front.wait_mode("asleep")
+    front.start_replica()
+    answer = front.send(CHAT)
+    assert answer.status_code == 200, answer.text
+    assert github.dispatches == [] and front.state()["mode"] == "awake"

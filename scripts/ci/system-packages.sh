@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The Debian/Ubuntu packages the tests use for real: a real sshd (the bootstrap over SSH), a real
-# ACME CA (pebble), network namespaces (iproute2) and firewall rules (nftables). Installs the
+# ACME CA (pebble), network namespaces (iproute2), firewall rules (nftables) and the waker's
+# aiohttp (python3-aiohttp). Installs the
 # missing ones with apt-get: as root directly (this machine's CI), else through `sudo -n` when sudo
 # needs no password (a GitHub-hosted runner: user `runner`, passwordless sudo, no pebble in the
 # image); otherwise it names them and fails. ./check runs it; a CI step may run it alone.
 set -euo pipefail
 
 missing=()
-# One line a package: how to tell it is there, then what to install. (python3-aiohttp, when the
-# tests need the system Python's aiohttp: /usr/bin/python3 -c 'import aiohttp' || missing+=(...))
+# One line a package: how to tell it is there, then what to install. The emulated front runs
+# the waker on the system Python with the distribution's aiohttp, as a Droplet does
+# (components/wake.py PYTHON, APT_PACKAGE).
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server openssh-client)
 command -v pebble >/dev/null || missing+=(pebble)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
+/usr/bin/python3 -c 'import aiohttp' 2>/dev/null || missing+=(python3-aiohttp)
 [ ${#missing[@]} -gt 0 ] || exit 0
 
 as_root=()

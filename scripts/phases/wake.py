@@ -223,6 +223,7 @@ class Waker:
     held_total: int = 0  # since this service started
     turn: int = 0  # round robin over the ready replicas
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    looking: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     # ---- state ---------------------------------------------------------------------------------
@@ -562,11 +563,20 @@ class Waker:
         elif self.mode != "failed" or now - (self.failed_at or now) >= self.cooldown():
             self.set_mode("asleep" if gone else "unready")
 
+    async def fresh_look(self, session: ClientSession) -> None:
+        """A look that begins after this call, one at a time: a caller that finds one under way
+        takes the result of the next."""
+        asked = self.clock()
+        async with self.looking:
+            if self.checked_at > asked:
+                return
+            await self.look(session)
+
     async def monitor(self, session: ClientSession) -> None:
         """Every WAKE_HEALTH_SECONDS, a look at the replicas."""
         while True:
             try:
-                await self.look(session)
+                await self.fresh_look(session)
             except Exception as err:  # noqa: BLE001 (the monitor must outlive any one look)
                 log("look_failed", error=type(err).__name__)
             await asyncio.sleep(self.s.health_seconds)
@@ -740,6 +750,12 @@ class Front:
         while True:
             if w.mode == "awake" and w.healthy:
                 return await self.forward(request, body, sse)
+            if w.mode == "asleep":
+                # Look again before a wake: a replica that joined since the last look (the
+                # deploy's own ready probe comes a moment after) must not wake the set.
+                await w.fresh_look(self.session)
+                if w.mode == "awake" and w.healthy:
+                    continue
             now = w.clock()
             refusal = w.admit() if w.mode == "asleep" else None
             if refusal is None and (w.mode == "failed" or now >= deadline):
