@@ -1,7 +1,8 @@
 """The lease outside the Droplet: delete this project's GPU Droplets that are past their expiry.
 
-    DIGITALOCEAN_TOKEN=dop_v1_... python scripts/lease.py --dry-run   # what it would delete
-    DIGITALOCEAN_TOKEN=dop_v1_... python scripts/lease.py             # delete them
+    DIGITALOCEAN_TOKEN=dop_v1_... python3 scripts/lease.py --dry-run   # what it would delete
+    DIGITALOCEAN_TOKEN=dop_v1_... python3 scripts/lease.py             # delete them
+    GITHUB_TOKEN=... python3 scripts/lease.py --status --repo OWNER/REPO  # is the schedule alive?
 
 Autodown runs on the Droplet: if the Droplet hangs, its timer dies or someone stops the unit,
 nothing deletes it, and DigitalOcean bills a frozen or powered-off Droplet like a running one.
@@ -9,7 +10,9 @@ This rule needs nothing from the Droplet. Each GPU Droplet the program creates c
 `nemotron-droplet` and `nemotron-droplet-lease-minutes:<M>` (autodown.maxHours, in minutes;
 components/catalog.py); it expires M minutes after DigitalOcean created it (`created_at`), the
 same ceiling autodown counts. One past its expiry plus `--grace-minutes` (autodown had its
-chance) is deleted by id. `.github/workflows/lease.yml` runs this every 15 minutes.
+chance) is deleted by id. `.github/workflows/lease.yml` runs this on a schedule (hourly by
+default). It needs the standard library and components/catalog.py, nothing to install: the
+workflow runs it with the runner image's python3.
 
 What it touches, and the token it needs (DigitalOcean OpenAPI, specification/resources/):
 - GET /v2/droplets?type=gpus (droplets_list.yml, `droplet:read`): GPU Droplets are listed only
@@ -20,36 +23,60 @@ What it touches, and the token it needs (DigitalOcean OpenAPI, specification/res
 A token with exactly `droplet:read` and `droplet:delete` does it; `--dry-run` needs only the first.
 
 A 429 waits for its Retry-After, a 5xx is tried again (three times), a Droplet deleted between
-the list and the delete (404) counts as gone. The token is never printed. Exit 0: nothing failed
-(deleted or not); 1: a call failed (the summary says which); 2: the token or the arguments.
+the list and the delete (404) counts as gone. The token is never printed, and a redirect is
+never followed (the token would go with it). Exit 0: nothing failed (deleted or not); 1: a call
+failed (the summary says which); 2: the token or the arguments.
+
+`--status` asks GitHub instead whether the schedule still runs (GitHub REST, github/
+rest-api-description): GET /repos/{repo}/actions/workflows/lease.yml (its `state`: `active`, or
+`disabled_inactivity` after 60 days without activity in a public repository, `disabled_manually`,
+`disabled_fork`), GET .../workflows/lease.yml/runs?event=schedule&per_page=1 (the last scheduled
+run's `created_at`, `status`, `conclusion`) and GET /repos/{repo}/actions/runs/{id}/jobs (whether
+the lease step ran or was skipped for want of its secret). The token comes from GITHUB_TOKEN
+(`actions: read`; never an argument). `--enable` also re-enables a schedule GitHub disabled for
+inactivity (PUT .../workflows/lease.yml/enable, `actions: write`); never one a person disabled.
+Exit 0: the schedule ran within `--max-age-hours` and did its work; 1: it did not (the message
+says what to do); 2: the token, the repository or the arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import email.message
+import http.client
+import json
 import math
 import os
+import re
 import sys
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from components import catalog  # the lease tag's one definition
 
 API_URL = "https://api.digitalocean.com"
+GITHUB_API_URL = "https://api.github.com"
 TIMEOUT_SECONDS = 30
 PER_PAGE = 200  # the most DigitalOcean gives per page (description.yml, "Links & Pagination")
 SERVER_ERROR_TRIES = 3
 GRACE_MINUTES = 30.0
-# The most one run waits on Retry-After in total: the workflow runs again in 15 minutes.
-MAX_WAIT_SECONDS = 300.0
+# The most one run waits on Retry-After in total: the next scheduled run tries again, and the
+# job's timeout-minutes (lease.yml) must stay above this plus the calls themselves.
+MAX_WAIT_SECONDS = 180.0
+# --status: the workflow, the step that does the work (its name is lease.yml's), and how old the
+# last scheduled run may be before the check says the schedule is not running.
+WORKFLOW = "lease.yml"
+LEASE_STEP = "Delete the GPU Droplets past their lease"
+MAX_AGE_HOURS = 24.0
+REPO = re.compile(r"[A-Za-z0-9-]+/[A-Za-z0-9._-]+")
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -64,42 +91,80 @@ class FailedError(Exception):
 
 
 @dataclass
+class Answer:
+    """One HTTP answer: its status, headers and body (urllib's, read and closed)."""
+
+    status_code: int
+    headers: email.message.Message
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body or b"null")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an answer, never followed: urllib would send the Authorization header on."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def request(method: str, url: str, headers: dict[str, str]) -> Answer:
+    """One HTTP call with the standard library; any status is an answer, a dropped connection
+    or a timeout raises OSError (or http.client.HTTPException)."""
+    if urllib.parse.urlsplit(url).scheme != "https" and not url.startswith("http://127.0.0.1:"):
+        raise ValueError("HTTPS only (plain HTTP to 127.0.0.1 alone)")  # main checked; and here
+    call = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310 (https, above)
+    try:
+        with _OPENER.open(call, timeout=TIMEOUT_SECONDS) as answer:
+            return Answer(answer.status, answer.headers, answer.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return Answer(err.code, err.headers, err.read())
+
+
+@dataclass
 class Api:
     url: str
     token: str
     sleep: Sleep = time.sleep
     waited: float = 0.0
+    # For the messages: the variable the token came from, the service; and the API's headers.
+    env_name: str = "DIGITALOCEAN_TOKEN"
+    service: str = "DigitalOcean"
+    headers: dict[str, str] = field(default_factory=dict)
 
-    def call(self, method: str, target: str, scope: str) -> requests.Response:
-        """One call with DigitalOcean's retry rules: 429 waits for Retry-After (within the run's
+    def call(self, method: str, target: str, scope: str) -> Answer:
+        """One call with the API's retry rules: 429 waits for Retry-After (within the run's
         budget), 5xx and dropped connections are tried again, 401/403 stop."""
         url = target if target.startswith(("http://", "https://")) else f"{self.url}{target}"
+        headers = {**self.headers, "Authorization": f"Bearer {self.token}"}
         failed = 0  # 5xx answers and dropped connections; a 429 is not a failure, only a wait
         while True:
             try:
-                answer = requests.request(
-                    method,
-                    url,
-                    headers={"Authorization": f"Bearer {self.token}"},
-                    timeout=TIMEOUT_SECONDS,
-                )
-            except requests.RequestException as err:
+                answer = request(method, url, headers)
+            except (OSError, http.client.HTTPException) as err:
                 failed += 1
                 if failed == SERVER_ERROR_TRIES:
                     raise FailedError(f"{method} {_path(url)}: {type(err).__name__}") from None
                 self.sleep(2.0**failed)
                 continue
             if answer.status_code == 401:
-                raise RefusedError("DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP 401)")
-            if answer.status_code == 403:
+                raise RefusedError(f"{self.env_name}: {self.service} refused it (HTTP 401)")
+            if answer.status_code == 403 and answer.headers.get("x-ratelimit-remaining") != "0":
                 raise RefusedError(
-                    f"DIGITALOCEAN_TOKEN: {method} {_path(url)} refused (HTTP 403): the token "
+                    f"{self.env_name}: {method} {_path(url)} refused (HTTP 403): the token "
                     f"needs the scope {scope}"
                 )
-            if answer.status_code == 429:
+            if answer.status_code in (403, 429):  # 403 here: GitHub's rate limit
                 wait = _retry_after(answer.headers.get("retry-after"))
                 if self.waited + wait > MAX_WAIT_SECONDS:
-                    raise FailedError(f"{method} {_path(url)}: rate limited (HTTP 429) too long")
+                    raise FailedError(
+                        f"{method} {_path(url)}: rate limited (HTTP {answer.status_code}) too long"
+                    )
                 self.waited += wait
                 self.sleep(wait)
                 continue
@@ -224,13 +289,29 @@ def enforce(api: Api, verdicts: list[Verdict], dry_run: bool) -> list[str]:
     return failures
 
 
-def summary(verdicts: list[Verdict], now: datetime, dry_run: bool, failures: list[str]) -> str:
-    """The job summary: each Droplet of ours, what was done, and the bill before and after."""
+def summary(
+    verdicts: list[Verdict],
+    now: datetime,
+    dry_run: bool,
+    failures: list[str],
+    listed: int | None = None,
+    grace_minutes: float = GRACE_MINUTES,
+) -> str:
+    """The job summary: what it saw, each Droplet of ours, what was done, and the bill before
+    and after. `listed`: the account's GPU Droplets it read (None: the list failed)."""
     gone = [v for v in verdicts if v.action in ("deleted", "already gone")]
     left = [v for v in verdicts if v not in gone]
     title = "Lease (dry run: nothing deleted)" if dry_run else "Lease"
+    seen = (
+        "The list of GPU Droplets failed: nothing was seen, nothing deleted."
+        if listed is None
+        else f"Saw {listed} GPU Droplet(s) in the account; the ones tagged `{catalog.PROJECT}` "
+        f"are this project's. Grace past a lease: {grace_minutes:g} min."
+    )
     lines = [
         f"## {title}: {now.strftime('%Y-%m-%d %H:%M UTC')}",
+        "",
+        seen,
         "",
         f"{len(verdicts)} GPU Droplet(s) of this project; {len(gone)} deleted "
         f"(${sum(v.price_hourly for v in gone):.2f}/h stopped); {len(left)} kept "
@@ -252,6 +333,155 @@ def summary(verdicts: list[Verdict], now: datetime, dry_run: bool, failures: lis
     return "\n".join(lines) + "\n"
 
 
+# ---- --status: is the schedule alive? ---------------------------------------------------------
+
+# What each `state` of a workflow (GitHub REST `workflow.state`) means for the lease, and the fix.
+STATES = {
+    "disabled_inactivity": "GitHub disabled its schedule after 60 days without activity in this "
+    "public repository; re-enable it (`gh workflow enable {workflow} --repo {repo}`, the Actions "
+    "tab, or this check with --enable and a token with actions: write); a push also counts as "
+    "activity",
+    "disabled_manually": "someone disabled it (Actions > lease > Enable workflow); --enable leaves "
+    "a person's choice alone",
+    "disabled_fork": "a fork's workflows stay off until they are enabled in its Actions tab",
+    "deleted": "the workflow file is gone from the default branch",
+}
+
+
+@dataclass
+class Status:
+    """What --status saw, and what is wrong (nothing: the schedule runs and does its work)."""
+
+    seen: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def lease_status(api: Api, repo: str, now: datetime, max_age: timedelta, enable: bool) -> Status:
+    """Ask GitHub whether lease.yml is enabled, when its schedule last ran and whether that run
+    did the lease's work; with `enable`, re-enable a schedule GitHub disabled for inactivity."""
+    out = Status()
+    base = f"/repos/{repo}/actions/workflows/{WORKFLOW}"
+    answer = api.call("GET", base, "actions: read")
+    if answer.status_code == 404:
+        raise RefusedError(
+            f"GITHUB_TOKEN: GET {base}: HTTP 404: no {WORKFLOW} on {repo}'s default branch, or "
+            "the token cannot see the repository (GitHub answers 404 to both)"
+        )
+    if answer.status_code != 200:
+        raise FailedError(f"GET {base}: HTTP {answer.status_code}")
+    state = str(answer.json().get("state"))
+    out.seen.append(f"{WORKFLOW} on {repo}: state `{state}`")
+    reenabled = False
+    if state == "disabled_inactivity" and enable:
+        put = api.call("PUT", f"{base}/enable", "actions: write")
+        if put.status_code != 204:
+            raise FailedError(f"PUT {base}/enable: HTTP {put.status_code}")
+        reenabled = True
+        out.seen.append(
+            "re-enabled it (PUT .../enable): the schedule runs again from its next tick"
+        )
+    elif state != "active":
+        why = STATES.get(state, "it does not run").format(workflow=WORKFLOW, repo=repo)
+        out.problems.append(f"{WORKFLOW} is `{state}`: {why}")
+    answer = api.call("GET", f"{base}/runs?event=schedule&per_page=1", "actions: read")
+    if answer.status_code != 200:
+        raise FailedError(f"GET {base}/runs: HTTP {answer.status_code}")
+    runs = answer.json().get("workflow_runs") or []
+    if not runs:
+        out.problems.append(
+            f"{WORKFLOW} has never run on its schedule (GitHub runs a schedule from the default "
+            f"branch only; try it by hand: `gh workflow run {WORKFLOW} --repo {repo} -f "
+            "dry_run=true`)"
+        )
+        return out
+    run = runs[0]
+    created = _when(str(run["created_at"]))
+    age = now - created
+    status, conclusion = run.get("status"), run.get("conclusion")
+    out.seen.append(
+        f"last scheduled run: {run.get('display_title', '?')} ({run.get('event', '?')}), created "
+        f"{created.strftime('%Y-%m-%d %H:%M UTC')}, {_duration(age.total_seconds() / 60)} ago, "
+        f"updated {run.get('updated_at', '?')}, {status}"
+        + (f" / {conclusion}" if conclusion else "")
+        + (f": {run['html_url']}" if run.get("html_url") else "")
+    )
+    if age > max_age and not reenabled:
+        out.problems.append(
+            f"the last scheduled run is {_duration(age.total_seconds() / 60)} old, more than "
+            f"{max_age.total_seconds() / 3600:g} h: GitHub delays or drops scheduled runs under "
+            "load and stops them all when a private repository's billed minutes run out; until "
+            "it runs again only autodown on the Droplet stops a forgotten one"
+        )
+    _judge_run(api, repo, run, out)
+    return out
+
+
+def _judge_run(api: Api, repo: str, run: dict[str, Any], out: Status) -> None:
+    """Did the last scheduled run do the lease's work: finished, and its lease step ran?"""
+    status, conclusion = run.get("status"), run.get("conclusion")
+    if status != "completed":
+        out.seen.append("that run has not finished: its outcome is not known yet")
+    elif conclusion in ("success", "neutral"):
+        target = f"/repos/{repo}/actions/runs/{run['id']}/jobs"
+        answer = api.call("GET", target, "actions: read")
+        if answer.status_code != 200:
+            raise FailedError(f"GET {target}: HTTP {answer.status_code}")
+        steps = [s for job in answer.json().get("jobs") or [] for s in job.get("steps") or []]
+        leased = [s for s in steps if s.get("name") == LEASE_STEP]
+        if not leased:
+            out.problems.append(
+                f"that run has no step '{LEASE_STEP}': lease.yml and lease.py disagree on its name"
+            )
+        elif not any(s.get("conclusion") == "success" for s in leased):
+            out.problems.append(
+                f"the lease is off: that run skipped '{LEASE_STEP}' because the repository "
+                "secret DIGITALOCEAN_LEASE_TOKEN is not set (a token with droplet:read and "
+                "droplet:delete); each run deletes nothing"
+            )
+    else:
+        out.problems.append(
+            f"the last scheduled run ended `{conclusion}`: its summary says why"
+            + (f" ({run['html_url']})" if run.get("html_url") else "")
+        )
+
+
+def status_summary(out: Status, now: datetime) -> str:
+    lines = [f"## Lease schedule: {now.strftime('%Y-%m-%d %H:%M UTC')}", ""]
+    lines += [f"- {line}" for line in out.seen]
+    if out.problems:
+        lines += ["", "Not guarding:", *[f"- {p}" for p in out.problems]]
+    else:
+        lines += ["", "The schedule runs and does the lease's work."]
+    return "\n".join(lines) + "\n"
+
+
+def _warn(message: str) -> None:
+    """A warning: a GitHub annotation in a workflow run (shown on the run's page), else stderr."""
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        escaped = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        print(f"::warning title=lease::{escaped}")
+    else:
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def _loopback_or_https(parser: argparse.ArgumentParser, option: str, url: str) -> None:
+    split = urllib.parse.urlsplit(url)
+    if split.scheme != "https" and split.hostname != "127.0.0.1":
+        parser.error(f"{option}: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
+
+
+def _summary_path(given: Path | None) -> Path | None:
+    if given is not None:
+        return given
+    return (
+        Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None
+    )
+
+
 def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep = time.sleep) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -266,11 +496,35 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
     parser.add_argument(
         "--summary", type=Path, help="append the Markdown summary here ($GITHUB_STEP_SUMMARY)"
     )
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="delete nothing: ask GitHub whether lease.yml's schedule runs (GITHUB_TOKEN)",
+    )
+    parser.add_argument(
+        "--repo",
+        default=os.environ.get("GITHUB_REPOSITORY"),
+        help="--status: OWNER/REPO that holds lease.yml (default $GITHUB_REPOSITORY)",
+    )
+    parser.add_argument(
+        "--max-age-hours",
+        type=float,
+        default=MAX_AGE_HOURS,
+        help=f"--status: how old the last scheduled run may be (default {MAX_AGE_HOURS:g})",
+    )
+    parser.add_argument(
+        "--enable",
+        action="store_true",
+        help="--status: re-enable a schedule GitHub disabled for inactivity (actions: write)",
+    )
     parser.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)
+    parser.add_argument("--github-api-url", default=GITHUB_API_URL, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    api_url = urllib.parse.urlsplit(args.api_url)
-    if api_url.scheme != "https" and api_url.hostname != "127.0.0.1":
-        parser.error("--api-url: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
+    if args.status:
+        return _status(parser, args, clock, sleep)
+    if args.enable:
+        parser.error("--enable: only with --status")
+    _loopback_or_https(parser, "--api-url", args.api_url)
     # nan and inf would keep every Droplet past its lease: a number it can count to, or nothing.
     if not (math.isfinite(args.grace_minutes) and args.grace_minutes >= 0):
         parser.error("--grace-minutes: a number of minutes, 0 or more")
@@ -279,31 +533,82 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
         print("error: DIGITALOCEAN_TOKEN is not set (scopes: droplet:read, droplet:delete)",
               file=sys.stderr)  # fmt: skip
         return 2
-    summary_path = args.summary or (
-        Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None
-    )
+    summary_path = _summary_path(args.summary)
     api = Api(args.api_url.rstrip("/"), token, sleep)
     now = datetime.fromtimestamp(clock(), UTC)
     verdicts: list[Verdict] = []
     failures: list[str] = []
+    listed: int | None = None
     code = 0
     try:
-        listed = list_gpu_droplets(api)
-        verdicts = [v for d in listed if (v := judge(d, now, args.grace_minutes)) is not None]
+        droplets = list_gpu_droplets(api)
+        listed = len(droplets)
+        verdicts = [v for d in droplets if (v := judge(d, now, args.grace_minutes)) is not None]
         failures = enforce(api, verdicts, args.dry_run)
     except RefusedError as err:
         failures, code = [str(err)], 2
     except FailedError as err:
         failures, code = [f"listing the GPU Droplets failed: {err}"], 1
+    print(f"Saw {listed if listed is not None else 'no'} GPU Droplet(s) in the account; "
+          f"{len(verdicts)} of this project.")  # fmt: skip
     for v in verdicts:
         print(f"{v.name} ({v.id}, stack {v.stack}, {v.size}, ${v.price_hourly:.2f}/h): "
               f"{describe(v, now)}: {v.action}")  # fmt: skip
     if summary_path is not None:
         with summary_path.open("a") as out:
-            out.write(summary(verdicts, now, args.dry_run, failures))
+            out.write(summary(verdicts, now, args.dry_run, failures, listed, args.grace_minutes))
     for failure in failures:
         print(f"error: {failure}", file=sys.stderr)
     return code or (1 if failures else 0)
+
+
+def _status(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, clock: Clock, sleep: Sleep
+) -> int:
+    if args.dry_run:
+        parser.error("--dry-run: --status deletes nothing anyway")
+    if not args.repo or not REPO.fullmatch(args.repo):
+        parser.error("--repo: OWNER/REPO, the repository that holds lease.yml")
+    if not (math.isfinite(args.max_age_hours) and args.max_age_hours > 0):
+        parser.error("--max-age-hours: a number of hours above 0")
+    _loopback_or_https(parser, "--github-api-url", args.github_api_url)
+    token = os.environ.get("GITHUB_TOKEN", "")
+    if not token:
+        print(f"error: GITHUB_TOKEN is not set (a token that may read {args.repo}'s Actions: "
+              "actions: read; --enable: actions: write)", file=sys.stderr)  # fmt: skip
+        return 2
+    api = Api(
+        args.github_api_url.rstrip("/"),
+        token,
+        sleep,
+        env_name="GITHUB_TOKEN",
+        service="GitHub",
+        headers={
+            "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": "2022-11-28",
+            "User-Agent": "nemotron-droplet-lease",
+        },
+    )
+    now = datetime.fromtimestamp(clock(), UTC)
+    try:
+        out = lease_status(api, args.repo, now, timedelta(hours=args.max_age_hours), args.enable)
+    except RefusedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except FailedError as err:
+        print(f"error: asking GitHub failed: {err}", file=sys.stderr)
+        return 1
+    for line in out.seen:
+        print(line)
+    for problem in out.problems:
+        _warn(problem)
+    summary_path = _summary_path(args.summary)
+    if summary_path is not None:
+        with summary_path.open("a") as written:
+            written.write(status_summary(out, now))
+    if not out.problems:
+        print("The lease's schedule runs and does its work.")
+    return 1 if out.problems else 0
 
 
 if __name__ == "__main__":

@@ -5,18 +5,25 @@ someone else between the list and the delete)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+from fake_github_lease import FakeGitHub
+from loopback import reply, serve, stop, url
 from pulumi_harness import stack_config
 from stack.do_api import Account, DigitalOceanAPI
 
@@ -106,6 +113,8 @@ def test_it_deletes_only_our_gpu_droplets_past_their_lease(
     assert [(s.method, s.path) for s in api.requests if s.method == "DELETE"] == [
         ("DELETE", f"/v2/droplets/{expired.id}")
     ], "by id, never by tag"
+    assert "Saw 4 GPU Droplet(s) in the account" in text, "the balancer is not one of them"
+    assert "Grace past a lease: 30 min." in text
     assert "1 deleted ($0.76/h stopped); 2 kept ($1.52/h still billing)" in text
     assert f"| nemotron-dev ({expired.id}) | dev | {GPU} | 0.76 |" in text
     assert "expired 1 h 00 min ago | deleted |" in text
@@ -202,6 +211,7 @@ def test_server_errors_are_tried_again_then_reported(api: DigitalOceanAPI, tmp_p
     api.fail(3, status=500)
     code, _, text = run(api, token, tmp_path=tmp_path)
     assert code == 1 and "listing the GPU Droplets failed" in text
+    assert "The list of GPU Droplets failed: nothing was seen, nothing deleted." in text
 
 
 def test_a_droplet_deleted_between_list_and_delete_is_gone_not_failed(
@@ -245,10 +255,49 @@ def workflow() -> dict[str, Any]:
     return data
 
 
-def test_the_workflow_runs_every_15_minutes_and_by_hand_with_read_only_repo_access() -> None:
+DAYS_PER_MONTH = 365.25 / 12
+FREE_PLAN_MINUTES = 2000  # GitHub Free: Actions minutes a month for private repositories
+
+
+def _matches(spec: str, value: int) -> bool:
+    """One cron field of the forms lease.yml's header uses: `*`, `*/N`, `N`."""
+    if spec == "*":
+        return True
+    if spec.startswith("*/"):
+        return value % int(spec[2:]) == 0
+    return value == int(spec)
+
+
+def runs_a_month(cron: str) -> float:
+    minute, hour, day, month, weekday = cron.split()
+    assert (day, month, weekday) == ("*", "*", "*"), "every day: the count below assumes it"
+    per_day = sum(_matches(minute, m) and _matches(hour, h) for h in range(24) for m in range(60))
+    return per_day * DAYS_PER_MONTH
+
+
+def test_the_schedule_is_hourly_off_the_hour_and_fits_the_free_plan() -> None:
     flow = workflow()
     on = flow[True]  # PyYAML reads the key `on` as True
-    assert on["schedule"] == [{"cron": "*/15 * * * *"}]
+    [schedule] = on["schedule"]
+    assert schedule == {"cron": "17 * * * *"}, "hourly, off the top of the hour GitHub is busiest"
+    # Each run bills at least a minute on a private repository (one job: lease.yml has one).
+    assert list(flow["jobs"]) == ["lease"]
+    assert runs_a_month(schedule["cron"]) == pytest.approx(730, abs=1)
+    assert runs_a_month(schedule["cron"]) < FREE_PLAN_MINUTES / 2, "room for deploys and tests"
+
+
+def test_the_header_prices_each_cron_it_offers() -> None:
+    """Every `cron "..."  ~N` line of lease.yml's header is that cron's runs a month."""
+    offers = re.findall(r'cron "([^"]+)"\s+~([\d,]+)', WORKFLOW.read_text())
+    assert len(offers) == 4 and workflow()[True]["schedule"][0]["cron"] in dict(offers)
+    for cron, minutes in offers:
+        assert runs_a_month(cron) == pytest.approx(int(minutes.replace(",", "")), rel=0.01), cron
+    assert runs_a_month("*/15 * * * *") > FREE_PLAN_MINUTES, "the old schedule: over the plan"
+
+
+def test_the_workflow_runs_by_hand_with_read_only_repo_access() -> None:
+    flow = workflow()
+    on = flow[True]
     assert on["workflow_dispatch"]["inputs"]["dry_run"]["type"] == "boolean"
     assert flow["permissions"] == {"contents": "read"}
     assert flow["concurrency"]["cancel-in-progress"] is False, "never two leases at once"
@@ -273,7 +322,7 @@ def test_the_lease_step_passes_its_inputs_to_the_script(
     """The step's own shell, run under bash with `python` a stand-in that records its args."""
     step = next(s for s in workflow()["jobs"]["lease"]["steps"] if "scripts/lease.py" in
                 s.get("run", ""))  # fmt: skip
-    shim = tmp_path / "bin" / "python"
+    shim = tmp_path / "bin" / "python3"
     shim.parent.mkdir()
     shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/args\n')
     shim.chmod(0o755)
@@ -282,3 +331,274 @@ def test_the_lease_step_passes_its_inputs_to_the_script(
                    timeout=30)  # fmt: skip
     args = (tmp_path / "args").read_text().split()
     assert args == ["scripts/lease.py", "--grace-minutes", "45", *expected]
+
+
+def test_a_run_installs_nothing_and_checks_out_only_what_lease_py_reads() -> None:
+    steps = workflow()["jobs"]["lease"]["steps"]
+    assert not [s for s in steps if "setup-python" in str(s.get("uses", ""))]
+    assert not [s for s in steps if "pip" in str(s.get("run", ""))], "no install on a lease run"
+    [checkout] = [s for s in steps if str(s.get("uses", "")).startswith("actions/checkout@")]
+    assert checkout["uses"] == "actions/checkout@v5"
+    wanted = checkout["with"]
+    assert wanted["fetch-depth"] == 1 and wanted["persist-credentials"] is False
+    assert wanted["sparse-checkout-cone-mode"] is False, "the files themselves, not their folders"
+    assert wanted["sparse-checkout"].split() == SPARSE
+    assert workflow()["jobs"]["lease"]["timeout-minutes"] <= 5
+    assert lease.MAX_WAIT_SECONDS + 2 * lease.TIMEOUT_SECONDS < 5 * 60, "waits fit the timeout"
+
+
+SPARSE = ["scripts/lease.py", "components/__init__.py", "components/catalog.py"]
+
+
+def test_the_sparse_checkout_runs_with_the_standard_library_alone(
+    api: DigitalOceanAPI, tmp_path: Path
+) -> None:
+    """The three files the job checks out, run by a Python without site-packages (-S: no
+    requests, nothing installed) and without this checkout on its path (-I): it still leases."""
+    for name in SPARSE:
+        (tmp_path / "repo" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / "repo" / name)
+    expired = past_lease(api)
+    token = api.account.add_token("lease", SCOPES)
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "scripts/lease.py", "--api-url", api.url],
+        cwd=tmp_path / "repo", env={"PATH": os.environ["PATH"], "DIGITALOCEAN_TOKEN": token},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert expired.id not in api.account.droplets and "deleted" in done.stdout
+
+
+def test_a_redirect_is_not_followed_so_the_token_stays_home(tmp_path: Path) -> None:
+    """urllib would follow a 302 with the Authorization header: lease.py follows none."""
+    elsewhere: list[str] = []
+
+    class Catcher(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            elsewhere.append(self.headers.get("Authorization", ""))
+            reply(self, 200, b'{"droplets": []}', "application/json")
+
+    catcher = serve(Catcher)
+
+    class Redirector(Catcher):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"{url(catcher)}/v2/droplets")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    redirector = serve(Redirector)
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("DIGITALOCEAN_TOKEN", "dop_v1_secret")
+            code = lease.main(["--api-url", url(redirector), "--summary",
+                               str(tmp_path / "s.md")], sleep=lambda _: None)  # fmt: skip
+    finally:
+        stop(redirector)
+        stop(catcher)
+    assert elsewhere == [] and code == 1
+    assert "HTTP 302" in (tmp_path / "s.md").read_text()
+
+
+def test_the_step_status_reads_is_the_step_that_leases() -> None:
+    steps = workflow()["jobs"]["lease"]["steps"]
+    [named] = [s for s in steps if s.get("name") == lease.LEASE_STEP]
+    assert "scripts/lease.py" in named["run"] and "DIGITALOCEAN_TOKEN" in named["env"]
+
+
+# ---- --status: is the schedule alive? (a fake GitHub with GitHub's own field names) ----------------
+
+
+@pytest.fixture
+def github() -> Iterator[FakeGitHub]:
+    with FakeGitHub() as fake:
+        yield fake
+
+
+def status(github: FakeGitHub, token: str, *args: str, tmp_path: Path) -> tuple[int, str, str, str]:
+    """lease.main --status in this process: its code, stdout, stderr and the summary."""
+    summary = tmp_path / "status.md"
+    summary.unlink(missing_ok=True)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GITHUB_TOKEN", token)
+        env.delenv("GITHUB_ACTIONS", raising=False)
+        env.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = lease.main(["--status", "--repo", github.repo, "--github-api-url", github.url,
+                               "--summary", str(summary), *args],
+                              clock=NOW.timestamp, sleep=lambda _: None)  # fmt: skip
+    return code, out.getvalue(), err.getvalue(), summary.read_text() if summary.exists() else ""
+
+
+def test_status_passes_when_the_schedule_ran_within_the_day_and_leased(
+    github: FakeGitHub, tmp_path: Path
+) -> None:
+    github.add_run(NOW - timedelta(hours=30), has_token=True)
+    github.add_run(NOW - timedelta(minutes=50), has_token=True)
+    github.add_run(NOW - timedelta(minutes=5), event="workflow_dispatch")  # by hand: not the cron
+    token = github.add_token("reader")
+    code, out, err, text = status(github, token, tmp_path=tmp_path)
+    assert code == 0, out + err
+    assert "lease.yml on someone/nemotron-droplet: state `active`" in out
+    assert "last scheduled run: lease (schedule)" in out and "50 min ago" in out
+    assert "The schedule runs and does the lease's work." in text and err == ""
+    base = f"/repos/{github.repo}/actions"
+    assert [(r.method, r.path) for r in github.requests] == [
+        ("GET", f"{base}/workflows/lease.yml"),
+        ("GET", f"{base}/workflows/lease.yml/runs"),
+        ("GET", f"{base}/runs/{github.runs[1]['id']}/jobs"),
+    ]
+    assert github.requests[1].query == {"event": ["schedule"], "per_page": ["1"]}
+    assert all(r.headers["x-github-api-version"] == "2022-11-28" for r in github.requests)
+    assert all(r.headers["accept"] == "application/vnd.github+json" for r in github.requests)
+
+
+def test_status_fails_when_github_disabled_the_schedule_for_inactivity(
+    github: FakeGitHub, tmp_path: Path
+) -> None:
+    github.state = "disabled_inactivity"
+    github.add_run(NOW - timedelta(days=3))
+    token = github.add_token("reader")
+    code, _, err, text = status(github, token, tmp_path=tmp_path)
+    assert code == 1
+    assert "60 days without activity" in err
+    assert f"gh workflow enable lease.yml --repo {github.repo}" in err
+    assert "72 h 00 min old, more than 24 h" in err, "and its last run is three days old"
+    assert "Not guarding:" in text
+    assert "PUT" not in {r.method for r in github.requests}, "without --enable it only reads"
+
+
+def test_status_enable_re_enables_only_with_a_token_that_may_write(
+    github: FakeGitHub, tmp_path: Path
+) -> None:
+    github.state = "disabled_inactivity"
+    github.add_run(NOW - timedelta(days=3))
+    reader = github.add_token("reader")
+    code, _, err, _ = status(github, reader, "--enable", tmp_path=tmp_path)
+    assert code == 2 and "needs the scope actions: write" in err
+    assert github.state == "disabled_inactivity"
+    writer = github.add_token("writer", actions="write")
+    code, out, err, _ = status(github, writer, "--enable", tmp_path=tmp_path)
+    assert code == 0, err
+    assert github.state == "active" and "re-enabled it" in out
+    assert [r.method for r in github.requests].count("PUT") == 2
+
+
+def test_status_enable_leaves_a_person_s_choice_alone(github: FakeGitHub, tmp_path: Path) -> None:
+    github.state = "disabled_manually"
+    github.add_run(NOW - timedelta(minutes=30))
+    token = github.add_token("writer", actions="write")
+    code, _, err, _ = status(github, token, "--enable", tmp_path=tmp_path)
+    assert code == 1 and "someone disabled it" in err and github.state == "disabled_manually"
+    assert "PUT" not in {r.method for r in github.requests}
+
+
+def test_status_fails_when_the_last_scheduled_run_is_older_than_the_threshold(
+    github: FakeGitHub, tmp_path: Path
+) -> None:
+    github.add_run(NOW - timedelta(hours=30))
+    token = github.add_token("reader")
+    code, _, err, _ = status(github, token, tmp_path=tmp_path)
+    assert code == 1 and "30 h 00 min old, more than 24 h" in err
+    assert "only autodown on the Droplet stops a forgotten one" in err
+    code, _, err, _ = status(github, token, "--max-age-hours", "36", tmp_path=tmp_path)
+    assert code == 0, err
+
+
+def test_status_fails_when_the_runs_skip_the_lease_for_want_of_the_secret(
+    github: FakeGitHub, tmp_path: Path
+) -> None:
+    """A run without DIGITALOCEAN_LEASE_TOKEN succeeds, and deletes nothing: its lease step is
+    `skipped` (the fake's steps are lease.yml's own, decided by their `if:`)."""
+    github.add_run(NOW - timedelta(minutes=20), has_token=False)
+    token = github.add_token("reader")
+    code, _, err, _ = status(github, token, tmp_path=tmp_path)
+    assert code == 1
+    assert f"the lease is off: that run skipped '{lease.LEASE_STEP}'" in err
+    assert "DIGITALOCEAN_LEASE_TOKEN is not set" in err
+
+
+@pytest.mark.parametrize("conclusion", ["failure", "timed_out", "cancelled", "startup_failure"])
+def test_status_fails_when_the_last_scheduled_run_did_not_succeed(
+    github: FakeGitHub, tmp_path: Path, conclusion: str
+) -> None:
+    run = github.add_run(NOW - timedelta(minutes=20), conclusion=conclusion)
+    token = github.add_token("reader")
+    code, _, err, _ = status(github, token, tmp_path=tmp_path)
+    assert code == 1 and f"ended `{conclusion}`" in err and run["html_url"] in err
+
+
+def test_status_of_a_run_still_going_is_not_a_failure(github: FakeGitHub, tmp_path: Path) -> None:
+    github.add_run(NOW - timedelta(minutes=1), status="in_progress")
+    token = github.add_token("reader")
+    code, out, err, _ = status(github, token, tmp_path=tmp_path)
+    assert code == 0, err
+    assert "that run has not finished" in out
+    assert not [r for r in github.requests if r.path.endswith("/jobs")]
+
+
+def test_status_fails_when_the_schedule_never_ran(github: FakeGitHub, tmp_path: Path) -> None:
+    github.add_run(NOW - timedelta(minutes=5), event="workflow_dispatch")
+    token = github.add_token("reader")
+    code, _, err, _ = status(github, token, tmp_path=tmp_path)
+    assert code == 1 and "has never run on its schedule" in err
+    assert f"gh workflow run lease.yml --repo {github.repo} -f dry_run=true" in err
+
+
+def test_status_names_a_bad_token_and_a_repository_it_cannot_see(
+    github: FakeGitHub, tmp_path: Path
+) -> None:
+    code, _, err, _ = status(github, "ghs_not_a_token", tmp_path=tmp_path)
+    assert code == 2 and "GITHUB_TOKEN: GitHub refused it (HTTP 401)" in err
+    token = github.add_token("reader")
+    # A repository the token cannot see, or one without lease.yml: GitHub's 404 either way.
+    code, _, err, _ = status(github, token, "--repo", "someone/elsewhere", tmp_path=tmp_path)
+    assert code == 2 and "GitHub answers 404 to both" in err
+
+
+def test_the_status_cli_keeps_the_token_out_of_argv_and_output(
+    github: FakeGitHub, tmp_path: Path
+) -> None:
+    github.add_run(NOW - timedelta(days=2), has_token=False)
+    github.state = "disabled_inactivity"
+    token = github.add_token("reader")
+    summary = tmp_path / "step-summary.md"
+    base = {"PATH": os.environ["PATH"], "GITHUB_STEP_SUMMARY": str(summary),
+            "GITHUB_ACTIONS": "true", "GITHUB_REPOSITORY": github.repo}  # fmt: skip
+    command = [sys.executable, str(SCRIPT), "--status", "--github-api-url", github.url]
+    done = subprocess.run(command, env={**base, "GITHUB_TOKEN": token}, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "::warning title=lease::lease.yml is `disabled_inactivity`" in done.stdout
+    assert "::warning title=lease::the lease is off" in done.stdout, "an annotation on the run"
+    assert token not in done.stdout + done.stderr + summary.read_text()
+    assert all(r.headers["authorization"] == f"Bearer {token}" for r in github.requests)
+    unset = subprocess.run(command, env=base, capture_output=True, text=True, timeout=60,
+                           check=False)  # fmt: skip
+    assert unset.returncode == 2 and "GITHUB_TOKEN is not set" in unset.stderr
+    plain = [sys.executable, str(SCRIPT), "--status", "--github-api-url", "http://api.github.com"]
+    done = subprocess.run(plain, env={**base, "GITHUB_TOKEN": token}, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2 and "HTTPS only" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [["--repo", "not a repo"], ["--max-age-hours", "nan"], ["--dry-run"]]
+)
+def test_status_refuses_arguments_it_cannot_use(
+    github: FakeGitHub, tmp_path: Path, args: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        status(github, github.add_token("reader"), *args, tmp_path=tmp_path)
+    assert refused.value.code == 2 and github.requests == []
+
+
+def test_enable_is_only_for_status(api: DigitalOceanAPI, tmp_path: Path) -> None:
+    token = api.account.add_token("lease", SCOPES)
+    with pytest.raises(SystemExit) as refused:
+        run(api, token, "--enable", tmp_path=tmp_path)
+    assert refused.value.code == 2 and api.requests == []
