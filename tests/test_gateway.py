@@ -89,12 +89,21 @@ def start_gateway(
     https: bool,
     max_body_mb: int = 16,
     upstreams: Sequence[balancer.Upstream] = (),
+    front: str | None = None,
 ) -> Iterator[Gateway]:
     """Caddy with the rendered gateway config in front of `upstream` (a fake vLLM), or with
-    `upstreams` the balancer's config in front of those, each joined by its own file."""
+    `upstreams` the balancer's config in front of those, each joined by its own file. With
+    `front` (asleep or awake), the wake front's config with `upstream` both as its one replica
+    and as its waker: asleep, the waker's hold file exists and no replica has joined, so what
+    the gate lets through goes to the waker; awake, the replica has joined and there is no hold
+    file."""
     raw = stack_config("dev")
     raw["access"] = {**raw["access"], "https": https, "maxRequestBodyMb": max_body_mb}
-    cfg = config.parse(raw, "dev")
+    if front:
+        raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": "github_pat_x"}
+        host, port = upstream.removeprefix("http://").rsplit(":", 1)
+        upstreams = [] if front == "asleep" else [balancer.Upstream(host, int(port))]
+    cfg = config.parse(raw, "dev", frozenset({"wake"}) if front else frozenset())
     upstream_port = int(upstream.rsplit(":", 1)[1].split("/", maxsplit=1)[0]) if upstream else 0
     http_port, https_port = free_port(), free_port()
     conf = tmp_path / "Caddyfile"
@@ -102,13 +111,20 @@ def start_gateway(
     listen = gateway.Listen(
         upstream_port=upstream_port, http_port=http_port, https_port=https_port, admin_socket=None
     )
-    if upstreams:
+    if upstreams or front:
         # The balancer as deployed: one file per replica in a folder its Caddyfile imports.
         folder = tmp_path / "upstreams"
         folder.mkdir()
         for i, up in enumerate(upstreams):
             (folder / f"replica-{i}.caddy").write_text(balancer.upstream_line(up) + "\n")
         listen = dataclasses.replace(listen, upstreams=f"{folder}/*.caddy")
+        if front:
+            hold = tmp_path / "wake" / "hold"
+            hold.parent.mkdir()
+            if front == "asleep":
+                hold.write_text("hold\n")
+            listen = dataclasses.replace(listen, waker=upstream.removeprefix("http://"),
+                                         wake_hold_file=str(hold))  # fmt: skip
         conf.write_text(gateway.balancer_site(cfg, "localhost", listen))
     else:
         conf.write_text(gateway.lone_site(cfg, "localhost", listen))

@@ -23,12 +23,23 @@ class Upstream:
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
+        # Behind the front awake, Caddy's own health checks (GET /health without a key) are not
+        # requests that got past the gate: not recorded.
+        self.probes_only = False
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                checker = self.path == "/health" and "Authorization" not in self.headers
+                if upstream.probes_only and checker and "X-Forwarded-For" not in self.headers:
+                    data = b"{}"
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 upstream.seen.append(
                     {
                         "method": self.command,
@@ -66,9 +77,16 @@ def upstream() -> Iterator[Upstream]:
     up.close()
 
 
-@pytest.fixture(params=[True, False], ids=["https", "http"])
+@pytest.fixture(
+    params=[(True, None), (False, None), (False, "asleep"), (False, "awake")],
+    ids=["https", "http", "front-asleep", "front-awake"],
+)
 def gw(request: pytest.FixtureRequest, tmp_path: Path, upstream: Upstream) -> Iterator[Gateway]:
-    for started in start_gateway(tmp_path, upstream.url, https=request.param):
+    """A lone Droplet's gateway (HTTPS and plain), and the wake front in both its states: the
+    recording upstream is what the gate lets through to, the waker asleep, the replica awake."""
+    https, front = request.param
+    for started in start_gateway(tmp_path, upstream.url, https=https, front=front):
+        upstream.probes_only = front == "awake"
         upstream.seen.clear()  # start_gateway's own readiness probes
         yield started
 
