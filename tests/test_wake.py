@@ -8,6 +8,7 @@ official OpenAI client at its default retries."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -976,3 +977,94 @@ def test_a_replica_that_just_joined_is_found_before_any_wake(
     answer = front.send(CHAT)
     assert answer.status_code == 200, answer.text
     assert github.dispatches == [] and front.state()["mode"] == "awake"
+
+
+def _keyed_head(path: str = "/v1/chat/completions") -> bytes:
+    """A keyed request's first lines, its header block not yet ended."""
+    return (f"POST {path} HTTP/1.1\r\nHost: front.example\r\nAuthorization: Bearer {API_KEY}\r\n"
+            "Content-Type: application/json\r\n").encode()  # fmt: skip
+
+
+def test_behind_caddy_a_client_that_goes_away_frees_its_place_in_the_hold(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    """Twenty keyed requests held while the set wakes, their clients gone (a closed laptop, a
+    client timeout): Caddy drops each upstream request and the waker lets each go at once, so
+    the hold's places and bytes (wake.maxHeld) are not kept by requests nobody waits for."""
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_EXPECTED_SECONDS="120", WAKE_HOLD_SECONDS="120")
+    cf = caddy_front(front)
+    host, port = cf.url.removeprefix("http://").split(":")
+    body = json.dumps(CHAT).encode()
+    clients = []
+    for _ in range(20):
+        client = socket.create_connection((host, int(port)), timeout=5)
+        client.sendall(_keyed_head() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        clients.append(client)
+    end = time.monotonic() + 10
+    while front.state()["held"] < 20:
+        assert time.monotonic() < end, front.state()
+        time.sleep(0.05)
+    assert front.state()["held_bytes"] == 20 * len(body)
+    for client in clients:
+        client.close()
+    end = time.monotonic() + 10
+    while (state := front.state())["held"] or state["held_bytes"]:
+        assert time.monotonic() < end, f"the gone clients are still held: {state}"
+        time.sleep(0.05)
+    assert len(github.dispatches) == 1, "one wake for them all, as before they went"
+
+
+@pytest.mark.parametrize("state", ["asleep", "awake"])
+def test_behind_caddy_slow_headers_hold_no_place_and_delay_no_keyed_request(
+    state: str, front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    """Slowloris against the front: 300 connections that send a keyed request's headers a line
+    every half second and never end them. Caddy alone carries them (its read_header timeout,
+    30 s, ends each): none reaches the waker or wakes the set, and a whole keyed request beside
+    them is held and answered asleep, answered at once awake."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    cf = caddy_front(front)
+    if state == "awake":
+        front.start_replica()
+        cf.reload()
+        front.wait_mode("awake")
+    else:
+        github.on_dispatch = later(1.0, lambda: (front.start_replica(), cf.reload()))
+    host, port = cf.url.removeprefix("http://").split(":")
+    stop = threading.Event()
+    slow: list[socket.socket] = []
+    for _ in range(300):
+        conn = socket.create_connection((host, int(port)), timeout=5)
+        conn.sendall(_keyed_head())
+        slow.append(conn)
+
+    def trickle() -> None:
+        line = 0
+        while not stop.wait(0.5):
+            line += 1
+            for conn in slow:
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"X-Slow-{line}: {line}\r\n".encode())
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
+    try:
+        time.sleep(1.5)
+        assert github.dispatches == [] and front.state()["held_total"] == 0
+        started = time.monotonic()
+        answer = requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED,
+                               timeout=30)  # fmt: skip
+        waited = time.monotonic() - started
+        assert answer.status_code == 200, answer.text
+        if state == "awake":
+            assert waited < 5, waited
+            assert github.dispatches == [] and front.state()["held_total"] == 0
+        else:
+            assert len(github.dispatches) == 1 and front.state()["held_total"] == 1
+    finally:
+        stop.set()
+        trickler.join(5)
+        for conn in slow:
+            conn.close()

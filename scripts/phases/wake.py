@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -69,7 +70,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web, web_server
 
 # One upstream per file, as the balancer phase writes them ('to 10.110.0.2:8080').
 UPSTREAM = re.compile(r"^\s*to\s+([0-9A-Za-z.\-\[\]:]+):([0-9]{1,5})\s*$", re.M)
@@ -268,6 +269,7 @@ class Waker:
             "expected_seconds": self.s.expected_seconds,
             "held": self.held,
             "held_total": self.held_total,
+            "held_bytes": self.held_bytes,
             "last_failure": self.reason or None,
             "last_wake": self.timeline or None,
         }
@@ -278,6 +280,11 @@ class Waker:
             self.mode, self.since = mode, self.clock()
             log("mode", mode=mode, **fields)
         self.route_file()
+        self.notify()
+
+    def notify(self) -> None:
+        """Every held request looks again. A fresh event each time: one left set would make
+        every later wait return at once (the held requests would spin)."""
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -545,7 +552,7 @@ class Waker:
             # Requests held while it was not yet known that no replica exists: wake for them
             # (a refusal reaches them through the mode's notice).
             self.admit()
-            self.changed.set()
+            self.notify()
 
     def follow(self, now: float, gone: bool) -> None:
         """The mode after a look: awake with a ready replica; a wake goes on until its deadline;
@@ -847,6 +854,15 @@ class Front:
         return out
 
 
+def _cancel_on_disconnect() -> dict[str, Any]:
+    """A held request whose client went away is let go at once (its place and its body's
+    bytes freed): aiohttp 3.9+ asks for this (`web_server.Server`'s `handler_cancellation`,
+    off by default there); 3.8 (Debian 12's python3-aiohttp) always cancels and would refuse
+    the keyword, so it is passed only where the server takes it."""
+    accepted = inspect.signature(web_server.Server.__init__).parameters
+    return {"handler_cancellation": True} if "handler_cancellation" in accepted else {}
+
+
 async def serve(settings: Settings) -> None:
     waker = Waker(settings)
     waker.load()
@@ -858,7 +874,7 @@ async def serve(settings: Settings) -> None:
         await waker.look(session)  # the hold file matches the replicas before the first request
         waker.route_file()
         runner = web.AppRunner(Front(waker, session).app(), access_log=None,
-                               handle_signals=False)  # fmt: skip
+                               handle_signals=False, **_cancel_on_disconnect())  # fmt: skip
         await runner.setup()
         # Many held requests may arrive at once while the set wakes: a deep accept queue.
         site = web.TCPSite(runner, settings.listen[0], settings.listen[1], backlog=4096)
