@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STACK_SUMMARY
-from pulumi_harness import stack_config
+from pulumi_harness import DEFAULT_OFFERS, stack_config
 from sandbox import Sandbox
 from stack import net
 from stack.deploy import Result
@@ -692,3 +692,84 @@ def test_scale_to_zero_a_keyed_request_wakes_the_deleted_set_through_the_pipelin
             assert event in last, last
         report(request, summary("wake", emu, results)
                + f"\n  wake to answer: {waited:.0f} s\n  {last}")  # fmt: skip
+
+
+def droplet_id(stack_state: dict[str, object], name: str) -> int:
+    """The id of the stack's Droplet resource `name` (the URN's tail: "balancer", "gpu")."""
+    [found] = [int(res.id) for urn, res in stack_state.items()  # type: ignore[attr-defined]
+               if urn.endswith(f"::{name}") and "droplet:Droplet" in urn]  # fmt: skip
+    return found
+
+
+def test_a_wake_after_autodown_comes_back_where_the_front_is_or_is_refused(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Scenario 8 (issue 32): the dev stack with wake on and a cache Volume, on a day its size is
+    sold out in tor1 (the first of droplet.regions): the set, its front, the front's Reserved IP
+    and the Volume are made in nyc2. The GPU Droplet is deleted (autodown's DELETE, through the
+    API). tor1 offers the size again: refresh and up (what the woken pipeline runs) re-create the
+    replica in nyc2 beside the front, and the front, its address and the Volume are the same.
+    Deleted again, on a day nyc2 sells it no more: the up is refused before anything is created,
+    naming nyc2 and what holds the set there, and nothing was created, replaced or deleted."""
+    gpu = stack_config("dev")["droplet"]["size"]
+    offers = {**DEFAULT_OFFERS, gpu: {**DEFAULT_OFFERS[gpu], "regions": ["nyc2"]}}
+    results: list[Result] = []
+    with emulation(tmp_path, offers=offers) as emu:
+        wake = {"enabled": True, "githubRepo": emu.github.repo, "token": emu.github.token}
+        secrets = {"wake": json.dumps(wake)}
+        config = {**stack_config("dev"), "cache": {"sizeGb": 58}}
+        stack = emu.stack("dev")
+        first = stack.up(config, secrets=secrets)
+        results.append(first)
+        assert first.error is None, first.error
+        assert first.outputs["region"] == "nyc2", first.outputs["placement"]
+        front = droplet_id(stack.state, "balancer")
+        (disk,) = emu.account.volumes.values()
+        assert disk.region == "nyc2"
+
+        def autodown() -> None:
+            replica = droplet_id(stack.state, "gpu")
+            assert emu.api.account.remove_droplet(replica)
+            deadline = time.time() + 30
+            while time.time() < deadline and replica in emu.account.machines:
+                time.sleep(0.2)
+            assert list(emu.account.machines) == [front], "the front stays"
+
+        kept = [("balancer", "droplet:Droplet"), ("balancer-ip", "reservedIp:ReservedIp"),
+                ("cache", "volume:Volume")]  # fmt: skip
+        autodown()
+        emu.account.offer_in(gpu, ["tor1", "nyc2"])
+        results.append(refreshed := stack.refresh())
+        assert refreshed.ops("refresh-delete", "droplet:Droplet") == ["gpu"]
+        back = stack.up(config, secrets=secrets)
+        results.append(back)
+        assert back.error is None, back.error
+        assert back.ops("create", "droplet:Droplet") == ["gpu"]
+        assert emu.account.machines[droplet_id(stack.state, "gpu")].region == "nyc2"
+        for name, type_ in kept:
+            assert name in back.ops("same", type_), (name, back.ops("same"))
+        # The replica's own resources and the commands keyed by its id are new; nothing of the
+        # account's is replaced or deleted.
+        gone = [s.urn for s in back.steps if s.op in ("replace", "delete")
+                and s.type.startswith("digitalocean:")]  # fmt: skip
+        assert gone == [], gone
+        assert back.outputs["endpoint"] == first.outputs["endpoint"], "the address stayed"
+        assert str(back.outputs["placement"]).startswith(f"kept: front Droplet {front} ")
+        assert back.outputs["cache"]["state"] == "kept"
+
+        autodown()
+        emu.account.offer_in(gpu, ["tor1"])
+        results.append(stack.refresh())
+        before = {urn: res.id for urn, res in stack.state.items()}
+        refused = stack.up(config, secrets=secrets)
+        results.append(refused)
+        message = str(refused.error)
+        assert f"droplet.size: {gpu} is not offered in nyc2 today" in message, message
+        assert f"front Droplet {front} (nemotron-dev-lb)" in message, message
+        assert "Volume nemotron-dev-cache" in message and "offered in: tor1" in message, message
+        assert [s for s in refused.steps if s.op != "same"] == [], "nothing created or deleted"
+        assert {urn: res.id for urn, res in stack.state.items()} == before
+        assert list(emu.account.machines) == [front] and list(emu.account.volumes.values()) == [
+            disk
+        ]
+        report(request, summary("pinned", emu, results) + f"\n  refused: {message[-160:]}")

@@ -211,6 +211,14 @@ class Account(pulumi_mocks.Mocks):
 
         threading.Thread(target=power_off, daemon=True).start()
 
+    def offer_in(self, size: str, regions: list[str]) -> None:
+        """Where DigitalOcean offers `size` from now on (a region sold out, or back): what the
+        sizes invoke answers next. The offers are copied, never changed in place (the default
+        ones are shared)."""
+        with self.lock:
+            listed = {**self.offers[size], "regions": list(regions), "available": bool(regions)}
+            self.offers = {**self.offers, size: listed}
+
     # ---- invokes ---------------------------------------------------------------------------
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict[str, Any], list[Any]]:
