@@ -518,7 +518,9 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
         help="--status: re-enable a schedule GitHub disabled for inactivity (actions: write)",
     )
     parser.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)
-    parser.add_argument("--github-api-url", default=GITHUB_API_URL, help=argparse.SUPPRESS)
+    # In a workflow run the runner's GITHUB_API_URL (GitHub Enterprise's API too), else github.com.
+    github_api = os.environ.get("GITHUB_API_URL") or GITHUB_API_URL
+    parser.add_argument("--github-api-url", default=github_api, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.status:
         return _status(parser, args, clock, sleep)

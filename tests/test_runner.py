@@ -23,6 +23,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,19 @@ def job_runs(
     return bool(Expr(cond, {"needs": needs}, funcs).value())
 
 
+def step_runs(step: dict[str, Any], ctx: dict[str, Any]) -> bool:
+    """Whether the runner takes a step: its `if:` (GitHub adds `success() &&` when it names no
+    status function) against the job's context. Job.steps stops at the first failed step that
+    may not fail, so every step it asks about comes after successes only."""
+    funcs = {"success": lambda: True, "failure": lambda: False,
+             "cancelled": lambda: False, "always": lambda: True}  # fmt: skip
+    cond = str(step.get("if", "success()")).strip()
+    cond = cond[3:-2] if cond.startswith("${{") else cond
+    if not re.search(r"\b(success|failure|cancelled|always)\(\)", cond):
+        cond = f"success() && ({cond})"
+    return bool(Expr(cond, ctx, funcs).value())
+
+
 # --- the runner-like user ---------------------------------------------------------------------
 
 
@@ -240,6 +254,9 @@ WORKSPACE_FILES = [
     "scripts/ci/system-packages.sh",
     "scripts/ci/check-on-runner.sh",
     "scripts/ci/tested.py",
+    "scripts/lease.py",
+    "components/__init__.py",
+    "components/catalog.py",
     "requirements.txt",
     "policy/requirements.txt",
 ]
@@ -443,11 +460,15 @@ class Job:
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     stdout: str = ""  # the last step's
+    out: dict[str, str] = field(default_factory=dict)  # each step's stdout and stderr, by name
+    conclusion: str = "success"  # a failed step that may fail (continue-on-error) leaves it
     summary: str = ""
 
     def steps(
         self, steps: list[dict[str, Any]], ctx: dict[str, Any]
     ) -> subprocess.CompletedProcess[str] | None:
+        """The job's steps up to `pulumi up`, as the runner takes them: a step's `if:`, the first
+        failed step ends the job unless it may fail (`continue-on-error`)."""
         proc = None
         for step in steps:
             uses = str(step.get("uses", ""))
@@ -475,8 +496,12 @@ class Job:
                 }
                 continue
             assert not uses, f"no stand-in for {uses}: add one"
+            if not step_runs(step, ctx):
+                self.ran.append(f"skipped: {step.get('name', step['run'])}")
+                continue
             proc = self.run(step, ctx)
-            if proc.returncode:
+            if proc.returncode and not step.get("continue-on-error"):
+                self.conclusion = "failure"
                 return proc
         return proc
 
@@ -498,6 +523,7 @@ class Job:
         )  # fmt: skip
         proc = self.runner.run([*shell, str(script)], env)
         self.ran.append(step.get("name", step["run"].split("\n")[0]))
+        self.out[self.ran[-1]] = proc.stdout + proc.stderr
         if step.get("id"):
             out = dict(
                 line.split("=", 1) for line in files["GITHUB_OUTPUT"].read_text().splitlines()
@@ -507,7 +533,7 @@ class Job:
         for line in files["GITHUB_ENV"].read_text().splitlines():
             k, v = line.split("=", 1)
             self.genv[k] = v
-        self.summary = files["GITHUB_STEP_SUMMARY"].read_text()
+        self.summary += files["GITHUB_STEP_SUMMARY"].read_text()  # GitHub shows every step's
         return proc
 
 
@@ -520,7 +546,7 @@ def context(api: str, command: str | None, **vars_: str) -> dict[str, Any]:
         "secrets": {"GITHUB_TOKEN": "ghs-test-token", "DIGITALOCEAN_TOKEN": "do-secret"},
         "github": {"sha": SHA, "repository": REPO},
         "env": {"GITHUB_API_URL": api, "GITHUB_REPOSITORY": REPO, "GITHUB_SHA": SHA,
-                "GITHUB_RUN_ID": "777"},
+                "GITHUB_RUN_ID": "777", "GITHUB_ACTIONS": "true"},
     }  # fmt: skip
 
 
@@ -529,8 +555,9 @@ def ask_tested(runner: Runner, api: str, command: str | None) -> Job:
     ctx = context(api, command)
     job = Job(runner, ctx, genv=dict(ctx["env"]))
     proc = job.steps(wf["jobs"]["tested"]["steps"], ctx)
-    assert proc is not None and proc.returncode == 0, (proc and proc.stdout, proc and proc.stderr)
-    job.stdout = proc.stdout
+    assert job.conclusion == "success", (proc and proc.stdout, proc and proc.stderr)
+    ask = next(s for s in wf["jobs"]["tested"]["steps"] if s.get("id") == "ask")
+    job.stdout = job.out[ask["name"]]
     return job
 
 
@@ -568,7 +595,8 @@ def test_a_commit_whose_test_job_passed_before_goes_straight_to_deploy(
     assert job.outputs["ask"] == {"run-tests": "false"}
     assert "passed job `test` of deploy.yml already: https://gh/run/40" in job.summary
     # What it asked: this workflow's runs of this commit, then their jobs of every attempt.
-    (path, query, auth), *jobs = fake.requests
+    # (The lease's look comes after the answer: its own test below.)
+    (path, query, auth), *jobs = [r for r in fake.requests if "lease.yml" not in r[0]]
     assert path == runs_path() and query["head_sha"] == [SHA]
     assert auth == "Bearer ghs-test-token"
     assert [(p, q["filter"]) for p, q, _ in jobs] == [
@@ -621,11 +649,78 @@ def test_when_github_does_not_answer_the_tests_run(
     assert f"HTTP {status}" in job.summary
 
 
+LEASE_LOOK = "Does the lease's schedule still run?"  # deploy.yml's step
+
+
+def lease_answers(state: str, hours_ago: float, lease_step: str) -> dict[str, tuple[int, Any]]:
+    """GitHub's answers about lease.yml: its state, its last scheduled run (`hours_ago`, ended
+    `success`), and that run's lease step (`success`, or `skipped` without the secret)."""
+    created = datetime.now(UTC) - timedelta(hours=hours_ago)
+    stamp = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    workflow = f"/repos/{REPO}/actions/workflows/lease.yml"
+    run = {"id": 70, "event": "schedule", "display_title": "lease", "status": "completed",
+           "conclusion": "success", "created_at": stamp, "updated_at": stamp,
+           "html_url": "https://gh/run/70"}  # fmt: skip
+    step = {"name": "Delete the GPU Droplets past their lease", "conclusion": lease_step}
+    return {
+        workflow: (200, {"id": 7, "path": ".github/workflows/lease.yml", "state": state}),
+        f"{workflow}/runs": (200, {"total_count": 1, "workflow_runs": [run]}),
+        f"/repos/{REPO}/actions/runs/70/jobs": (200, {"total_count": 1, "jobs": [
+            {"name": "lease", "status": "completed", "conclusion": "success", "steps": [step]}]}),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "hours_ago", "lease_step", "says"),
+    [
+        ("disabled_inactivity", 1500, "success", "after 60 days without activity"),
+        ("active", 30, "success", "the last scheduled run is 30 h 00 min old, more than 24 h"),
+        ("active", 1, "skipped", "DIGITALOCEAN_LEASE_TOKEN is not set"),
+    ],
+    ids=["disabled-for-inactivity", "late", "no-secret"],
+)
+@pytest.mark.parametrize("command", [None, "up"], ids=["push", "wake"])
+def test_every_deploy_warns_on_its_run_when_the_lease_no_longer_guards_and_deploys_anyway(
+    runner: Runner, github: tuple[FakeGitHub, str], command: str | None,
+    state: str, hours_ago: float, lease_step: str, says: str,
+) -> None:  # fmt: skip
+    """A lapsed lease is seen where the user looks (the warning on the run of their push or of a
+    wake), weeks before a forgotten Droplet would need it; and it stops no deploy."""
+    fake, api = github
+    passed_answers, passed = a_run(40, ("test", "success"))
+    fake.answers |= passed_answers | lease_answers(state, hours_ago, lease_step)
+    fake.answers[runs_path()] = (200, {"total_count": 1, "workflow_runs": [passed]})
+    job = ask_tested(runner, api, command)
+    assert job.ran[-1] == LEASE_LOOK, job.ran
+    warnings = [line for line in job.out[LEASE_LOOK].splitlines()
+                if line.startswith("::warning title=lease::")]  # fmt: skip
+    assert any(says in w for w in warnings), job.out[LEASE_LOOK]
+    assert "Not guarding:" in job.summary
+    assert job.outputs["ask"] == {"run-tests": "false"}, "the deploy goes on"
+    assert which_jobs_run("false") == ["tested", "deploy"]
+
+
+def test_a_lease_that_guards_gives_no_warning(
+    runner: Runner, github: tuple[FakeGitHub, str]
+) -> None:
+    fake, api = github
+    fake.answers |= lease_answers("active", 1, "success")
+    fake.answers[runs_path()] = (200, {"total_count": 0, "workflow_runs": []})
+    job = ask_tested(runner, api, None)
+    assert "::warning" not in job.out[LEASE_LOOK], job.out[LEASE_LOOK]
+    assert "The lease's schedule runs and does its work." in job.out[LEASE_LOOK]
+    looked = [p for p, _, auth in fake.requests if "lease.yml" in p]
+    assert looked == [f"/repos/{REPO}/actions/workflows/lease.yml",
+                      f"/repos/{REPO}/actions/workflows/lease.yml/runs"]  # fmt: skip
+    assert {auth for _, _, auth in fake.requests} == {"Bearer ghs-test-token"}
+
+
 def test_a_destroy_waits_for_no_tests(runner: Runner, github: tuple[FakeGitHub, str]) -> None:
     fake, api = github
     job = ask_tested(runner, api, "destroy")
     assert job.outputs["ask"] == {"run-tests": "false"}
     assert fake.requests == []
+    assert f"skipped: {LEASE_LOOK}" in job.ran, "a destroy does not look at the lease"
     assert which_jobs_run("false") == ["tested", "deploy"]
 
 
