@@ -244,7 +244,7 @@ _SIZES = (
     GpuSize("gpu-6000adax1-48gb", "RTX 6000 Ada", 1, 48, "nvidia", 1.89, arch="ada"),
     GpuSize("gpu-l40sx1-48gb", "L40S", 1, 48, "nvidia", 1.57, arch="ada"),
     # 720 GiB boot, 5,120 GiB scratch, 240 GiB memory: the OpenAPI's gpu_droplets example
-    # (droplets/responses/examples.yml) and FACTS.md.
+    # (droplets/responses/examples.yml; docs/facts.md).
     GpuSize(
         "gpu-h100x1-80gb",
         "H100",

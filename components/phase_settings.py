@@ -15,10 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import autodown, balancer, catalog, gateway, pool, vllm_service, wake
+from . import autodown, balancer, catalog, gateway, pool, script_text, vllm_service, wake
 from .schema import StackConfig
 
 PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
+
+
+def shipped(name: str) -> str:
+    """A file of scripts/phases/ as a host is sent it: its behaviour, not its comments
+    (script_text: a fixed comment is no re-run on a live stack)."""
+    text = (PHASES_DIR / name).read_text()
+    return script_text.python(text) if name.endswith(".py") else script_text.bash(text)
+
+
 SECRET_PLACEHOLDER = "<secret: set at deploy time>"  # noqa: S105 (a placeholder)
 
 Setting = str | int | bool | Sequence[str]
@@ -292,7 +301,7 @@ def autodown_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,
         "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
         "NEMO_AUTODOWN_TIMER_TEXT": autodown.timer_text(),
-        "NEMO_AUTODOWN_PY": (PHASES_DIR / "autodown.py").read_text(),
+        "NEMO_AUTODOWN_PY": shipped("autodown.py"),
     }
 
 
@@ -410,7 +419,7 @@ def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     token = cfg.wake.token.get_secret_value() if on and cfg.wake.token is not None else ""
     return {
         "NEMO_WAKE_MODE": wake.mode(cfg),
-        "NEMO_WAKE_PY": (PHASES_DIR / "wake.py").read_text() if on else "",
+        "NEMO_WAKE_PY": shipped("wake.py") if on else "",
         "NEMO_WAKE_SCRIPT": wake.SCRIPT_PATH,
         "NEMO_WAKE_ENV_FILE": wake.ENV_FILE,
         "NEMO_WAKE_ENV_TEXT": wake.env_text(cfg) if on else "",

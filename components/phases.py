@@ -14,7 +14,7 @@ from typing import Any
 
 from . import phase_settings as ps
 from . import pool
-from .phase_settings import PHASES_DIR, Inputs, Setting
+from .phase_settings import Inputs, Setting
 from .schema import StackConfig
 
 SettingsFn = Callable[[StackConfig, Inputs], dict[str, Setting]]
@@ -52,8 +52,8 @@ def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str
         f"PHASE_MINUTES={minutes}",
         *(f"{key}={shell_value(value)}" for key, value in settings.items()),
         "",
-        (PHASES_DIR / "lib.sh").read_text(),
-        (PHASES_DIR / f"{phase}.sh").read_text(),
+        ps.shipped("lib.sh"),
+        ps.shipped(f"{phase}.sh"),
     ]
     return "\n".join(lines)
 

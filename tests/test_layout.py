@@ -10,7 +10,7 @@ from pathlib import Path
 COMPONENTS = Path(__file__).resolve().parent.parent / "components"
 CONFIG = {"catalog", "schema", "config", "reference", "cidrs", "apikey"}
 HOST = {"phases", "phase_settings", "gateway", "balancer", "pool", "vllm_service", "autodown",
-        "wake"}  # fmt: skip
+        "wake", "script_text"}  # fmt: skip
 CLOUD = {"remote", "site", "region", "droplet", "cache", "dns", "bootstrap", "entry",
          "endpoint", "outputs"}  # fmt: skip
 TOOLS = {"render", "validate"}

@@ -38,12 +38,6 @@ def configs() -> dict[str, config.StackConfig]:
     }
 
 
-# Settings a script reads that its header does not list yet. Its header is part of the text
-# sent on stdin, so editing it alone would run the phase again on every live stack and replace
-# every phase after it (their triggers hold its output): it is fixed with the next change that
-# re-runs that phase anyway. This test holds the list exact, so it can only shrink.
-NOT_IN_HEADER_YET = {"vllm": {"NEMO_CUDA_KEYRING_SHA256"}}
-
 ROWS = [("bootstrap", p) for p in phases.BOOTSTRAP] + [("balancer", p) for p in phases.BALANCER]
 
 
@@ -53,13 +47,11 @@ def test_each_scripts_settings_header_is_what_its_row_gives_it(
 ) -> None:
     cfgs = configs()
     shapes = [cfgs["caddy"]] if table == "balancer" else list(cfgs.values())
-    header = header_keys(phase.name) | NOT_IN_HEADER_YET.get(phase.name, set())
+    header = header_keys(phase.name)
     assert header, f"scripts/phases/{phase.name}.sh has no # Settings: header"
     for cfg in shapes:
         replica = 0 if cfg.pooled else None
         given = set(phase.settings(cfg, Inputs(replica=replica)))
-        pending = NOT_IN_HEADER_YET.get(phase.name, set())
-        assert pending <= given and not pending & header_keys(phase.name), "pending, not fixed"
         assert given == header, (
             f"{phase.name}.sh ({table}): in the header only {sorted(header - given)}, "
             f"given only {sorted(given - header)}"

@@ -5,7 +5,7 @@ HTTPS, Let's Encrypt with profiles, validating from the internet). Nothing rende
 but the one declared gap (internet.SUBSTITUTED: the Miniforge installer's sha256).
 
 Each scenario prints its contract line (scenario.summary) in the run's summary. `./check` (and
-CI) runs scenarios 1, 2 (both entries), 4 and 6; those of minutes, 3 (a rolling update under
+CI) runs scenarios 1, 2 (both entries), 4, 6, 8 and 9; those of minutes, 3 (a rolling update under
 load, about 4 minutes beside the other tests), 5 (autodown, then refresh and up) and 7 (scale to
 zero: autodown deletes, a keyed request wakes the set through the pipeline), are marked
 stack_long and left out by default (pyproject addopts) to keep CI near six minutes: `./check -m
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -773,3 +774,72 @@ def test_a_wake_after_autodown_comes_back_where_the_front_is_or_is_refused(
             disk
         ]
         report(request, summary("pinned", emu, results) + f"\n  refused: {message[-160:]}")
+
+
+def reworded(folder: Path) -> int:
+    """Every comment line of the scripts in `folder` reworded (its tools' directives left
+    alone): what a fixed citation or a corrected header does to the text. Returns how many."""
+    count = 0
+    for path in sorted(folder.iterdir()):
+        if path.suffix not in (".sh", ".py"):
+            continue
+        lines = path.read_text().splitlines(keepends=True)
+        for i, line in enumerate(lines):
+            body = line.lstrip()
+            if body.startswith("# ") and not body.startswith("# shellcheck "):
+                lines[i] = line.replace("# ", "# (reworded) ", 1)
+                count += 1
+        path.write_text("".join(lines))
+    return count
+
+
+def test_a_comment_is_no_deploy_and_a_changed_command_runs_its_phase_and_those_after(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario 9: a live dev stack deployed by the release before this one (it sent each
+    script whole) takes the upgrade: every phase is sent new text once, runs again, and changes
+    nothing that serves (no restart, no reboot). Then every comment of every script reworded
+    plans no update (each phase is sent the same text: components/script_text.py); and one
+    character of one command (a step's message in gateway.sh) runs that phase again, and the
+    ready phase after it, and nothing before."""
+    from components import phase_settings, script_text  # noqa: PLC0415 (what the program reads)
+
+    scripts = tmp_path / "phases"
+    shutil.copytree(phase_settings.PHASES_DIR, scripts)
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+        stack = emu.stack("dev")
+        with monkeypatch.context() as before:
+            before.setattr(script_text, "bash", lambda text: text)  # the release before
+            before.setattr(script_text, "python", lambda text: text)
+            old = stack.up(stack_config("dev"))
+        results.append(old)
+        assert old.error is None, old.error
+        first = stack.up(stack_config("dev"))
+        results.append(first)
+        assert first.error is None, first.error
+        rerun = set(first.ops("update", "command:")) | set(first.ops("replace", "command:"))
+        assert {"bootstrap-preflight", "bootstrap-service", "bootstrap-ready"} <= rerun, rerun
+        service = next(r for u, r in stack.state.items() if u.endswith("::bootstrap-service"))
+        assert "is running with this configuration" in str(service.outputs["stderr"])
+        assert phase_result(stack.state, "bootstrap-reboot")["rebooting"] is False
+        assert first.ops("create", "droplet:") == [] and first.ops("replace", "droplet:") == []
+        monkeypatch.setattr(phase_settings, "PHASES_DIR", scripts)
+        assert reworded(scripts) > 300
+        again = stack.up(stack_config("dev"))
+        results.append(again)
+        assert again.error is None, again.error
+        assert [(s.op, s.urn) for s in again.steps if s.op != "same"] == [], "no deploy"
+        gateway_sh = scripts / "gateway.sh"
+        text = gateway_sh.read_text()
+        step = 'step user "system user'
+        assert text.count(step) == 1
+        gateway_sh.write_text(text.replace(step, 'step user "System user'))
+        changed = stack.up(stack_config("dev"))
+        results.append(changed)
+        assert changed.error is None, changed.error
+        ran = sorted((s.urn.rsplit("::", 1)[1], s.op) for s in changed.steps if s.op != "same")
+        # Its stdin changed: updated; the ready phase's triggers hold its output: replaced.
+        assert ran == [("bootstrap-gateway", "update"), ("bootstrap-ready", "delete"),
+                       ("bootstrap-ready", "replace")], ran  # fmt: skip
+        report(request, summary("comment-no-deploy", emu, results))

@@ -29,7 +29,7 @@ cannot be read counts as busy, like this replica's own). AUTODOWN_PEER_DROPLET_I
 replicas' Droplet ids: each is deleted by its id, and this one last, once every other is gone, so
 that a failed delete leaves the rule running on a Droplet that can try again. Never by tag:
 DELETE /v2/droplets?tag_name= needs tag:read besides droplet:delete, and whether it reaches
-GPU Droplets is not documented (FACTS.md; DigitalOcean OpenAPI droplets_destroy_byTag.yml).
+GPU Droplets is not documented (docs/facts.md; DigitalOcean OpenAPI droplets_destroy_byTag.yml).
 
 Token scopes (DigitalOcean OpenAPI, specification/resources): DELETE /v2/droplets/{id} needs
 droplet:delete (droplets/droplets_destroy.yml); DELETE /v2/domains/{zone}/records/{id} needs

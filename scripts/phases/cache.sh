@@ -146,7 +146,7 @@ filesystem_bytes() {
 
 step grow "the filesystem, when the Volume grew (cache.sizeGb ${NEMO_CACHE_SIZE_GB})"
 before=$(volume_bytes)
-# DigitalOcean grows a Volume in place (FACTS.md: resize action); the kernel reads a SCSI
+# DigitalOcean grows a Volume in place (docs/facts.md: a resize action); the kernel reads a SCSI
 # disk's new capacity when told to rescan it (Linux drivers/scsi/scsi_sysfs.c, store_rescan_field).
 rescan=/sys/class/block/${device##*/}/device/rescan
 if [[ -b $device && -w $rescan ]]; then echo 1 > "$rescan"; fi

@@ -64,7 +64,7 @@ acme_final() {
 
 # acme_problem: "KIND<TAB>the CA's words" for the newest ACME failure in the gateway's log of
 # this boot, or nothing. KIND: final (will not pass by itself) or transient. Caddy tries its
-# NEMO_ACME_ISSUERS issuers in order within one attempt (certmagic config.go; FACTS.md: a Let's
+# NEMO_ACME_ISSUERS issuers in order within one attempt (certmagic config.go; docs/facts.md: a Let's
 # Encrypt rate limit is followed by a ZeroSSL try), so a refusal is final only once every
 # issuer's newest failure is.
 acme_problem() {
