@@ -7,8 +7,9 @@ build the components, export what a user needs.
 import pulumi
 import pulumi_random as random
 
-from components import config, dns, endpoint, outputs
-from components.site import plan_site
+from components.cloud import dns, endpoint, outputs
+from components.cloud.site import plan_site
+from components.spec import config
 
 cfg = config.load()
 dns.check_zone(cfg)

@@ -21,8 +21,10 @@ from typing import Any
 
 import yaml
 
-from . import autodown, cache, config, gateway, phase_settings, phases
-from .schema import StackConfig
+from .cloud import cache
+from .host import autodown, gateway, phase_settings, phases
+from .spec import config
+from .spec.schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Droplet's address is known only once it exists; renders name the gateway for this one.

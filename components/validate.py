@@ -32,8 +32,10 @@ from typing import Any
 import requests
 import yaml
 
-from . import autodown, config, render, vllm_service
-from .schema import StackConfig
+from . import render
+from .host import autodown, vllm_service
+from .spec import config
+from .spec.schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 API_URL = "https://api.digitalocean.com"
@@ -134,7 +136,7 @@ def size_problems(cfg: StackConfig, size: dict[str, Any], notes: list[str]) -> l
     shown = ", ".join(f"{kind} disk {gib} GiB" for kind, gib in sorted(found.items()))
     notes.append(f"{cfg.droplet.size}: {shown or 'no disk listed'}, memory {memory_gib} GiB "
                  f"(GET /v2/sizes; the catalog holds what DigitalOcean documents)")  # fmt: skip
-    # The catalog's documented figures (components/catalog.py), held to the live ones.
+    # The catalog's documented figures (components/spec/catalog.py), held to the live ones.
     live = {"boot disk": found.get("local") or found.get("boot"), "scratch disk":
             found.get("scratch"), "memory": memory_gib or None}  # fmt: skip
     documented = {"boot disk": cfg.size.boot_disk_gib, "scratch disk": cfg.size.scratch_disk_gib,
@@ -142,7 +144,7 @@ def size_problems(cfg: StackConfig, size: dict[str, Any], notes: list[str]) -> l
     differ = [f"{what} {gib} GiB (the API: {live[what]} GiB)" for what, gib in documented.items()
               if gib is not None and live[what] is not None and live[what] != gib]  # fmt: skip
     if differ:
-        notes.append(f"components/catalog.py documents {cfg.droplet.size} with "
+        notes.append(f"components/spec/catalog.py documents {cfg.droplet.size} with "
                      f"{', '.join(differ)}: the catalog is out of date")  # fmt: skip
     problems = []
     # What preflight asks of the boot disk (NEMO_DISK_NEED_GB, before any Volume is mounted).

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from components import catalog  # after the path is set
+from components.spec import catalog  # after the path is set
 
 DROPLET = "digitalocean:index/droplet:Droplet"
 FIREWALL = "digitalocean:index/firewall:Firewall"

@@ -8,10 +8,10 @@ Autodown runs on the Droplet: if the Droplet hangs, its timer dies or someone st
 nothing deletes it, and DigitalOcean bills a frozen or powered-off Droplet like a running one.
 This rule needs nothing from the Droplet. Each GPU Droplet the program creates carries the tags
 `nemotron-droplet` and `nemotron-droplet-lease-minutes:<M>` (autodown.maxHours, in minutes;
-components/catalog.py); it expires M minutes after DigitalOcean created it (`created_at`), the
+components/spec/catalog.py); it expires M minutes after DigitalOcean created it (`created_at`), the
 same ceiling autodown counts. One past its expiry plus `--grace-minutes` (autodown had its
 chance) is deleted by id. `.github/workflows/lease.yml` runs this on a schedule (hourly by
-default). It needs the standard library and components/catalog.py, nothing to install: the
+default). It needs the standard library and components/spec/catalog.py, nothing to install: the
 workflow runs it with the runner image's python3.
 
 What it touches, and the token it needs (DigitalOcean OpenAPI, specification/resources/):
@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from components import catalog  # the lease tag's one definition
+from components.spec import catalog  # the lease tag's one definition
 
 API_URL = "https://api.digitalocean.com"
 GITHUB_API_URL = "https://api.github.com"

@@ -25,7 +25,7 @@ from pathlib import Path
 import target as target_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from components.catalog import CADDY_UNIT, SSH_USER, VLLM_UNIT  # after the path is set
+from components.spec.catalog import CADDY_UNIT, SSH_USER, VLLM_UNIT  # after the path is set
 
 
 def host_of(

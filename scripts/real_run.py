@@ -15,7 +15,7 @@ bootstrap (timeline.py), and deletes it whatever happened before. Each step live
 the workflow's YAML, so that the tests run it.
 
 `plan` turns the cost cap into every bound the run has: the minutes of Droplet time the cap buys
-at the size's list price (components/catalog.py), each step's timeout, the job's, and the
+at the size's list price (components/spec/catalog.py), each step's timeout, the job's, and the
 throwaway stack's autodown.maxHours, so that a runner that dies mid-run still leaves a Droplet
 that deletes itself before the cap is spent, when the AUTODOWN_TOKEN secret lets autodown
 delete. Without it, the lease workflow (scripts/lease.py) is the guard, and it acts up to its
@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from components import catalog  # sizes and list prices, models and their disk size
+from components.spec import catalog  # sizes and list prices, models and their disk size
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,7 @@ DROPPED = {
     "access": ("domain", "dnsZone"),
 }
 DROPPED_SECTIONS = ("cache", "replicas", "balancer", "wake")
-# Outputs that are secrets (components/outputs.py): never written to a file, never summarised.
+# Outputs that are secrets (components/cloud/outputs.py): never written to a file, never summarised.
 SECRET_OUTPUTS = ("apiKey", "sshPrivateKey")
 # The outputs the summary reads; nothing else is looked at.
 SUMMARY_OUTPUTS = (
@@ -220,7 +220,7 @@ def price_of(size: str, price: float | None) -> float:
         return price
     if known.list_price_usd_hour is None:
         raise PlanError(
-            f"--size {size}: components/catalog.py has no list price for it; pass --price "
+            f"--size {size}: components/spec/catalog.py has no list price for it; pass --price "
             "USD_PER_HOUR (DigitalOcean's current price for the size)"
         )
     return known.list_price_usd_hour
@@ -826,7 +826,9 @@ def hourly_price(outputs: Any, fallback: float | None) -> tuple[float | None, st
     if isinstance(live, int | float) and live > 0:
         return float(live), "the live price the stack exported (`hourlyPriceUsd`)"
     if fallback is not None:
-        return fallback, "the size's list price (components/catalog.py): no live price exported"
+        return fallback, (
+            "the size's list price (components/spec/catalog.py): no live price exported"
+        )
     return None, ""
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import requests
 import target as target_mod
 
-CONTROL_PATH = "/nemotron/wake"  # components/wake.py CONTROL_PATH
+CONTROL_PATH = "/nemotron/wake"  # components/host/wake.py CONTROL_PATH
 TIMEOUT_SECONDS = 20
 
 

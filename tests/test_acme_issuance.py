@@ -29,7 +29,8 @@ import pytest
 from pulumi_harness import stack_config
 from sandbox import CADDY
 
-from components import config, gateway
+from components.host import gateway
+from components.spec import config
 
 PEBBLE = shutil.which("pebble") or "/usr/bin/pebble"
 pytestmark = pytest.mark.skipif(

@@ -22,8 +22,9 @@ import loopback
 import pytest
 from pulumi_harness import stack_config
 
-from components import config, phases
-from components.autodown import Peer, env_text, token_scopes
+from components.host import phases
+from components.host.autodown import Peer, env_text, token_scopes
+from components.spec import config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "phases" / "autodown.py"

@@ -25,7 +25,8 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_gateway import KEY, Gateway, replica_gateway, run_caddy, start_gateway
 
-from components import balancer, catalog, config, gateway, pool
+from components.host import balancer, gateway, pool
+from components.spec import catalog, config
 
 FAKE = Path(__file__).resolve().parent / "support" / "fake_openai.py"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"

@@ -22,7 +22,9 @@ from pulumi_harness import (
 )
 from test_droplet import HF_TOKEN, dev
 
-from components import bootstrap, config, phase_settings, phases, schema, vllm_service
+from components.cloud import bootstrap
+from components.host import phase_settings, phases, vllm_service
+from components.spec import config, schema
 
 COMMAND = "command:remote:Command"
 # The overlap: the cache, conda, the vLLM env and the weights download beside the driver

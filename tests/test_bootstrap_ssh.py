@@ -18,7 +18,8 @@ from sandbox import Downloads, Sandbox, free_port
 from stack.net import sshd_config
 from test_phase_scripts import Phases, service_pid, unit_env, use_new_locks, vllm_envs, vllm_lock
 
-from components import bootstrap, phase_settings, phases
+from components.cloud import bootstrap
+from components.host import phase_settings, phases
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(

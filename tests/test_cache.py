@@ -23,10 +23,11 @@ from pulumi_harness import (
 from test_bootstrap import commands
 from test_droplet import dev
 
-from components import cache, catalog, config
-from components.config import ConfigError
+from components.cloud import cache
 from components.render import render_stack
-from components.schema import StackConfig
+from components.spec import catalog, config
+from components.spec.config import ConfigError
+from components.spec.schema import StackConfig
 
 DEVICE = f"{catalog.VOLUME_DEVICE_PREFIX}nemotron-dev-cache"
 

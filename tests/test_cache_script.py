@@ -21,7 +21,7 @@ import pytest
 from sandbox import Downloads, Sandbox
 from test_phase_scripts import MODEL, Phases
 
-from components import catalog
+from components.spec import catalog
 
 # Big enough for ext4 with a journal; sparse, so it costs nothing on disk.
 IMAGE_BYTES = 64 * 1024 * 1024

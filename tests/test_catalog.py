@@ -11,8 +11,9 @@ import pytest
 from pulumi_harness import run_program, stack_config
 from test_droplet import merged
 
-from components import catalog, config, phases, vllm_service
-from components.config import ConfigError
+from components.host import phases, vllm_service
+from components.spec import catalog, config
+from components.spec.config import ConfigError
 
 SUPER_FP8 = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8"
 NANO_4B = "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"

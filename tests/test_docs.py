@@ -7,7 +7,7 @@ import re
 import yaml
 from pulumi_harness import ROOT
 
-from components import reference, schema
+from components.spec import reference, schema
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
@@ -17,7 +17,7 @@ def test_the_configuration_reference_is_generated_from_the_model() -> None:
     block = page.split(START, 1)[1].split(END, 1)[0].strip()
     assert block == reference.reference_markdown(), (
         "docs/configuration.md is stale: replace the config-reference block with "
-        "`python -m components.reference`"
+        "`python -m components.spec.reference`"
     )
     assert "docs/configuration.md" in (ROOT / "README.md").read_text(), "the README links it"
 
@@ -48,8 +48,8 @@ def test_project_file_contract() -> None:
 
 
 def test_readme_outputs_table_lists_every_export() -> None:
-    # Every output is exported in components/outputs.py (the program's one place for them).
-    source = (ROOT / "components" / "outputs.py").read_text()
+    # Every output is exported in components/cloud/outputs.py (the program's one place for them).
+    source = (ROOT / "components" / "cloud" / "outputs.py").read_text()
     exported = set(re.findall(r'pulumi\.export\(\s*"(\w+)"', source))
     assert {"endpoint", "apiKey", "sshCommand"} <= exported, "the outputs moved: read them there"
     readme = (ROOT / "README.md").read_text()

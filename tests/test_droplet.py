@@ -33,8 +33,10 @@ from pulumi_harness import (
     stack_config,
 )
 
-from components import catalog, cidrs, droplet, phases
-from components.config import ConfigError
+from components.cloud import droplet
+from components.host import phases
+from components.spec import catalog, cidrs
+from components.spec.config import ConfigError
 
 DROPLET = "digitalocean:index/droplet:Droplet"
 FIREWALL = "digitalocean:index/firewall:Firewall"

@@ -33,8 +33,9 @@ from test_droplet import (
     dev,
 )
 
-from components import catalog, entry
-from components.config import ConfigError
+from components.cloud import entry
+from components.spec import catalog
+from components.spec.config import ConfigError
 
 COMMAND = "command:remote:Command"
 LOAD_BALANCER = "digitalocean:index/loadBalancer:LoadBalancer"

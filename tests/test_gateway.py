@@ -24,7 +24,8 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_tools import fake_server
 
-from components import balancer, catalog, config, gateway
+from components.host import balancer, gateway
+from components.spec import catalog, config
 
 KEY = "sk-test-0123456789"  # fake_server's key: the upstream checks it too (defence in depth)
 

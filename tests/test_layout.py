@@ -1,50 +1,98 @@
-"""The layout the README draws, held: three groups of components/ with imports in one direction
-(config <- text for a host <- cloud resources <- __main__.py), so the text a Droplet runs is
-rendered and tested without Pulumi, and nothing in the config knows how it is deployed."""
+"""The layout the README draws, held: components/ is three packages by what a file is, with
+imports in one direction (spec <- host <- cloud <- the tools and __main__.py), so the text a
+Droplet runs is rendered and tested without Pulumi, nothing in the config knows how it is
+deployed, and a path says whether a file can create something that bills (only cloud/ holds
+the providers' SDKs)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-COMPONENTS = Path(__file__).resolve().parent.parent / "components"
-CONFIG = {"catalog", "schema", "config", "reference", "cidrs", "apikey"}
-HOST = {"phases", "phase_settings", "gateway", "balancer", "pool", "vllm_service", "autodown",
-        "wake", "script_text"}  # fmt: skip
-CLOUD = {"remote", "site", "region", "droplet", "cache", "dns", "bootstrap", "entry",
-         "endpoint", "outputs"}  # fmt: skip
-TOOLS = {"render", "validate"}
+ROOT = Path(__file__).resolve().parent.parent
+COMPONENTS = ROOT / "components"
+PACKAGES = {"spec", "host", "cloud"}
+TOOLS = {"render", "validate"}  # python -m components.<tool>
+# The SDKs that create things in an account (or in the state): only cloud/ imports them.
+PROVIDERS = {"pulumi_digitalocean", "pulumi_command", "pulumi_random", "pulumi_tls"}
 
 
-def imports(module: str) -> set[str]:
-    """The names this module imports: components' modules by name, other packages by their top."""
-    tree = ast.parse((COMPONENTS / f"{module}.py").read_text())
+def modules(package: str) -> set[str]:
+    return {p.stem for p in (COMPONENTS / package).glob("*.py")} - {"__init__"}
+
+
+def imports(path: Path) -> set[str]:
+    """What a file imports: components' modules by their dotted name (relative imports
+    resolved), other packages by their top name."""
+    here = path.relative_to(ROOT).with_suffix("").parts[:-1]  # its package: ("components", "host")
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[0] for a in node.names}
+            found |= {a.name if a.name.startswith("components") else a.name.split(".")[0]
+                      for a in node.names}  # fmt: skip
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # from . import x / from .x import y
-                found |= {node.module} if node.module else {a.name for a in node.names}
-            elif node.module == "components":  # from components import x (as __main__ does)
-                found |= {a.name for a in node.names}
-            elif node.module:
-                found.add(node.module.split(".")[0])
+            base = node.module or ""
+            if node.level:
+                parent = here[: len(here) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            if base.startswith("components"):
+                # `from components.host import phases`: the module is components.host.phases
+                for a in node.names:
+                    candidate = f"{base}.{a.name}"
+                    is_module = (ROOT / Path(*candidate.split("."))).with_suffix(".py").exists()
+                    found.add(candidate if is_module else base)
+            else:
+                found.add(base.split(".")[0])
     return found
 
 
-def test_every_module_is_in_one_group() -> None:
-    modules = {p.stem for p in COMPONENTS.glob("*.py")} - {"__init__"}
-    assert modules == CONFIG | HOST | CLOUD | TOOLS
+def group(name: str) -> str:
+    """components.host.phases -> host; components.render -> render; components -> ''."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
 
 
-def test_the_config_knows_nothing_of_hosts_or_clouds() -> None:
-    for module in CONFIG:
-        assert not imports(module) & (HOST | CLOUD | TOOLS), module
+def files(package: str) -> list[Path]:
+    return sorted((COMPONENTS / package).glob("*.py"))
+
+
+def test_components_is_three_packages_and_two_tools() -> None:
+    assert {p.name for p in COMPONENTS.iterdir() if p.is_dir() and p.name != "__pycache__"} == (
+        PACKAGES
+    )
+    assert {p.stem for p in COMPONENTS.glob("*.py")} == TOOLS | {"__init__"}
+    for package in PACKAGES:
+        assert (COMPONENTS / package / "__init__.py").read_text().startswith('"""'), package
+        assert modules(package), package
+
+
+def test_the_config_knows_nothing_of_hosts_clouds_or_tools() -> None:
+    for path in files("spec"):
+        reached = {group(m) for m in imports(path) if m.startswith("components.")}
+        assert reached <= {"spec"}, (path.name, reached)
+        assert not imports(path) & PROVIDERS, path.name
 
 
 def test_the_text_for_a_host_needs_no_pulumi_and_no_cloud_module() -> None:
-    for module in HOST:
-        found = imports(module)
-        assert not {m for m in found if m.startswith("pulumi")}, module
-        assert not found & (CLOUD | TOOLS), module
+    for path in files("host"):
+        found = imports(path)
+        assert not {m for m in found if m.startswith("pulumi")}, path.name
+        reached = {group(m) for m in found if m.startswith("components.")}
+        assert reached <= {"spec", "host"}, (path.name, reached)
+
+
+def test_only_the_cloud_package_holds_what_creates_and_bills() -> None:
+    for path in [*COMPONENTS.glob("*.py"), *files("spec"), *files("host")]:
+        assert not imports(path) & PROVIDERS, path.name
+    for path in files("cloud"):
+        reached = {group(m) for m in imports(path) if m.startswith("components.")}
+        assert reached <= {"spec", "host", "cloud"}, (path.name, reached)
+
+
+def test_main_only_wires() -> None:
+    """__main__.py reaches the packages, never a provider SDK's resources itself (but the API
+    key's RandomPassword, the one resource it declares)."""
+    found = imports(ROOT / "__main__.py")
+    assert found & PROVIDERS <= {"pulumi_random"}
+    assert {group(m) for m in found if m.startswith("components.")} <= PACKAGES
+    assert len((ROOT / "__main__.py").read_text().splitlines()) <= 30

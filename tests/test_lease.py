@@ -27,7 +27,7 @@ from loopback import reply, serve, stop, url
 from pulumi_harness import stack_config
 from stack.do_api import Account, DigitalOceanAPI
 
-from components import catalog, config
+from components.spec import catalog, config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "lease.py"
@@ -347,13 +347,18 @@ def test_a_run_installs_nothing_and_checks_out_only_what_lease_py_reads() -> Non
     assert lease.MAX_WAIT_SECONDS + 2 * lease.TIMEOUT_SECONDS < 5 * 60, "waits fit the timeout"
 
 
-SPARSE = ["scripts/lease.py", "components/__init__.py", "components/catalog.py"]
+SPARSE = [
+    "scripts/lease.py",
+    "components/__init__.py",
+    "components/spec/__init__.py",
+    "components/spec/catalog.py",
+]
 
 
 def test_the_sparse_checkout_runs_with_the_standard_library_alone(
     api: DigitalOceanAPI, tmp_path: Path
 ) -> None:
-    """The three files the job checks out, run by a Python without site-packages (-S: no
+    """The four files the job checks out, run by a Python without site-packages (-S: no
     requests, nothing installed) and without this checkout on its path (-I): it still leases."""
     for name in SPARSE:
         (tmp_path / "repo" / name).parent.mkdir(parents=True, exist_ok=True)

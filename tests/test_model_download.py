@@ -23,7 +23,7 @@ from fake_hub import FakeHub, Fault
 from sandbox import Downloads, Sandbox
 from test_phase_scripts import Phases
 
-from components import catalog
+from components.spec import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 HF_ENV = ROOT / ".vllm-venv"

@@ -22,16 +22,9 @@ from fake_acme import RefusingCA
 from pulumi_harness import stack_config
 from sandbox import CADDY, FAKES, Downloads, PhaseRun, Sandbox, caddy_release_tarball
 
-from components import (
-    catalog,
-    config,
-    gateway,
-    phase_settings,
-    phases,
-    schema,
-    vllm_service,
-)
+from components.host import gateway, phase_settings, phases, vllm_service
 from components.render import render_stack
+from components.spec import catalog, config, schema
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,

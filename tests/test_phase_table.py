@@ -1,4 +1,4 @@
-"""The phase table (components/phases.py) against the scripts it runs: each script's
+"""The phase table (components/host/phases.py) against the scripts it runs: each script's
 `# Settings:` header names exactly the settings its row's function gives it, for a lone
 Droplet, a replica and the Caddy balancer; and each input a row names is one its settings
 function reads."""
@@ -11,8 +11,9 @@ import re
 import pytest
 from pulumi_harness import stack_config
 
-from components import config, phases
-from components.phase_settings import PHASES_DIR, Inputs
+from components.host import phases
+from components.host.phase_settings import PHASES_DIR, Inputs
+from components.spec import config
 
 
 def header_keys(script: str) -> set[str]:

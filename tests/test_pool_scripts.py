@@ -15,15 +15,8 @@ from sandbox import Downloads, PhaseRun, Sandbox, free_port
 from test_balancer import replica as fake_replica
 from test_phase_scripts import API_KEY, Phases, box, prepared
 
-from components import (
-    catalog,
-    config,
-    gateway,
-    phase_settings,
-    phases,
-    pool,
-    wake,
-)
+from components.host import gateway, phase_settings, phases, pool, wake
+from components.spec import catalog, config
 
 __all__ = ["box"]  # the fixture, used by name
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 from test_tools import fake_server
 
-from components import catalog
+from components.spec import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "real_run.py"
@@ -107,7 +107,7 @@ def test_plan_writes_a_throwaway_stack_that_validates(stacks: Path, tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     assert out["stack"] == "real-run-1-1"
     assert out["size"] == "gpu-4000adax1-20gb"
-    assert out["price"] == "0.76"  # components/catalog.py's list price
+    assert out["price"] == "0.76"  # components/spec/catalog.py's list price
     written = stacks / "Pulumi.real-run-1-1.yaml"
     checked = validate("real-run-1-1", stacks)
     assert checked.returncode == 0, checked.stderr
@@ -696,7 +696,7 @@ def test_summary_cost_at_the_live_price_per_second_and_by_the_hour(tmp_path: Pat
     no_price = {k: v for k, v in OUTPUTS.items() if k != "hourlyPriceUsd"}
     text = summary(run_dir(tmp_path / "b", no_price), price="1.2")
     assert "**About $0.60**" in text
-    assert "the size's list price (components/catalog.py)" in text
+    assert "the size's list price (components/spec/catalog.py)" in text
     # A run of seconds costs DigitalOcean's minimum of 60 seconds: $0.0127, up to the cent.
     assert "**About $0.02**" in summary(d, ended=str(STARTED + 5), price="0.76")
 

@@ -256,7 +256,8 @@ WORKSPACE_FILES = [
     "scripts/ci/tested.py",
     "scripts/lease.py",
     "components/__init__.py",
-    "components/catalog.py",
+    "components/spec/__init__.py",
+    "components/spec/catalog.py",
     "requirements.txt",
     "policy/requirements.txt",
 ]

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from pulumi_harness import stack_config
 
-from components import config, phase_settings, phases, script_text
-from components.phase_settings import PHASES_DIR, Inputs
+from components.host import phase_settings, phases, script_text
+from components.host.phase_settings import PHASES_DIR, Inputs
+from components.spec import config
 
 BASH_SCRIPTS = sorted(p.name for p in PHASES_DIR.glob("*.sh"))
 PYTHON_SCRIPTS = sorted(p.name for p in PHASES_DIR.glob("*.py"))

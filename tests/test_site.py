@@ -23,7 +23,7 @@ from pulumi_harness import (
 from test_droplet import DROPLET, dev
 from test_entry import ASSIGNMENT, RESERVED_IP, WAKE, live_set, of
 
-from components.config import ConfigError
+from components.spec.config import ConfigError
 
 GPU = "gpu-4000adax1-20gb"
 FRONT_ID = 515151

@@ -32,7 +32,8 @@ from sandbox import free_port
 from stack.acme_ca import ACMECA, jwk_thumbprint
 from test_gateway import spawn_caddy, stop_caddy
 
-from components import config, gateway
+from components.host import gateway
+from components.spec import config
 
 NS = "urn:ietf:params:acme:error:"
 

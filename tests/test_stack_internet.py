@@ -29,7 +29,8 @@ from stack.internet import (
 )
 from stack.net import ACME_CA, DO_API, DOWNLOADS, Host, World, namespaces, running_world
 
-from components import catalog, config, phases
+from components.host import phases
+from components.spec import catalog, config
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "curl")),

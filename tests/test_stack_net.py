@@ -29,7 +29,7 @@ from stack.net import (
     ssh_argv,
 )
 
-from components import catalog
+from components.spec import catalog
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "nft", "sshd", "ssh")),

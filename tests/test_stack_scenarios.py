@@ -799,10 +799,10 @@ def test_a_comment_is_no_deploy_and_a_changed_command_runs_its_phase_and_those_a
     """Scenario 9: a live dev stack deployed by the release before this one (it sent each
     script whole) takes the upgrade: every phase is sent new text once, runs again, and changes
     nothing that serves (no restart, no reboot). Then every comment of every script reworded
-    plans no update (each phase is sent the same text: components/script_text.py); and one
+    plans no update (each phase is sent the same text: components/host/script_text.py); and one
     character of one command (a step's message in gateway.sh) runs that phase again, and the
     ready phase after it, and nothing before."""
-    from components import phase_settings, script_text  # noqa: PLC0415 (what the program reads)
+    from components.host import phase_settings, script_text  # noqa: PLC0415 (what the program reads)
 
     scripts = tmp_path / "phases"
     shutil.copytree(phase_settings.PHASES_DIR, scripts)

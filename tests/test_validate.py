@@ -186,7 +186,7 @@ def test_the_catalogs_documented_disks_are_held_to_the_sizes_api(api: DigitalOce
     moved = validate("--stack", "prod", "--api-url", api.url, env=env)
     assert moved.returncode == 0, moved.stderr
     assert (
-        "components/catalog.py documents gpu-h100x1-80gb with boot disk 720 GiB (the API: 1000 "
+        "components/spec/catalog.py documents gpu-h100x1-80gb with boot disk 720 GiB (the API: 1000 "
         "GiB): the catalog is out of date"
     ) in moved.stderr
 

@@ -16,7 +16,8 @@ import pytest
 from pulumi_harness import ROOT, stack_config
 from test_droplet import merged
 
-from components import catalog, config, reference, vllm_service
+from components.host import vllm_service
+from components.spec import catalog, config, reference
 
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
 CHECK = ROOT / "tests" / "support" / "vllm_serve_check.py"

@@ -38,7 +38,8 @@ from stack import github_api
 from stack.github_api import GitHub
 from test_gateway import KEY, run_caddy
 
-from components import config, gateway, wake
+from components.host import gateway, wake
+from components.spec import config
 
 ROOT = Path(__file__).resolve().parent.parent
 WAKE = ROOT / "scripts" / "phases" / "wake.py"
@@ -737,12 +738,12 @@ def test_the_fields_the_waker_reads_are_the_ones_githubs_description_requires() 
 
 
 def test_the_waker_and_the_program_share_their_names() -> None:
-    """The gate's route to the waker and the hold file: the program's (components/wake.py), the
+    """The gate's route to the waker and the hold file: the program's (components/host/wake.py), the
     waker's own (it runs on the front on Ubuntu's Python and aiohttp, without the program) and
     the tool's (the tools' venv has no pydantic, which the program's module needs)."""
     found = {
         path: re.search(r'^CONTROL_PATH = "([^"]+)"', (ROOT / path).read_text(), re.M)
-        for path in ("components/wake.py", "scripts/phases/wake.py", "scripts/wake.py")
+        for path in ("components/host/wake.py", "scripts/phases/wake.py", "scripts/wake.py")
     }
     assert {path: m.group(1) if m else None for path, m in found.items()} == dict.fromkeys(
         found, "/nemotron/wake"

@@ -10,7 +10,7 @@ set -euo pipefail
 missing=()
 # One line a package: how to tell it is there, then what to install. The emulated front runs
 # the waker on the system Python with the distribution's aiohttp, as a Droplet does
-# (components/wake.py PYTHON, APT_PACKAGE).
+# (components/host/wake.py PYTHON, APT_PACKAGE).
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server openssh-client)
 command -v pebble >/dev/null || missing+=(pebble)
 command -v ip >/dev/null || missing+=(iproute2)

@@ -161,7 +161,7 @@ if (( bytes > fs_bytes + (64 << 20) )); then
             "read the lines above and dmesg on the Droplet; pulumi up again"
   changed
 elif (( bytes < NEMO_CACHE_SIZE_GB << 30 )); then
-  # The plan attaches a Volume it adopts at its own size first (components/cache.py, plan).
+  # The plan attaches a Volume it adopts at its own size first (components/cloud/cache.py, plan).
   log "the filesystem spans the Volume's $(numfmt --to=iec-i --suffix=B "$bytes"); it grows to ${NEMO_CACHE_SIZE_GB} GiB on the next pulumi up (the cache output's note says why)"
 else
   log "the filesystem spans the Volume's $(numfmt --to=iec-i --suffix=B "$bytes")"

@@ -75,7 +75,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web, web_server
 # One upstream per file, as the balancer phase writes them ('to 10.110.0.2:8080').
 UPSTREAM = re.compile(r"^\s*to\s+([0-9A-Za-z.\-\[\]:]+):([0-9]{1,5})\s*$", re.M)
 DAY = 86400.0
-# The keyed control path the gate sends here as it came: components/wake.py's value
+# The keyed control path the gate sends here as it came: components/host/wake.py's value
 # (tests/test_wake.py holds them equal).
 CONTROL_PATH = "/nemotron/wake"
 MAX_BODY = 16_000_000  # the gate's own limit: nothing larger gets this far

@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from pulumi.runtime import mocks as pulumi_mocks
 from sandbox import Sandbox
 
-from components import catalog
+from components.spec import catalog
 from stack import do_api, net
 from stack.engine import Resource
 from stack.load_balancer import LoadBalancer

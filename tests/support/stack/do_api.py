@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from components import catalog
+from components.spec import catalog
 
 SCOPES_FILE = Path(__file__).with_name("do_api_scopes.json")
 SNAPSHOT = Path("/work/.mirror/digitalocean+openapi/repo")
@@ -143,7 +143,7 @@ class Size:
 
 
 def size(slug: str) -> Size:
-    """The project's GPU catalog (components/catalog.py) as sizes; any other slug a plain CPU
+    """The project's GPU catalog (components/spec/catalog.py) as sizes; any other slug a plain CPU
     size. The H100's shape is the OpenAPI's example (droplets/responses/examples.yml,
     gpu_droplets), as the catalog records it; a size the catalog has no disks or memory for
     gets that shape per GPU, and prices without a list price are made up."""

@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 from sandbox import FAKES, Sandbox, caddy_release_tarball
 
-from components import catalog
+from components.spec import catalog
 from stack.net import ACME_CA, DO_API, DOWNLOADS, GITHUB_API, Netns
 from stack.pki import Authority
 

@@ -557,7 +557,7 @@ def sshd_config(listen: str, port: int, host_key: Path, authorized_keys: Path) -
 class Sshd:
     """The Droplet's OpenSSH server: in the host's namespace, inside its sandbox (its disk),
     listening on 0.0.0.0:22 with the given host key and authorized key; what cloud-init
-    sets up from the program's user data (components/droplet.py cloud_config)."""
+    sets up from the program's user data (components/cloud/droplet.py cloud_config)."""
 
     def __init__(
         self, host: Host, box: Sandbox, folder: Path, host_key: str, authorized_key: str

@@ -19,7 +19,7 @@ from typing import Any
 import openai
 from pulumi_harness import DEFAULT_OFFERS
 
-from components import catalog
+from components.spec import catalog
 from stack import do_api, github_api, internet, net
 from stack.acme_ca import ACMECA
 from stack.cloud import Account

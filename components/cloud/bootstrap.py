@@ -20,10 +20,12 @@ from typing import Any
 import pulumi
 import pulumi_command as command
 
-from . import catalog, phases, remote
-from .phase_settings import Inputs, lock_sha256, remote_lock_path
-from .phases import BOOTSTRAP, PHASE_NAMES, ROLLING_PHASES, Phase
-from .schema import StackConfig
+from ..host import phases
+from ..host.phase_settings import Inputs, lock_sha256, remote_lock_path
+from ..host.phases import BOOTSTRAP, PHASE_NAMES, ROLLING_PHASES, Phase
+from ..spec import catalog
+from ..spec.schema import StackConfig
+from . import remote
 
 
 def parse_result(stdout: str) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import pulumi
 
+from ..spec.schema import StackConfig
 from . import cache, entry, region
-from .schema import StackConfig
 
 
 @dataclass(frozen=True)

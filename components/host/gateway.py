@@ -14,8 +14,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from . import balancer, catalog, wake
-from .schema import StackConfig
+from ..spec import catalog
+from ..spec.schema import StackConfig
+from . import balancer, wake
 
 # The key reaches Caddy from a root-only EnvironmentFile, read by systemd, never the Caddyfile.
 API_KEY_ENV = "NEMO_API_KEY"

@@ -9,10 +9,12 @@ from typing import Any
 
 import pulumi
 
-from . import balancer, cache, catalog, gateway, wake
+from ..host import balancer, gateway, wake
+from ..spec import catalog
+from ..spec.schema import StackConfig
+from . import cache
 from .droplet import REPLACEMENT_NOTE, ssh_command
 from .endpoint import Endpoint
-from .schema import StackConfig
 from .site import Site
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_digitalocean as digitalocean
 
-from .config import ConfigError
-from .schema import StackConfig
+from ..spec.config import ConfigError
+from ..spec.schema import StackConfig
 
 
 @dataclass(frozen=True)

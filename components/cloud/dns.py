@@ -12,8 +12,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_digitalocean as digitalocean
 
-from .config import ConfigError
-from .schema import StackConfig
+from ..spec.config import ConfigError
+from ..spec.schema import StackConfig
 
 # Short, so that a re-created Droplet's address reaches resolvers (and the CA) quickly;
 # DigitalOcean accepts 30 s and up.

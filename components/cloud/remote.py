@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_command as command
 
-from . import catalog
-from .phases import runner
+from ..host.phases import runner
+from ..spec import catalog
 
 # custom_timeouts (the SSH dial) outlast the phase's own bound by this much.
 DIAL_MARGIN_MINUTES = 5

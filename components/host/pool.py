@@ -13,8 +13,9 @@ start (endpoint.py chains them). Replica 0 runs the set's autodown.
 
 from __future__ import annotations
 
-from . import balancer, catalog
-from .schema import StackConfig
+from ..spec import catalog
+from ..spec.schema import StackConfig
+from . import balancer
 
 # How long a drain may wait for the requests in flight to finish before it restarts anyway:
 # a long generation at the largest context runs minutes.

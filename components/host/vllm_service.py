@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from . import catalog
-from .schema import StackConfig
+from ..spec import catalog
+from ..spec.schema import StackConfig
 
 # What the service may run: the vLLM env's own tools first (FlashInfer's JIT calls ninja, Triton
 # and torch.compile find their tools there), then the system's, where the C compiler Triton needs

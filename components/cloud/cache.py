@@ -23,9 +23,9 @@ from typing import Any
 import pulumi
 import pulumi_digitalocean as digitalocean
 
-from . import catalog
-from .config import ConfigError
-from .schema import StackConfig
+from ..spec import catalog
+from ..spec.config import ConfigError
+from ..spec.schema import StackConfig
 
 DESCRIPTION = f"{catalog.PROJECT} cache: weights, conda envs, vLLM compile caches"
 

@@ -17,10 +17,12 @@ from typing import Any, cast
 
 import pulumi
 
-from . import cache, catalog, config, dns, entry, gateway, region
+from ..host import gateway
+from ..spec import catalog, config
+from ..spec.schema import StackConfig
+from . import cache, dns, entry, region
 from .bootstrap import Bootstrap, BootstrapArgs
 from .droplet import StackDroplet, StackDropletArgs
-from .schema import StackConfig
 
 
 @dataclass

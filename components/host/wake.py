@@ -7,8 +7,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from . import catalog
-from .schema import StackConfig
+from ..spec import catalog
+from ..spec.schema import StackConfig
 
 # The waker listens on the front's loopback only; Caddy reaches it, nothing else does.
 PORT = 8092

@@ -19,7 +19,7 @@ from pydantic.alias_generators import to_camel
 from . import catalog, cidrs
 
 NAMESPACE = catalog.PROJECT
-LOCKS_DIR = Path(__file__).resolve().parent.parent / catalog.LOCKS_PATH
+LOCKS_DIR = Path(__file__).resolve().parents[2] / catalog.LOCKS_PATH
 
 _TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
 RESERVED_TAG_PREFIXES = (f"{catalog.PROJECT}-", "stack:")

@@ -28,11 +28,13 @@ import pulumi
 import pulumi_command as command
 import pulumi_digitalocean as digitalocean
 
-from . import catalog, gateway, phases, region, remote
-from .config import ConfigError
+from ..host import gateway, phases
+from ..host.phase_settings import Inputs
+from ..spec import catalog
+from ..spec.config import ConfigError
+from ..spec.schema import StackConfig
+from . import region, remote
 from .droplet import StackDroplet, StackDropletArgs
-from .phase_settings import Inputs
-from .schema import StackConfig
 
 
 def caddy_price(cfg: StackConfig, region_slug: str) -> float:

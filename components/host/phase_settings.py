@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import autodown, balancer, catalog, gateway, pool, script_text, vllm_service, wake
-from .schema import StackConfig
+from ..spec import catalog
+from ..spec.schema import StackConfig
+from . import autodown, balancer, gateway, pool, script_text, vllm_service, wake
 
-PHASES_DIR = Path(__file__).resolve().parent.parent / "scripts" / "phases"
+PHASES_DIR = Path(__file__).resolve().parents[2] / "scripts" / "phases"
 
 
 def shipped(name: str) -> str:

@@ -1,5 +1,5 @@
 """The configuration reference (docs/configuration.md), generated from the models in schema.py
-so that the docs and the code cannot drift: `python -m components.reference` prints it."""
+so that the docs and the code cannot drift: `python -m components.spec.reference` prints it."""
 
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from . import catalog, pool
-from .schema import StackConfig
+from ..spec import catalog
+from ..spec.schema import StackConfig
+from . import pool
 
 
 class Peer(NamedTuple):

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..spec.schema import StackConfig
 from . import phase_settings as ps
 from . import pool
 from .phase_settings import Inputs, Setting
-from .schema import StackConfig
 
 SettingsFn = Callable[[StackConfig, Inputs], dict[str, Setting]]
 

@@ -8,7 +8,7 @@ import pulumi
 import pulumi_digitalocean as digitalocean
 import pulumi_tls as tls
 
-from . import catalog
+from ..spec import catalog
 
 # GPU capacity is scarce and a create can sit in "new" for a long while; DigitalOcean's own API
 # allows 60 minutes. Deleting waits for a graceful shutdown first.
