@@ -70,7 +70,7 @@ EXPECTED = {
             "size": "gpu-4000adax1-20gb",
             "region": "tor1",
             "image": "gpu-h100x1-base",
-            # autodown.maxHours: 8 -> the outside lease's tag (scripts/lease.py reads it).
+            # autodown.maxHours: 8 -> the outside lease's tag (scripts/ci/lease.py reads it).
             "tags": [
                 "nemotron-droplet",
                 "stack:dev",
@@ -182,7 +182,7 @@ def test_shipped_stack_declares_key_droplet_and_firewall(stack: str) -> None:
     ],
 )
 def test_a_gpu_droplet_carries_its_lease(autodown: dict[str, Any], lease: str | None) -> None:
-    """The lease outside the Droplet (scripts/lease.py) deletes a GPU Droplet past autodown's
+    """The lease outside the Droplet (scripts/ci/lease.py) deletes a GPU Droplet past autodown's
     ceiling, counted from its creation: the tag says how many minutes, in tag characters."""
     config = dev()
     config["autodown"] = {

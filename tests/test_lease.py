@@ -1,4 +1,4 @@
-"""scripts/lease.py, the lease outside the Droplet, against the fake DigitalOcean API with the
+"""scripts/ci/lease.py, the lease outside the Droplet, against the fake DigitalOcean API with the
 API's contract (tests/support/stack/do_api.py: scopes from the OpenAPI, GPU Droplets only with
 `type=gpus`, pages of at most 200, rate limits with Retry-After, 5xx, a Droplet deleted by
 someone else between the list and the delete)."""
@@ -30,7 +30,7 @@ from stack.do_api import Account, DigitalOceanAPI
 from components.spec import catalog, config
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "lease.py"
+SCRIPT = ROOT / "scripts" / "ci" / "lease.py"
 # What the README and lease.yml tell users to give the lease's token: exactly these.
 SCOPES = ["droplet:read", "droplet:delete"]
 GPU = "gpu-4000adax1-20gb"  # $0.76/h in the catalog
@@ -312,7 +312,7 @@ def test_the_token_reaches_only_the_lease_step_and_only_through_its_environment(
     ]
     steps = workflow()["jobs"]["lease"]["steps"]
     with_token = [s for s in steps if "DIGITALOCEAN_TOKEN" in (s.get("env") or {})]
-    assert len(with_token) == 1 and "scripts/lease.py" in with_token[0]["run"]
+    assert len(with_token) == 1 and "scripts/ci/lease.py" in with_token[0]["run"]
 
 
 @pytest.mark.parametrize(("dry_run", "expected"), [("true", ["--dry-run"]), ("false", [])])
@@ -320,7 +320,7 @@ def test_the_lease_step_passes_its_inputs_to_the_script(
     tmp_path: Path, dry_run: str, expected: list[str]
 ) -> None:
     """The step's own shell, run under bash with `python` a stand-in that records its args."""
-    step = next(s for s in workflow()["jobs"]["lease"]["steps"] if "scripts/lease.py" in
+    step = next(s for s in workflow()["jobs"]["lease"]["steps"] if "scripts/ci/lease.py" in
                 s.get("run", ""))  # fmt: skip
     shim = tmp_path / "bin" / "python3"
     shim.parent.mkdir()
@@ -330,7 +330,7 @@ def test_the_lease_step_passes_its_inputs_to_the_script(
     subprocess.run(["bash", "-euo", "pipefail", "-c", step["run"]], env=env, check=True,
                    timeout=30)  # fmt: skip
     args = (tmp_path / "args").read_text().split()
-    assert args == ["scripts/lease.py", "--grace-minutes", "45", *expected]
+    assert args == ["scripts/ci/lease.py", "--grace-minutes", "45", *expected]
 
 
 def test_a_run_installs_nothing_and_checks_out_only_what_lease_py_reads() -> None:
@@ -348,7 +348,7 @@ def test_a_run_installs_nothing_and_checks_out_only_what_lease_py_reads() -> Non
 
 
 SPARSE = [
-    "scripts/lease.py",
+    "scripts/ci/lease.py",
     "components/__init__.py",
     "components/spec/__init__.py",
     "components/spec/catalog.py",
@@ -366,7 +366,7 @@ def test_the_sparse_checkout_runs_with_the_standard_library_alone(
     expired = past_lease(api)
     token = api.account.add_token("lease", SCOPES)
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "scripts/lease.py", "--api-url", api.url],
+        [sys.executable, "-I", "-S", "scripts/ci/lease.py", "--api-url", api.url],
         cwd=tmp_path / "repo", env={"PATH": os.environ["PATH"], "DIGITALOCEAN_TOKEN": token},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -411,7 +411,7 @@ def test_a_redirect_is_not_followed_so_the_token_stays_home(tmp_path: Path) -> N
 def test_the_step_status_reads_is_the_step_that_leases() -> None:
     steps = workflow()["jobs"]["lease"]["steps"]
     [named] = [s for s in steps if s.get("name") == lease.LEASE_STEP]
-    assert "scripts/lease.py" in named["run"] and "DIGITALOCEAN_TOKEN" in named["env"]
+    assert "scripts/ci/lease.py" in named["run"] and "DIGITALOCEAN_TOKEN" in named["env"]
 
 
 # ---- --status: is the schedule alive? (a fake GitHub with GitHub's own field names) ----------------

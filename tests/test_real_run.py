@@ -1,4 +1,4 @@
-"""scripts/real_run.py and .github/workflows/real-run.yml: the real run on a user's account.
+"""scripts/ci/real_run.py and .github/workflows/real-run.yml: the real run on a user's account.
 
 Nothing here reaches a cloud: the plan's arithmetic and the stack file it writes (checked by
 components.validate), the Pulumi steps against a fake `pulumi` on PATH that keeps a stack's state
@@ -31,7 +31,7 @@ from test_tools import fake_server
 from components.spec import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "real_run.py"
+SCRIPT = ROOT / "scripts" / "ci" / "real_run.py"
 WORKFLOW = ROOT / ".github" / "workflows" / "real-run.yml"
 KEY = "sk-real-run-test-0123456789"
 AUTODOWN_TOKEN = "dop_v1_fake_autodown_token_0123456789"
@@ -237,7 +237,7 @@ def test_every_bound_stays_inside_the_cap(
     # cuts the run's steps short, and the Droplet is gone before the cap is spent.
     max_minutes = p["max_hours"] * 60
     assert droplet - p["destroy_minutes"] <= max_minutes <= budget - 3 - 2
-    # The lease (scripts/lease.py) counts whole minutes, rounded up, from the Droplet's creation.
+    # The lease (scripts/ci/lease.py) counts whole minutes, rounded up, from the Droplet's creation.
     assert math.ceil(round(max_minutes, 6)) <= budget
     assert out["max-hours"] == f"{p['max_hours']:g}"
     assert out["up-step-minutes"] == str(p["up_step_minutes"])
@@ -820,7 +820,7 @@ def test_destroy_runs_whatever_came_before_then_the_summary_and_the_artifact() -
     ids = [s.get("id") or s.get("uses") or s["name"] for s in steps]
     cleanup = step("run", "cleanup")
     assert cleanup["if"] == "always()"
-    assert "scripts/real_run.py cleanup" in cleanup["run"]
+    assert "scripts/ci/real_run.py cleanup" in cleanup["run"]
     at = ids.index("cleanup")
     # Everything that uses the Droplet comes before it; only the report comes after.
     for before in ("init", "up", "saved"):
@@ -833,7 +833,7 @@ def test_destroy_runs_whatever_came_before_then_the_summary_and_the_artifact() -
         "actions/upload-artifact",
     ]
     assert all(s["if"] == "always()" for s in after)
-    assert "scripts/real_run.py summary" in after[0]["run"]
+    assert "scripts/ci/real_run.py summary" in after[0]["run"]
     assert after[1]["with"]["path"].split() == ["run/*.json", "run/*.txt", "run/*.png"]
 
 

@@ -254,7 +254,7 @@ WORKSPACE_FILES = [
     "scripts/ci/system-packages.sh",
     "scripts/ci/check-on-runner.sh",
     "scripts/ci/tested.py",
-    "scripts/lease.py",
+    "scripts/ci/lease.py",
     "components/__init__.py",
     "components/spec/__init__.py",
     "components/spec/catalog.py",

@@ -153,7 +153,7 @@ def test_deploy_runs_the_suite_only_for_a_commit_that_has_not_passed_it() -> Non
     ask, lease_look = [s for s in jobs["tested"]["steps"] if "run" in s]
     assert ask["id"] == "ask"
     # The lease's look (run for real in tests/test_runner.py) may fail and never stops a deploy.
-    assert lease_look["run"] == 'python3 scripts/lease.py --status --repo "$REPO"'
+    assert lease_look["run"] == 'python3 scripts/ci/lease.py --status --repo "$REPO"'
     assert lease_look["continue-on-error"] is True and lease_look["timeout-minutes"] == 1
     assert jobs["tested"]["permissions"] == {"contents": "read", "actions": "read"}
     assert "scripts/ci/tested.py --workflow deploy.yml --job test" in ask["run"]

@@ -14,7 +14,7 @@ Vendor = Literal["nvidia", "amd"]
 
 PROJECT = "nemotron-droplet"
 
-# The outside lease (scripts/lease.py, .github/workflows/lease.yml): a GPU Droplet tagged PROJECT
+# The outside lease (scripts/ci/lease.py, .github/workflows/lease.yml): a GPU Droplet tagged PROJECT
 # and `<LEASE_TAG_PREFIX><minutes>` expires that many minutes after DigitalOcean created it (its
 # `created_at`), the same ceiling autodown's maxHours sets on the Droplet itself. Minutes, not
 # hours: a tag holds letters, digits, colons, dashes and underscores only, no dot

@@ -153,7 +153,7 @@ class DropletConfig(_Section):
         bad = [t for t in v if not _TAG.match(t)]
         if bad:
             raise ValueError(f"{bad}: tags accept letters, digits, '_', '-', ':' (1-255 chars)")
-        # The program's own: a user's could set a Droplet's lease (scripts/lease.py reads it),
+        # The program's own: a user's could set a Droplet's lease (scripts/ci/lease.py reads it),
         # or file it under another stack.
         reserved = [t for t in v if t.startswith(RESERVED_TAG_PREFIXES)]
         if reserved:

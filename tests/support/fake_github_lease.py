@@ -1,4 +1,4 @@
-"""A fake GitHub REST API, the part `scripts/lease.py --status` calls, on loopback.
+"""A fake GitHub REST API, the part `scripts/ci/lease.py --status` calls, on loopback.
 
 Field names and values are GitHub's (github/rest-api-description, api.github.com):
 - GET /repos/{owner}/{repo}/actions/workflows/{workflow_id} (actions/get-workflow): a `workflow`

@@ -1,8 +1,8 @@
 """The lease outside the Droplet: delete this project's GPU Droplets that are past their expiry.
 
-    DIGITALOCEAN_TOKEN=dop_v1_... python3 scripts/lease.py --dry-run   # what it would delete
-    DIGITALOCEAN_TOKEN=dop_v1_... python3 scripts/lease.py             # delete them
-    GITHUB_TOKEN=... python3 scripts/lease.py --status --repo OWNER/REPO  # is the schedule alive?
+    DIGITALOCEAN_TOKEN=dop_v1_... python3 scripts/ci/lease.py --dry-run   # what it would delete
+    DIGITALOCEAN_TOKEN=dop_v1_... python3 scripts/ci/lease.py             # delete them
+    GITHUB_TOKEN=... python3 scripts/ci/lease.py --status --repo OWNER/REPO  # still scheduled?
 
 Autodown runs on the Droplet: if the Droplet hangs, its timer dies or someone stops the unit,
 nothing deletes it, and DigitalOcean bills a frozen or powered-off Droplet like a running one.
@@ -59,7 +59,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from components.spec import catalog  # the lease tag's one definition
 
 API_URL = "https://api.digitalocean.com"

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """A real run on a real account, bounded by a cost cap: what .github/workflows/real-run.yml runs.
 
-    python scripts/real_run.py plan --cost-cap 5 --name real-run-1 --out-dir run
-    AUTODOWN_TOKEN=dop_v1_... python scripts/real_run.py init --stack real-run-1
-    python scripts/real_run.py up --stack real-run-1 --minutes 60 -- --policy-pack policy
-    python scripts/real_run.py outputs --stack real-run-1 --out run/outputs.json
-    python scripts/real_run.py cleanup --stack real-run-1 --minutes 15 --out-dir run
-    python scripts/real_run.py summary --out-dir run --started 1767000000 --ended 1767003000
+    python scripts/ci/real_run.py plan --cost-cap 5 --name real-run-1 --out-dir run
+    AUTODOWN_TOKEN=dop_v1_... python scripts/ci/real_run.py init --stack real-run-1
+    python scripts/ci/real_run.py up --stack real-run-1 --minutes 60 -- --policy-pack policy
+    python scripts/ci/real_run.py outputs --stack real-run-1 --out run/outputs.json
+    python scripts/ci/real_run.py cleanup --stack real-run-1 --minutes 15 --out-dir run
+    python scripts/ci/real_run.py summary --out-dir run --started 1767000000 --ended 1767003000
 
 This project cannot reach a cloud from its own machines; its users can, and their runs are the
 measure that counts. One run deploys a throwaway stack (the dev stack's config under a unique
@@ -18,7 +18,7 @@ the workflow's YAML, so that the tests run it.
 at the size's list price (components/spec/catalog.py), each step's timeout, the job's, and the
 throwaway stack's autodown.maxHours, so that a runner that dies mid-run still leaves a Droplet
 that deletes itself before the cap is spent, when the AUTODOWN_TOKEN secret lets autodown
-delete. Without it, the lease workflow (scripts/lease.py) is the guard, and it acts up to its
+delete. Without it, the lease workflow (scripts/ci/lease.py) is the guard, and it acts up to its
 grace plus its schedule (about 45 minutes) past maxHours: beyond the cap on a small one. A cap
 too small for a useful run is refused, naming the minimum and what it is made of.
 
@@ -48,10 +48,12 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The program's catalog, and the user tools this job runs (timeline.py) in scripts/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from components.spec import catalog  # sizes and list prices, models and their disk size
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 NAMESPACE = catalog.PROJECT
 
@@ -324,7 +326,7 @@ def throwaway_config(source: dict[str, Any], size: str, max_hours: float) -> dic
 
 
 STACK_FILE_HEADER = """\
-# A throwaway stack for one real run (scripts/real_run.py plan; .github/workflows/real-run.yml):
+# A throwaway stack for one real run (scripts/ci/real_run.py plan; .github/workflows/real-run.yml):
 # the {source} stack's non-secret config without its Droplet name, DNS record, cache Volume or
 # replicas, on {size}, with autodown bounded by the cost cap (${cap:.2f}: maxHours {max_hours:g}).
 # autodown.token is set by the workflow as a secret (AUTODOWN_TOKEN); without it, a dry run.
