@@ -9,11 +9,14 @@ those out: a script's comment lines, its trailing comments and its blank lines, 
 Python, and in Python its functions' and classes' docstrings too (shellcheck's directives stay:
 the rendered text is checked as well). What remains is what runs, byte for byte as written.
 
-The bash reader is a lexer of the cases the scripts use (quotes, `$'...'`, escapes, here-docs,
-`#` only at the start of a word); what it cannot place it keeps as written, so a doubt costs a
-re-run, never a change of behaviour. tests/test_script_text.py proves that for every shipped
-script: bash parses the original and the text sent to the same program (`declare -f`), and
-Python to the same syntax tree less those docstrings.
+The bash reader is a lexer of bash's contexts (quotes, `$'...'`, escapes, here-docs and
+where their bodies begin, command and process substitution, `${...}`, backquotes, arithmetic,
+extglob groups, `#` only at the start of an unescaped word) and cuts only at the top level;
+what it cannot follow it keeps as written from there on, so a doubt costs a re-run, never a
+change of behaviour. tests/test_script_text.py proves it for every shipped script (bash
+parses the original and the text sent to the same program, `declare -f`; Python to the same
+syntax tree less those docstrings; the lexer follows each to its end) and for the inputs an
+attack on the lexer found.
 """
 
 from __future__ import annotations
@@ -23,111 +26,182 @@ import io
 import re
 import tokenize
 
-# `<<` or `<<-` and its word (quoted or not): a here-doc whose body is kept as written. `<<<`
-# (a here-string) is not one.
-HEREDOC = re.compile(r"(?<!<)<<(-?)[ \t]*(?:'([^']+)'|\"([^\"]+)\"|\\?([A-Za-z_][A-Za-z0-9_]*))")
+# `<<` or `<<-` and the word after it (bash's word: up to a blank or an operator): a here-doc,
+# whose body is kept as written. `<<<` (a here-string) is not one.
+HEREDOC = re.compile(r"(?<!<)<<(-?)[ \t]*([^\s;&|()<>]+)")
 # A shellcheck directive: a comment that tools read, kept.
 DIRECTIVE = re.compile(r"[ \t]*# shellcheck ")
-# Where a word ends, so that a `#` after it starts a comment (bash(1), COMMENTS).
+# What ends a word, so that a `#` after it starts a comment (bash(1), COMMENTS).
 WORD_BREAK = frozenset(" \t;&|()<>")
+# Contexts where a `#` is code and quotes nest anew: command and process substitution, a
+# parameter expansion, backquotes, arithmetic, a subshell or an extglob group.
+CODE, SINGLE, DOUBLE, ANSI = "code", "'", '"', "$'"
 
 
 def bash(text: str) -> str:
-    """`text` less its comments and blank lines. The first line stays if it is a `#!` line."""
+    """`text` less its comments and blank lines. The first line stays if it is a `#!` line.
+    A line is cut or dropped only where the lexer stands in plain code at the top level; inside
+    anything it does not follow (a here-doc in a substitution, a comment in one) it keeps the
+    rest of the text as written."""
+    lines = text.split("\n")  # bash's lines: \n alone (a \r or a form feed is a character)
+    if lines and lines[-1] == "":
+        lines.pop()
     out: list[str] = []
-    lines = text.splitlines()
-    shebang = bool(lines) and lines[0].startswith("#!")
-    if shebang:
-        out.append(lines[0])
-        lines = lines[1:]
-    quote = ""  # the quote a line ends inside: "'", '"', "$'", or ""
-    bodies: list[tuple[str, bool]] = []  # here-docs opened on a line: (word, tabs stripped)
-    continued = False  # the line before ended in `\`: this one is part of its command
-    for line in lines:
-        if bodies:
-            word, tabs = bodies[0]
-            if (line.lstrip("\t") if tabs else line) == word:
-                bodies.pop(0)
-            out.append(line)  # a here-doc's body (and its end) is data
-            continue
-        if not quote and not continued and DIRECTIVE.match(line):
-            out.append(line)  # for shellcheck of what is sent (tests run it on the rendered text)
-            continue
-        started_inside, joined = bool(quote), continued
-        kept, quote, opened = _code_line(line, quote)
-        bodies.extend(opened)
-        continued = not quote and _ends_in_escape(kept)
-        if joined:
-            out.append(line)  # after `\` even a blank line or a `#` is the command's: as written
-        elif started_inside or quote:
-            out.append(kept)  # part of a string that spans lines: as written
-        elif kept.strip():
-            out.append(kept)
+    if lines and lines[0].startswith("#!"):
+        out.append(lines.pop(0))
+    lexer = _Lexer()
+    for index, line in enumerate(lines):
+        if lexer.verbatim:
+            out.extend(lines[index:])
+            break
+        out.extend(lexer.line(line))
     return "\n".join(out) + "\n"
 
 
-def _arithmetic_end(line: str, start: int) -> int:
-    """Past the `))` that closes the `((` at `start` (or the line's end, if it does not)."""
-    depth, i = 0, start
-    while i < len(line):
-        depth += {"(": 1, ")": -1}.get(line[i], 0)
-        i += 1
-        if depth == 0:
-            return i
-    return i
+def bash_followed(text: str) -> bool:
+    """Whether the lexer followed `text` to its end at the top level (never lost, nothing left
+    open): then every comment of it was left out. The tests hold the shipped scripts to it."""
+    lexer = _Lexer()
+    for line in text.split("\n"):
+        lexer.line(line)
+        if lexer.verbatim:
+            return False
+    return lexer.stack == [CODE] and not lexer.bodies and not lexer.pending
 
 
-def _ends_in_escape(line: str) -> bool:
-    """Whether the line ends in a backslash that escapes the newline (an odd run of them)."""
-    return (len(line) - len(line.rstrip("\\"))) % 2 == 1
+class _Lexer:
+    """Bash's lexing, line by line, as far as stripping comments needs it."""
 
+    def __init__(self) -> None:
+        self.stack: list[str] = [CODE]  # the contexts open at the end of the last line
+        self.pending: list[tuple[str, bool]] = []  # here-docs opened, bodies not begun
+        self.bodies: list[tuple[str, bool]] = []  # here-docs whose bodies are being read
+        self.continued = False  # the last line ended in `\`: this one goes on its command
+        self.word = True  # the last line's `\` came after a break: a `#` here starts a word
+        self.verbatim = False  # lost: everything from here on is kept as written
 
-def _code_line(line: str, quote: str) -> tuple[str, str, list[tuple[str, bool]]]:
-    """One line of code: the line with its comment cut, the quote it ends inside, and the
-    here-docs it opens (read outside quotes only)."""
-    i, n = 0, len(line)
-    opened: list[tuple[str, bool]] = []
-    while i < n:
+    def line(self, line: str) -> list[str]:
+        """What is kept of one line: [] (dropped), [the line, its comment cut] or [as is]."""
+        if self.bodies:
+            word, tabs = self.bodies[0]
+            if (line.lstrip("\t") if tabs else line) == word:
+                self.bodies.pop(0)
+            return [line]  # a here-doc's body (and its end) is data
+        top = self.stack == [CODE] and not self.continued
+        if top and DIRECTIVE.match(line):
+            return [line]  # for shellcheck of what is sent (tests run it on the rendered text)
+        joined, started = self.continued, self.stack != [CODE]
+        kept = self._scan(line, at_word=self.word if joined else True)
+        if self.pending and self.stack == [CODE] and not self.continued:
+            self.bodies, self.pending = self.pending, []  # bodies begin on the next line
+        if joined or started or self.stack != [CODE]:
+            return [line if joined or started else kept]  # inside a command or a string
+        return [kept] if kept.strip() else []
+
+    def _scan(self, line: str, at_word: bool) -> str:
+        """Walk the line; returns it with its comment cut (only at the top level)."""
+        i, n = 0, len(line)
+        while i < n:
+            top = self.stack[-1]
+            if top == SINGLE:
+                end = line.find("'", i)
+                if end < 0:
+                    break
+                self.stack.pop()
+                i, at_word = end + 1, False
+            elif line[i] == "\\":
+                if i + 1 >= n:  # a backslash-newline: the command (or the string) goes on
+                    self.continued, self.word = True, at_word
+                    return line
+                i, at_word = i + 2, False
+            elif top in (DOUBLE, ANSI):
+                i, at_word = self._string_step(line, i, top), False
+            elif line[i] == "#" and at_word:
+                if self.stack == [CODE]:
+                    self.continued = False
+                    return line[:i].rstrip()
+                self.verbatim = True  # a comment inside a substitution: not followed
+                return line
+            else:
+                step = self._code_step(line, i, top)
+                if step is None:
+                    return line  # lost (verbatim): keep the rest as written
+                i, at_word = step
+        self.continued = False
+        return line
+
+    def _string_step(self, line: str, i: int, top: str) -> int:
+        """One character (or an opener) inside double quotes or `$'...'`."""
         c = line[i]
-        if quote:
-            i, quote = _in_quote(line, i, quote)
-        elif c == "\\":
-            i += 2
-        elif c in "'\"":
-            quote, i = c, i + 1
-        elif c == "$" and line.startswith("$'", i):
-            quote, i = "$'", i + 2
-        elif c == "#" and (i == 0 or line[i - 1] in WORD_BREAK):
-            return line[:i].rstrip(), quote, opened
-        elif c == "(" and line.startswith("((", i):
-            i = _arithmetic_end(line, i)  # `<<` in there is a shift, not a here-doc
-        elif c == "<" and (m := HEREDOC.match(line, i)):
-            word = m.group(2) or m.group(3) or m.group(4)
-            opened.append((word, m.group(1) == "-"))
-            i = m.end()
-        else:
-            i += 1
-    return line, quote, opened
+        if (top == DOUBLE and c == '"') or (top == ANSI and c == "'"):
+            self.stack.pop()
+            return i + 1
+        if top == DOUBLE and c in "$`":
+            return self._open(line, i)[0]
+        return i + 1
+
+    def _code_step(self, line: str, i: int, top: str) -> tuple[int, bool] | None:
+        """One character (or an opener, a closer, a here-doc) in code. None: lost."""
+        c = line[i]
+        if c in "'\"":
+            self.stack.append(c)
+        elif line.startswith("$'", i):
+            self.stack.append(ANSI)
+            return i + 2, False
+        elif c == "(" and top in ("((", "a("):
+            self.stack.append("a(")  # a parenthesis of arithmetic: `<<` in it is a shift
+        elif c in "$`(" or (c in "@!?*+" and line.startswith("(", i + 1)):
+            return self._open(line, i)
+        elif c == ")" and top in ("$(", "(", "((", "a("):
+            self.stack.pop()
+            if top == "((" and line.startswith(")", i + 1):
+                return i + 2, False
+        elif c == "}" and top == "${":
+            self.stack.pop()
+        elif c == "<" and top in (CODE, "$(", "`", "(") and (m := HEREDOC.match(line, i)):
+            if self.stack != [CODE]:
+                self.verbatim = True  # a here-doc inside a substitution: not followed
+                return None
+            self.pending.append((re.sub(r"[\\'\"]", "", m.group(2)), m.group(1) == "-"))
+            return m.end(), False
+        return i + 1, c in WORD_BREAK
+
+    def _open(self, line: str, i: int) -> tuple[int, bool]:
+        """A context that starts at `i` (`$(`, `$((`, `((`, `${`, `` ` ``, `(`, `@(`): pushed.
+        Returns where its text begins and whether a word starts there (a command does; an
+        expansion or arithmetic does not). A `$` that starts none moves on by one."""
+        rest = line[i:]
+        for opener, context, word in (("$((", "((", False), ("((", "((", False),
+                                      ("$(", "$(", True), ("${", "${", False),
+                                      ("(", "(", True)):  # fmt: skip
+            if rest.startswith(opener):
+                self.stack.append(context)
+                return i + len(opener), word
+        if rest.startswith("`"):
+            if self.stack[-1] == "`":
+                self.stack.pop()
+                return i + 1, False
+            self.stack.append("`")
+            return i + 1, True
+        if rest[:1] in "@!?*+" and rest[1:2] == "(":
+            self.stack.append("(")
+            return i + 2, True
+        return i + 1, False
 
 
-def _in_quote(line: str, i: int, quote: str) -> tuple[int, str]:
-    """One step inside a quote: past the character at `i`, and the quote still open after it.
-    Single quotes end at the next `'`; double quotes and `$'...'` take backslash escapes."""
-    c = line[i]
-    if quote == "'":
-        return i + 1, "" if c == "'" else quote
-    if c == "\\":
-        return i + 2, quote
-    closes = '"' if quote == '"' else "'"
-    return i + 1, "" if c == closes else quote
+# A source file's encoding declaration (PEP 263): on row 1 or 2, it is read, not a comment.
+CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")
+# What reads a docstring besides `.__doc__`: with any of these, every docstring stays.
+DOC_READERS = frozenset({"__doc__", "getdoc", "help", "pydoc", "doctest"})
 
 
 def python(text: str) -> str:
     """`text` less its comments, its functions' and classes' docstrings, and the lines that hold
-    nothing else (blank ones too); the first line stays if it is a `#!` line. Other strings are
-    code, and so is the module's docstring (a script may print it: autodown.py's --help); all
-    docstrings stay when the text reads some object's `__doc__`."""
-    lines = text.splitlines()
+    nothing else (blank ones too); a `#!` first line and an encoding declaration stay. Other
+    strings are code, and so is the module's docstring (a script may print it: autodown.py's
+    --help); all docstrings stay when something may read one (`DOC_READERS`)."""
+    # The rows tokenize reads: split at \n alone (a form feed or U+2028 is inside a row).
+    lines = [line.removesuffix("\n") for line in io.StringIO(text).readlines()]
     code_rows: set[int] = set()
     cuts: dict[int, int] = {}  # row -> column where a trailing comment starts
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
@@ -138,11 +212,15 @@ def python(text: str) -> str:
         elif tok.type not in skip:
             code_rows.update(range(tok.start[0], tok.end[0] + 1))
     code_rows -= _docstring_rows(text, lines)
-    out = [lines[0]] if lines and lines[0].startswith("#!") else []
+    out: list[str] = []
     for row, line in enumerate(lines, start=1):
-        if row not in code_rows:
-            continue
-        out.append(line[: cuts[row]].rstrip() if row in cuts else line)
+        if (row == 1 and line.startswith("#!")) or (row <= 2 and CODING.match(line)):
+            out.append(line)
+        elif row in code_rows:
+            kept = line[: cuts[row]].rstrip() if row in cuts else line
+            out.append(kept)
+            if kept.endswith("\\") and row + 1 not in code_rows and row + 1 <= len(lines):
+                code_rows.add(row + 1)  # after a backslash even a blank row is the statement's
     return "\n".join(out) + "\n"
 
 
@@ -150,8 +228,14 @@ def _docstring_rows(text: str, lines: list[str]) -> set[int]:
     """The rows of the functions' and classes' docstrings that stand on rows of their own, in
     bodies that go on after them (a body of a docstring alone keeps it: it would be empty)."""
     tree = ast.parse(text)
-    if any(isinstance(n, ast.Attribute) and n.attr == "__doc__" for n in ast.walk(tree)):
-        return set()  # something reads an object's docstring (`__doc__` alone: the module's)
+    for node in ast.walk(tree):
+        read = (
+            (isinstance(node, ast.Attribute) and node.attr in DOC_READERS)
+            or (isinstance(node, ast.Name) and node.id in DOC_READERS - {"__doc__"})
+            or (isinstance(node, ast.Constant) and node.value in DOC_READERS)
+        )
+        if read:
+            return set()  # something may read a docstring (`__doc__` alone: the module's)
     rows: set[int] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -161,9 +245,9 @@ def _docstring_rows(text: str, lines: list[str]) -> set[int]:
         if not (doc and isinstance(first.value.value, str) and len(node.body) > 1):  # type: ignore[attr-defined]
             continue
         end = first.end_lineno or first.lineno
-        alone = not lines[first.lineno - 1][: first.col_offset].strip() and not (
-            lines[end - 1][first.end_col_offset :].split("#", 1)[0].strip()
-        )
-        if alone:
+        # ast's columns count UTF-8 bytes.
+        before = lines[first.lineno - 1].encode()[: first.col_offset].decode()
+        after = lines[end - 1].encode()[first.end_col_offset or 0 :].decode()
+        if not before.strip() and not after.split("#", 1)[0].strip():
             rows.update(range(first.lineno, end + 1))
     return rows
