@@ -488,6 +488,15 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     target_mod.add_arguments(parser)
+    _load_arguments(parser)
+    _workload_arguments(parser)
+    _run_arguments(parser)
+    _report_arguments(parser)
+    return parser
+
+
+def _load_arguments(parser: argparse.ArgumentParser) -> None:
+    """How hard: the loop (closed or open), its levels, how long each runs, when to stop."""
     load = parser.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency", type=_levels, help="closed loop: streams in flight per level, e.g. 1,8,32"
@@ -536,6 +545,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="stop (exit 3) when more than this share of requests fail, e.g. 0.05",
     )
+
+
+def _workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is sent: prompt and answer lengths, shared prefixes, a dataset."""
     parser.add_argument(
         "--input-tokens", type=int, default=512, help="about this many prompt tokens"
     )
@@ -563,10 +576,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompts and answer lengths from conversations: ShareGPT or OpenAI messages, "
         "JSON or JSONL",
     )
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    """How each request runs: its timeout, the warm-up, the seed, EOS."""
     parser.add_argument("--timeout", type=float, default=600, help="seconds per request")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
     parser.add_argument("--seed", type=int, default=0, help="seed for prompts and arrivals")
     parser.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is reported: percentiles, SLOs and the knee, files, plots, comparisons."""
     parser.add_argument(
         "--percentiles",
         type=_checked(stats.parse_percentiles),
@@ -613,7 +634,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--save-requests", help="write one JSON line per request to this file")
     parser.add_argument("--plot", help="draw throughput and TTFT per level to this PNG")
-    return parser
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
