@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -17,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +157,74 @@ def test_a_stopped_replica_leaves_the_pool_without_failing_the_rest_and_comes_ba
     back = restarted + balancer.HEALTH_INTERVAL_SECONDS * (balancer.HEALTH_PASSES + 1)
     assert any(o.upstream == "r1" and o.started > back and o.whole for o in outcomes), served
     assert served["r0"] and served["r2"]
+
+
+@contextmanager
+def dying_replica(port: int) -> Iterator[list[str]]:
+    """A replica that passes its health checks and dies on every request before it answers:
+    it reads the request whole, then drops the connection (a kill between the request and the
+    first byte of its answer, as a crash or a reboot does). Yields the paths it was sent."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self._die()
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._die()
+
+        def _die(self) -> None:
+            seen.append(self.path)
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))  # fmt: skip
+            self.close_connection = True
+            self.connection.close()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_a_replica_that_dies_before_it_answers_costs_the_client_nothing(tmp_path: Path) -> None:
+    """Every request the dying replica took (a chat completion, streamed or not, and the model
+    list) is answered by the other one: resent, since nothing came back and the gate's routes
+    change nothing on a replica. Before this a POST there got Caddy's 502."""
+    ports = [free_port() for _ in range(2)]
+    upstreams = [balancer.Upstream("127.0.0.1", p) for p in ports]
+    with dying_replica(ports[0]) as seen, replica("r1", ports[1]):
+        start = start_gateway(tmp_path, "", https=False, upstreams=upstreams)
+        gw = next(start)
+        try:
+            chat = {"model": "nemotron", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+            codes = []
+            for i in range(24):
+                if i % 3 == 2:
+                    codes.append(gw.get("/v1/models").status_code)
+                else:
+                    codes.append(gw.post("/v1/chat/completions", json={**chat,
+                                         "stream": i % 3 == 1}).status_code)  # fmt: skip
+        finally:
+            start.close()
+    assert codes == [200] * 24, codes
+    assert "/v1/chat/completions" in seen, "the dying replica was tried"
 
 
 def test_requests_go_to_the_replica_with_the_fewest_in_flight(tmp_path: Path) -> None:

@@ -75,51 +75,37 @@ def test_python_parses_each_script_and_what_is_sent_of_it_to_the_same_tree(name:
     assert len(sent) < len(original)
 
 
+KEPT = object()  # the line is sent as written
+# Each line of a script, and what is sent of it: KEPT, its text with the comment cut, or None.
+BASH_LINES = [
+    ("n=${#list[@]} count=$# trim=${path##*/} # a comment", "n=${#list[@]} count=$# trim=${path##*/}"),
+    ("echo '# in single quotes' \"# in double\" $'#\\'# in ansi' a\\#b x#y", KEPT),
+    ("cat <<EOF", KEPT),
+    ("# a here-doc's line is data", KEPT),
+    ("", KEPT),
+    ("EOF", KEPT),
+    ("cat <<-'END' >/dev/null", KEPT),
+    ("\t# tabbed body", KEPT),
+    ("\tEND", KEPT),
+    ("msg='spans", KEPT),
+    ("# a line of a string", KEPT),
+    ("", KEPT),
+    ("lines'", KEPT),
+    ("long_command --a \\", KEPT),
+    ("  # after a backslash: part of the command", KEPT),
+    ("done=1", KEPT),
+    ("sleep $(( delay << attempt )) # a shift, not a here-doc", "sleep $(( delay << attempt ))"),
+    ("cat <<<'#here-string' # cut", "cat <<<'#here-string'"),
+    ("  # an indented comment", None),
+    ("# shellcheck disable=SC2016", KEPT),
+    ("", None),
+]  # fmt: skip
+
+
 def test_what_looks_like_a_comment_in_bash_and_is_not_stays() -> None:
-    text = "\n".join([
-        "n=${#list[@]} count=$# trim=${path##*/} # a comment",
-        "echo '# in single quotes' \"# in double\" $'#\\'# in ansi' a\\#b x#y",
-        "cat <<EOF",
-        "# a here-doc's line is data",
-        "",
-        "EOF",
-        "cat <<-'END' >/dev/null",
-        "\t# tabbed body",
-        "\tEND",
-        "msg='spans",
-        "# a line of a string",
-        "",
-        "lines'",
-        "long_command --a \\",
-        "  # after a backslash: part of the command",
-        "done=1",
-        "sleep $(( delay << attempt )) # a shift, not a here-doc",
-        "cat <<<'#here-string' # cut",
-        "  # an indented comment",
-        "# shellcheck disable=SC2016",
-        "",
-    ])  # fmt: skip
-    assert script_text.bash(text).splitlines() == [
-        "n=${#list[@]} count=$# trim=${path##*/}",
-        "echo '# in single quotes' \"# in double\" $'#\\'# in ansi' a\\#b x#y",
-        "cat <<EOF",
-        "# a here-doc's line is data",
-        "",
-        "EOF",
-        "cat <<-'END' >/dev/null",
-        "\t# tabbed body",
-        "\tEND",
-        "msg='spans",
-        "# a line of a string",
-        "",
-        "lines'",
-        "long_command --a \\",
-        "  # after a backslash: part of the command",
-        "done=1",
-        "sleep $(( delay << attempt ))",
-        "cat <<<'#here-string'",
-        "# shellcheck disable=SC2016",
-    ]  # fmt: skip
+    text = "\n".join(line for line, _ in BASH_LINES)
+    sent = [line if kept is KEPT else kept for line, kept in BASH_LINES if kept is not None]
+    assert script_text.bash(text).splitlines() == sent
 
 
 # Inputs an attack on the lexer found (each once stripped into another program), and their kin.

@@ -70,14 +70,16 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
     # Buffered whole: request_buffers set its length (reverseproxy.go prepareRequest).
     buffered = f"{length}.matches('^[0-9]+$') && int({length}) <= {RETRY_BUFFER_BYTES}"
     get = "{http.request.method} == 'GET'"
-    # A draining replica's bounce, resent when the whole body can be (a GET has none). A retry
-    # match also replaces Caddy's own retry of a GET whose upstream failed after connecting
-    # (reverseproxy.go tryAgain: RetryMatch set, it alone decides; {rp.is_transport_error} is
-    # set there only), so that one is kept here too.
+    # Resent to another replica when the whole body can be (a GET has none): a draining
+    # replica's bounce, and a request whose replica failed before any answer came back (killed
+    # or restarted while it held a pooled connection: the round trip fails before the response
+    # headers; after them nothing is resent). The routes the gate admits change nothing on a
+    # replica (a completion, the model list), so a second try costs compute, never a double
+    # effect. A retry match replaces Caddy's own retry of a GET whose upstream failed after
+    # connecting (reverseproxy.go tryAgain: RetryMatch set, it alone decides;
+    # {rp.is_transport_error} is set there only), so that one stays.
     bounced = f"{{rp.status_code}} == 503 && {{rp.header.{DRAINING_HEADER}}} == '1'"
-    retry_when = (
-        f"({bounced} && ({get} || {buffered})) || ({get} && {{rp.is_transport_error}} == true)"
-    )
+    retry_when = f"({bounced} || {{rp.is_transport_error}} == true) && ({get} || {buffered})"
     return f"""reverse_proxy {{
 	# One file per replica (to <address>:<port>), written as it joins.
 	import {import_glob}
