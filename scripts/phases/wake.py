@@ -856,9 +856,11 @@ class Front:
 
 def _cancel_on_disconnect() -> dict[str, Any]:
     """A held request whose client went away is let go at once (its place and its body's
-    bytes freed): aiohttp 3.9+ asks for this (`web_server.Server`'s `handler_cancellation`,
-    off by default there); 3.8 (Debian 12's python3-aiohttp) always cancels and would refuse
-    the keyword, so it is passed only where the server takes it."""
+    bytes freed): aiohttp 3.9+ does so with `web_server.Server`'s `handler_cancellation`, off
+    by default (the front's Ubuntu 24.04 has python3-aiohttp 3.9.1). 3.8 refuses the keyword,
+    so it is passed only where the server takes it; there (Debian 12's 3.8.4, which the
+    emulation's front runs) a gone client keeps its place until its hold ends, since 3.8.2
+    no longer cancels (aio-libs/aiohttp#6727)."""
     accepted = inspect.signature(web_server.Server.__init__).parameters
     return {"handler_cancellation": True} if "handler_cancellation" in accepted else {}
 
