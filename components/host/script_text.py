@@ -43,6 +43,18 @@ def bash(text: str) -> str:
     A line is cut or dropped only where the lexer stands in plain code at the top level; inside
     anything it does not follow (a here-doc in a substitution, a comment in one) it keeps the
     rest of the text as written."""
+    return "\n".join(_lex(text)[0]) + "\n"
+
+
+def bash_followed(text: str) -> bool:
+    """Whether the lexer followed `text` to its end at the top level (never lost, nothing left
+    open): then every comment of it was left out. The tests hold the shipped scripts to it."""
+    lexer = _lex(text)[1]
+    return not lexer.verbatim and lexer.stack == [CODE] and not lexer.bodies and not lexer.pending
+
+
+def _lex(text: str) -> tuple[list[str], _Lexer]:
+    """The lines sent of `text`, and the lexer as it ended."""
     lines = text.split("\n")  # bash's lines: \n alone (a \r or a form feed is a character)
     if lines and lines[-1] == "":
         lines.pop()
@@ -55,18 +67,7 @@ def bash(text: str) -> str:
             out.extend(lines[index:])
             break
         out.extend(lexer.line(line))
-    return "\n".join(out) + "\n"
-
-
-def bash_followed(text: str) -> bool:
-    """Whether the lexer followed `text` to its end at the top level (never lost, nothing left
-    open): then every comment of it was left out. The tests hold the shipped scripts to it."""
-    lexer = _Lexer()
-    for line in text.split("\n"):
-        lexer.line(line)
-        if lexer.verbatim:
-            return False
-    return lexer.stack == [CODE] and not lexer.bodies and not lexer.pending
+    return out, lexer
 
 
 class _Lexer:
