@@ -164,24 +164,26 @@ def job_runs(
         "cancelled": lambda: cancelled,
         "always": lambda: True,
     }
-    cond = str(job.get("if", "success()")).strip()
+    return bool(Expr(condition(job), {"needs": needs}, funcs).value())
+
+
+def condition(job_or_step: dict[str, Any]) -> str:
+    """An `if:` as GitHub evaluates it: without `${{ }}`, and with `success() &&` in front when
+    it names no status function."""
+    cond = str(job_or_step.get("if", "success()")).strip()
     cond = cond[3:-2] if cond.startswith("${{") else cond
     if not re.search(r"\b(success|failure|cancelled|always)\(\)", cond):
         cond = f"success() && ({cond})"
-    return bool(Expr(cond, {"needs": needs}, funcs).value())
+    return cond
 
 
 def step_runs(step: dict[str, Any], ctx: dict[str, Any]) -> bool:
-    """Whether the runner takes a step: its `if:` (GitHub adds `success() &&` when it names no
-    status function) against the job's context. Job.steps stops at the first failed step that
-    may not fail, so every step it asks about comes after successes only."""
+    """Whether the runner takes a step: its `if:` against the job's context. Job.steps stops at
+    the first failed step that may not fail, so every step it asks about comes after successes
+    only."""
     funcs = {"success": lambda: True, "failure": lambda: False,
              "cancelled": lambda: False, "always": lambda: True}  # fmt: skip
-    cond = str(step.get("if", "success()")).strip()
-    cond = cond[3:-2] if cond.startswith("${{") else cond
-    if not re.search(r"\b(success|failure|cancelled|always)\(\)", cond):
-        cond = f"success() && ({cond})"
-    return bool(Expr(cond, ctx, funcs).value())
+    return bool(Expr(condition(step), ctx, funcs).value())
 
 
 # --- the runner-like user ---------------------------------------------------------------------
@@ -460,7 +462,7 @@ class Job:
     genv: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
-    stdout: str = ""  # the last step's
+    stdout: str = ""  # set by ask_tested: the `ask` step's
     out: dict[str, str] = field(default_factory=dict)  # each step's stdout and stderr, by name
     conclusion: str = "success"  # a failed step that may fail (continue-on-error) leaves it
     summary: str = ""
