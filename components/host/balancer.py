@@ -6,8 +6,9 @@ Routing suits LLM serving: `least_conn` sends each request to the replica with t
 requests in flight (a long generation keeps its replica busy; round robin would stack new
 requests behind it). Caddy asks every replica's `/health` on its own (active health checks) and
 stops sending new requests to one that fails them; streams already running on the others are
-untouched. A request whose replica refuses the connection (stopped, restarting) is tried on
-another within `lb_try_duration`: the request never reached the first, so it is safe to resend.
+untouched. A request whose replica refuses the connection (stopped, restarting), or fails
+before any answer comes back, is tried on another within `lb_try_duration` (reverse_proxy
+below says when a body may be resent).
 Caddy's selection policies and health checks: modules/caddyhttp/reverseproxy
 (selectionpolicies.go LeastConnSelection: fewest NumRequests; healthchecks.go).
 """
