@@ -758,13 +758,31 @@ def test_a_wake_after_autodown_comes_back_where_the_front_is_or_is_refused(
         assert str(back.outputs["placement"]).startswith(f"kept: front Droplet {front} ")
         assert back.outputs["cache"]["state"] == "kept"
 
+        gone = time.time()
         autodown()
         emu.account.offer_in(gpu, ["tor1"])
+        # Until the waker has seen the replica gone (WAKE_ASLEEP_LOOKS over WAKE_ASLEEP_SECONDS),
+        # Caddy still sends keyed requests to it, and they fail there (not held).
+        front_mode(emu, "asleep", since=gone)
+        # A keyed request wakes the set; the pipeline's refresh and up are refused, and the held
+        # request is answered with the program's own words, read from the deploy job's log.
+        chat = {"model": first.outputs["servedModelName"], "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hello"}]}  # fmt: skip
+        held: list[subprocess.CompletedProcess[str]] = []
+        waiting = threading.Thread(target=lambda: held.append(ask(emu, first.outputs, chat)))
+        waiting.start()
+        assert emu.github.dispatched.wait(90), front_log(emu)
         results.append(stack.refresh())
         before = {urn: res.id for urn, res in stack.state.items()}
         refused = stack.up(config, secrets=secrets)
         results.append(refused)
         message = str(refused.error)
+        emu.github.finish_run("failure", log=pulumi_log(message))
+        waiting.join(timeout=120)
+        status, answer = held[0].stdout.split("\n", 1)
+        assert status == "503", held[0].stdout + held[0].stderr
+        assert "in job deploy, step Run pulumi/actions@v7 (the stack was refused: " in answer
+        assert f"droplet.size: {gpu} is not offered in nyc2 today" in answer, answer
         assert f"droplet.size: {gpu} is not offered in nyc2 today" in message, message
         assert f"front Droplet {front} (nemotron-dev-lb)" in message, message
         assert "Volume nemotron-dev-cache" in message and "offered in: tor1" in message, message
@@ -774,6 +792,28 @@ def test_a_wake_after_autodown_comes_back_where_the_front_is_or_is_refused(
             disk
         ]
         report(request, summary("pinned", emu, results) + f"\n  refused: {message[-160:]}")
+
+
+def front_mode(emu: Emulation, mode: str, since: float, seconds: float = 60) -> None:
+    """Wait until the front's waker logs `mode` (a JSON line of its journal) after `since`."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        for line in front_log(emu).splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if event.get("mode") == mode and float(event.get("at", 0)) >= since:
+                    return
+        time.sleep(0.5)
+    raise AssertionError(f"the waker never said {mode}: {front_log(emu)}")
+
+
+def pulumi_log(error: str) -> list[str]:
+    """The lines a failed `pulumi up` prints into the deploy job's log (pulumi/actions streams the
+    CLI's output): the program's error under the stack's Diagnostics, then the action's own."""
+    first, *rest = error.splitlines()
+    return ["Diagnostics:", "  pulumi:pulumi:Stack (nemotron-droplet-dev):",
+            f"    error: {first}", *(f"    {line}" for line in rest), "",
+            "##[error]code: 255"]  # fmt: skip
 
 
 def reworded(folder: Path) -> int:

@@ -65,15 +65,17 @@ class FakeGitHub(GitHub):
     old: bool = False
     on_dispatch: Callable[[], None] | None = None
 
-    def answer(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, Any]:
+    def answer(
+        self, method: str, path: str, auth: str, body: bytes, origin: str = ""
+    ) -> tuple[int, Any]:
         if self.old and method == "POST" and body:
             request = json.loads(body)
             if "return_run_details" in request:
                 return 422, {"message": "Invalid request.\n\n\"return_run_details\" is not a "
                                         "permitted key."}  # fmt: skip
-        status, reply = super().answer(method, path, auth, body)
-        if status in (200, 204) and method == "POST" and self.refuse:
-            return self.refuse, {"message": "refused"}
+        if method == "POST" and self.refuse:
+            return self.refuse, {"message": "refused"}  # and no run queued
+        status, reply = super().answer(method, path, auth, body, origin)
         if status in (200, 204) and method == "POST" and self.on_dispatch:
             threading.Thread(target=self.on_dispatch, daemon=True).start()
         return status, reply
@@ -276,7 +278,9 @@ def test_a_run_that_ends_badly_answers_the_held_requests_with_why_and_is_not_ret
     error = answer.json()["error"]
     assert error["code"] == "wake_failed"
     run = github.runs[0]
-    assert f"the deploy run ended {conclusion}: {run['html_url']}" in error["message"]
+    where = {"failure": " in job deploy, step Run pulumi/actions@v7", "timed_out": " in job deploy",
+             "startup_failure": ""}[conclusion]  # a startup_failure runs no job  # fmt: skip
+    assert f"the deploy run ended {conclusion}{where}: {run['html_url']}" in error["message"]
     assert answer.headers["x-should-retry"] == "false", "no client retry can help"
     assert int(answer.headers["Retry-After"]) > 0
     time.sleep(1.5)
@@ -285,6 +289,56 @@ def test_a_run_that_ends_badly_answers_the_held_requests_with_why_and_is_not_ret
     assert again.status_code == 503
     assert "wake.cooldownMinutes: 5" in again.json()["error"]["message"]
     assert len(github.dispatches) == 1
+
+
+# What a refused `pulumi up` prints in the deploy job, as pulumi/actions streams the CLI's output
+# (the program's one message: components/spec/config.py ConfigError), and the action's own
+# error line after it.
+REFUSED_LOG = [
+    "Updating (dev)",
+    "    pulumi:pulumi:Stack nemotron-droplet-dev running error: the stack configuration has 1 problem(s); nothing was created:",
+    "Diagnostics:",
+    "  pulumi:pulumi:Stack (nemotron-droplet-dev):",
+    "    error: the stack configuration has 1 problem(s); nothing was created:",
+    "      - droplet.size: gpu-h100x1-80gb is not offered in nyc2 today, where this stack's front Droplet 7 (nemotron-dev-lb) stay (offered in: tor1); wait and wake or up again",
+    "",
+    "##[error]code: 255",
+]  # fmt: skip
+
+
+def test_a_refused_up_reaches_the_held_requests_in_the_programs_own_words(
+    front_factory: Callable[..., Front],
+) -> None:
+    """A wake whose `pulumi up` the program refuses (the size sold out where the front is): the
+    held request's 503 names the failed job and step and quotes the refusal, read from the job's
+    log. GitHub answers the log with a 302 to a storage URL signed for a minute; the fake
+    storage refuses a request that carries the token, so a waker that followed the redirect
+    with its Authorization header would get no reason here."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    github.on_dispatch = later(0.5, lambda: github.finish_run("failure", log=REFUSED_LOG))
+    answer = front.send(CHAT)
+    assert answer.status_code == 503, answer.text
+    message = answer.json()["error"]["message"]
+    assert "ended failure in job deploy, step Run pulumi/actions@v7 (the stack was refused: " \
+        "droplet.size: gpu-h100x1-80gb is not offered in nyc2 today" in message, message  # fmt: skip
+    assert message.count("not offered in nyc2") == 1, "the repeated diagnostics are said once"
+    assert "code: 255" not in message and "Diagnostics" not in message
+    assert github.signed, "the log was asked for through GitHub's redirect"
+    assert front.state()["last_wake"]["reason"] == front.state()["last_failure"]
+
+
+def test_a_job_log_that_cannot_be_read_still_names_the_job_and_step(
+    front_factory: Callable[..., Front],
+) -> None:
+    """A failed run whose log says no refusal (a provider error, a broken step): the answer
+    names where it failed and links the run; it never waits for a log."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    github.on_dispatch = later(0.5, lambda: github.finish_run("failure", log=["boom"]))
+    message = front.send(CHAT).json()["error"]["message"]
+    assert "ended failure in job deploy, step Run pulumi/actions@v7: https://github.com/" in message
+    assert "refused" not in message
 
 
 def test_a_wake_cancelled_in_the_concurrency_group_fails_naming_the_run_that_replaced_it(
@@ -323,7 +377,11 @@ def test_an_older_github_without_run_details_is_followed_by_the_runs_title(
     github.on_dispatch = later(0.5, lambda: github.finish_run("failure"))
     answer = front.send(CHAT)
     assert answer.status_code == 503
-    assert f"ended failure: {github.runs[0]['html_url']}" in answer.json()["error"]["message"]
+    message = answer.json()["error"]["message"]
+    assert (
+        f"ended failure in job deploy, step Run pulumi/actions@v7: {github.runs[0]['html_url']}"
+        in message
+    )
     assert github.dispatches == [DISPATCH]
 
 
@@ -724,8 +782,22 @@ def test_the_fields_the_waker_reads_are_the_ones_githubs_description_requires() 
         re.findall(r'found\.get\("(\w+)"', waker)
     )
     assert read and read <= set(described["workflow_run_required"]), read
-    queries = set(re.findall(r"[?&](\w+)=", waker))
-    assert queries and queries <= set(described["runs_list_query_parameters"]), queries
+    # Each URL's query against its own operation: a workflow's runs, a run's jobs.
+    urls = re.findall(r'"((?:workflows/\{[^}]+\}/)?runs[^"?]*)\?([^"]+)"', waker)
+    assert len(urls) == 3, urls  # the runs by title, the runs of the group, a run's jobs
+    for url, query in urls:
+        names = set(re.findall(r"(?:^|&)(\w+)=", query))
+        allowed = "jobs_list" if url.endswith("/jobs") else "runs_list"
+        assert names <= set(described[f"{allowed}_query_parameters"]), (url, names)
+    assert "filter" in described["jobs_list_query_parameters"]
+    assert "latest" in described["jobs_list_filter_enum"]
+    # A job: the fields the waker reads are required of every job; its log is a redirect.
+    # (`steps` is not required of a job: the waker reads it as `.get("steps") or []`.)
+    job_fields = set(re.findall(r"""(?:\bj|failed\[0\])\.get\(["'](\w+)["']""", waker))
+    assert 'get("steps") or []' in waker
+    assert {"conclusion", "name", "steps"} <= job_fields, job_fields
+    assert job_fields - {"steps"} <= set(described["job_required"]), job_fields
+    assert described["job_logs"]["responses"] == ["302"]
     sent = set(
         re.findall(
             r'^\s+"(\w+)": ',

@@ -91,6 +91,15 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrad
        "content-encoding"}  # fmt: skip
 # A run's conclusions that end a wake other than in success (GitHub REST, workflow-run).
 RUN_ENDED = "completed"
+# Why a run failed, from its failed job's log (GitHub REST "Download job logs for a workflow
+# run": a 302 to a signed storage URL valid for a minute, fetched without our token). The
+# program refuses a stack in one message, components/spec/config.py ConfigError: "... nothing
+# was created:" then one "  - <field>: <why>" line each; pulumi/actions streams the CLI's
+# output into the job's log, each line after GitHub's timestamp.
+REFUSAL_HEAD = "nothing was created:"
+REFUSAL_LINE = re.compile(r"^\s*- (\S.*)$")
+LOG_STAMP = re.compile(r"^\ufeff?\d{4}-\d\d-\d\dT[0-9:.]+Z ")
+LOG_LIMIT = 4_000_000  # bytes of a job's log read: a refused up stops long before
 
 
 def log(event: str, **fields: Any) -> None:
@@ -194,6 +203,31 @@ class Refusal:
 
 class PipelineError(Exception):
     pass
+
+
+def refusal_in_log(text: str) -> list[str]:
+    """The program's refusal in a job's log: the problems after its last "nothing was created:"
+    line (the CLI's diagnostics and pulumi/actions' error annotation both repeat it), or []."""
+    lines = [LOG_STAMP.sub("", line) for line in text.splitlines()]
+    found: list[str] = []
+    for i, line in enumerate(lines):
+        if not line.rstrip().endswith(REFUSAL_HEAD):
+            continue
+        problems = []
+        for following in lines[i + 1 :]:
+            if not (match := REFUSAL_LINE.match(following)):
+                break
+            problems.append(match[1].strip()[:400])
+        found = problems or found
+    return list(dict.fromkeys(found))[:5]
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 302 comes back as an HTTPError with its Location: urllib would follow it carrying our
+    Authorization header to another host."""
+
+    def redirect_request(self, *_: Any) -> None:
+        return None
 
 
 # What one look at one replica found: ready (/health 200), there (any other answer, or a slow
@@ -510,8 +544,52 @@ class Waker:
                 newer = await asyncio.to_thread(self.replaced_by, run)
                 self.fail(f"the deploy run was cancelled{newer or ''}: {link}")
             else:
-                self.fail(f"the deploy run ended {conclusion}: {link}")
+                why = await asyncio.to_thread(self.failure_of, run)
+                self.fail(f"the deploy run ended {conclusion}{why}: {link}")
             return
+
+    def failure_of(self, run: dict[str, Any]) -> str:
+        """Where and why a run failed, for the held requests: its failed job and step (GET
+        .../runs/{id}/jobs) and the program's refusal from that job's log; '' when GitHub does
+        not say (the run's link stays the answer)."""
+        url = self._repo_url(f"runs/{run.get('id')}/jobs?filter=latest&per_page=100")
+        try:
+            status, body = self._request("GET", url, None, self._github_headers())
+            jobs = body.get("jobs") if status == 200 and isinstance(body, dict) else None
+            failed = [j for j in jobs or [] if isinstance(j, dict)
+                      and j.get("conclusion") in ("failure", "timed_out")]  # fmt: skip
+            if not failed:
+                return ""
+            steps = [s.get("name") for s in failed[0].get("steps") or []
+                     if isinstance(s, dict) and s.get("conclusion") == "failure"]  # fmt: skip
+            problems = refusal_in_log(self.job_log(int(failed[0]["id"])))
+        except (PipelineError, ValueError, TypeError, KeyError):
+            return ""
+        where = f" in job {failed[0].get('name')}" + (f", step {steps[0]}" if steps else "")
+        return where + (f" (the stack was refused: {'; '.join(problems)})" if problems else "")
+
+    def job_log(self, job_id: int) -> str:
+        """A job's log (GitHub answers 302 to a storage URL signed for a minute; it is fetched
+        without the token, which belongs to GitHub's API alone); '' when it cannot be read."""
+        headers = {k: v for k, v in self._github_headers().items() if k != "Content-Type"}
+        req = urllib.request.Request(self._repo_url(f"jobs/{job_id}/logs"), headers=headers)  # noqa: S310
+        opener = urllib.request.build_opener(_NoRedirect)
+        try:
+            with opener.open(req, timeout=API_TIMEOUT) as resp:  # a GHES that answers in place
+                return bytes(resp.read(LOG_LIMIT)).decode("utf-8", "replace")
+        except urllib.error.HTTPError as err:
+            location = err.headers.get("Location", "") if err.code in (301, 302, 307) else ""
+        except (urllib.error.URLError, OSError, ValueError):
+            return ""
+        target = urllib.parse.urlsplit(location)
+        if target.scheme != "https" and target.hostname != "127.0.0.1":
+            return ""
+        plain = urllib.request.Request(location, headers={"User-Agent": headers["User-Agent"]})  # noqa: S310
+        try:
+            with urllib.request.urlopen(plain, timeout=API_TIMEOUT) as resp:  # noqa: S310
+                return bytes(resp.read(LOG_LIMIT)).decode("utf-8", "replace")
+        except (urllib.error.URLError, OSError, ValueError):
+            return ""
 
     # ---- the replicas ----------------------------------------------------------------------------
 

@@ -14,7 +14,11 @@ REST description says of these endpoints; docs/facts.md what was found besides):
 - runs as GitHub names them: `display_title` (deploy.yml's run-name), `event`, `status`
   (queued, pending, in_progress, completed), `conclusion`;
 - deploy.yml's concurrency group: one run in progress per group; a newer run queued behind it
-  cancels the one already pending (GitHub does so even with cancel-in-progress: false).
+  cancels the one already pending (GitHub does so even with cancel-in-progress: false);
+- a run's jobs (GET .../actions/runs/{id}/jobs), named and stepped as deploy.yml names them, and
+  a job's log (GET .../actions/jobs/{id}/logs): a 302 to a storage URL signed for one minute,
+  which refuses a request that carries an Authorization header (the token is GitHub's API's
+  alone: a client that follows the redirect with it is caught here).
 
 Each accepted dispatch is recorded and sets `dispatched`, so a scenario can run the pipeline it
 stands for (a refresh and an up of the stack) and end its run with `finish_run`."""
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import socket
 import ssl
 import threading
@@ -113,6 +118,10 @@ def _dispatch_refusal(
 DISPATCH = re.compile(r"^/repos/([^/]+/[^/]+)/actions/workflows/([^/]+)/dispatches$")
 RUNS = re.compile(r"^/repos/([^/]+/[^/]+)/actions/workflows/([^/]+)/runs$")
 RUN = re.compile(r"^/repos/([^/]+/[^/]+)/actions/runs/([0-9]+)$")
+JOBS = re.compile(r"^/repos/([^/]+/[^/]+)/actions/runs/([0-9]+)/jobs$")
+JOB_LOG = re.compile(r"^/repos/([^/]+/[^/]+)/actions/jobs/([0-9]+)/logs$")
+STORAGE = re.compile(r"^/_storage/logs/([0-9]+)$")
+SIGNED_FOR = 60.0  # seconds a log's signed URL is valid (GitHub: "expires after 1 minute")
 REF = re.compile(r"^/repos/([^/]+/[^/]+)/git/ref/heads/(.+)$")
 
 
@@ -125,6 +134,27 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _step_name(step: dict[str, Any]) -> str:
+    """A step as GitHub lists it: its name, else "Run " and what it uses or its first line."""
+    if step.get("name"):
+        return str(step["name"])
+    return f"Run {step.get('uses') or str(step.get('run', '')).splitlines()[0]}"
+
+
+def deploy_jobs() -> list[tuple[str, list[str]]]:
+    """deploy.yml's jobs in order, each with its steps as GitHub names them (and its own
+    "Set up job" and "Complete job")."""
+    jobs = _workflow()["jobs"]
+    return [(name, ["Set up job", *(_step_name(s) for s in job.get("steps", [])), "Complete job"])
+            for name, job in jobs.items()]  # fmt: skip
+
+
+def job_log(lines: list[str]) -> str:
+    """A job's log as GitHub serves it: each line after its timestamp (a BOM first)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.0000000Z", time.gmtime())
+    return "\ufeff" + "".join(f"{stamp} {line}\n" for line in lines)
+
+
 @dataclass
 class GitHub:
     """One repository's deploy workflow, its branches and the one token that may run it."""
@@ -135,15 +165,26 @@ class GitHub:
     # The workflow's workflow_dispatch inputs (deploy.yml's): their names, types and options.
     inputs: dict[str, dict[str, Any]] = field(default_factory=deploy_inputs)
     branches: frozenset[str] = frozenset({"main"})
+    head_sha: str = "0" * 40  # the commit a new run is of (a push moves it)
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     dispatched: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # A job log's signatures: signature -> (job id, valid until, monotonic).
+    signed: dict[str, tuple[int, float]] = field(default_factory=dict)
 
-    def answer(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, Any]:
+    def answer(
+        self, method: str, path: str, auth: str, body: bytes, origin: str = ""
+    ) -> tuple[int, Any]:
+        """(status, JSON reply); a str reply is plain text, {"Location": url} with a 302 a
+        redirect. `origin` is scheme://host the request came to (for a signed URL)."""
+        url = urllib.parse.urlsplit(path)
+        if found := STORAGE.match(url.path):
+            return self._storage(int(found[1]), auth, dict(urllib.parse.parse_qsl(url.query)))
         if auth != f"Bearer {self.token}":
             return 401, {"message": "Bad credentials"}
-        url = urllib.parse.urlsplit(path)
+        if method == "GET" and (found := JOB_LOG.match(url.path)) and found[1] == self.repo:
+            return self._log_redirect(int(found[2]), origin)
         if method == "POST":
             found = DISPATCH.match(url.path)
             if not found or found[1] != self.repo or found[2] != self.workflow:
@@ -152,22 +193,39 @@ class GitHub:
         return self._get(url.path, dict(urllib.parse.parse_qsl(url.query)))
 
     def _get(self, path: str, query: dict[str, str]) -> tuple[int, Any]:
-        """A ref, a run by id, or a workflow's runs (newest first, `event` and `per_page`)."""
+        """A ref, a run by id, a run's jobs, or a workflow's runs."""
         with self.lock:
             if (found := REF.match(path)) and found[1] == self.repo:
                 if found[2] not in self.branches:
                     return 404, {"message": "Not Found"}
                 return 200, {"ref": f"refs/heads/{found[2]}", "object": {"type": "commit"}}
-            if (found := RUN.match(path)) and found[1] == self.repo:
-                run = next((r for r in self.runs if r["id"] == int(found[2])), None)
-                return (200, _public(run)) if run else (404, {"message": "Not Found"})
+            for pattern in (RUN, JOBS):
+                if (found := pattern.match(path)) and found[1] == self.repo:
+                    return self._run(int(found[2]), jobs=pattern is JOBS)
             found = RUNS.match(path)
             if not found or found[1] != self.repo or found[2] != self.workflow:
                 return 404, {"message": "Not Found"}
-            runs = [_public(r) for r in reversed(self.runs)
-                    if query.get("event") in (None, r["event"])]  # fmt: skip
-        per_page = int(query.get("per_page", "30"))
-        return 200, {"total_count": len(runs), "workflow_runs": runs[:per_page]}
+            return self._list_runs(query)
+
+    def _run(self, run_id: int, jobs: bool) -> tuple[int, Any]:
+        """Under the lock: a run by id, or its jobs."""
+        run = next((r for r in self.runs if r["id"] == run_id), None)
+        if run is None:
+            return 404, {"message": "Not Found"}
+        if not jobs:
+            return 200, _public(run)
+        listed = [_public(j) for j in run["_jobs"]]
+        return 200, {"total_count": len(listed), "jobs": listed}
+
+    def _list_runs(self, query: dict[str, str]) -> tuple[int, Any]:
+        """Under the lock: the workflow's runs, newest first, filtered by `event` and `head_sha`,
+        one page of them (`per_page` at most 100, `page` from 1), as GitHub pages them."""
+        runs = [_public(r) for r in reversed(self.runs)
+                if query.get("event") in (None, r["event"])
+                and query.get("head_sha") in (None, r["head_sha"])]  # fmt: skip
+        per_page = min(int(query.get("per_page", "30")), 100)
+        first = (int(query.get("page", "1")) - 1) * per_page
+        return 200, {"total_count": len(runs), "workflow_runs": runs[first : first + per_page]}
 
     def _dispatch(self, body: bytes) -> tuple[int, Any]:
         """A workflow_dispatch, checked as GitHub checks it; its run queued."""
@@ -202,26 +260,76 @@ class GitHub:
                 busy = True
         run = {
             "id": 9000 + number, "name": "deploy", "display_title": run_name(inputs),
-            "event": event, "head_branch": ref, "status": "pending" if busy else "in_progress",
+            "event": event, "head_branch": ref, "head_sha": self.head_sha,
+            "status": "pending" if busy else "in_progress",
             "conclusion": None, "run_attempt": 1, "created_at": _now(), "updated_at": _now(),
             "html_url": f"https://github.com/{self.repo}/actions/runs/{9000 + number}",
             "_group": group,
         }  # fmt: skip
+        run["_jobs"] = [self._job(run, i, name, steps)
+                        for i, (name, steps) in enumerate(deploy_jobs())]  # fmt: skip
         self.runs.append(run)
         return run
+
+    def _job(self, run: dict[str, Any], i: int, name: str, steps: list[str]) -> dict[str, Any]:
+        """One of a run's jobs as the REST description's `job` has it (the fields a client reads,
+        and the check run it is)."""
+        job_id = run["id"] * 10 + i
+        return {
+            "id": job_id, "run_id": run["id"], "name": name, "status": "queued",
+            "conclusion": None, "run_attempt": 1, "head_branch": run["head_branch"],
+            "html_url": f"https://github.com/{self.repo}/actions/runs/{run['id']}/job/{job_id}",
+            "check_run_url": f"https://api.github.com/repos/{self.repo}/check-runs/{job_id}",
+            "steps": [{"name": step, "status": "queued", "conclusion": None, "number": n + 1}
+                      for n, step in enumerate(steps)],
+            "_log": "",
+        }  # fmt: skip
+
+    def _log_redirect(self, job_id: int, origin: str) -> tuple[int, Any]:
+        with self.lock:
+            job = next((j for r in self.runs for j in r["_jobs"] if j["id"] == job_id), None)
+            if job is None or job["status"] != "completed":
+                return 404, {"message": "Not Found"}
+            sig = secrets.token_urlsafe(16)
+            self.signed[sig] = (job_id, time.monotonic() + SIGNED_FOR)
+        return 302, {"Location": f"{origin}/_storage/logs/{job_id}?sig={sig}"}
+
+    def _storage(self, job_id: int, auth: str, query: dict[str, str]) -> tuple[int, Any]:
+        """The storage host behind a log's signed URL: the signature alone, within its minute."""
+        if auth:
+            return 403, "AuthenticationFailed: a signed URL takes no Authorization header"
+        with self.lock:
+            signed = self.signed.get(query.get("sig", ""))
+            if signed is None or signed[0] != job_id or time.monotonic() > signed[1]:
+                return 403, "AuthenticationFailed: signature not valid or expired"
+            job = next(j for r in self.runs for j in r["_jobs"] if j["id"] == job_id)
+            return 200, str(job["_log"])
 
     def push(self) -> dict[str, Any]:
         """A push to main: deploy.yml's push run, in the default stack's group."""
         with self.lock:
             return dict(self._queue("push", {}, "main"))
 
-    def finish_run(self, conclusion: str, run_id: int | None = None) -> None:
+    def finish_run(
+        self, conclusion: str, run_id: int | None = None, log: list[str] | None = None
+    ) -> None:
         """The run in progress (or `run_id`) ended (`success`, `failure`, `startup_failure`,
-        ...); the next pending one in its group starts."""
+        ...); the next pending one in its group starts. Its jobs end as deploy.yml's would:
+        `tested` passes, `test` is skipped (the commit passed it before), `deploy` ends as the
+        run did, its pulumi/actions step failing with `log` (the lines the job printed)."""
         with self.lock:
             run = next(r for r in reversed(self.runs)
                        if (r["id"] == run_id if run_id else r["status"] == "in_progress"))  # fmt: skip
             run.update(status="completed", conclusion=conclusion, updated_at=_now())
+            ends = {"tested": "success", "test": "skipped", "deploy": conclusion}
+            for job in run["_jobs"] if conclusion != "startup_failure" else []:
+                job.update(status="completed", conclusion=ends.get(job["name"], "success"))
+                for step in job["steps"]:
+                    failed = conclusion == "failure" and "pulumi/actions" in step["name"]
+                    done = "skipped" if job["conclusion"] == "skipped" else "success"
+                    step.update(status="completed", conclusion="failure" if failed else done)
+                if job["name"] == "deploy":
+                    job["_log"] = job_log(log or [])
             for other in self.runs:
                 if other["_group"] == run["_group"] and other["status"] == "pending":
                     other["status"] = "in_progress"
@@ -236,13 +344,21 @@ def serve(github: GitHub, sock: socket.socket, tls: ssl.SSLContext | None) -> Th
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+            origin = f"{'https' if tls else 'http'}://{self.headers.get('Host', '')}"
             status, reply = github.answer(
-                self.command, self.path, self.headers.get("Authorization", ""), body
+                self.command, self.path, self.headers.get("Authorization", ""), body, origin
             )
-            data = b"" if reply is None else json.dumps(reply).encode()
             self.send_response(status)
-            if reply is not None:
-                self.send_header("Content-Type", "application/json; charset=utf-8")
+            if status == 302:
+                self.send_header("Location", reply["Location"])
+                reply = None
+            if isinstance(reply, str):
+                data = reply.encode()
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+            else:
+                data = b"" if reply is None else json.dumps(reply).encode()
+                if reply is not None:
+                    self.send_header("Content-Type", "application/json; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
