@@ -24,8 +24,8 @@ import pulumi
 import pulumi_digitalocean as digitalocean
 
 from ..spec import catalog
-from ..spec.config import ConfigError
 from ..spec.schema import StackConfig
+from .stack_config import StackConfigError
 
 DESCRIPTION = f"{catalog.PROJECT} cache: weights, conda envs, vLLM compile caches"
 
@@ -146,7 +146,7 @@ def plan(
     others = [d for d in (found.droplet_ids if found else ()) if str(d) != droplet_id]
     if found is not None and others:
         # A Volume attaches to one Droplet: taking it would fail half-way, after the bill began.
-        raise ConfigError(
+        raise StackConfigError(
             [
                 f"cache.sizeGb: the Volume {name} ({found.id}, {found.region}) is attached to "
                 f"Droplet {others[0]}, which is not this stack's; detach it in the control "
