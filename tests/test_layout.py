@@ -1,8 +1,9 @@
 """The layout the README draws, held: components/ is three packages by what a file is, with
-imports in one direction (spec <- host <- cloud <- the tools and __main__.py), so the text a
-Droplet runs is rendered and tested without Pulumi, nothing in the config knows how it is
-deployed (neither imports Pulumi at all), and a path says whether a file can create something
-that bills (only cloud/ holds the providers' SDKs)."""
+imports in one direction (spec <- host <- cloud <- __main__.py; the offline tools, render and
+validate, on spec and host only), so the text a Droplet runs is rendered and tested without
+Pulumi, nothing in the config knows how it is deployed (neither imports Pulumi at all), and a
+path says whether a file can create something that bills (only cloud/ holds the providers'
+SDKs)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,17 @@ def test_the_text_for_a_host_needs_no_pulumi_and_no_cloud_module() -> None:
         assert not pulumi_imports(path), path.name
         reached = {group(m) for m in imports(path) if m.startswith("components.")}
         assert reached <= {"spec", "host"}, (path.name, reached)
+
+
+def test_the_offline_tools_need_no_pulumi_and_no_cloud_module() -> None:
+    """`python -m components.render` and `components.validate` run without Pulumi or its
+    providers installed: what they share with the cloud (a Volume's name, its device) is
+    spec/'s."""
+    for tool in TOOLS:
+        path = COMPONENTS / f"{tool}.py"
+        assert not pulumi_imports(path), path.name
+        reached = {group(m) for m in imports(path) if m.startswith("components.")}
+        assert reached <= {"spec", "host", *TOOLS}, (path.name, reached)
 
 
 def test_only_the_cloud_package_holds_what_creates_and_bills() -> None:

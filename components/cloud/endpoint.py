@@ -21,6 +21,7 @@ import pulumi_digitalocean as digitalocean
 from ..host import gateway
 from ..spec import catalog
 from ..spec.schema import StackConfig
+from ..spec.volume import device_path
 from . import cache, dns, entry, region, stack_config
 from .bootstrap import Bootstrap, BootstrapArgs
 from .droplet import StackDroplet, StackDropletArgs
@@ -200,7 +201,7 @@ class _Set:
                     if record is not None and not cfg.pooled
                     else ""
                 ),
-                cache_device=cache.device_path(cfg, index) if volume is not None else "",
+                cache_device=device_path(cfg, index) if volume is not None else "",
                 cache_attachment=volume.attachment if volume is not None else None,
                 cache_volume=volume.volume if volume is not None else None,
                 cache_volume_size=volume.volume.size if volume is not None else None,
