@@ -270,6 +270,36 @@ def test_plan_names_the_bad_input_and_what_is_accepted(
     assert sorted(p.name for p in stacks.iterdir()) == ["Pulumi.dev.yaml"]
 
 
+# What the plan step may import: the plan job installs PyYAML alone (real-run.yml).
+PLAN_JOB_GUARD = """\
+import importlib.abc, runpy, sys
+allowed = set(sys.stdlib_module_names) | {"yaml", "_yaml"} | set(sys.argv[1].split(","))
+class PlanJobHasNot(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] not in allowed:
+            raise ModuleNotFoundError(f"the plan job has no {name}")
+sys.meta_path.insert(0, PlanJobHasNot())
+script = sys.argv[2]
+sys.path.insert(0, script.rsplit("/", 1)[0])
+sys.argv = sys.argv[2:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_the_plan_step_needs_python_and_pyyaml_only(stacks: Path, tmp_path: Path) -> None:
+    """The plan job has Python and PyYAML: the command line and the plan step import nothing
+    else but the project's own modules (the summary's tools, rich among them, come lazily)."""
+    own = {p.stem for p in (ROOT / "scripts").glob("*.py")} | {"components", "realrun"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAN_JOB_GUARD, ",".join(sorted(own)), str(SCRIPT),
+         "plan", "--cost-cap", "5", "--name", "real-run-1-1", "--stacks", str(stacks),
+         "--out-dir", str(tmp_path / "run")],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (stacks / "Pulumi.real-run-1-1.yaml").exists()
+
+
 def test_a_size_without_a_list_price_takes_price(stacks: Path, tmp_path: Path) -> None:
     proc, out = plan(stacks, tmp_path / "run", "20", "--size", "gpu-h200x1-141gb", "--price", "4")
     assert proc.returncode == 0, proc.stderr
@@ -862,7 +892,7 @@ def test_every_timeout_comes_from_the_plan_and_the_job_leaves_room_for_destroy(
             total += int(out[m[1]])
         elif timeout:
             total += int(timeout)
-    setup = 20  # real_run.SETUP_MINUTES: checkout, virtualenvs, the CLI
+    setup = 20  # realrun/plan.py's SETUP_MINUTES: checkout, virtualenvs, the CLI
     assert total + setup <= int(out["job-minutes"])
 
 
