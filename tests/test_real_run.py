@@ -649,7 +649,8 @@ LEVEL = {
     "mode": "closed", "concurrency": 1, "request_rate": None, "requests": 16, "errors": 0,
     "ttft_ms": {"p50": 41.5, "p99": 80.25}, "itl_ms": {"p50": 12.0, "p99": 15.0},
     "tpot_ms": {"p50": 12.5, "p99": 14.0}, "e2e_ms": {"p50": 1640.0, "p99": 1700.0},
-    "requests_per_s": 0.61, "output_tokens_per_s": 78.4, "aborted": None, "errors_by_kind": {},
+    "requests_per_s": 0.61, "output_tokens_per_s": 78.4, "total_tokens_per_s": 390.2,
+    "aborted": None, "errors_by_kind": {},
 }  # fmt: skip
 BENCH = {
     "tool": "nemotron-droplet scripts/bench.py",
@@ -695,10 +696,13 @@ def test_summary_of_a_complete_run(tmp_path: Path) -> None:
     assert "Size `gpu-4000adax1-20gb` in `tor1`, model `nemotron`; smoke: passed." in text
     assert "Autodown: `delete`, idleMinutes 30, maxHours 2.6666." in text
     assert "PASS chat               28 ms  16 tokens: 'hello'" in text  # the lines, as printed
-    assert "| conc 1 | 16 / 0 | 41.5 / 80.2 | 12.0 / 15.0 | 12.5 / 14.0 | 1,640.0 / 1,700.0 |" in (
-        text
-    )
-    assert "| conc 8 | 14 / 2 |" in text
+    # bench.py's own rows (bench_report.rows), as Markdown.
+    assert "| conc | ok/err | TTFT | ITL | TPOT | E2E | req/s | out tok/s | tot tok/s |" in text
+    assert (
+        "| 1 | 16/0 | 41.5 / 80.2 | 12.0 / 15.0 | 12.5 / 14.0 | 1,640.0 / 1,700.0 | 0.6 | 78.4 | "
+        "390.2 |"
+    ) in text
+    assert "| 8 | 14/2 |" in text
     assert "conc 8 errors: {'timeout': 2}" in text
     assert "destroyed and removed stack x" in text
     # The timeline as text (the picture cannot be shown in a summary), critical path in full
@@ -795,6 +799,8 @@ def test_summary_survives_inputs_that_are_not_what_they_should_be(tmp_path: Path
     assert f"_Missing: `{d / 'outputs.json'}`: not JSON" in text
     assert "not a bench.py result file (no levels)" in text
     assert "empty: smoke.py printed nothing" in text
+    (d / "bench.json").write_text(json.dumps({"levels": [{"mode": "closed", "concurrency": 1}]}))
+    assert "not a bench.py result file (a level has no 'requests')" in summary(d)
 
 
 # ---- the workflow ----------------------------------------------------------------------------
@@ -1046,7 +1052,7 @@ def test_the_run_job_end_to_end_against_fakes(tmp_path: Path) -> None:
     text = summary_file.read_text()
     assert "## Real run: `real-run-42-1`" in text
     assert "all checks passed" in text
-    assert "| conc 1 | 16 / 0 |" in text and "| conc 8 | 16 / 0 |" in text
+    assert "| 1 | 16/0 |" in text and "| 8 | 16/0 |" in text
     assert "█" in text
     # Seconds of Droplet time, billed at least 60 s, up to the cent at the dev size's price.
     took = re.search(r"\*\*About \$([0-9.]+)\*\* of the \$[0-9.]+ cap: (\d+) min (\d+) s", text)

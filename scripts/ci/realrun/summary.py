@@ -69,41 +69,44 @@ def read_json(path: Path) -> tuple[Any, str]:
         return None, f"not JSON ({err})"
 
 
-def fmt(value: Any, digits: int = 1) -> str:
-    return f"{value:,.{digits}f}" if isinstance(value, int | float) else "-"
+# The latencies the summary shows of each level (bench.py reports these by default).
+BENCH_PERCENTILES = ("p50", "p99")
+
+
+def markdown_row(cells: list[str]) -> str:
+    return f"| {' | '.join(cells)} |"
 
 
 def bench_section(path: Path) -> list[str]:
+    """bench.py's table, as Markdown: the same rows (bench_report.rows), p50 / p99."""
     data, problem = read_json(path)
     if data is None:
         return [missing("bench", path, problem)]
     levels = data.get("levels") if isinstance(data, dict) else None
     if not isinstance(levels, list) or not levels:
         return [missing("bench", path, "not a bench.py result file (no levels)")]
+    import bench_report  # noqa: PLC0415 (the tools' dependencies, only needed here)
+
+    try:
+        columns, cells = bench_report.rows(levels, BENCH_PERCENTILES)
+    except KeyError as err:
+        return [missing("bench", path, f"not a bench.py result file (a level has no {err})")]
+    except (TypeError, AttributeError, ValueError) as err:
+        return [missing("bench", path, f"not a bench.py result file (a level: {err})")]
     settings = data.get("settings") or {}
     lines = [
         f"Model `{data.get('model', '?')}`; per level {settings.get('requests', '?')} requests of "
         f"about {settings.get('input_tokens', '?')} prompt and "
-        f"{settings.get('max_tokens') or 128} output tokens. Latency in ms, p50 / p99.",
+        f"{settings.get('max_tokens') or 128} output tokens. Latency in ms, p50 / p99; "
+        "throughput per second.",
         "",
-        "| level | ok / err | TTFT | ITL | TPOT | E2E | req/s | out tok/s |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        markdown_row(columns),
+        markdown_row(["---:"] * len(columns)),
+        *(markdown_row(row) for row in cells),
     ]
     notes = []
-    for r in levels:
-        if not isinstance(r, dict):
-            continue
-        level = r.get("request_rate") if r.get("mode") == "open" else r.get("concurrency")
-        label = f"{level}/s" if r.get("mode") == "open" else f"conc {level}"
-        ok = (r.get("requests") or 0) - (r.get("errors") or 0)
-        cells = [
-            " / ".join(fmt((r.get(k) or {}).get(q)) for q in ("p50", "p99"))
-            for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-        ]
-        lines.append(
-            f"| {label} | {ok} / {r.get('errors', '?')} | {' | '.join(cells)} | "
-            f"{fmt(r.get('requests_per_s'), 2)} | {fmt(r.get('output_tokens_per_s'))} |"
-        )
+    for r, row in zip(levels, cells, strict=True):
+        label = f"{columns[0]} {row[0]}"
         if r.get("aborted"):
             notes.append(f"{label} stopped: {r['aborted']}")
         if r.get("errors_by_kind"):
