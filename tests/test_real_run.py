@@ -526,6 +526,19 @@ def test_outputs_are_saved_without_the_secret_ones(tmp_path: Path) -> None:
     assert "--show-secrets" not in fake.data["calls"][-1]["argv"]
 
 
+def test_outputs_pulumi_cannot_give_fail_the_step_saying_why(tmp_path: Path) -> None:
+    """The step reads the outputs as the tools do (target.stack_outputs), without the secrets."""
+    fake = FakePulumi(tmp_path, rc={"stack output": [255]})
+    fake.add_stack("rr-1")
+    out = tmp_path / "run" / "outputs.json"
+    proc = real_run("outputs", "--stack", "rr-1", "--out", str(out), env=fake.env())
+    assert proc.returncode == 1
+    assert "error: pulumi stack output --stack rr-1 failed: error: fake stack output failure" in (
+        proc.stderr
+    )
+    assert not out.exists()
+
+
 # ---- cleanup ---------------------------------------------------------------------------------
 
 

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import target
+
 from .runner import github_output, last_line, pulumi_cli, run_bounded
 
 # Outputs that are secrets (components/cloud/outputs.py): never written to a file, never summarised.
@@ -67,21 +69,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_outputs(args: argparse.Namespace) -> int:
-    """The stack's outputs without the secret ones, for the summary and the artifact."""
-    pulumi = pulumi_cli()
-    argv = [pulumi, "stack", "output", "--json", "--stack", args.stack]
-    ran = run_bounded(argv, args.minutes * 60, capture=True)
-    if ran.returncode != 0:
-        print(f"error: pulumi stack output: {last_line(ran.stderr)}", file=sys.stderr)
-        return 1
+    """The stack's outputs without the secret ones, for the summary and the artifact: read
+    without --show-secrets, so their values never reach this process."""
     try:
-        outputs = json.loads(ran.stdout or "{}")
-    except ValueError:
-        print("error: pulumi stack output --json printed no JSON", file=sys.stderr)
-        return 1
-    if not isinstance(outputs, dict):
-        print("error: pulumi stack output --json printed no JSON object", file=sys.stderr)
-        return 1
+        outputs = target.stack_outputs(args.stack, show_secrets=False, seconds=args.minutes * 60)
+    except target.TargetError:
+        return 1  # it said why
     kept = {k: v for k, v in outputs.items() if k not in SECRET_OUTPUTS}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(kept, indent=2))
