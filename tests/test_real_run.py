@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fake_pulumi import FakePulumi, clean_env
 from test_tools import fake_server
 
 from components.spec import catalog
@@ -36,14 +36,6 @@ WORKFLOW = ROOT / ".github" / "workflows" / "real-run.yml"
 KEY = "sk-real-run-test-0123456789"
 AUTODOWN_TOKEN = "dop_v1_fake_autodown_token_0123456789"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nFAKEKEYMATERIALabcdef\n-----END OPENSSH..."
-# Variables of the machine running the tests that would change what the script does.
-SCRUBBED = ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY", "AUTODOWN_TOKEN", "DIGITALOCEAN_TOKEN")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED and not k.startswith("OPENAI_")}
-    env.update(extra)
-    return env
 
 
 def real_run(
@@ -308,113 +300,6 @@ def test_a_size_without_a_list_price_takes_price(stacks: Path, tmp_path: Path) -
 
 
 # ---- the Pulumi steps against a fake CLI ----------------------------------------------------
-
-FAKE_PULUMI = textwrap.dedent("""\
-    import json, os, signal, sys, time
-    from pathlib import Path
-
-    state_path = Path(os.environ["FAKE_PULUMI_STATE"])
-    state = json.loads(state_path.read_text()) if state_path.exists() else {}
-    state.setdefault("stacks", {})
-    state.setdefault("calls", [])
-    scenario = state.get("scenario", {})
-    argv = sys.argv[1:]
-    stdin = sys.stdin.read() if sys.stdin is not None else ""
-    words = [a for a in argv if not a.startswith("-")]
-    cmd = " ".join(words[:2]) if words[0] in ("stack", "config") else words[0]
-    stack = argv[argv.index("--stack") + 1] if "--stack" in argv else (
-        words[2] if cmd == "stack init" else "")
-    count = sum(1 for c in state["calls"] if c["cmd"] == cmd)
-    state["calls"].append({"cmd": cmd, "argv": argv, "stdin": stdin})
-
-    def save():
-        state_path.write_text(json.dumps(state))
-
-    def fail(code, message):
-        save()
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(code)
-
-    planned = scenario.get("rc", {}).get(cmd, [])
-    if count < len(planned) and planned[count]:
-        fail(planned[count], f"fake {cmd} failure")
-    stacks = state["stacks"]
-    if cmd == "stack ls":
-        save()
-        print(json.dumps([
-            {"name": scenario.get("qualify", "") + name, "resourceCount": s["resources"]}
-            for name, s in stacks.items()]))
-    elif cmd == "stack init":
-        if stack in stacks:
-            fail(255, f"stack '{stack}' already exists")
-        stacks[stack] = {"resources": 0, "secrets": []}
-        save()
-    elif cmd == "config set":
-        stacks[stack]["secrets"].append(words[2])
-        save()
-    elif cmd == "up":
-        def interrupted(signum, frame):
-            state["calls"][-1]["interrupted"] = True
-            fail(255, "update canceled")
-        signal.signal(signal.SIGINT, interrupted)
-        save()
-        time.sleep(scenario.get("up_seconds", 0))
-        stacks[stack]["resources"] = 7
-        save()
-        print("Resources: 7 created")
-    elif cmd == "stack output":
-        save()
-        outputs = dict(scenario.get("outputs", {})) if stacks[stack]["resources"] else {}
-        if "--show-secrets" not in argv:
-            outputs.update({k: "[secret]" for k in ("apiKey", "sshPrivateKey") if k in outputs})
-        print(json.dumps(outputs))
-    elif cmd in ("destroy", "refresh"):
-        if cmd == "destroy":
-            stacks[stack]["resources"] = 0
-        save()
-    elif cmd == "stack rm":
-        if stacks[stack]["resources"] and "--force" not in argv:
-            fail(255, "'stack' still has resources")
-        del stacks[stack]
-        Path("stacks", f"Pulumi.{stack}.yaml").unlink(missing_ok=True)
-        save()
-    else:
-        fail(3, f"unexpected: {argv}")
-""")
-
-
-class FakePulumi:
-    """A `pulumi` on PATH that keeps its stacks in a JSON file, records each call (argv and
-    stdin) and fails the calls a scenario names (`rc`: per command, one exit code per call)."""
-
-    def __init__(self, tmp_path: Path, **scenario: Any) -> None:
-        self.bin = tmp_path / "fake-bin"
-        self.bin.mkdir(exist_ok=True)
-        self.state = tmp_path / "fake-pulumi.json"
-        self.state.write_text(json.dumps({"scenario": scenario, "stacks": {}, "calls": []}))
-        exe = self.bin / "pulumi"
-        exe.write_text(f"#!{sys.executable}\n{FAKE_PULUMI}")
-        exe.chmod(0o755)
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return clean_env(
-            PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}",
-            FAKE_PULUMI_STATE=str(self.state),
-            **extra,
-        )
-
-    @property
-    def data(self) -> dict[str, Any]:
-        loaded: dict[str, Any] = json.loads(self.state.read_text())
-        return loaded
-
-    def calls(self) -> list[str]:
-        return [c["cmd"] for c in self.data["calls"]]
-
-    def add_stack(self, name: str, resources: int = 7) -> None:
-        data = self.data
-        data["stacks"][name] = {"resources": resources, "secrets": []}
-        self.state.write_text(json.dumps(data))
 
 
 def test_init_gives_autodown_its_token_through_stdin_only(tmp_path: Path) -> None:
