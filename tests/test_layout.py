@@ -107,6 +107,19 @@ def test_only_the_cloud_package_holds_what_creates_and_bills() -> None:
         assert reached <= {"spec", "host", "cloud"}, (path.name, reached)
 
 
+def test_the_cloud_refuses_with_the_engines_error() -> None:
+    """spec's ConfigError is a plain exception: raised in cloud/ it would reach `pulumi up` as a
+    traceback. The cloud raises StackConfigError (a ConfigError and the engine's RunError), which
+    only stack_config.py makes from spec's."""
+    for path in files("cloud"):
+        if path.name == "stack_config.py":
+            continue
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        names = {n.id for n in nodes if isinstance(n, ast.Name)}
+        names |= {a.name for n in nodes if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert "ConfigError" not in names, path.name
+
+
 def test_main_only_wires() -> None:
     """__main__.py reaches the packages, never a provider SDK's resources itself (but the API
     key's RandomPassword, the one resource it declares)."""
