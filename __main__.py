@@ -7,18 +7,17 @@ build the components, export what a user needs.
 import pulumi
 import pulumi_random as random
 
-from components.cloud import dns, endpoint, outputs
+from components.cloud import dns, endpoint, outputs, stack_config
 from components.cloud.site import plan_site
-from components.spec import config
 
-cfg = config.load()
+cfg = stack_config.load()
 dns.check_zone(cfg)
 # Where it goes, what it keeps, what the entry costs: refused here before anything is created.
 site = plan_site(cfg)
 
 # The key every request needs: given as a secret, or made once per stack.
 api_key: pulumi.Output[str] = pulumi.Output.secret(
-    config.api_key() or random.RandomPassword("api-key", length=48, special=False).result
+    stack_config.api_key() or random.RandomPassword("api-key", length=48, special=False).result
 )
 
 built = endpoint.build(cfg, site.placement, site.cache_plans, site.live, api_key)

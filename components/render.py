@@ -21,9 +21,8 @@ from typing import Any
 
 import yaml
 
-from .cloud import cache
 from .host import autodown, gateway, phase_settings, phases
-from .spec import config
+from .spec import config, volume
 from .spec.schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +70,7 @@ def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str
         "hf_token": phase_settings.SECRET_PLACEHOLDER if has_hf_token else "",
         "api_key": phase_settings.SECRET_PLACEHOLDER,
         "host": gateway.hostname(cfg, host_ip),
-        "cache_device": cache.device_path(cfg) if cfg.cache.enabled else "",
+        "cache_device": volume.device_path(cfg) if cfg.cache.enabled else "",
         "reboot_result": {"rebooting": True, "boot_id": "<boot id before the reboot>"},
         "dns_record": "",
         "private_ip": PRIVATE_PLACEHOLDER_IPS[0] if cfg.pooled else "",

@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import bench_stats as stats
@@ -25,33 +26,28 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
-def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Table:
-    """Each level a row; every latency cell holds each of `--percentiles`, in their order."""
-    keys = [stats.pkey(p) for p in sorted(set(percentiles))]
-    client = any(r["token_counts"] and "client" in r["token_counts"] for r in reports)
-    t = Table(
-        title=f"bench: latency in ms ({' / '.join(keys)}), throughput per second"
-        + (" (token counts from the stream: the server sent no usage)" if client else "")
-    )
+# The latency summaries of a level, in the table's order.
+LATENCIES = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+
+
+def rows(reports: list[dict[str, Any]], keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """The columns and each level's cells: the level, ok/err, every latency as its `keys`
+    (p50, p99, ...) in order, throughput; per replica and goodput when the run has them. One
+    source for bench.py's table and the real run's job summary (scripts/ci/realrun/summary.py).
+    A report without a field a column needs raises KeyError (or TypeError)."""
     open_loop = reports[0]["mode"] == "open"
     goodput = "goodput_requests_per_s" in reports[0]
-    columns = ["rate" if open_loop else "conc", "ok/err", "TTFT", "ITL", "TPOT", "E2E", "req/s"]
     replicas = int(reports[0].get("replicas") or 1)
+    columns = ["rate" if open_loop else "conc", "ok/err", "TTFT", "ITL", "TPOT", "E2E", "req/s"]
     columns += ["out tok/s", "tot tok/s"] + (["out tok/s/replica"] if replicas > 1 else [])
     columns += ["goodput", "SLO %"] if goodput else []
-    if replicas > 1:
-        t.title = f"{t.title}; {replicas} replicas"
-    for column in columns:
-        t.add_column(column, justify="right")
+    cells = []
     for r in reports:
         level = r["request_rate"] if open_loop else r["concurrency"]
         row = [
             str(level),
             f"{r['requests'] - r['errors']}/{r['errors']}",
-            *(
-                " / ".join(_fmt(r[k][q]) for q in keys)
-                for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-            ),
+            *(" / ".join(_fmt(r[k].get(q)) for q in keys) for k in LATENCIES),
             _fmt(r["requests_per_s"]),
             _fmt(r["output_tokens_per_s"]),
             _fmt(r["total_tokens_per_s"]),
@@ -60,6 +56,25 @@ def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Tabl
             row.append(_fmt(r["output_tokens_per_s_per_replica"]))
         if goodput:
             row += [_fmt(r["goodput_requests_per_s"]), _fmt(r["slo_attainment_pct"])]
+        cells.append(row)
+    return columns, cells
+
+
+def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Table:
+    """Each level a row; every latency cell holds each of `--percentiles`, in their order."""
+    keys = [stats.pkey(p) for p in sorted(set(percentiles))]
+    client = any(r["token_counts"] and "client" in r["token_counts"] for r in reports)
+    t = Table(
+        title=f"bench: latency in ms ({' / '.join(keys)}), throughput per second"
+        + (" (token counts from the stream: the server sent no usage)" if client else "")
+    )
+    replicas = int(reports[0].get("replicas") or 1)
+    if replicas > 1:
+        t.title = f"{t.title}; {replicas} replicas"
+    columns, cells = rows(reports, keys)
+    for column in columns:
+        t.add_column(column, justify="right")
+    for row in cells:
         t.add_row(*row)
     return t
 

@@ -74,22 +74,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", help="read endpoint, key and model from this Pulumi stack")
 
 
-def stack_outputs(stack: str) -> dict[str, Any]:
-    """`pulumi stack output --json --show-secrets` for `stack` (run in the project directory)."""
+def stack_outputs(
+    stack: str, *, show_secrets: bool = True, seconds: float | None = None
+) -> dict[str, Any]:
+    """`pulumi stack output --json` for `stack`, run in the project directory, within `seconds`
+    when given. With `show_secrets` the secret outputs come as their values (the tools need the
+    key), else as Pulumi's `[secret]`; either way nothing here prints what it read. Raises
+    TargetError, which says why in one line and exits 2 (the real run's outputs step uses it
+    too: scripts/ci/realrun/deploy.py)."""
     pulumi = shutil.which("pulumi")
     if pulumi is None:
         raise TargetError("--stack needs the Pulumi CLI on PATH")
     project_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(  # noqa: S603 (fixed argv, no shell)
-        [pulumi, "stack", "output", "--json", "--show-secrets", "--stack", stack],
-        cwd=project_dir,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    secrets = ["--show-secrets"] if show_secrets else []
+    try:
+        proc = subprocess.run(  # noqa: S603 (fixed argv, no shell)
+            [pulumi, "stack", "output", "--json", *secrets, "--stack", stack],
+            cwd=project_dir,
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise TargetError(
+            f"pulumi stack output --stack {stack} did not answer within {seconds:g} s"
+        ) from None
     if proc.returncode != 0:
         raise TargetError(f"pulumi stack output --stack {stack} failed: {proc.stderr.strip()}")
-    outputs: dict[str, Any] = json.loads(proc.stdout or "{}")
+    try:
+        outputs = json.loads(proc.stdout or "{}")
+    except ValueError:
+        raise TargetError(f"pulumi stack output --stack {stack} printed no JSON") from None
+    if not isinstance(outputs, dict):
+        raise TargetError(f"pulumi stack output --stack {stack} printed no JSON object")
     return outputs
 
 

@@ -23,11 +23,11 @@ from pulumi_harness import (
 from test_bootstrap import commands
 from test_droplet import dev
 
-from components.cloud import cache
 from components.render import render_stack
 from components.spec import catalog, config
 from components.spec.config import ConfigError
 from components.spec.schema import StackConfig
+from components.spec.volume import VOLUME_NAME, volume_name
 
 DEVICE = f"{catalog.VOLUME_DEVICE_PREFIX}nemotron-dev-cache"
 
@@ -335,12 +335,12 @@ REPLICAS = range(catalog.MAX_REPLICAS)
 
 @pytest.mark.parametrize("length", LENGTHS)
 def test_volume_names_are_valid_and_unique_per_replica_at_any_length(length: int) -> None:
-    names = [cache.volume_name(named("n" * length), r) for r in REPLICAS]
+    names = [volume_name(named("n" * length), r) for r in REPLICAS]
     for name in names:
-        assert cache.VOLUME_NAME.match(name) and len(name) <= 64, name
+        assert VOLUME_NAME.match(name) and len(name) <= 64, name
     assert len(set(names)) == len(names), names
     # Long names that share their first 55 characters get Volumes of their own.
-    other = [cache.volume_name(named("n" * (length - 1) + "x"), r) for r in REPLICAS]
+    other = [volume_name(named("n" * (length - 1) + "x"), r) for r in REPLICAS]
     assert not set(names) & set(other), (names, other)
     # Each ends with its replica's suffix, kept whole when the base is cut.
     for r, name in enumerate(names):
@@ -349,12 +349,12 @@ def test_volume_names_are_valid_and_unique_per_replica_at_any_length(length: int
 
 def test_a_cut_name_keeps_the_base_it_can_and_a_hash_of_the_whole() -> None:
     base = "a" * 57
-    assert cache.volume_name(named(base), 0) == f"{base}-cache"  # 63: fits, unchanged
-    cut = cache.volume_name(named(base), 1)
+    assert volume_name(named(base), 0) == f"{base}-cache"  # 63: fits, unchanged
+    cut = volume_name(named(base), 1)
     digest = hashlib.sha256(base.encode()).hexdigest()[:8]
     assert cut == f"{'a' * 47}-{digest}-1-cache" and len(cut) == 64
     # Not the one Volume for every replica, as when the base was cut after the suffix.
-    assert cut != cache.volume_name(named(base), 2)
+    assert cut != volume_name(named(base), 2)
 
 
 def test_names_of_existing_stacks_are_unchanged() -> None:
@@ -367,9 +367,9 @@ def test_names_of_existing_stacks_are_unchanged() -> None:
             if not base[:1].isalpha():
                 base = f"n-{base}"
             assert len(base) <= 58, "a name the program did not have to cut"
-            assert cache.volume_name(named(name), r) == f"{base}-cache", (name, r)
-    assert cache.volume_name(named("nemotron-dev"), 0) == "nemotron-dev-cache"
-    assert cache.volume_name(named("nemotron-dev"), 2) == "nemotron-dev-2-cache"
+            assert volume_name(named(name), r) == f"{base}-cache", (name, r)
+    assert volume_name(named("nemotron-dev"), 0) == "nemotron-dev-cache"
+    assert volume_name(named("nemotron-dev"), 2) == "nemotron-dev-2-cache"
 
 
 def test_a_long_droplet_name_gives_each_replica_its_own_volume_in_the_program() -> None:
@@ -377,7 +377,7 @@ def test_a_long_droplet_name_gives_each_replica_its_own_volume_in_the_program() 
     run = run_program(dev(cache={"sizeGb": 100}, droplet={"name": name}))
     assert run.error is None, run.error
     volume = run.one(VOLUME)
-    assert volume.inputs["name"] == cache.volume_name(named(name), 0)
+    assert volume.inputs["name"] == volume_name(named(name), 0)
     assert len(volume.inputs["name"]) == 64
     assert f"NEMO_CACHE_DEVICE={catalog.VOLUME_DEVICE_PREFIX}{volume.inputs['name']}\n" in (
         cache_stdin(run)

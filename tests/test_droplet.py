@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 from pulumi_harness import (
     DNS_RECORD,
@@ -787,6 +788,21 @@ def test_a_stack_with_no_keys_of_ours_plans_nothing() -> None:
     assert run.error is not None and run.registrations == []
     assert "sets no nemotron-droplet: keys" in str(run.error)
     assert "cp stacks/Pulumi.dev.yaml" in str(run.error)
+
+
+def test_every_refusal_reaches_the_engine_as_its_run_error() -> None:
+    """spec's ConfigError knows no Pulumi; the cloud raises it as a pulumi.RunError, which
+    `pulumi up` prints as its message alone, no traceback: a config refused by its checks, a
+    stack with no keys of ours, a size the account does not list."""
+    for run in (
+        run_program(dev(access={"domain": "llm.example.com"})),
+        run_program({}),
+        run_program(dev(), offers={}),
+    ):
+        assert isinstance(run.error, ConfigError), run.error
+        assert isinstance(run.error, pulumi.RunError), run.error
+        assert str(run.error).startswith("the stack configuration has 1 problem(s)"), run.error
+        assert run.registrations == []
 
 
 def test_the_ssh_command_makes_what_it_writes_into_on_a_fresh_account(tmp_path: Path) -> None:

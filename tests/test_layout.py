@@ -1,8 +1,9 @@
 """The layout the README draws, held: components/ is three packages by what a file is, with
-imports in one direction (spec <- host <- cloud <- the tools and __main__.py), so the text a
-Droplet runs is rendered and tested without Pulumi, nothing in the config knows how it is
-deployed, and a path says whether a file can create something that bills (only cloud/ holds
-the providers' SDKs)."""
+imports in one direction (spec <- host <- cloud <- __main__.py; the offline tools, render and
+validate, on spec and host only), so the text a Droplet runs is rendered and tested without
+Pulumi, nothing in the config knows how it is deployed (neither imports Pulumi at all), and a
+path says whether a file can create something that bills (only cloud/ holds the providers'
+SDKs)."""
 
 from __future__ import annotations
 
@@ -66,19 +67,36 @@ def test_components_is_three_packages_and_two_tools() -> None:
         assert modules(package), package
 
 
-def test_the_config_knows_nothing_of_hosts_clouds_or_tools() -> None:
+def pulumi_imports(path: Path) -> set[str]:
+    """The Pulumi packages a file imports: the SDK itself or any provider's."""
+    return {m for m in imports(path) if m.startswith("pulumi")}
+
+
+def test_the_config_knows_nothing_of_pulumi_hosts_clouds_or_tools() -> None:
+    """Reading the running stack's config from the engine is the cloud's
+    (cloud/stack_config.py): spec/ parses and checks, with no Pulumi at all."""
     for path in files("spec"):
         reached = {group(m) for m in imports(path) if m.startswith("components.")}
         assert reached <= {"spec"}, (path.name, reached)
-        assert not imports(path) & PROVIDERS, path.name
+        assert not pulumi_imports(path), path.name
 
 
 def test_the_text_for_a_host_needs_no_pulumi_and_no_cloud_module() -> None:
     for path in files("host"):
-        found = imports(path)
-        assert not {m for m in found if m.startswith("pulumi")}, path.name
-        reached = {group(m) for m in found if m.startswith("components.")}
+        assert not pulumi_imports(path), path.name
+        reached = {group(m) for m in imports(path) if m.startswith("components.")}
         assert reached <= {"spec", "host"}, (path.name, reached)
+
+
+def test_the_offline_tools_need_no_pulumi_and_no_cloud_module() -> None:
+    """`python -m components.render` and `components.validate` run without Pulumi or its
+    providers installed: what they share with the cloud (a Volume's name, its device) is
+    spec/'s."""
+    for tool in TOOLS:
+        path = COMPONENTS / f"{tool}.py"
+        assert not pulumi_imports(path), path.name
+        reached = {group(m) for m in imports(path) if m.startswith("components.")}
+        assert reached <= {"spec", "host", *TOOLS}, (path.name, reached)
 
 
 def test_only_the_cloud_package_holds_what_creates_and_bills() -> None:
@@ -87,6 +105,19 @@ def test_only_the_cloud_package_holds_what_creates_and_bills() -> None:
     for path in files("cloud"):
         reached = {group(m) for m in imports(path) if m.startswith("components.")}
         assert reached <= {"spec", "host", "cloud"}, (path.name, reached)
+
+
+def test_the_cloud_refuses_with_the_engines_error() -> None:
+    """spec's ConfigError is a plain exception: raised in cloud/ it would reach `pulumi up` as a
+    traceback. The cloud raises StackConfigError (a ConfigError and the engine's RunError), which
+    only stack_config.py makes from spec's."""
+    for path in files("cloud"):
+        if path.name == "stack_config.py":
+            continue
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        names = {n.id for n in nodes if isinstance(n, ast.Name)}
+        names |= {a.name for n in nodes if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert "ConfigError" not in names, path.name
 
 
 def test_main_only_wires() -> None:

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fake_pulumi import FakePulumi, clean_env
 from test_tools import fake_server
 
 from components.spec import catalog
@@ -36,14 +36,6 @@ WORKFLOW = ROOT / ".github" / "workflows" / "real-run.yml"
 KEY = "sk-real-run-test-0123456789"
 AUTODOWN_TOKEN = "dop_v1_fake_autodown_token_0123456789"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nFAKEKEYMATERIALabcdef\n-----END OPENSSH..."
-# Variables of the machine running the tests that would change what the script does.
-SCRUBBED = ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY", "AUTODOWN_TOKEN", "DIGITALOCEAN_TOKEN")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED and not k.startswith("OPENAI_")}
-    env.update(extra)
-    return env
 
 
 def real_run(
@@ -270,6 +262,36 @@ def test_plan_names_the_bad_input_and_what_is_accepted(
     assert sorted(p.name for p in stacks.iterdir()) == ["Pulumi.dev.yaml"]
 
 
+# What the plan step may import: the plan job installs PyYAML alone (real-run.yml).
+PLAN_JOB_GUARD = """\
+import importlib.abc, runpy, sys
+allowed = set(sys.stdlib_module_names) | {"yaml", "_yaml"} | set(sys.argv[1].split(","))
+class PlanJobHasNot(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] not in allowed:
+            raise ModuleNotFoundError(f"the plan job has no {name}")
+sys.meta_path.insert(0, PlanJobHasNot())
+script = sys.argv[2]
+sys.path.insert(0, script.rsplit("/", 1)[0])
+sys.argv = sys.argv[2:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_the_plan_step_needs_python_and_pyyaml_only(stacks: Path, tmp_path: Path) -> None:
+    """The plan job has Python and PyYAML: the command line and the plan step import nothing
+    else but the project's own modules (the summary's tools, rich among them, come lazily)."""
+    own = {p.stem for p in (ROOT / "scripts").glob("*.py")} | {"components", "realrun"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAN_JOB_GUARD, ",".join(sorted(own)), str(SCRIPT),
+         "plan", "--cost-cap", "5", "--name", "real-run-1-1", "--stacks", str(stacks),
+         "--out-dir", str(tmp_path / "run")],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (stacks / "Pulumi.real-run-1-1.yaml").exists()
+
+
 def test_a_size_without_a_list_price_takes_price(stacks: Path, tmp_path: Path) -> None:
     proc, out = plan(stacks, tmp_path / "run", "20", "--size", "gpu-h200x1-141gb", "--price", "4")
     assert proc.returncode == 0, proc.stderr
@@ -278,113 +300,6 @@ def test_a_size_without_a_list_price_takes_price(stacks: Path, tmp_path: Path) -
 
 
 # ---- the Pulumi steps against a fake CLI ----------------------------------------------------
-
-FAKE_PULUMI = textwrap.dedent("""\
-    import json, os, signal, sys, time
-    from pathlib import Path
-
-    state_path = Path(os.environ["FAKE_PULUMI_STATE"])
-    state = json.loads(state_path.read_text()) if state_path.exists() else {}
-    state.setdefault("stacks", {})
-    state.setdefault("calls", [])
-    scenario = state.get("scenario", {})
-    argv = sys.argv[1:]
-    stdin = sys.stdin.read() if sys.stdin is not None else ""
-    words = [a for a in argv if not a.startswith("-")]
-    cmd = " ".join(words[:2]) if words[0] in ("stack", "config") else words[0]
-    stack = argv[argv.index("--stack") + 1] if "--stack" in argv else (
-        words[2] if cmd == "stack init" else "")
-    count = sum(1 for c in state["calls"] if c["cmd"] == cmd)
-    state["calls"].append({"cmd": cmd, "argv": argv, "stdin": stdin})
-
-    def save():
-        state_path.write_text(json.dumps(state))
-
-    def fail(code, message):
-        save()
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(code)
-
-    planned = scenario.get("rc", {}).get(cmd, [])
-    if count < len(planned) and planned[count]:
-        fail(planned[count], f"fake {cmd} failure")
-    stacks = state["stacks"]
-    if cmd == "stack ls":
-        save()
-        print(json.dumps([
-            {"name": scenario.get("qualify", "") + name, "resourceCount": s["resources"]}
-            for name, s in stacks.items()]))
-    elif cmd == "stack init":
-        if stack in stacks:
-            fail(255, f"stack '{stack}' already exists")
-        stacks[stack] = {"resources": 0, "secrets": []}
-        save()
-    elif cmd == "config set":
-        stacks[stack]["secrets"].append(words[2])
-        save()
-    elif cmd == "up":
-        def interrupted(signum, frame):
-            state["calls"][-1]["interrupted"] = True
-            fail(255, "update canceled")
-        signal.signal(signal.SIGINT, interrupted)
-        save()
-        time.sleep(scenario.get("up_seconds", 0))
-        stacks[stack]["resources"] = 7
-        save()
-        print("Resources: 7 created")
-    elif cmd == "stack output":
-        save()
-        outputs = dict(scenario.get("outputs", {})) if stacks[stack]["resources"] else {}
-        if "--show-secrets" not in argv:
-            outputs.update({k: "[secret]" for k in ("apiKey", "sshPrivateKey") if k in outputs})
-        print(json.dumps(outputs))
-    elif cmd in ("destroy", "refresh"):
-        if cmd == "destroy":
-            stacks[stack]["resources"] = 0
-        save()
-    elif cmd == "stack rm":
-        if stacks[stack]["resources"] and "--force" not in argv:
-            fail(255, "'stack' still has resources")
-        del stacks[stack]
-        Path("stacks", f"Pulumi.{stack}.yaml").unlink(missing_ok=True)
-        save()
-    else:
-        fail(3, f"unexpected: {argv}")
-""")
-
-
-class FakePulumi:
-    """A `pulumi` on PATH that keeps its stacks in a JSON file, records each call (argv and
-    stdin) and fails the calls a scenario names (`rc`: per command, one exit code per call)."""
-
-    def __init__(self, tmp_path: Path, **scenario: Any) -> None:
-        self.bin = tmp_path / "fake-bin"
-        self.bin.mkdir(exist_ok=True)
-        self.state = tmp_path / "fake-pulumi.json"
-        self.state.write_text(json.dumps({"scenario": scenario, "stacks": {}, "calls": []}))
-        exe = self.bin / "pulumi"
-        exe.write_text(f"#!{sys.executable}\n{FAKE_PULUMI}")
-        exe.chmod(0o755)
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return clean_env(
-            PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}",
-            FAKE_PULUMI_STATE=str(self.state),
-            **extra,
-        )
-
-    @property
-    def data(self) -> dict[str, Any]:
-        loaded: dict[str, Any] = json.loads(self.state.read_text())
-        return loaded
-
-    def calls(self) -> list[str]:
-        return [c["cmd"] for c in self.data["calls"]]
-
-    def add_stack(self, name: str, resources: int = 7) -> None:
-        data = self.data
-        data["stacks"][name] = {"resources": resources, "secrets": []}
-        self.state.write_text(json.dumps(data))
 
 
 def test_init_gives_autodown_its_token_through_stdin_only(tmp_path: Path) -> None:
@@ -494,6 +409,19 @@ def test_outputs_are_saved_without_the_secret_ones(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == {"endpoint": "https://203.0.113.7/v1"}
     assert "--show-secrets" not in fake.data["calls"][-1]["argv"]
+
+
+def test_outputs_pulumi_cannot_give_fail_the_step_saying_why(tmp_path: Path) -> None:
+    """The step reads the outputs as the tools do (target.stack_outputs), without the secrets."""
+    fake = FakePulumi(tmp_path, rc={"stack output": [255]})
+    fake.add_stack("rr-1")
+    out = tmp_path / "run" / "outputs.json"
+    proc = real_run("outputs", "--stack", "rr-1", "--out", str(out), env=fake.env())
+    assert proc.returncode == 1
+    assert "error: pulumi stack output --stack rr-1 failed: error: fake stack output failure" in (
+        proc.stderr
+    )
+    assert not out.exists()
 
 
 # ---- cleanup ---------------------------------------------------------------------------------
@@ -619,7 +547,8 @@ LEVEL = {
     "mode": "closed", "concurrency": 1, "request_rate": None, "requests": 16, "errors": 0,
     "ttft_ms": {"p50": 41.5, "p99": 80.25}, "itl_ms": {"p50": 12.0, "p99": 15.0},
     "tpot_ms": {"p50": 12.5, "p99": 14.0}, "e2e_ms": {"p50": 1640.0, "p99": 1700.0},
-    "requests_per_s": 0.61, "output_tokens_per_s": 78.4, "aborted": None, "errors_by_kind": {},
+    "requests_per_s": 0.61, "output_tokens_per_s": 78.4, "total_tokens_per_s": 390.2,
+    "aborted": None, "errors_by_kind": {},
 }  # fmt: skip
 BENCH = {
     "tool": "nemotron-droplet scripts/bench.py",
@@ -665,10 +594,13 @@ def test_summary_of_a_complete_run(tmp_path: Path) -> None:
     assert "Size `gpu-4000adax1-20gb` in `tor1`, model `nemotron`; smoke: passed." in text
     assert "Autodown: `delete`, idleMinutes 30, maxHours 2.6666." in text
     assert "PASS chat               28 ms  16 tokens: 'hello'" in text  # the lines, as printed
-    assert "| conc 1 | 16 / 0 | 41.5 / 80.2 | 12.0 / 15.0 | 12.5 / 14.0 | 1,640.0 / 1,700.0 |" in (
-        text
-    )
-    assert "| conc 8 | 14 / 2 |" in text
+    # bench.py's own rows (bench_report.rows), as Markdown.
+    assert "| conc | ok/err | TTFT | ITL | TPOT | E2E | req/s | out tok/s | tot tok/s |" in text
+    assert (
+        "| 1 | 16/0 | 41.5 / 80.2 | 12.0 / 15.0 | 12.5 / 14.0 | 1,640.0 / 1,700.0 | 0.6 | 78.4 | "
+        "390.2 |"
+    ) in text
+    assert "| 8 | 14/2 |" in text
     assert "conc 8 errors: {'timeout': 2}" in text
     assert "destroyed and removed stack x" in text
     # The timeline as text (the picture cannot be shown in a summary), critical path in full
@@ -765,6 +697,8 @@ def test_summary_survives_inputs_that_are_not_what_they_should_be(tmp_path: Path
     assert f"_Missing: `{d / 'outputs.json'}`: not JSON" in text
     assert "not a bench.py result file (no levels)" in text
     assert "empty: smoke.py printed nothing" in text
+    (d / "bench.json").write_text(json.dumps({"levels": [{"mode": "closed", "concurrency": 1}]}))
+    assert "not a bench.py result file (a level has no 'requests')" in summary(d)
 
 
 # ---- the workflow ----------------------------------------------------------------------------
@@ -862,7 +796,7 @@ def test_every_timeout_comes_from_the_plan_and_the_job_leaves_room_for_destroy(
             total += int(out[m[1]])
         elif timeout:
             total += int(timeout)
-    setup = 20  # real_run.SETUP_MINUTES: checkout, virtualenvs, the CLI
+    setup = 20  # realrun/plan.py's SETUP_MINUTES: checkout, virtualenvs, the CLI
     assert total + setup <= int(out["job-minutes"])
 
 
@@ -1016,7 +950,7 @@ def test_the_run_job_end_to_end_against_fakes(tmp_path: Path) -> None:
     text = summary_file.read_text()
     assert "## Real run: `real-run-42-1`" in text
     assert "all checks passed" in text
-    assert "| conc 1 | 16 / 0 |" in text and "| conc 8 | 16 / 0 |" in text
+    assert "| 1 | 16/0 |" in text and "| 8 | 16/0 |" in text
     assert "█" in text
     # Seconds of Droplet time, billed at least 60 s, up to the cent at the dev size's price.
     took = re.search(r"\*\*About \$([0-9.]+)\*\* of the \$[0-9.]+ cap: (\d+) min (\d+) s", text)

@@ -20,6 +20,7 @@ from typing import Any
 import openai
 import pytest
 import requests
+from fake_pulumi import FakePulumi
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -734,36 +735,29 @@ def test_tools_explain_a_missing_endpoint() -> None:
 # ---- --stack: outputs read through the Pulumi CLI (a fake here: the CLI is not installable) ---
 
 
-def fake_pulumi(bin_dir: Path, outputs: dict[str, Any]) -> dict[str, str]:
-    """A `pulumi` on PATH that answers `stack output --json --show-secrets --stack S`."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    (bin_dir / "outputs.json").write_text(json.dumps(outputs))
-    script = bin_dir / "pulumi"
-    script.write_text(
-        textwrap.dedent(f"""\
-        #!/usr/bin/env bash
-        set -euo pipefail
-        [[ "$*" == "stack output --json --show-secrets --stack dev" ]] || {{ echo "unexpected: $*" >&2; exit 3; }}
-        cat {bin_dir / "outputs.json"}
-    """)
-    )
-    script.chmod(0o755)
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+def dev_stack(tmp_path: Path, outputs: dict[str, Any]) -> FakePulumi:
+    """A fake `pulumi` (tests/support/fake_pulumi.py) with a deployed stack dev: `outputs`."""
+    fake = FakePulumi(tmp_path, outputs=outputs)
+    fake.add_stack("dev")
+    return fake
 
 
 def test_smoke_reads_endpoint_key_and_model_from_the_stack(tmp_path: Path) -> None:
     with fake_server("--ttft", "0.01", "--itl", "0.001", "--model", "nemo-x") as base:
-        env = fake_pulumi(
-            tmp_path / "bin", {"endpoint": base, "apiKey": KEY, "servedModelName": "nemo-x"}
-        )
-        proc = run_tool("smoke.py", "--stack", "dev", env=env)
+        fake = dev_stack(tmp_path, {"endpoint": base, "apiKey": KEY, "servedModelName": "nemo-x"})
+        proc = run_tool("smoke.py", "--stack", "dev", env=fake.env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "lists nemo-x" in proc.stdout
+    # The key comes through --show-secrets (the fake hides it otherwise), read once.
+    assert [c["argv"] for c in fake.data["calls"]] == [
+        ["stack", "output", "--json", "--show-secrets", "--stack", "dev"]
+    ]
 
 
 def test_stack_without_an_endpoint_says_to_deploy_first(tmp_path: Path) -> None:
-    env = fake_pulumi(tmp_path / "bin", {"ipv4": "203.0.113.10"})
-    proc = run_tool("bench.py", "--stack", "dev", env=env)
+    proc = run_tool(
+        "bench.py", "--stack", "dev", env=dev_stack(tmp_path, {"ipv4": "203.0.113.10"}).env()
+    )
     assert proc.returncode == 2
     assert (
         "stack dev has no endpoint, apiKey output yet: run `pulumi up` for it first" in proc.stderr
@@ -852,7 +846,7 @@ def sshd(tmp_path: Path) -> Iterator[dict[str, Any]]:
 def run_logs(
     tmp_path: Path, sshd: dict[str, Any], outputs: dict[str, Any], *args: str
 ) -> subprocess.CompletedProcess[str]:
-    env = fake_pulumi(tmp_path / "bin", outputs)
+    env = dev_stack(tmp_path, outputs).env()
     env["HOME"] = str(tmp_path / "home")
     # Its own temporary folder: what it leaves there is this run's alone (tests run side by
     # side, and another's logs.py may be running).

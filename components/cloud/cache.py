@@ -15,8 +15,6 @@ sold out where the cache is) gets a new, cold cache there, and the `cache` outpu
 
 from __future__ import annotations
 
-import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,35 +22,11 @@ import pulumi
 import pulumi_digitalocean as digitalocean
 
 from ..spec import catalog
-from ..spec.config import ConfigError
 from ..spec.schema import StackConfig
+from ..spec.volume import volume_name
+from .stack_config import StackConfigError
 
 DESCRIPTION = f"{catalog.PROJECT} cache: weights, conda envs, vLLM compile caches"
-
-# DigitalOcean's rule for a Volume's name: lowercase letters, digits and "-", a letter first, at
-# most 64 characters (digitalocean/openapi specification/resources/volumes/models/
-# volume_base.yml, `name`; the provider's digitalocean_volume docs say the same).
-VOLUME_NAME_MAX = 64
-VOLUME_NAME = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
-# Hex digits of sha256(base) in a name whose base had to be cut.
-NAME_HASH_CHARS = 8
-
-
-def volume_name(cfg: StackConfig, replica: int = 0) -> str:
-    """Replica `replica`'s cache Volume name: `<droplet.name>[-<replica>]-cache`, lowercased,
-    other characters as "-", a letter first. It is how the Volume is found again (and adopted)
-    after a destroy, so a name that fits is never changed. One that does not keeps its suffix
-    and loses the end of the base instead, which a short hash of the whole base replaces: two
-    long names that share a prefix, or two replicas, never get the same Volume."""
-    base = re.sub(r"[^a-z0-9-]", "-", cfg.droplet_name.lower())
-    if not base[:1].isalpha():
-        base = f"n-{base}"
-    tail = f"-{replica}-cache" if replica else "-cache"
-    if len(base) + len(tail) <= VOLUME_NAME_MAX:
-        return base + tail
-    digest = hashlib.sha256(base.encode()).hexdigest()[:NAME_HASH_CHARS]
-    keep = VOLUME_NAME_MAX - len(tail) - NAME_HASH_CHARS - 1
-    return f"{base[:keep]}-{digest}{tail}"
 
 
 @dataclass(frozen=True)
@@ -146,7 +120,7 @@ def plan(
     others = [d for d in (found.droplet_ids if found else ()) if str(d) != droplet_id]
     if found is not None and others:
         # A Volume attaches to one Droplet: taking it would fail half-way, after the bill began.
-        raise ConfigError(
+        raise StackConfigError(
             [
                 f"cache.sizeGb: the Volume {name} ({found.id}, {found.region}) is attached to "
                 f"Droplet {others[0]}, which is not this stack's; detach it in the control "
@@ -252,11 +226,6 @@ class CacheVolume(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.register_outputs({"volumeId": self.volume.id})
-
-
-def device_path(cfg: StackConfig, replica: int = 0) -> str:
-    """Where the attached Volume appears on the Droplet."""
-    return f"{catalog.VOLUME_DEVICE_PREFIX}{volume_name(cfg, replica)}"
 
 
 def output(

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_digitalocean as digitalocean
 
-from ..spec.config import ConfigError
 from ..spec.schema import StackConfig
+from .stack_config import StackConfigError
 
 # Short, so that a re-created Droplet's address reaches resolvers (and the CA) quickly;
 # DigitalOcean accepts 30 s and up.
@@ -33,7 +33,7 @@ def check_zone(cfg: StackConfig) -> None:
     try:
         digitalocean.get_domain(name=zone)
     except Exception as err:  # the provider fails the invoke for a domain not in the account
-        raise ConfigError(
+        raise StackConfigError(
             [
                 f"access.dnsZone: {zone} is not a domain of this DigitalOcean account ({err}); add "
                 "it under Networking > Domains (and delegate it to ns1.digitalocean.com), or unset "

@@ -19,9 +19,10 @@ import pulumi
 import pulumi_digitalocean as digitalocean
 
 from ..host import gateway
-from ..spec import catalog, config
+from ..spec import catalog
 from ..spec.schema import StackConfig
-from . import cache, dns, entry, region
+from ..spec.volume import device_path
+from . import cache, dns, entry, region, stack_config
 from .bootstrap import Bootstrap, BootstrapArgs
 from .droplet import StackDroplet, StackDropletArgs
 
@@ -193,14 +194,14 @@ class _Set:
                 droplet_id=gpu.droplet_id,
                 api_key=self.api_key,
                 hostname=self.hostname,
-                hf_token=config.hf_token(),
+                hf_token=stack_config.hf_token(),
                 # With replicas the name is the entry's, which autodown leaves in place.
                 dns_record=(
                     pulumi.Output.concat(record.domain, " ", record.id)
                     if record is not None and not cfg.pooled
                     else ""
                 ),
-                cache_device=cache.device_path(cfg, index) if volume is not None else "",
+                cache_device=device_path(cfg, index) if volume is not None else "",
                 cache_attachment=volume.attachment if volume is not None else None,
                 cache_volume=volume.volume if volume is not None else None,
                 cache_volume_size=volume.volume.size if volume is not None else None,

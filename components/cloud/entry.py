@@ -31,10 +31,10 @@ import pulumi_digitalocean as digitalocean
 from ..host import gateway, phases
 from ..host.phase_settings import Inputs
 from ..spec import catalog
-from ..spec.config import ConfigError
 from ..spec.schema import StackConfig
 from . import region, remote
 from .droplet import StackDroplet, StackDropletArgs
+from .stack_config import StackConfigError
 
 
 def caddy_price(cfg: StackConfig, region_slug: str) -> float:
@@ -43,7 +43,7 @@ def caddy_price(cfg: StackConfig, region_slug: str) -> float:
     offer = region.lookup(cfg.balancer.size)
     if offer is None or region_slug not in offer.regions:
         where = ", ".join(sorted(offer.regions)) if offer else "nowhere for this account"
-        raise ConfigError(
+        raise StackConfigError(
             [
                 f"balancer.size: {cfg.balancer.size} is not offered in {region_slug}, where the "
                 f"replicas are (it is offered in: {where}); choose a size sold there, such as "
@@ -64,7 +64,7 @@ def lb_size(cfg: StackConfig, region_slug: str) -> tuple[int | None, str | None]
     slug = catalog.LB_SIZE_SLUGS.get(nodes)
     if slug is None:
         accepted = ", ".join(str(n) for n in catalog.LB_SIZE_SLUGS)
-        raise ConfigError(
+        raise StackConfigError(
             [
                 f"balancer.nodes: {nodes} is not a size DigitalOcean's Load Balancer has in "
                 f"{region_slug}, where the replicas are (there it is sized by slug: accepted "

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_digitalocean as digitalocean
 
-from ..spec.config import ConfigError
 from ..spec.schema import StackConfig
+from .stack_config import StackConfigError
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def choose(
             reason=f"kept: Droplet {existing.id} exists in {existing.region}",
         )
     if offer is None:
-        raise ConfigError(
+        raise StackConfigError(
             [
                 f"droplet.size: DigitalOcean does not list {size} for this account; GPU "
                 "Droplets must be enabled on the account (control panel), or the size was retired"
@@ -153,7 +153,7 @@ def choose(
     if pin is not None:
         return pinned(size, offer, pin)
     if not offer.available or not offer.regions:
-        raise ConfigError(
+        raise StackConfigError(
             [
                 f"droplet.size: {size} is listed but no region can create it right now; try again "
                 "later or choose another size"
@@ -171,7 +171,7 @@ def choose(
             return Placement(
                 region=region, price_hourly=offer.price_hourly, reason=f"chosen: {why}"
             )
-    raise ConfigError(
+    raise StackConfigError(
         [
             f"droplet.regions: {size} is not offered in {', '.join(preferred)}; it is offered in: "
             f"{', '.join(sorted(offer.regions))}. Add one of these to droplet.regions"
@@ -190,7 +190,7 @@ def pinned(size: str, offer: Offer, pin: Pin) -> Placement:
             price_hourly=offer.price_hourly,
             reason=f"kept: {pin.holders} stay in {pin.region}, which offers {size} now",
         )
-    raise ConfigError(
+    raise StackConfigError(
         [
             f"droplet.size: {size} is not offered in {pin.region} today, where this stack's "
             f"{pin.holders} stay (offered in: {', '.join(offered) or 'none right now'}); wait "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pulumi
 
+from ..spec import volume
 from ..spec.schema import StackConfig
 from . import cache, entry, region
 
@@ -48,7 +49,7 @@ def plan_site(cfg: StackConfig) -> Site:
         beside |= {i: cache.find(cfg, front.region, replica=i) for i in range(1, cfg.replicas)}
     pin = None
     if front is not None:
-        volumes = [f"Volume {cache.volume_name(cfg, i)}" for i, found in beside.items()
+        volumes = [f"Volume {volume.volume_name(cfg, i)}" for i, found in beside.items()
                    if found is not None and found.region == front.region]  # fmt: skip
         holders = [f"front Droplet {front.id} ({cfg.balancer_name})", "its Reserved IP", *volumes]
         pin = region.Pin(front.region, f"{', '.join(holders[:-1])} and {holders[-1]}")

@@ -2,19 +2,17 @@
 
 `parse()` checks each section against its model (schema.py), then the rules that span sections,
 and reports every bad field at once, each by its path (`droplet.size: ...`) with what is
-accepted; `load()` does that for the running stack and raises before anything is created or
-billed.
+accepted. Nothing here knows Pulumi: components/cloud/stack_config.py reads the running stack's
+keys from the engine, calls `parse()`, and raises before anything is created or billed.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pulumi
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -38,11 +36,12 @@ from .schema import (
     resolved_balancer_kind,
 )
 
-__all__ = ["NAMESPACE", "SECTIONS", "ConfigError", "StackConfig", "load", "parse"]
+__all__ = ["NAMESPACE", "SECTIONS", "ConfigError", "StackConfig", "parse"]
 
 
-class ConfigError(pulumi.RunError):
-    """Bad stack configuration. Raised before any resource is declared."""
+class ConfigError(Exception):
+    """Bad stack configuration. Raised before any resource is declared (the cloud package
+    raises it to the engine as its RunError: components/cloud/stack_config.py)."""
 
     def __init__(self, problems: list[str]):
         self.problems = problems
@@ -578,32 +577,6 @@ def _replicas(value: Any, problems: list[str]) -> int | None:
     return value
 
 
-def _raw_from_pulumi() -> tuple[dict[str, Any], frozenset[str], dict[str, str]]:
-    """Every key of our namespace that the engine passed, decoded like Config.get_object; the
-    secret top-level keys' plain text apart, for checking their form only."""
-    prefix = f"{NAMESPACE}:"
-    keys = set(pulumi.runtime.config.CONFIG.get()) | set(pulumi.runtime.get_config_env())
-    raw: dict[str, Any] = {}
-    secret: set[str] = set()
-    values: dict[str, str] = {}
-    env_secret = set(pulumi.runtime.get_config_secret_keys_env())
-    for full_key in sorted(k for k in keys if k.startswith(prefix)):
-        key = full_key[len(prefix) :]
-        text = pulumi.runtime.get_config(full_key)
-        if pulumi.runtime.is_config_secret(full_key) or full_key in env_secret:
-            secret.add(key)
-        if key in SECRET_KEYS:
-            raw[key] = "<secret>"
-            if text is not None:
-                values[key] = text
-            continue
-        try:
-            raw[key] = json.loads(text)
-        except (TypeError, json.JSONDecodeError):
-            raw[key] = text
-    return raw, frozenset(secret), values
-
-
 def namespace_problems(keys: Iterable[str], where: str = "the stack") -> list[str]:
     """What is wrong with where a stack's keys are: none under this project's namespace (the
     defaults would plan a GPU Droplet nobody chose), or keys of ours under another namespace (a
@@ -625,23 +598,3 @@ def namespace_problems(keys: Iterable[str], where: str = "the stack") -> list[st
             f"stacks/Pulumi.<stack>.yaml) or set at least {ours}droplet with its size"
         )
     return problems
-
-
-def load() -> StackConfig:
-    """Read and validate this stack's configuration; raise ConfigError on any problem."""
-    keys = set(pulumi.runtime.config.CONFIG.get()) | set(pulumi.runtime.get_config_env())
-    problems = namespace_problems(keys)
-    if problems:
-        raise ConfigError(problems)
-    raw, secret, values = _raw_from_pulumi()
-    return parse(raw, pulumi.get_stack(), secret, values)
-
-
-def hf_token() -> pulumi.Output[str] | None:
-    """The optional Hugging Face token, always as a secret Output."""
-    return pulumi.Config(NAMESPACE).get_secret("hfToken")
-
-
-def api_key() -> pulumi.Output[str] | None:
-    """The API key given in the config (secret), or None to generate one."""
-    return pulumi.Config(NAMESPACE).get_secret("apiKey")
