@@ -47,13 +47,13 @@ def test_project_file_contract() -> None:
     assert project["backend"]["url"].startswith("file://")
 
 
-def test_readme_outputs_table_lists_every_export() -> None:
+def test_the_outputs_table_lists_every_export() -> None:
     # Every output is exported in components/cloud/outputs.py (the program's one place for them).
     source = (ROOT / "components" / "cloud" / "outputs.py").read_text()
     exported = set(re.findall(r'pulumi\.export\(\s*"(\w+)"', source))
     assert {"endpoint", "apiKey", "sshCommand"} <= exported, "the outputs moved: read them there"
-    readme = (ROOT / "README.md").read_text()
-    documented = set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.MULTILINE))
+    page = (ROOT / "docs" / "outputs.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", page, flags=re.MULTILINE))
     assert exported <= documented, f"undocumented outputs: {exported - documented}"
 
 
