@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         # No read-only call tells a token's scopes; a delete is the only test of droplet:delete.
         print(
             f"{args.stack}: not checkable without deleting: autodown.token must have exactly "
-            f"{', '.join(autodown.token_scopes(cfg))} (README, Stop paying)"
+            f"{', '.join(autodown.token_scopes(cfg))} (docs/stop-paying.md, The token)"
         )
     return 0
 

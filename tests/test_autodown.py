@@ -44,11 +44,12 @@ NEEDS: tuple[tuple[re.Pattern[str], tuple[frozenset[str], ...]], ...] = (
 )
 
 
-def readme_scopes() -> set[str]:
-    """The token scopes the README's autodown section tells users to pick: the fake API's token
-    has exactly these, so a call needing another fails here as it would on the account."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("It needs a token that") :]
+def readme_scopes(page: str = "README.md") -> set[str]:
+    """The token scopes the README's autodown section tells users to pick (or another page's, as
+    docs/stop-paying.md's, which says why each): the fake API's token has exactly these, so a
+    call needing another fails here as it would on the account."""
+    text = (ROOT / page).read_text()
+    section = text[text.index("It needs a token that") :]
     section = section[: section.index("```")]
     return set(re.findall(r"`([a-z_]+:[a-z]+)`", section))
 
@@ -405,6 +406,7 @@ def test_the_readme_names_exactly_the_scopes_the_rule_uses() -> None:
     lone = config.parse({**stack_config("dev"), "access": _zone_access()}, "dev", frozenset())
     pooled = config.parse({**stack_config("dev"), "replicas": 2}, "dev", frozenset())
     assert readme_scopes() == set(token_scopes(lone)) | set(token_scopes(pooled))
+    assert readme_scopes("docs/stop-paying.md") == readme_scopes(), "the page that says why"
     assert token_scopes(pooled) == ["droplet:delete"]
     assert token_scopes(lone) == ["droplet:delete", "domain:delete"]
 

@@ -1,4 +1,4 @@
-"""The README and the project file say what the code does."""
+"""The README, the pages in docs/ and the project file say what the code does."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ def test_the_configuration_reference_is_generated_from_the_model() -> None:
     assert "docs/configuration.md" in (ROOT / "README.md").read_text(), "the README links it"
 
 
-def test_readme_model_table_is_generated_from_the_catalog() -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- models:start -->", 1)[1].split("<!-- models:end -->", 1)[0]
+def test_the_model_table_is_generated_from_the_catalog() -> None:
+    page = (ROOT / "docs" / "models.md").read_text()
+    block = page.split("<!-- models:start -->", 1)[1].split("<!-- models:end -->", 1)[0]
     assert block.strip() == reference.models_markdown(), (
-        "README is stale: replace the models block with reference.models_markdown()"
+        "docs/models.md is stale: replace the models block with reference.models_markdown()"
     )
 
 
@@ -47,14 +47,49 @@ def test_project_file_contract() -> None:
     assert project["backend"]["url"].startswith("file://")
 
 
-def test_readme_outputs_table_lists_every_export() -> None:
+def test_the_outputs_table_lists_every_export() -> None:
     # Every output is exported in components/cloud/outputs.py (the program's one place for them).
     source = (ROOT / "components" / "cloud" / "outputs.py").read_text()
     exported = set(re.findall(r'pulumi\.export\(\s*"(\w+)"', source))
     assert {"endpoint", "apiKey", "sshCommand"} <= exported, "the outputs moved: read them there"
-    readme = (ROOT / "README.md").read_text()
-    documented = set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.MULTILINE))
+    page = (ROOT / "docs" / "outputs.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", page, flags=re.MULTILINE))
     assert exported <= documented, f"undocumented outputs: {exported - documented}"
+
+
+# The README is the page a newcomer reads in one sitting; the reference lives in docs/. A budget
+# (words as `wc -w` counts them, code and tables included) keeps the detail from growing back.
+README_WORDS = 3_800
+# The main page's sections a newcomer needs, in the order they need them.
+README_ORDER = (
+    "What it costs",
+    "Try it",
+    "Deploy a stack",
+    "Use",
+    "Stop paying",
+    "Scale",
+)
+
+
+def test_the_readme_is_read_in_one_sitting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    words = len(readme.split())
+    assert words <= README_WORDS, (
+        f"README.md has {words} words, over {README_WORDS}: move the detail to a page in docs/ "
+        "and link it from a short section"
+    )
+    headings = re.findall(r"^## (.+)$", readme, flags=re.MULTILINE)
+    found = [next((i for i, h in enumerate(headings) if h.startswith(s)), -1) for s in README_ORDER]
+    assert -1 not in found, f"a section is missing: {dict(zip(README_ORDER, found, strict=True))}"
+    assert found == sorted(found), f"out of order: {headings}"
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    """A page in docs/ that the README does not link is a page no newcomer finds."""
+    readme = (ROOT / "README.md").read_text()
+    linked = set(re.findall(r"\]\(docs/([^)\s#]+)", readme))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages <= linked, f"docs pages the README does not link: {sorted(pages - linked)}"
 
 
 def _slug(heading: str) -> str:

@@ -185,7 +185,7 @@ def test_a_cap_below_the_minimum_is_refused_naming_the_minimum(
     assert "--cost-cap 0.5: $0.50 buys 39 min of gpu-4000adax1-20gb at $0.76/hour" in message
     # What the minimum is made of, named as estimates, with its source.
     assert "cold start, an estimate" in message
-    assert "README, Where the minutes go" in message
+    assert "docs/cache.md, Where the minutes go" in message
     minimum = re.search(r"Accepted: a cap of (\d+\.\d\d) or more", message)
     assert minimum, message
     # The minimum is exact: a cent less is refused, the minimum itself is accepted.

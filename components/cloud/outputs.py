@@ -19,7 +19,7 @@ from .site import Site
 
 
 def export(cfg: StackConfig, site: Site, built: Endpoint, api_key: pulumi.Output[str]) -> None:
-    """The stack's outputs (names are a contract: README "Outputs"), and what `pulumi up` warns."""
+    """The stack's outputs (names are a contract: docs/outputs.md), and what `pulumi up` warns."""
     first, hostname = built.gpus[0], built.hostname
     plans, placement = site.cache_plans, site.placement
     pulumi.export("endpoint", hostname.apply(lambda host: gateway.endpoint(cfg, host)))

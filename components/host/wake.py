@@ -30,7 +30,7 @@ HOLD_DIR = "/run/nemotron-wake"
 HOLD_FILE = f"{HOLD_DIR}/hold"
 # Keyed control of the waker through the gate (scripts/wake.py): its state, or wake now.
 CONTROL_PATH = "/nemotron/wake"
-# A wake's expected length when nothing better is known: the cold path's estimate (README,
+# A wake's expected length when nothing better is known: the cold path's estimate (docs/cache.md,
 # "Where the minutes go": Droplet, driver and reboot, downloads, load and compile).
 EXPECTED_SECONDS = 900
 # How the waker looks and holds (scripts/phases/wake.py reads them from its env file): a look at

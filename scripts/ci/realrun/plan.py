@@ -23,14 +23,14 @@ from .runner import github_output
 NAMESPACE = catalog.PROJECT
 
 # ---- what a useful run needs: estimates, in minutes ----------------------------------------
-# The cold start of `pulumi up`, from the README's "Where the minutes go" table (cold column,
+# The cold start of `pulumi up`, from docs/cache.md's "Where the minutes go" table (cold column,
 # upper ends; none of them measured here: this machine has no DigitalOcean access).
 CREATE_MINUTES = 3  # Droplet created, SSH answers: 1-3 min
 DRIVER_MINUTES = 6  # driver install and the reboot, when the image's driver is too old: 3-6 min
 CONDA_MINUTES = 1  # Miniforge and two small envs: about 1 min
 VLLM_MINUTES = 1  # `uv pip install` of the lock: 39 s measured (docs/facts.md)
 COMPILE_MINUTES = 3  # torch.compile and CUDA graph capture: 1-3 min
-# The weights come from the Hub at an assumed 100-150 MB/s (README): the slow end.
+# The weights come from the Hub at an assumed 100-150 MB/s (docs/cache.md): the slow end.
 DOWNLOAD_MB_PER_S = 100
 # A model the catalog does not know: assume this much to download.
 UNKNOWN_MODEL_DISK_GB = 30
@@ -39,7 +39,7 @@ UNKNOWN_MODEL_DISK_GB = 30
 # `up` is interrupted (SIGINT) at its share of the budget; Pulumi then finishes the operations in
 # flight, saves the state and releases the stack's lock, so that destroy can run. This long.
 UP_CANCEL_GRACE_MINUTES = 5
-# No cold start the README lists comes near this (deploy.yml gives a whole deploy 120 minutes):
+# No cold start docs/cache.md lists comes near this (deploy.yml gives a whole deploy 120 minutes):
 # a cap that buys more is not spent waiting on a stuck `pulumi up`.
 UP_CEILING_MINUTES = 120
 SMOKE_MINUTES = 10  # 8 checks, each request bounded by smoke.py --timeout 60
@@ -189,7 +189,7 @@ def make_plan(
     min_cost = cents_up(price * min_minutes / 60)
     why = (
         f"{min_minutes} min of Droplet time: pulumi up's cold start, an estimate of {cold} min "
-        f"({parts}: README, Where the minutes go), plus this run's bounds for the rest "
+        f"({parts}: docs/cache.md, Where the minutes go), plus this run's bounds for the rest "
         f"({fixed} min: interrupting up {UP_CANCEL_GRACE_MINUTES + 1}, smoke {SMOKE_MINUTES}, "
         f"bench {BENCH_MINUTES}, outputs {OUTPUTS_MINUTES}, timeline {TIMELINE_MINUTES}, "
         f"destroy {DESTROY_MINUTES})"
