@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -32,6 +33,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 from pulumi_harness import ROOT
+from stack import github_api
+from stack.github_api import GitHub
 
 UID = GID = 1001  # `runner` on GitHub's Ubuntu images
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -600,13 +603,47 @@ def test_a_commit_whose_test_job_passed_before_goes_straight_to_deploy(
     # What it asked: this workflow's runs of this commit, then their jobs of every attempt.
     # (The lease's look comes after the answer: its own test below.)
     (path, query, auth), *jobs = [r for r in fake.requests if "lease.yml" not in r[0]]
-    assert path == runs_path() and query["head_sha"] == [SHA]
+    assert path == runs_path() and query["head_sha"] == [SHA] and query["event"] == ["push"]
     assert auth == "Bearer ghs-test-token"
     assert [(p, q["filter"]) for p, q, _ in jobs] == [
         (f"/repos/{REPO}/actions/runs/41/jobs", ["all"]),
         (f"/repos/{REPO}/actions/runs/40/jobs", ["all"]),
     ]
     assert which_jobs_run("false") == ["tested", "deploy"]
+
+
+@pytest.fixture
+def strict_github() -> Iterator[tuple[GitHub, str]]:
+    """The shared fake GitHub (tests/support/stack/github_api.py: runs paged and filtered by
+    head_sha and event as GitHub does, each run's jobs as deploy.yml names them)."""
+    token = context("", None)["secrets"]["GITHUB_TOKEN"]  # the job's GITHUB_TOKEN
+    fake = GitHub(repo=REPO, workflow="deploy.yml", token=token, head_sha=SHA)
+    server = github_api.serve(fake, socket.create_server(("127.0.0.1", 0)), None)
+    try:
+        yield fake, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_month_of_wakes_does_not_hide_the_push_run_that_passed(
+    runner: Runner, strict_github: tuple[GitHub, str]
+) -> None:
+    """Every wake is a run of the same commit whose `test` job is skipped. The push run that
+    passed is behind 150 of them (more than one page of 100): the next wake still goes
+    straight to deploy, and asks for no run's jobs but the push run's."""
+    fake, api = strict_github
+    passed = fake.push()
+    fake.finish_run("success", passed["id"])
+    for _ in range(150):
+        fake.finish_run("success", fake.wake()["id"])
+    fake.head_sha = "f" * 40  # a later commit's runs are not this one's
+    fake.finish_run("success", fake.push()["id"])
+    job = ask_tested(runner, api, "up")
+    assert job.outputs["ask"] == {"run-tests": "false"}, job.stdout
+    assert f"passed job `test` of deploy.yml already: {passed['html_url']}" in job.summary
+    asked_jobs = [path for path in fake.asked if path.endswith("/jobs")]
+    assert asked_jobs == [f"/repos/{REPO}/actions/runs/{passed['id']}/jobs"], asked_jobs
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,15 @@ earlier skip. Two REST calls with the job's GITHUB_TOKEN (`actions: read`), per
 github/rest-api-description (operations actions/list-workflow-runs, actions/list-jobs-for-
 workflow-run):
 
-  GET {api}/repos/{repo}/actions/workflows/{workflow}/runs?head_sha={sha}&exclude_pull_requests=true
+  GET {api}/repos/{repo}/actions/workflows/{workflow}/runs?head_sha={sha}&event=push&...&page=N
       -> {"workflow_runs": [{"id", "head_sha", "status", "conclusion", ...}]}, newest first
   GET {api}/repos/{repo}/actions/runs/{run_id}/jobs?filter=all
       -> {"jobs": [{"name", "status", "conclusion", "run_attempt", ...}]}
+
+Which runs it reads: every wake is a run of the same commit whose `test` job is skipped, so after
+twenty wakes the push run that passed is far down the list. The push runs of the commit come
+first (`event=push`: the run that tests a commit, one or two of them), then every run of it, a
+page of 100 at a time, until a passed job is found, the runs end, or DEADLINE_S.
 
 Anything it cannot read (an HTTP error, a time-out, a missing permission, a body it does not
 understand) counts as "not passed": the suite runs, and a warning says why. `destroy` runs no
@@ -33,11 +38,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 TIMEOUT_S = 10  # one request
 DEADLINE_S = 30  # all of them: past it, the suite runs
-MAX_RUNS = 20  # runs of this commit looked at, newest first
+PER_PAGE = 100  # GitHub's largest page of runs
+MAX_PAGES = 5  # of each listing: 500 runs of one commit, far past any month of wakes
 
 
 class UnknownError(Exception):
@@ -71,23 +78,39 @@ def get(url: str, token: str, deadline: float) -> Any:
         raise UnknownError(f"GET {url}: {e}") from e
 
 
+def commit_runs(
+    api: str, repo: str, workflow: str, sha: str, token: str, deadline: float
+) -> Iterator[dict[str, Any]]:
+    """This commit's runs of `workflow`: its push runs first, then all of them, page by page,
+    each once (a generator: the caller stops at the first pass)."""
+    seen: set[int] = set()
+    path = f"{api}/repos/{repo}/actions/workflows/{urllib.parse.quote(workflow)}/runs"
+    for event in ("push", None):
+        for page in range(1, MAX_PAGES + 1):
+            query = {"head_sha": sha, "exclude_pull_requests": "true", "per_page": PER_PAGE,
+                     "page": page, **({"event": event} if event else {})}  # fmt: skip
+            url = f"{path}?{urllib.parse.urlencode(query)}"
+            body = get(url, token, deadline)
+            runs = body.get("workflow_runs") if isinstance(body, dict) else None
+            if not isinstance(runs, list):
+                raise UnknownError(f"GET {url}: no workflow_runs in the answer")
+            for run in runs:
+                if not isinstance(run, dict) or run.get("head_sha") != sha:
+                    continue  # the filter is GitHub's; the check is ours
+                if not isinstance(run.get("id"), int):
+                    raise UnknownError(f"GET {url}: a run without an id")
+                if run["id"] not in seen:
+                    seen.add(run["id"])
+                    yield run
+            if len(runs) < PER_PAGE:
+                break
+
+
 def passed_run(api: str, repo: str, workflow: str, job: str, sha: str, token: str) -> str | None:
     """The html_url of a run of `workflow` for `sha` whose job `job` succeeded, or None."""
     deadline = time.monotonic() + DEADLINE_S
-    query = urllib.parse.urlencode(
-        {"head_sha": sha, "exclude_pull_requests": "true", "per_page": MAX_RUNS}
-    )
-    runs_url = f"{api}/repos/{repo}/actions/workflows/{urllib.parse.quote(workflow)}/runs?{query}"
-    body = get(runs_url, token, deadline)
-    runs = body.get("workflow_runs") if isinstance(body, dict) else None
-    if not isinstance(runs, list):
-        raise UnknownError(f"GET {runs_url}: no workflow_runs in the answer")
-    for run in runs[:MAX_RUNS]:
-        if not isinstance(run, dict) or run.get("head_sha") != sha:
-            continue  # the filter is GitHub's; the check is ours
-        run_id = run.get("id")
-        if not isinstance(run_id, int):
-            raise UnknownError(f"GET {runs_url}: a run without an id")
+    for run in commit_runs(api, repo, workflow, sha, token, deadline):
+        run_id = run["id"]
         jobs_url = f"{api}/repos/{repo}/actions/runs/{run_id}/jobs?filter=all&per_page=100"
         body = get(jobs_url, token, deadline)
         jobs = body.get("jobs") if isinstance(body, dict) else None

@@ -170,6 +170,7 @@ class GitHub:
     runs: list[dict[str, Any]] = field(default_factory=list)
     dispatched: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    asked: list[str] = field(default_factory=list)  # every request's path, in order
     # A job log's signatures: signature -> (job id, valid until, monotonic).
     signed: dict[str, tuple[int, float]] = field(default_factory=dict)
 
@@ -179,6 +180,7 @@ class GitHub:
         """(status, JSON reply); a str reply is plain text, {"Location": url} with a 302 a
         redirect. `origin` is scheme://host the request came to (for a signed URL)."""
         url = urllib.parse.urlsplit(path)
+        self.asked.append(url.path)
         if found := STORAGE.match(url.path):
             return self._storage(int(found[1]), auth, dict(urllib.parse.parse_qsl(url.query)))
         if auth != f"Bearer {self.token}":
@@ -310,18 +312,26 @@ class GitHub:
         with self.lock:
             return dict(self._queue("push", {}, "main"))
 
+    def wake(self) -> dict[str, Any]:
+        """A wake's dispatch of the dev stack, queued as the front's would be."""
+        with self.lock:
+            return dict(self._queue("workflow_dispatch", {"stack": "dev", "command": "up",
+                                                          "refresh": "true"}, "main"))  # fmt: skip
+
     def finish_run(
         self, conclusion: str, run_id: int | None = None, log: list[str] | None = None
     ) -> None:
         """The run in progress (or `run_id`) ended (`success`, `failure`, `startup_failure`,
         ...); the next pending one in its group starts. Its jobs end as deploy.yml's would:
-        `tested` passes, `test` is skipped (the commit passed it before), `deploy` ends as the
-        run did, its pulumi/actions step failing with `log` (the lines the job printed)."""
+        `tested` passes, `test` passes on a push (a commit's first run) and is skipped on a
+        dispatch (a wake of a commit that passed), `deploy` ends as the run did, its
+        pulumi/actions step failing with `log` (the lines the job printed)."""
         with self.lock:
             run = next(r for r in reversed(self.runs)
                        if (r["id"] == run_id if run_id else r["status"] == "in_progress"))  # fmt: skip
             run.update(status="completed", conclusion=conclusion, updated_at=_now())
-            ends = {"tested": "success", "test": "skipped", "deploy": conclusion}
+            test = "success" if run["event"] == "push" else "skipped"
+            ends = {"tested": "success", "test": test, "deploy": conclusion}
             for job in run["_jobs"] if conclusion != "startup_failure" else []:
                 job.update(status="completed", conclusion=ends.get(job["name"], "success"))
                 for step in job["steps"]:
