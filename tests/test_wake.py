@@ -328,6 +328,64 @@ def test_a_refused_up_reaches_the_held_requests_in_the_programs_own_words(
     assert front.state()["last_wake"]["reason"] == front.state()["last_failure"]
 
 
+def pipeline_of(front: Front) -> dict[str, Any]:
+    """The waker's look at the pipeline, taken on start (check_pipeline)."""
+    end = time.monotonic() + 10
+    while not (found := front.state()["pipeline"]):
+        assert time.monotonic() < end, "the waker did not look at the pipeline"
+        time.sleep(0.05)
+    return dict(found)
+
+
+def expires_in(days: float) -> str:
+    """A token's expiry as GitHub's header gives it."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() + days * 86400))
+
+
+def test_on_start_the_waker_says_whether_a_wake_could_start_and_until_when(
+    front_factory: Callable[..., Front],
+) -> None:
+    """The workflow is there and active and the token accepted: no problem, and the token's
+    expiry (GitHub's github-authentication-token-expiration header) in the state."""
+    front = front_factory(FakeGitHub(token_expires=expires_in(60)))
+    found = pipeline_of(front)
+    assert found["problem"] is None and found["warning"] is None, found
+    assert found["workflow_state"] == "active" and found["token_expires"].startswith("20")
+    assert front.github.dispatches == [], "a look dispatches nothing"
+
+
+@pytest.mark.parametrize(
+    ("github", "problem", "warning"),
+    [
+        (lambda: FakeGitHub(token_expires=expires_in(3)), None, "wake.token expires on "),
+        (lambda: FakeGitHub(workflow_state="disabled_inactivity"),
+         "me/llm's deploy.yml is disabled_inactivity: enable it", None),
+        (lambda: FakeGitHub(token=TOKEN + "x"), "wake.token: GitHub refused it", None),
+        (lambda: FakeGitHub(workflow="other.yml"),
+         "wake.githubRepo, wake.githubWorkflow: me/llm's deploy.yml is not there", None),
+    ],
+    ids=["expiring", "disabled", "refused", "missing"],
+)  # fmt: skip
+def test_a_pipeline_that_would_fail_a_wake_is_said_on_start_not_at_the_wake(
+    front_factory: Callable[..., Front],
+    github: Callable[[], FakeGitHub],
+    problem: str | None,
+    warning: str | None,
+) -> None:
+    """A fine-grained token ends (30 days by default); GitHub disables a public repository's
+    workflows after 60 days without activity: the waker says so when it starts (the wake phase
+    of `pulumi up` prints it) and every 6 hours, not at the first wake after."""
+    front = front_factory(github())
+    found = pipeline_of(front)
+    assert (found["problem"] or "").startswith(problem or "") and bool(found["problem"]) == bool(
+        problem
+    ), found
+    assert (found["warning"] or "").startswith(warning or "") and bool(found["warning"]) == bool(
+        warning
+    ), found
+    assert TOKEN not in json.dumps(found)
+
+
 def test_a_job_log_that_cannot_be_read_still_names_the_job_and_step(
     front_factory: Callable[..., Front],
 ) -> None:

@@ -100,6 +100,11 @@ REFUSAL_HEAD = "nothing was created:"
 REFUSAL_LINE = re.compile(r"^\s*- (\S.*)$")
 LOG_STAMP = re.compile(r"^\ufeff?\d{4}-\d\d-\d\dT[0-9:.]+Z ")
 LOG_LIMIT = 4_000_000  # bytes of a job's log read: a refused up stops long before
+# The pipeline looked at on start and every PIPELINE_CHECK_SECONDS (a fine-grained token expires,
+# 30 days by default; a public repository's workflow is disabled after 60 days without activity):
+# a problem is said long before the wake that would meet it.
+PIPELINE_CHECK_SECONDS = 6 * 3600
+TOKEN_WARN_DAYS = 14
 
 
 def log(event: str, **fields: Any) -> None:
@@ -222,6 +227,18 @@ def refusal_in_log(text: str) -> list[str]:
     return list(dict.fromkeys(found))[:5]
 
 
+def token_expiry(value: str | None) -> float | None:
+    """GitHub's `github-authentication-token-expiration` header ('2027-10-12 09:00:00 UTC', or
+    an offset in place of UTC), sent with every answer to a token that expires; epoch seconds."""
+    if not value:
+        return None
+    try:
+        at = datetime.strptime(value.strip().replace(" UTC", " +0000"), "%Y-%m-%d %H:%M:%S %z")
+    except ValueError:
+        return None
+    return at.timestamp()
+
+
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """A 302 comes back as an HTTPError with its Location: urllib would follow it carrying our
     Authorization header to another host."""
@@ -260,6 +277,8 @@ class Waker:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     looking: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    # The last look at the pipeline (check_pipeline): can a wake start, and until when.
+    pipeline: dict[str, Any] = field(default_factory=dict)
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -306,6 +325,7 @@ class Waker:
             "held_bytes": self.held_bytes,
             "last_failure": self.reason or None,
             "last_wake": self.timeline or None,
+            "pipeline": self.pipeline or None,
         }
 
     def set_mode(self, mode: str, **fields: Any) -> None:
@@ -463,6 +483,53 @@ class Waker:
                422: "the workflow refused the dispatch"}.get(status, "an error")  # fmt: skip
         raise PipelineError(f"GitHub refused the wake (HTTP {status}: {why}"
                             f"{': ' + said if said else ''})")  # fmt: skip
+
+    def check_pipeline(self) -> dict[str, Any]:
+        """Can a wake start? GitHub's answer to GET /repos/{repo}/actions/workflows/{workflow}
+        (actions/get-workflow) with the token: the workflow there and `active`, the token
+        accepted, and when it expires. A definite no is a `problem`; GitHub out of reach, or a
+        token that ends within TOKEN_WARN_DAYS, a `warning`. A webhook cannot be asked."""
+        now = self.clock()
+        found: dict[str, Any] = {"checked_at": iso(now), "problem": None, "warning": None}
+        if self.s.trigger != "github":
+            return found | {"warning": "a webhook is not checked before a wake"}
+        headers = {k: v for k, v in self._github_headers().items() if k != "Content-Type"}
+        url = self._repo_url(f"workflows/{self.s.github_workflow}")
+        req = urllib.request.Request(url, headers=headers)  # noqa: S310 (from_env: https only)
+        try:
+            with urllib.request.urlopen(req, timeout=API_TIMEOUT) as resp:  # noqa: S310
+                status, body, sent = resp.status, json.loads(resp.read() or b"{}"), resp.headers
+        except urllib.error.HTTPError as err:
+            status, body, sent = err.code, {}, err.headers
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            return found | {"warning": f"GitHub could not be reached ({type(err).__name__})"}
+        expires = token_expiry(sent.get("github-authentication-token-expiration"))
+        found["token_expires"] = iso(expires)
+        found["workflow_state"] = body.get("state") if isinstance(body, dict) else None
+        where = f"{self.s.github_repo}'s {self.s.github_workflow}"
+        problem = {
+            401: "wake.token: GitHub refused it (expired or revoked): make a new one and "
+                 "`pulumi config set --secret --path wake.token ...`, then pulumi up",
+            403: f"wake.token may not read {where} (it needs Actions: read and write)",
+            404: f"wake.githubRepo, wake.githubWorkflow: {where} is not there, or wake.token "
+                 "cannot see it",
+        }.get(status)  # fmt: skip
+        if problem is None and status != 200:
+            return found | {"warning": f"GitHub answered HTTP {status}"}
+        if problem is None and found["workflow_state"] != "active":
+            problem = (f"{where} is {found['workflow_state']}: enable it (Actions > "
+                       f"{self.s.github_workflow} > Enable workflow)")  # fmt: skip
+        if problem is None and expires is not None and expires - now < TOKEN_WARN_DAYS * DAY:
+            found["warning"] = (f"wake.token expires on {iso(expires)}: make a new one before "
+                                "then, or the first wake after it fails")  # fmt: skip
+        return found | {"problem": problem}
+
+    async def pipeline_checks(self) -> None:
+        """check_pipeline on start and every PIPELINE_CHECK_SECONDS; each result logged."""
+        while True:
+            self.pipeline = await asyncio.to_thread(self.check_pipeline)
+            log("pipeline_check", **self.pipeline)
+            await asyncio.sleep(PIPELINE_CHECK_SECONDS)
 
     def call_webhook(self) -> None:
         headers = {"Content-Type": "application/json", "User-Agent": "nemotron-droplet-wake",
@@ -963,8 +1030,10 @@ async def serve(settings: Settings) -> None:
         log("listening", address=f"{settings.listen[0]}:{bound}", trigger=settings.trigger,
             stack=settings.stack, mode=waker.mode)  # fmt: skip
         monitor = asyncio.ensure_future(waker.monitor(session))
+        checks = asyncio.ensure_future(waker.pipeline_checks())
         await stop.wait()
         monitor.cancel()
+        checks.cancel()
         # Stopped: Caddy proxies to the replicas again (systemd removes the folder too).
         settings.hold_file.unlink(missing_ok=True)
         await runner.cleanup()

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# wake (on the Caddy balancer, the front): the waker (wake.py) as a service on loopback, which
-# the gateway asks before each keyed request and which holds requests while the GPU set wakes.
+# wake (on the Caddy balancer, the front): the waker (wake.py) as a service on loopback, to which
+# the gateway sends keyed requests while no replica is ready, and which holds them while the GPU
+# set wakes.
 # Its token (the pipeline's) is a root-only file the unit reads as a systemd credential; its
 # settings a root-only env file. Off: removes the service and the token if an earlier run
 # installed them. Runs before the gateway, whose Caddyfile then routes through it.
@@ -70,14 +71,45 @@ if [[ $restart == true ]] || ! systemctl is-active --quiet "$NEMO_WAKE_UNIT"; th
 fi
 
 step answers "the waker answers on ${NEMO_WAKE_ADDRESS}"
+answered=false
 for _ in $(seq 50); do
   # /health answers 200 awake and 503 otherwise: any answer is the waker's.
   if health=$(curl --silent --max-time 2 "http://${NEMO_WAKE_ADDRESS}/health"); then
     log "the waker answers; the set is $(python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])' <<<"$health" 2>/dev/null || echo unknown)"
-    finish '"wake":"on"'
+    answered=true
+    break
   fi
   sleep 0.2
 done
-journalctl -u "$NEMO_WAKE_UNIT" -n 20 --no-pager 2>/dev/null | sed "s/^/[$PHASE] journal: /" >&2 || true
-fail "the waker did not answer on ${NEMO_WAKE_ADDRESS} within 10 s" \
-     "read the journal lines above (journalctl -u ${NEMO_WAKE_UNIT}); pulumi up again"
+if [[ $answered != true ]]; then
+  journalctl -u "$NEMO_WAKE_UNIT" -n 20 --no-pager 2>/dev/null | sed "s/^/[$PHASE] journal: /" >&2 || true
+  fail "the waker did not answer on ${NEMO_WAKE_ADDRESS} within 10 s" \
+       "read the journal lines above (journalctl -u ${NEMO_WAKE_UNIT}); pulumi up again"
+fi
+
+# What the waker found when it asked the pipeline on start (wake.py check_pipeline): a token
+# GitHub refuses, a workflow that is not there or is disabled fails this phase now, not the
+# first wake a month from now; a token that ends soon, or GitHub out of reach, is said.
+step pipeline "the waker's look at the pipeline: the workflow, the token and its expiry"
+verdict=""
+for _ in $(seq 100); do
+  if state=$(curl --silent --max-time 2 "http://${NEMO_WAKE_ADDRESS}/nemotron/wake"); then
+    verdict=$(python3 -c '
+import json, sys
+p = json.load(sys.stdin).get("pipeline") or {}
+if p:
+    print("problem" if p.get("problem") else "warning" if p.get("warning") else "ok",
+          p.get("problem") or p.get("warning") or "a wake can start; the token expires "
+          + str(p.get("token_expires") or "never"), sep="\t")' <<<"$state" 2>/dev/null || true)
+    [[ -n $verdict ]] && break
+  fi
+  sleep 0.2
+done
+case "${verdict%%$'\t'*}" in
+  ok) log "${verdict#*$'\t'}" ;;
+  warning) log "warning: ${verdict#*$'\t'}" ;;
+  problem) fail "a wake could not start: ${verdict#*$'\t'}" \
+                "mend it and pulumi up again (the waker looks again on every start)" ;;
+  *) log "warning: the waker has not said within 20 s whether a wake could start" ;;
+esac
+finish '"wake":"on"'

@@ -15,6 +15,8 @@ REST description says of these endpoints; docs/facts.md what was found besides):
   (queued, pending, in_progress, completed), `conclusion`;
 - deploy.yml's concurrency group: one run in progress per group; a newer run queued behind it
   cancels the one already pending (GitHub does so even with cancel-in-progress: false);
+- the workflow itself (GET .../actions/workflows/{workflow}: its `state`), and the token's
+  expiry in the `github-authentication-token-expiration` header of every answer when set;
 - a run's jobs (GET .../actions/runs/{id}/jobs), named and stepped as deploy.yml names them, and
   a job's log (GET .../actions/jobs/{id}/logs): a 302 to a storage URL signed for one minute,
   which refuses a request that carries an Authorization header (the token is GitHub's API's
@@ -116,6 +118,7 @@ def _dispatch_refusal(
 
 
 DISPATCH = re.compile(r"^/repos/([^/]+/[^/]+)/actions/workflows/([^/]+)/dispatches$")
+WORKFLOW = re.compile(r"^/repos/([^/]+/[^/]+)/actions/workflows/([^/]+)$")
 RUNS = re.compile(r"^/repos/([^/]+/[^/]+)/actions/workflows/([^/]+)/runs$")
 RUN = re.compile(r"^/repos/([^/]+/[^/]+)/actions/runs/([0-9]+)$")
 JOBS = re.compile(r"^/repos/([^/]+/[^/]+)/actions/runs/([0-9]+)/jobs$")
@@ -166,6 +169,8 @@ class GitHub:
     inputs: dict[str, dict[str, Any]] = field(default_factory=deploy_inputs)
     branches: frozenset[str] = frozenset({"main"})
     head_sha: str = "0" * 40  # the commit a new run is of (a push moves it)
+    workflow_state: str = "active"  # or disabled_inactivity, disabled_manually, ...
+    token_expires: str | None = None  # '2027-01-02 03:04:05 UTC': sent with every answer
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     dispatched: threading.Event = field(default_factory=threading.Event)
@@ -201,6 +206,8 @@ class GitHub:
                 if found[2] not in self.branches:
                     return 404, {"message": "Not Found"}
                 return 200, {"ref": f"refs/heads/{found[2]}", "object": {"type": "commit"}}
+            if (found := WORKFLOW.match(path)) and found.groups() == (self.repo, self.workflow):
+                return 200, self._workflow_object()
             for pattern in (RUN, JOBS):
                 if (found := pattern.match(path)) and found[1] == self.repo:
                     return self._run(int(found[2]), jobs=pattern is JOBS)
@@ -208,6 +215,17 @@ class GitHub:
             if not found or found[1] != self.repo or found[2] != self.workflow:
                 return 404, {"message": "Not Found"}
             return self._list_runs(query)
+
+    def _workflow_object(self) -> dict[str, Any]:
+        """The workflow as actions/get-workflow answers: every field the description requires."""
+        base = f"https://api.github.com/repos/{self.repo}/actions/workflows/{self.workflow}"
+        return {
+            "id": 161335, "node_id": "MDg6V29ya2Zsb3cxNjEzMzU=", "name": "deploy",
+            "path": f".github/workflows/{self.workflow}", "state": self.workflow_state,
+            "url": base, "html_url": f"https://github.com/{self.repo}/blob/main/.github/"
+            f"workflows/{self.workflow}", "badge_url": f"https://github.com/{self.repo}/"
+            f"workflows/deploy/badge.svg", "created_at": _now(), "updated_at": _now(),
+        }  # fmt: skip
 
     def _run(self, run_id: int, jobs: bool) -> tuple[int, Any]:
         """Under the lock: a run by id, or its jobs."""
@@ -359,6 +377,8 @@ def serve(github: GitHub, sock: socket.socket, tls: ssl.SSLContext | None) -> Th
                 self.command, self.path, self.headers.get("Authorization", ""), body, origin
             )
             self.send_response(status)
+            if github.token_expires and not self.path.startswith("/_storage/"):
+                self.send_header("github-authentication-token-expiration", github.token_expires)
             if status == 302:
                 self.send_header("Location", reply["Location"])
                 reply = None
