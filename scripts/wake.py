@@ -36,6 +36,13 @@ def describe(state: dict[str, Any]) -> str:
         f"wakes in the last 24 h: {state.get('wakes_last_day')} of {state.get('max_per_day')}; "
         f"trigger: {state.get('trigger')}; hold: {state.get('hold_seconds')} s",
     ]
+    pipeline = state.get("pipeline") or {}
+    if pipeline:
+        said = pipeline.get("problem") or pipeline.get("warning")
+        verdict = "PROBLEM" if pipeline.get("problem") else "warning" if said else "ok"
+        expires = pipeline.get("token_expires") or "never"
+        lines.append(f"pipeline ({pipeline.get('checked_at')}): {verdict}"
+                     + (f": {said}" if said else f"; the token expires {expires}"))  # fmt: skip
     if state.get("last_failure"):
         lines.append(f"last failure: {state['last_failure']}")
     last = state.get("last_wake") or {}

@@ -688,6 +688,7 @@ def test_scale_to_zero_a_keyed_request_wakes_the_deleted_set_through_the_pipelin
         # The last wake, as the front logged it: scripts/wake.py through the gate, with the key.
         state = client(emu, "wake.py", back.outputs)
         assert state.returncode == 0 and "mode: awake" in state.stdout, state.stdout
+        assert "): ok; the token expires never" in state.stdout, "GitHub's answer, looked at"
         last = next(line for line in state.stdout.splitlines() if line.startswith("last wake:"))
         for event in ("request_in", "pipeline_started", "replica_joined", "ready", "first_token"):
             assert event in last, last

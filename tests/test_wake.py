@@ -812,11 +812,13 @@ def wake_tool(front: Front, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_wake_tool_shows_the_state_and_wakes_by_hand_within_the_guards(
     front_factory: Callable[..., Front],
 ) -> None:
-    github = FakeGitHub()
+    github = FakeGitHub(token_expires=expires_in(5))
     front = front_factory(github, WAKE_MAX_PER_DAY="1")
+    pipeline_of(front)
     shown = wake_tool(front)
     assert shown.returncode == 0 and "mode: asleep" in shown.stdout, shown.stderr
     assert "wakes in the last 24 h: 0 of 1" in shown.stdout
+    assert "): warning: wake.token expires on " in shown.stdout, shown.stdout
     woken = wake_tool(front, "--now")
     assert woken.returncode == 0 and "waking" in woken.stdout, woken.stderr
     github.wait_dispatches(1)
