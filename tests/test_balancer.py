@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import fake_openai
 import requests
 from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
@@ -31,7 +32,6 @@ from test_gateway import KEY, Gateway, replica_gateway, run_caddy, start_gateway
 from components.host import balancer, gateway, pool
 from components.spec import catalog, config
 
-FAKE = Path(__file__).resolve().parent / "support" / "fake_openai.py"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TOKENS = 20
 
@@ -39,21 +39,9 @@ TOKENS = 20
 @contextmanager
 def replica(name: str, port: int, *args: str) -> Iterator[subprocess.Popen[str]]:
     """A fake vLLM answering as `name` on `port`."""
-    proc = subprocess.Popen(
-        [sys.executable, str(FAKE), "--api-key", KEY, "--name", name, "--port", str(port),
-         "--tokens", str(TOKENS), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
+    flags = ("--name", name, "--port", str(port), "--tokens", str(TOKENS), *args)
+    with fake_openai.running(*flags, key=KEY) as fake:
+        yield fake.proc
 
 
 @dataclass
