@@ -19,11 +19,12 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import fake_openai
+import loopback
 import requests
 from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
@@ -179,15 +180,11 @@ def dying_replica(port: int) -> Iterator[list[str]]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = loopback.serve(Handler, loopback.bound("127.0.0.1", port))
     try:
         yield seen
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        loopback.stop(server)
 
 
 def test_a_replica_that_dies_before_it_answers_costs_the_client_nothing(tmp_path: Path) -> None:

@@ -12,11 +12,10 @@ import os
 import socket
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -496,10 +495,7 @@ def test_the_ca_listens_and_validates_from_inside_a_namespace(netns: str) -> Non
     peers: list[str] = []
     handler = challenge_handler(lambda _host, token: f"{token}.{thumb}", peers)
     # Binding CA_SIDE works only in the namespace that has it: the CA's socket was made there.
-    responder = ThreadingHTTPServer((HOST_SIDE, 0), handler)
-    threading.Thread(
-        target=responder.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    ).start()
+    responder = loopback.serve(handler, loopback.bound(HOST_SIDE))
     ca = ACMECA(CA_SIDE, 14000, netns=netns, http_port=responder.server_address[1])
     try:
         assert ca.directory == f"https://{CA_SIDE}:14000/directory"
@@ -513,6 +509,5 @@ def test_the_ca_listens_and_validates_from_inside_a_namespace(netns: str) -> Non
         assert authz["status"] == "valid", authz
     finally:
         ca.stop()
-        responder.shutdown()
-        responder.server_close()
+        loopback.stop(responder)
     assert peers == [CA_SIDE], "the validation connects from the CA's namespace"
