@@ -5,6 +5,7 @@ real Caddy, whose ACME client (acmez) must get and serve a `shortlived` IP certi
 
 from __future__ import annotations
 
+import ast
 import base64
 import http.client
 import json
@@ -124,6 +125,17 @@ def ca() -> Iterator[ACMECA]:
     c = ACMECA("127.0.0.1", resolve={"llm.example.com": "127.0.0.1"})
     yield c
     c.stop()
+
+
+def test_the_ca_takes_nothing_from_the_program() -> None:
+    """The CA stands for Let's Encrypt: neither it nor the hierarchy it signs with imports
+    components/ (is_ip is pki's, not the gateway's), so the program's mistakes are not shared."""
+    support = Path(__file__).resolve().parent / "support" / "stack"
+    for name in ("acme_ca.py", "pki.py"):
+        tree = ast.parse((support / name).read_text())
+        found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        found |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {m for m in found if m.split(".")[0] == "components"}, (name, found)
 
 
 def test_directory_offers_profiles_over_https_and_every_answer_carries_a_nonce(

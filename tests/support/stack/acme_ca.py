@@ -16,6 +16,10 @@ that network namespace (a socket keeps the namespace it was created in; see `_so
 
 Not served: ARI (renewalInfo), key rollover, revocation, dns-01/tls-alpn-01, external account
 binding, redirects during validation, authorization reuse across orders.
+
+It takes nothing from the program (components/), not even a helper as small as the gateway's
+`is_ip`: it stands for Let's Encrypt, and a CA that shared the gateway's code would share its
+mistakes instead of catching them.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.x509.oid import NameOID
 
-from stack.pki import Authority
+from stack.pki import Authority, is_ip
 
 ERROR_NS = "urn:ietf:params:acme:error:"
 # The status each problem type is usually sent with (RFC 8555 §6.7 and Boulder's practice).
@@ -856,16 +860,8 @@ def _csr_names(csr: x509.CertificateSigningRequest) -> set[tuple[str, str]]:
     names |= {("ip", str(ip)) for ip in san.get_values_for_type(x509.IPAddress)}
     for cn in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME):
         value = str(cn.value).lower()
-        names.add(("ip", value) if _is_ip(value) else ("dns", value))
+        names.add(("ip", value) if is_ip(value) else ("dns", value))
     return names
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _handler(ca: ACMECA) -> type[BaseHTTPRequestHandler]:
