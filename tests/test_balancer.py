@@ -19,10 +19,12 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import fake_openai
+import loopback
 import requests
 from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
@@ -31,7 +33,6 @@ from test_gateway import KEY, Gateway, replica_gateway, run_caddy, start_gateway
 from components.host import balancer, gateway, pool
 from components.spec import catalog, config
 
-FAKE = Path(__file__).resolve().parent / "support" / "fake_openai.py"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TOKENS = 20
 
@@ -39,21 +40,9 @@ TOKENS = 20
 @contextmanager
 def replica(name: str, port: int, *args: str) -> Iterator[subprocess.Popen[str]]:
     """A fake vLLM answering as `name` on `port`."""
-    proc = subprocess.Popen(
-        [sys.executable, str(FAKE), "--api-key", KEY, "--name", name, "--port", str(port),
-         "--tokens", str(TOKENS), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
+    flags = ("--name", name, "--port", str(port), "--tokens", str(TOKENS), *args)
+    with fake_openai.running(*flags, key=KEY) as fake:
+        yield fake.proc
 
 
 @dataclass
@@ -191,15 +180,11 @@ def dying_replica(port: int) -> Iterator[list[str]]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = loopback.serve(Handler, loopback.bound("127.0.0.1", port))
     try:
         yield seen
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        loopback.stop(server)
 
 
 def test_a_replica_that_dies_before_it_answers_costs_the_client_nothing(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ real Caddy, whose ACME client (acmez) must get and serve a `shortlived` IP certi
 
 from __future__ import annotations
 
+import ast
 import base64
 import http.client
 import json
@@ -12,11 +13,10 @@ import os
 import socket
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,17 @@ def ca() -> Iterator[ACMECA]:
     c = ACMECA("127.0.0.1", resolve={"llm.example.com": "127.0.0.1"})
     yield c
     c.stop()
+
+
+def test_the_ca_takes_nothing_from_the_program() -> None:
+    """The CA stands for Let's Encrypt: neither it nor the hierarchy it signs with imports
+    components/ (is_ip is pki's, not the gateway's), so the program's mistakes are not shared."""
+    support = Path(__file__).resolve().parent / "support" / "stack"
+    for name in ("acme_ca.py", "pki.py"):
+        tree = ast.parse((support / name).read_text())
+        found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        found |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {m for m in found if m.split(".")[0] == "components"}, (name, found)
 
 
 def test_directory_offers_profiles_over_https_and_every_answer_carries_a_nonce(
@@ -496,10 +507,7 @@ def test_the_ca_listens_and_validates_from_inside_a_namespace(netns: str) -> Non
     peers: list[str] = []
     handler = challenge_handler(lambda _host, token: f"{token}.{thumb}", peers)
     # Binding CA_SIDE works only in the namespace that has it: the CA's socket was made there.
-    responder = ThreadingHTTPServer((HOST_SIDE, 0), handler)
-    threading.Thread(
-        target=responder.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    ).start()
+    responder = loopback.serve(handler, loopback.bound(HOST_SIDE))
     ca = ACMECA(CA_SIDE, 14000, netns=netns, http_port=responder.server_address[1])
     try:
         assert ca.directory == f"https://{CA_SIDE}:14000/directory"
@@ -513,6 +521,5 @@ def test_the_ca_listens_and_validates_from_inside_a_namespace(netns: str) -> Non
         assert authz["status"] == "valid", authz
     finally:
         ca.stop()
-        responder.shutdown()
-        responder.server_close()
+        loopback.stop(responder)
     assert peers == [CA_SIDE], "the validation connects from the CA's namespace"

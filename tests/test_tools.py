@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import fake_openai
 import openai
 import pytest
 import requests
@@ -37,28 +38,15 @@ def _load(name: str) -> Any:
 
 bench_stats = _load("bench_stats")
 bench_workload = _load("bench_workload")
-FAKE = Path(__file__).resolve().parent / "support" / "fake_openai.py"
 KEY = "sk-test-0123456789"
 
 
 @contextmanager
 def fake_server(*args: str, key: str = KEY) -> Iterator[str]:
-    """Start tests/support/fake_openai.py in its own process (asking for `key`); yield its /v1
-    base URL."""
-    proc = subprocess.Popen(
-        [sys.executable, str(FAKE), "--api-key", key, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1] + "/v1"
-    finally:
-        proc.kill()
-        proc.wait()
+    """tests/support/fake_openai.py in its own process (asking for `key`); yield its /v1 base
+    URL."""
+    with fake_openai.running(*args, key=key) as fake:
+        yield fake.url + "/v1"
 
 
 def stats(base: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import fake_openai
 import loopback
 import openai
 import pytest
@@ -43,7 +44,6 @@ from components.spec import config
 
 ROOT = Path(__file__).resolve().parent.parent
 WAKE = ROOT / "scripts" / "phases" / "wake.py"
-FAKE = ROOT / "tests" / "support" / "fake_openai.py"
 TOKEN = "github_pat_WAKEtestTOKEN000000000000000000000000"
 API_KEY = KEY  # the gateway's test key (test_gateway.spawn_caddy gives Caddy this one)
 CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -102,14 +102,9 @@ class Front:
 
     def start_replica(self, name: str = "r0", *args: str) -> None:
         """What the deploy does in the end: a replica answers and joins the balancer."""
-        proc = subprocess.Popen([sys.executable, str(FAKE), "--api-key", API_KEY, "--tokens",
-                                 "4", "--itl", "0.01", *args], stdout=subprocess.PIPE,
-                                text=True)  # fmt: skip
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        port = line.split()[-1].rsplit(":", 1)[1]
-        self.replicas.append(proc)
-        self.join(name, int(port))
+        fake = fake_openai.start("--tokens", "4", "--itl", "0.01", *args, key=API_KEY)
+        self.replicas.append(fake.proc)
+        self.join(name, fake.port)
 
     def join(self, name: str, port: int) -> None:
         (self.upstreams / f"{name}.caddy").write_text(f"to 127.0.0.1:{port}\n")

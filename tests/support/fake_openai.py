@@ -27,19 +27,32 @@ arguments in pieces), `--tools raw` with the model's tool-call markup as text (t
 parser), `--tools off` refuses `tool_choice: auto` with vLLM's own message.
 `GET /_stats` reports requests seen, the most streams in flight at once, and when each chat
 request arrived (seconds, monotonic) with its messages.
+
+The tests start it with `running(*args, key=...)` (or `start` and `stop`): one process, the key
+in its environment, ready when it has printed its line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import select
+import signal
+import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+# What it prints, then its URL, once it listens (./try and `start` wait for the line).
+READY = "listening on "
 
 
 class FakeServer:
@@ -434,8 +447,66 @@ async def serve(args: argparse.Namespace) -> None:
     site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
     await site.start()
     port = runner.addresses[0][1]
-    print(f"listening on http://127.0.0.1:{port}", flush=True)
+    print(f"{READY}http://127.0.0.1:{port}", flush=True)
     await asyncio.Event().wait()
+
+
+# ---- for the tests: the fake in a process of its own ------------------------------------------
+
+
+@dataclass
+class Running:
+    """A started fake: its process and the port it answers on (127.0.0.1)."""
+
+    proc: subprocess.Popen[str]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def start(*args: str, key: str, seconds: float = 30) -> Running:
+    """This fake in a process of its own with `args`, asking for `key` (given in its environment,
+    FAKE_OPENAI_API_KEY, not on its command line; `--api-key` in `args` wins). Returns once it
+    has printed its line, which it does once it listens: it answers from then on. Its stderr is
+    the caller's, so a fake that fails to start says why in the test's output."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FAKE_OPENAI_API_KEY": key},
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], seconds)
+    line = proc.stdout.readline() if ready else ""
+    if not line.startswith(READY):
+        stop(proc, exited=True)
+        said = f"printed {line!r}" if ready else f"printed nothing in {seconds}s"
+        raise AssertionError(
+            f"fake_openai {args} {said}, exit {proc.returncode} (its stderr: in the test's output)"
+        )
+    return Running(proc, int(line.rsplit(":", 1)[1]))
+
+
+def stop(proc: subprocess.Popen[str], *, exited: bool = False) -> None:
+    """Kill the fake and wait until it is gone. It must have been serving until a SIGKILL (this
+    one, or the test's: a replica that crashes) unless `exited`: a fake that died on its own is
+    the test's failure, not that of what it tested."""
+    proc.kill()
+    code = proc.wait(timeout=10)
+    assert exited or code == -signal.SIGKILL, f"fake_openai exited by itself ({code})"
+
+
+@contextlib.contextmanager
+def running(*args: str, key: str) -> Iterator[Running]:
+    """`start`, then `stop` when the block ends (a test may kill the process before: a replica
+    that crashes)."""
+    fake = start(*args, key=key)
+    try:
+        yield fake
+    finally:
+        stop(fake.proc)
 
 
 if __name__ == "__main__":

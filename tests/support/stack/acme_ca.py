@@ -16,6 +16,10 @@ that network namespace (a socket keeps the namespace it was created in; see `_so
 
 Not served: ARI (renewalInfo), key rollover, revocation, dns-01/tls-alpn-01, external account
 binding, redirects during validation, authorization reuse across orders.
+
+It takes nothing from the program (components/), not even a helper as small as the gateway's
+`is_ip`: it stands for Let's Encrypt, and a CA that shared the gateway's code would share its
+mistakes instead of catching them.
 """
 
 from __future__ import annotations
@@ -31,17 +35,17 @@ import re
 import secrets
 import shutil
 import socket
-import socketserver
 import ssl
 import tempfile
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import loopback
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -49,7 +53,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.x509.oid import NameOID
 
-from stack.pki import Authority
+from stack.pki import Authority, is_ip
 
 ERROR_NS = "urn:ietf:params:acme:error:"
 # The status each problem type is usually sent with (RFC 8555 §6.7 and Boulder's practice).
@@ -319,40 +323,6 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer on a socket made in a namespace; TLS per connection, in the handler's
-    thread (a handshake in accept() would let one silent client stall every other)."""
-
-    def __init__(
-        self, sock: socket.socket, addr: tuple[str, int], handler: type, tls: ssl.SSLContext | None
-    ) -> None:
-        self.address_family = sock.family
-        super().__init__(addr, handler, bind_and_activate=False)
-        self.socket.close()
-        self.socket, self.tls = sock, tls
-        self.allow_reuse_address = True
-        try:
-            self.server_bind()
-            self.server_activate()
-        except BaseException:
-            self.server_close()
-            raise
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind also resolves the host's FQDN (a DNS query): not wanted here.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.tls is not None:
-            request.settimeout(10)
-            try:
-                request = self.tls.wrap_socket(request, server_side=True)
-            except (OSError, ssl.SSLError):
-                return
-        super().finish_request(request, client_address)
-
-
 class ACMECA:
     """The CA. `host`/`port`: where it listens (port 0: a free one), also the host its URLs
     name; `names`: more DNS names for its HTTPS certificate. `http_port`: where http-01 is
@@ -387,19 +357,17 @@ class ACMECA:
         self._ca = Authority(name)
         self._dir = Path(tempfile.mkdtemp(prefix="acme-ca-"))
         try:
-            self.server = self._listen(host, port, tls, list(names))
+            context = self._context(host, list(names)) if tls else None
+            sock = loopback.bound(host, port, _socket(netns, _family(host)))
+            self.port = sock.getsockname()[1]
+            shown = f"[{host}]" if ":" in host else host
+            self.base = f"{'https' if tls else 'http'}://{shown}:{self.port}"
+            self.directory = f"{self.base}/directory"
+            # Served once it knows its URLs (its answers name them).
+            self.server = loopback.serve(_handler(self), sock, tls=context, tls_timeout=10)
         except BaseException:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
-        bound = self.server.server_address[1]
-        shown = f"[{host}]" if ":" in host else host
-        self.base = f"{'https' if tls else 'http'}://{shown}:{bound}"
-        self.directory = f"{self.base}/directory"
-        self.port = bound
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
 
     # -- the test's knobs -----------------------------------------------------------------------
 
@@ -454,8 +422,7 @@ class ACMECA:
         return path
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        loopback.stop(self.server)
         for t in list(self._workers):
             t.join(timeout=15)
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -478,23 +445,16 @@ class ACMECA:
         self.issued.append(Issued([i["value"] for i in identifiers], profile, leaf))
         return self._ca.chain_pem(leaf)
 
-    def _listen(self, host: str, port: int, tls: bool, names: list[str]) -> _Server:
-        sock = _socket(self.netns, _family(host))
-        context = None
-        if tls:
-            # The CA's own HTTPS certificate, from its own hierarchy: a client trusting the root
-            # (Caddy's acme_ca_root) trusts the directory too.
-            chain, key = self._ca.issue([host, *names], PROFILES["classic"].validity)
-            cert_file, key_file = self._dir / "listener.pem", self._dir / "listener.key"
-            cert_file.write_text(chain)
-            key_file.write_bytes(key)
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(cert_file, key_file)
-        try:
-            return _Server(sock, (host, port), _handler(self), context)
-        except BaseException:
-            sock.close()
-            raise
+    def _context(self, host: str, names: list[str]) -> ssl.SSLContext:
+        """The CA's own HTTPS certificate, from its own hierarchy: a client trusting the root
+        (Caddy's acme_ca_root) trusts the directory too."""
+        chain, key = self._ca.issue([host, *names], PROFILES["classic"].validity)
+        cert_file, key_file = self._dir / "listener.pem", self._dir / "listener.key"
+        cert_file.write_text(chain)
+        key_file.write_bytes(key)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert_file, key_file)
+        return context
 
     # -- the protocol -----------------------------------------------------------------------------
 
@@ -900,16 +860,8 @@ def _csr_names(csr: x509.CertificateSigningRequest) -> set[tuple[str, str]]:
     names |= {("ip", str(ip)) for ip in san.get_values_for_type(x509.IPAddress)}
     for cn in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME):
         value = str(cn.value).lower()
-        names.add(("ip", value) if _is_ip(value) else ("dns", value))
+        names.add(("ip", value) if is_ip(value) else ("dns", value))
     return names
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _handler(ca: ACMECA) -> type[BaseHTTPRequestHandler]:

@@ -38,10 +38,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+import loopback
 
 from components.spec import catalog
 
@@ -524,10 +526,6 @@ class DigitalOceanAPI:
             for method, template in OPERATIONS
         ]
         self._server = _server(self, host, port, sock, tls)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
 
     @property
     def url(self) -> str:
@@ -535,8 +533,7 @@ class DigitalOceanAPI:
         return f"{'https' if self._server.tls else 'http'}://{host}:{port}"
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        loopback.stop(self._server)
 
     def __enter__(self) -> DigitalOceanAPI:
         return self
@@ -879,29 +876,13 @@ def _page(key: str, items: list[dict[str, Any]], query: dict[str, list[str]], ba
     return Reply(200, body)
 
 
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer, with each connection's TLS handshake (when `tls`) in its request's
-    own thread: a client that never speaks holds no other."""
-
-    tls: ssl.SSLContext | None = None
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.tls is not None:
-            request.settimeout(30)
-            try:
-                request = self.tls.wrap_socket(request, server_side=True)
-            except (OSError, ssl.SSLError):
-                return  # a client that did not trust us, or went away
-        super().finish_request(request, client_address)
-
-
 def _server(
     api: DigitalOceanAPI,
     host: str,
     port: int,
     sock: socket.socket | None,
     tls: ssl.SSLContext | None = None,
-) -> _Server:
+) -> loopback.Server:
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
@@ -929,15 +910,7 @@ def _server(
         def log_message(self, *_: Any) -> None:
             pass
 
-    if sock is None:
-        server = _Server((host, port), Handler)
-    else:
-        server = _Server(sock.getsockname()[:2], Handler, bind_and_activate=False)
-        server.socket.close()
-        server.socket = sock
-        server.server_address = sock.getsockname()
-    server.tls = tls
-    return server
+    return loopback.serve(Handler, loopback.bound(host, port) if sock is None else sock, tls=tls)
 
 
 def main(argv: list[str] | None = None) -> int:

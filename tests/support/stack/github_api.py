@@ -36,10 +36,11 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import loopback
 import yaml
 
 # The workflow a wake dispatches: the fake reads its inputs, run-name and concurrency group from
@@ -364,9 +365,9 @@ class GitHub:
                     break
 
 
-def serve(github: GitHub, sock: socket.socket, tls: ssl.SSLContext | None) -> ThreadingHTTPServer:
-    """Serve `github` on an already listening socket (made in the world's namespace); stop
-    with shutdown() and server_close()."""
+def serve(github: GitHub, sock: socket.socket, tls: ssl.SSLContext | None) -> loopback.Server:
+    """Serve `github` on a bound socket (made in the world's namespace, say), over HTTPS when
+    `tls`; stop with loopback.stop (shutdown() and server_close())."""
 
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
@@ -398,22 +399,4 @@ def serve(github: GitHub, sock: socket.socket, tls: ssl.SSLContext | None) -> Th
         def log_message(self, *_: Any) -> None:
             pass
 
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-
-        def finish_request(self, request: Any, client_address: Any) -> None:
-            if tls is not None:
-                request.settimeout(30)
-                try:
-                    request = tls.wrap_socket(request, server_side=True)
-                except (OSError, ssl.SSLError):
-                    return
-            super().finish_request(request, client_address)
-
-    server = Server(sock.getsockname()[:2], Handler, bind_and_activate=False)
-    server.socket.close()
-    server.socket = sock
-    server.server_address = sock.getsockname()
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     daemon=True).start()  # fmt: skip
-    return server
+    return loopback.serve(Handler, sock, tls=tls)

@@ -35,11 +35,12 @@ import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import loopback
 from sandbox import FAKES, Sandbox, caddy_release_tarball
 
 from components.spec import catalog
@@ -96,29 +97,6 @@ class Failure:
     times: int | None  # None: every request
 
 
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer on a socket made in a namespace; the TLS handshake per connection, in
-    the request's own thread (one silent client must not stall the others in accept())."""
-
-    def __init__(
-        self, sock: socket.socket, handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext
-    ) -> None:
-        super().__init__(sock.getsockname(), handler, bind_and_activate=False)
-        self.socket.close()
-        self.socket, self.tls = sock, tls
-        # What HTTPServer.server_bind sets, without its getfqdn() (a reverse DNS query).
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-        self.server_activate()
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        request.settimeout(30)
-        try:
-            request = self.tls.wrap_socket(request, server_side=True)
-        except (OSError, ssl.SSLError):
-            return  # a client that did not trust us, or went away: nothing to answer
-        super().finish_request(request, client_address)
-
-
 class Internet:
     """The download hosts. `files[host][path]`: what a GET answers (path with its query, if
     any); `requests[url]`: GETs and HEADs per URL (https://host/path), failed and stalled ones
@@ -151,17 +129,8 @@ class Internet:
             (Path(tmp) / "key.pem").write_bytes(key)
             context.load_cert_chain(Path(tmp) / "chain.pem", Path(tmp) / "key.pem")
         context.sni_callback = self._on_sni
-        sock = world.call(socket.socket)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((address, port))
-            self.server = _Server(sock, _handler(self), context)
-        except BaseException:
-            sock.close()
-            raise
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        sock = loopback.bound(address, port, world.call(socket.socket))
+        self.server = loopback.serve(_handler(self), sock, tls=context)
 
     @property
     def root_pem(self) -> str:
@@ -253,8 +222,7 @@ class Internet:
         with self._lock:
             for stall in self.stalls.values():
                 stall.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        loopback.stop(self.server)
 
     # -- answering -------------------------------------------------------------------------------
 

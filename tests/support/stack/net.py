@@ -188,22 +188,9 @@ class Netns:
         address: str = "0.0.0.0",
         port: int = 0,
     ) -> ThreadingHTTPServer:
-        """An HTTP server listening here, run by a thread of this process (loopback.serve's
-        shape; stop it with loopback.stop, or let the namespace's removal do it)."""
-        sock = self.call(socket.socket)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, port))
-        server = ThreadingHTTPServer((address, port), handler, bind_and_activate=False)
-        server.socket.close()
-        server.socket = sock
-        # What HTTPServer.server_bind sets, without its getfqdn(): a reverse lookup of a
-        # documentation address would ask this machine's resolver.
-        server.server_address = sock.getsockname()
-        server.server_name, server.server_port = address, server.server_address[1]
-        server.server_activate()
-        threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        """An HTTP server listening here, run by a thread of this process (loopback.serve on a
+        socket of this namespace; stop it with loopback.stop, or let the namespace's stop do it)."""
+        server = loopback.serve(handler, loopback.bound(address, port, self.call(socket.socket)))
         self.servers.append(server)
         return server
 

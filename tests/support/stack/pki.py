@@ -124,11 +124,17 @@ class Authority:
         return self.chain_pem(leaf), pem
 
 
-def _general_name(text: str) -> x509.GeneralName:
+def is_ip(text: str) -> bool:
+    """Whether a certificate's name is an IP address (else a DNS name)."""
     try:
-        return x509.IPAddress(ipaddress.ip_address(text))
+        ipaddress.ip_address(text)
     except ValueError:
-        return x509.DNSName(text)
+        return False
+    return True
+
+
+def _general_name(text: str) -> x509.GeneralName:
+    return x509.IPAddress(ipaddress.ip_address(text)) if is_ip(text) else x509.DNSName(text)
 
 
 def _cn(name: str) -> x509.Name:
