@@ -309,10 +309,15 @@ def test_the_token_reaches_only_the_lease_step_and_only_through_its_environment(
     assert uses == [
         "HAS_TOKEN: ${{ secrets.DIGITALOCEAN_LEASE_TOKEN != '' }}",
         "DIGITALOCEAN_TOKEN: ${{ secrets.DIGITALOCEAN_LEASE_TOKEN }}",
+        "GITHUB_TOKEN: ${{ secrets.GITHUB_TOKEN }}",
     ]
     steps = workflow()["jobs"]["lease"]["steps"]
     with_token = [s for s in steps if "DIGITALOCEAN_TOKEN" in (s.get("env") or {})]
     assert len(with_token) == 1 and "scripts/ci/lease.py" in with_token[0]["run"]
+    # The run's own GITHUB_TOKEN goes to the keepalive alone, which needs no DigitalOcean token.
+    [keep] = [s for s in steps if "GITHUB_TOKEN" in (s.get("env") or {})]
+    assert "--keepalive" in keep["run"] and "DIGITALOCEAN_TOKEN" not in keep["env"]
+    assert keep["continue-on-error"] is True, "a renewal that fails never fails the lease"
 
 
 @pytest.mark.parametrize(("dry_run", "expected"), [("true", ["--dry-run"]), ("false", [])])
@@ -454,12 +459,56 @@ def test_status_passes_when_the_schedule_ran_within_the_day_and_leased(
     base = f"/repos/{github.repo}/actions"
     assert [(r.method, r.path) for r in github.requests] == [
         ("GET", f"{base}/workflows/lease.yml"),
+        ("GET", f"/repos/{github.repo}"),
         ("GET", f"{base}/workflows/lease.yml/runs"),
         ("GET", f"{base}/runs/{github.runs[1]['id']}/jobs"),
     ]
-    assert github.requests[1].query == {"event": ["schedule"], "per_page": ["1"]}
+    assert github.requests[2].query == {"event": ["schedule"], "per_page": ["1"]}
     assert all(r.headers["x-github-api-version"] == "2022-11-28" for r in github.requests)
     assert all(r.headers["accept"] == "application/vnd.github+json" for r in github.requests)
+
+
+@pytest.mark.parametrize(("private", "days", "warned"),
+                         [(False, 52, True), (False, 30, False), (True, 200, False)])  # fmt: skip
+def test_status_warns_before_github_disables_a_quiet_public_repositorys_schedule(
+    github: FakeGitHub, tmp_path: Path, private: bool, days: int, warned: bool
+) -> None:
+    """GitHub disables a public repository's schedules after 60 days without activity: from 50
+    days after the last push --status says so, while the schedule still runs. A private
+    repository has no such rule."""
+    github.private, github.pushed_at = private, NOW - timedelta(days=days)
+    github.add_run(NOW - timedelta(minutes=50), has_token=True)
+    code, out, err, _ = status(github, github.add_token("reader"), tmp_path=tmp_path)
+    assert code == (1 if warned else 0), out + err
+    said = f"no push to {github.repo} for {days} days: GitHub disables"
+    assert (said in err) == warned, err
+    assert (f"last push to {github.repo}: {days} day(s) ago" in out) == (not private), out
+
+
+def test_keepalive_renews_an_active_schedule_and_leaves_a_persons_choice_alone(
+    github: FakeGitHub,
+) -> None:
+    """Each lease run renews its own schedule (PUT .../enable, actions: write), the call the
+    keepalive actions make so that a quiet repository's schedule is not disabled; a schedule a
+    person disabled stays off."""
+    writer = github.add_token("writer", actions="write")
+    env = {"GITHUB_TOKEN": writer, "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, str(SCRIPT), "--keepalive", "--repo", github.repo,
+            "--github-api-url", github.url]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0 and "enabled again" in done.stdout, done.stdout + done.stderr
+    assert [(r.method, r.path.rsplit("/", 1)[-1]) for r in github.requests] == [
+        ("GET", "lease.yml"), ("PUT", "enable")]  # fmt: skip
+    github.state = "disabled_manually"
+    left = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert (
+        left.returncode == 0 and "left alone" in left.stdout and github.state == "disabled_manually"
+    )
+    reader = {**env, "GITHUB_TOKEN": github.add_token("reader")}
+    github.state = "active"
+    refused = subprocess.run(argv, env=reader, capture_output=True, text=True, check=False,
+                             timeout=60)  # fmt: skip
+    assert refused.returncode != 0 and writer not in refused.stdout + refused.stderr
 
 
 def test_status_fails_when_github_disabled_the_schedule_for_inactivity(

@@ -74,6 +74,8 @@ def test_actionlint_catches_a_broken_workflow(
 EXTRA_PERMISSIONS = {
     ("preview.yml", "preview"): {"contents": "read", "pull-requests": "write"},
     ("deploy.yml", "tested"): {"contents": "read", "actions": "read"},
+    # lease.py --keepalive renews lease.yml's own schedule: PUT .../enable.
+    ("lease.yml", "lease"): {"contents": "read", "actions": "write"},
 }
 
 

@@ -35,6 +35,13 @@ run's `created_at`, `status`, `conclusion`) and GET /repos/{repo}/actions/runs/{
 the lease step ran or was skipped for want of its secret). The token comes from GITHUB_TOKEN
 (`actions: read`; never an argument). `--enable` also re-enables a schedule GitHub disabled for
 inactivity (PUT .../workflows/lease.yml/enable, `actions: write`); never one a person disabled.
+In a public repository it also reads GET /repos/{repo} (`pushed_at`) and warns from
+INACTIVITY_WARN_DAYS without a push, before GitHub disables the schedule at 60.
+
+`--keepalive` (each lease run, `actions: write`) makes that same PUT on an active schedule:
+GitHub documents a push as activity, not this call, but a schedule re-enabled this way is not
+found disabled for inactivity in practice (liskin/gh-workflow-keepalive action.yml makes only
+this call for that purpose; docs/facts.md), so the lease does not lapse with a quiet repository.
 Exit 0: the schedule ran within `--max-age-hours` and did its work; 1: it did not (the message
 says what to do); 2: the token, the repository or the arguments.
 """
@@ -76,6 +83,9 @@ MAX_WAIT_SECONDS = 180.0
 WORKFLOW = "lease.yml"
 LEASE_STEP = "Delete the GPU Droplets past their lease"
 MAX_AGE_HOURS = 24.0
+# GitHub disables a public repository's scheduled workflows after 60 days without activity:
+# --status warns this many days after the last push.
+INACTIVITY_WARN_DAYS = 50
 REPO = re.compile(r"[A-Za-z0-9-]+/[A-Za-z0-9._-]+")
 
 Clock = Callable[[], float]
@@ -387,6 +397,8 @@ def lease_status(api: Api, repo: str, now: datetime, max_age: timedelta, enable:
     elif state != "active":
         why = STATES.get(state, "it does not run").format(workflow=WORKFLOW, repo=repo)
         out.problems.append(f"{WORKFLOW} is `{state}`: {why}")
+    else:
+        _activity(api, repo, now, out)
     answer = api.call("GET", f"{base}/runs?event=schedule&per_page=1", "actions: read")
     if answer.status_code != 200:
         raise FailedError(f"GET {base}/runs: HTTP {answer.status_code}")
@@ -418,6 +430,42 @@ def lease_status(api: Api, repo: str, now: datetime, max_age: timedelta, enable:
         )
     _judge_run(api, repo, run, out)
     return out
+
+
+def _activity(api: Api, repo: str, now: datetime, out: Status) -> None:
+    """A public repository's last push (GET /repos/{repo}: `private`, `pushed_at`): from
+    INACTIVITY_WARN_DAYS without one, GitHub's 60 days are near."""
+    answer = api.call("GET", f"/repos/{repo}", "metadata: read")
+    if answer.status_code != 200:
+        out.seen.append(f"could not read {repo}'s last push (HTTP {answer.status_code})")
+        return
+    body = answer.json()
+    if body.get("private") is not False or not body.get("pushed_at"):
+        return  # the 60 days hold for public repositories
+    days = (now - _when(str(body["pushed_at"]))).days
+    out.seen.append(f"last push to {repo}: {days} day(s) ago (a public repository)")
+    if days >= INACTIVITY_WARN_DAYS:
+        out.problems.append(
+            f"no push to {repo} for {days} days: GitHub disables a public repository's "
+            "schedules after 60 days without activity. Each lease run renews its own "
+            "(--keepalive), which GitHub does not document as activity: push a commit to be sure"
+        )
+
+
+def keepalive(api: Api, repo: str) -> str:
+    """PUT .../workflows/lease.yml/enable on an active schedule (or one GitHub disabled for
+    inactivity); a schedule a person disabled is left alone. What it did, in one line."""
+    base = f"/repos/{repo}/actions/workflows/{WORKFLOW}"
+    answer = api.call("GET", base, "actions: read")
+    if answer.status_code != 200:
+        raise FailedError(f"GET {base}: HTTP {answer.status_code}")
+    state = str(answer.json().get("state"))
+    if state not in ("active", "disabled_inactivity"):
+        return f"{WORKFLOW} is `{state}`: left alone"
+    put = api.call("PUT", f"{base}/enable", "actions: write")
+    if put.status_code != 204:
+        raise FailedError(f"PUT {base}/enable: HTTP {put.status_code}")
+    return f"{WORKFLOW} was `{state}`: enabled again (PUT .../enable), its schedule renewed"
 
 
 def _judge_run(api: Api, repo: str, run: dict[str, Any], out: Status) -> None:
@@ -482,7 +530,7 @@ def _summary_path(given: Path | None) -> Path | None:
     )
 
 
-def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep = time.sleep) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -517,12 +565,22 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
         action="store_true",
         help="--status: re-enable a schedule GitHub disabled for inactivity (actions: write)",
     )
+    parser.add_argument(
+        "--keepalive",
+        action="store_true",
+        help="delete nothing: renew lease.yml's schedule (PUT .../enable; actions: write)",
+    )
     parser.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)
     # In a workflow run the runner's GITHUB_API_URL (GitHub Enterprise's API too), else github.com.
     github_api = os.environ.get("GITHUB_API_URL") or GITHUB_API_URL
     parser.add_argument("--github-api-url", default=github_api, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep = time.sleep) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.status:
+    if args.status or args.keepalive:
         return _status(parser, args, clock, sleep)
     if args.enable:
         parser.error("--enable: only with --status")
@@ -568,7 +626,9 @@ def _status(
     parser: argparse.ArgumentParser, args: argparse.Namespace, clock: Clock, sleep: Sleep
 ) -> int:
     if args.dry_run:
-        parser.error("--dry-run: --status deletes nothing anyway")
+        parser.error("--dry-run: --status and --keepalive delete nothing anyway")
+    if args.status and args.keepalive:
+        parser.error("--keepalive: on its own (each lease run), not with --status")
     if not args.repo or not REPO.fullmatch(args.repo):
         parser.error("--repo: OWNER/REPO, the repository that holds lease.yml")
     if not (math.isfinite(args.max_age_hours) and args.max_age_hours > 0):
@@ -593,6 +653,9 @@ def _status(
     )
     now = datetime.fromtimestamp(clock(), UTC)
     try:
+        if args.keepalive:
+            print(keepalive(api, args.repo))
+            return 0
         out = lease_status(api, args.repo, now, timedelta(hours=args.max_age_hours), args.enable)
     except RefusedError as err:
         print(f"error: {err}", file=sys.stderr)

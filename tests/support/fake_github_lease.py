@@ -23,7 +23,7 @@ import re
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,8 @@ class Seen:
 class FakeGitHub:
     repo: str = "someone/nemotron-droplet"
     state: str = "active"
+    private: bool = False
+    pushed_at: datetime | None = None  # the repository's last push (None: a week before now)
     # token -> the Actions permission it carries on `repo` ("read" or "write")
     tokens: dict[str, str] = field(default_factory=dict)
     runs: list[dict[str, Any]] = field(default_factory=list)
@@ -160,6 +162,10 @@ class FakeGitHub:
         return (404, {"message": "Not Found", "status": "404"}) if body is None else (200, body)
 
     def _get(self, path: str, query: dict[str, list[str]]) -> dict[str, Any] | None:
+        if path == f"/repos/{self.repo}":
+            # GitHub REST repos/get (full-repository): the fields --status reads, both required.
+            pushed = self.pushed_at or datetime.now(UTC) - timedelta(days=7)
+            return {"full_name": self.repo, "private": self.private, "pushed_at": _stamp(pushed)}
         base = f"/repos/{self.repo}/actions"
         workflow = f"{base}/workflows/lease.yml"
         if path == workflow:
