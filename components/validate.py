@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import yaml
 
 from . import render
 from .host import autodown, vllm_service
-from .spec import config
+from .spec import config, transport
 from .spec.schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -267,9 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--github-api-url", default=GITHUB_API_URL, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for flag, value in (("--api-url", args.api_url), ("--github-api-url", args.github_api_url)):
-        api = urllib.parse.urlsplit(value)
-        if api.scheme != "https" and api.hostname != "127.0.0.1":
-            parser.error(f"{flag}: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
+        if problem := transport.token_url_problem(value):
+            parser.error(f"{flag}: {problem}")
     problems, cfg = file_problems(args.stack, args.stacks)
     token = os.environ.get("DIGITALOCEAN_TOKEN", "")
     notes: list[str] = []

@@ -8,7 +8,12 @@ SDKs)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
 from pathlib import Path
+from typing import Any
+
+from components.spec import transport
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPONENTS = ROOT / "components"
@@ -141,3 +146,46 @@ def test_every_function_of_the_program_and_its_tools_reads_whole() -> None:
                     if lines > 80:
                         long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines}")
     assert long == []
+
+
+def _script(path: str) -> Any:
+    """A script that a phase sends whole, imported by path (it cannot import the package)."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem + "_copy", ROOT / path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+# Where a token may go: https to a host, plain http to 127.0.0.1 by its address alone.
+TOKEN_URLS = {
+    "https://api.github.com": True, "https://api.digitalocean.com/v2": True,
+    "http://127.0.0.1:8080": True, "http://127.0.0.1": True,
+    "http://localhost:8080": False, "http://127.0.0.1:1@evil.example": False,
+    "http://api.github.com": False, "http://10.0.0.1:80": False,
+}  # fmt: skip
+RETRY_AFTERS = {"30": 30.0, " 7 ": 7.0, "soon": None, "": None, "-5": None,
+                "Thu, 01 Jan 1970 00:01:40 GMT": 40.0, "Thu, 01 Jan 1970 00:00:10 GMT": 0.0}  # fmt: skip
+
+
+def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_them() -> None:
+    """components/spec/transport.py is the rule (lease.py and validate.py import it); the
+    waker's URL guard and autodown's Retry-After reader are copies in scripts a phase sends
+    whole, and answer as it does."""
+    wake = _script("scripts/phases/wake.py")
+    for url, allowed in TOKEN_URLS.items():
+        assert (transport.token_url_problem(url) is None) == allowed, url
+        try:
+            wake.Settings.from_env({"WAKE_GITHUB_API": url, "WAKE_LISTEN": "127.0.0.1:1"})
+            waker_allows = True
+        except SystemExit:
+            waker_allows = False
+        assert waker_allows == allowed, url
+    autodown = _script("scripts/phases/autodown.py")
+    for header, seconds in RETRY_AFTERS.items():
+        assert transport.retry_after_seconds(header, now=60.0) == seconds, header
+        assert autodown.retry_after(header, 60.0) == seconds, header

@@ -357,6 +357,7 @@ SPARSE = [
     "components/__init__.py",
     "components/spec/__init__.py",
     "components/spec/catalog.py",
+    "components/spec/transport.py",
 ]
 
 

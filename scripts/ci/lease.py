@@ -11,8 +11,8 @@ This rule needs nothing from the Droplet. Each GPU Droplet the program creates c
 components/spec/catalog.py); it expires M minutes after DigitalOcean created it (`created_at`), the
 same ceiling autodown counts. One past its expiry plus `--grace-minutes` (autodown had its
 chance) is deleted by id. `.github/workflows/lease.yml` runs this on a schedule (hourly by
-default). It needs the standard library and components/spec/catalog.py, nothing to install: the
-workflow runs it with the runner image's python3.
+default). It needs the standard library, components/spec/catalog.py and transport.py, nothing
+to install: the workflow runs it with the runner image's python3.
 
 What it touches, and the token it needs (DigitalOcean OpenAPI, specification/resources/):
 - GET /v2/droplets?type=gpus (droplets_list.yml, `droplet:read`): GPU Droplets are listed only
@@ -67,7 +67,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from components.spec import catalog  # the lease tag's one definition
+from components.spec import (
+    catalog,  # the lease tag's one definition
+    transport,  # where a token may go; Retry-After
+)
 
 API_URL = "https://api.digitalocean.com"
 GITHUB_API_URL = "https://api.github.com"
@@ -125,8 +128,8 @@ _OPENER = urllib.request.build_opener(_NoRedirect)
 def request(method: str, url: str, headers: dict[str, str]) -> Answer:
     """One HTTP call with the standard library; any status is an answer, a dropped connection
     or a timeout raises OSError (or http.client.HTTPException)."""
-    if urllib.parse.urlsplit(url).scheme != "https" and not url.startswith("http://127.0.0.1:"):
-        raise ValueError("HTTPS only (plain HTTP to 127.0.0.1 alone)")  # main checked; and here
+    if problem := transport.token_url_problem(url):
+        raise ValueError(problem)  # main checked; and here
     call = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310 (https, above)
     try:
         with _OPENER.open(call, timeout=TIMEOUT_SECONDS) as answer:
@@ -191,12 +194,10 @@ def _path(url: str) -> str:
 
 
 def _retry_after(header: str | None) -> float:
-    """Seconds from a Retry-After of delta-seconds (DigitalOcean's, shared/headers.yml); 60 when
-    it is missing or unreadable."""
-    try:
-        return max(1.0, float(header or "60"))
-    except ValueError:
-        return 60.0
+    """Seconds to wait on a Retry-After (delta-seconds, DigitalOcean's shared/headers.yml, or an
+    HTTP-date); 60 when it is missing or unreadable, 1 at least."""
+    seconds = transport.retry_after_seconds(header, time.time())
+    return 60.0 if seconds is None else max(1.0, seconds)
 
 
 def list_gpu_droplets(api: Api) -> list[dict[str, Any]]:
@@ -517,9 +518,8 @@ def _warn(message: str) -> None:
 
 
 def _loopback_or_https(parser: argparse.ArgumentParser, option: str, url: str) -> None:
-    split = urllib.parse.urlsplit(url)
-    if split.scheme != "https" and split.hostname != "127.0.0.1":
-        parser.error(f"{option}: the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)")
+    if problem := transport.token_url_problem(url):
+        parser.error(f"{option}: {problem}")
 
 
 def _summary_path(given: Path | None) -> Path | None:
