@@ -519,10 +519,23 @@ class Waker:
         if problem is None and found["workflow_state"] != "active":
             problem = (f"{where} is {found['workflow_state']}: enable it (Actions > "
                        f"{self.s.github_workflow} > Enable workflow)")  # fmt: skip
+        if problem is None and self.ref_missing():
+            problem = (f"wake.githubRef: {self.s.github_repo} has no branch "
+                       f"{self.s.github_ref!r}: GitHub would refuse each wake (422)")  # fmt: skip
         if problem is None and expires is not None and expires - now < TOKEN_WARN_DAYS * DAY:
             found["warning"] = (f"wake.token expires on {iso(expires)}: make a new one before "
                                 "then, or the first wake after it fails")  # fmt: skip
         return found | {"problem": problem}
+
+    def ref_missing(self) -> bool:
+        """Whether the dispatch's branch is known not to exist (GET .../git/ref/heads/{ref}: 404
+        once the repository answered; a token without Contents: read gets 403: not known)."""
+        url = f"{self.s.github_api}/repos/{self.s.github_repo}/git/ref/heads/{self.s.github_ref}"
+        try:
+            status, _ = self._request("GET", url, None, self._github_headers())
+        except PipelineError:
+            return False
+        return status == 404
 
     async def pipeline_checks(self) -> None:
         """check_pipeline on start and every PIPELINE_CHECK_SECONDS; each result logged."""
