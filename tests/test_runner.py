@@ -254,15 +254,21 @@ class Runner:
         )  # fmt: skip
 
 
+def _lease_checkout() -> list[str]:
+    """What lease.yml's sparse checkout brings (deploy.yml's lease look runs the same lease.py)."""
+    steps = yaml.safe_load((ROOT / ".github/workflows/lease.yml").read_text())["jobs"]["lease"]
+    [checkout] = [
+        s for s in steps["steps"] if str(s.get("uses", "")).startswith("actions/checkout")
+    ]
+    return str(checkout["with"]["sparse-checkout"]).split()
+
+
 WORKSPACE_FILES = [
     "check",
     "scripts/ci/system-packages.sh",
     "scripts/ci/check-on-runner.sh",
     "scripts/ci/tested.py",
-    "scripts/ci/lease.py",
-    "components/__init__.py",
-    "components/spec/__init__.py",
-    "components/spec/catalog.py",
+    *_lease_checkout(),
     "requirements.txt",
     "policy/requirements.txt",
 ]
