@@ -356,12 +356,13 @@ def test_on_start_the_waker_says_whether_a_wake_could_start_and_until_when(
         (lambda: FakeGitHub(workflow_state="disabled_inactivity"),
          "me/llm's deploy.yml is disabled_inactivity: enable it", None),
         (lambda: FakeGitHub(token=TOKEN + "x"), "wake.token: GitHub refused it", None),
-        (lambda: FakeGitHub(branches=frozenset({"trunk"})),
-         "wake.githubRef: me/llm has no branch 'main'", None),
+        (lambda: FakeGitHub(rate_limited=True), None, "GitHub's rate limit: the pipeline was"),
+        (lambda: FakeGitHub(branches=frozenset({"trunk"})), None,
+         "wake.githubRef: GitHub says me/llm has no branch 'main'"),
         (lambda: FakeGitHub(workflow="other.yml"),
          "wake.githubRepo, wake.githubWorkflow: me/llm's deploy.yml is not there", None),
     ],
-    ids=["expiring", "disabled", "refused", "no-branch", "missing"],
+    ids=["expiring", "disabled", "refused", "rate-limited", "no-branch", "missing"],
 )  # fmt: skip
 def test_a_pipeline_that_would_fail_a_wake_is_said_on_start_not_at_the_wake(
     front_factory: Callable[..., Front],

@@ -487,25 +487,23 @@ class Waker:
     def check_pipeline(self) -> dict[str, Any]:
         """Can a wake start? GitHub's answer to GET /repos/{repo}/actions/workflows/{workflow}
         (actions/get-workflow) with the token: the workflow there and `active`, the token
-        accepted, and when it expires. A definite no is a `problem`; GitHub out of reach, or a
-        token that ends within TOKEN_WARN_DAYS, a `warning`. A webhook cannot be asked."""
+        accepted, and when it expires. A definite no is a `problem` (the wake phase fails on
+        it); GitHub out of reach or rate-limited, a branch GitHub says it lacks (a token without
+        Contents: read may be told so too), or a token that ends within TOKEN_WARN_DAYS, a
+        `warning`. A webhook cannot be asked."""
         now = self.clock()
         found: dict[str, Any] = {"checked_at": iso(now), "problem": None, "warning": None}
         if self.s.trigger != "github":
             return found | {"warning": "a webhook is not checked before a wake"}
-        headers = {k: v for k, v in self._github_headers().items() if k != "Content-Type"}
-        url = self._repo_url(f"workflows/{self.s.github_workflow}")
-        req = urllib.request.Request(url, headers=headers)  # noqa: S310 (from_env: https only)
         try:
-            with urllib.request.urlopen(req, timeout=API_TIMEOUT) as resp:  # noqa: S310
-                status, body, sent = resp.status, json.loads(resp.read() or b"{}"), resp.headers
-        except urllib.error.HTTPError as err:
-            status, body, sent = err.code, {}, err.headers
+            status, body, sent = self._ask_workflow()
         except (urllib.error.URLError, OSError, ValueError) as err:
             return found | {"warning": f"GitHub could not be reached ({type(err).__name__})"}
         expires = token_expiry(sent.get("github-authentication-token-expiration"))
         found["token_expires"] = iso(expires)
         found["workflow_state"] = body.get("state") if isinstance(body, dict) else None
+        if status == 429 or (status == 403 and sent.get("x-ratelimit-remaining") == "0"):
+            return found | {"warning": "GitHub's rate limit: the pipeline was not checked now"}
         where = f"{self.s.github_repo}'s {self.s.github_workflow}"
         problem = {
             401: "wake.token: GitHub refused it (expired or revoked): make a new one and "
@@ -519,13 +517,25 @@ class Waker:
         if problem is None and found["workflow_state"] != "active":
             problem = (f"{where} is {found['workflow_state']}: enable it (Actions > "
                        f"{self.s.github_workflow} > Enable workflow)")  # fmt: skip
+        warnings = []
         if problem is None and self.ref_missing():
-            problem = (f"wake.githubRef: {self.s.github_repo} has no branch "
-                       f"{self.s.github_ref!r}: GitHub would refuse each wake (422)")  # fmt: skip
+            warnings.append(f"wake.githubRef: GitHub says {self.s.github_repo} has no branch "
+                            f"{self.s.github_ref!r}: if so, each wake gets 422")  # fmt: skip
         if problem is None and expires is not None and expires - now < TOKEN_WARN_DAYS * DAY:
-            found["warning"] = (f"wake.token expires on {iso(expires)}: make a new one before "
-                                "then, or the first wake after it fails")  # fmt: skip
-        return found | {"problem": problem}
+            warnings.append(f"wake.token expires on {iso(expires)}: make a new one before then, "
+                            "or the first wake after it fails")  # fmt: skip
+        return found | {"problem": problem, "warning": "; ".join(warnings) or None}
+
+    def _ask_workflow(self) -> tuple[int, Any, Any]:
+        """GET the workflow with the token: (status, JSON body or {}, the answer's headers)."""
+        headers = {k: v for k, v in self._github_headers().items() if k != "Content-Type"}
+        url = self._repo_url(f"workflows/{self.s.github_workflow}")
+        req = urllib.request.Request(url, headers=headers)  # noqa: S310 (from_env: https only)
+        try:
+            with urllib.request.urlopen(req, timeout=API_TIMEOUT) as resp:  # noqa: S310
+                return resp.status, json.loads(resp.read(1_000_000) or b"{}"), resp.headers
+        except urllib.error.HTTPError as err:
+            return err.code, {}, err.headers
 
     def ref_missing(self) -> bool:
         """Whether the dispatch's branch is known not to exist (GET .../git/ref/heads/{ref}: 404

@@ -172,6 +172,8 @@ class GitHub:
     head_sha: str = "0" * 40  # the commit a new run is of (a push moves it)
     workflow_state: str = "active"  # or disabled_inactivity, disabled_manually, ...
     token_expires: str | None = None  # '2027-01-02 03:04:05 UTC': sent with every answer
+    # GitHub's primary rate limit spent: every API call gets 403 and x-ratelimit-remaining: 0.
+    rate_limited: bool = False
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     dispatched: threading.Event = field(default_factory=threading.Event)
@@ -189,8 +191,8 @@ class GitHub:
         self.asked.append(url.path)
         if found := STORAGE.match(url.path):
             return self._storage(int(found[1]), auth, dict(urllib.parse.parse_qsl(url.query)))
-        if auth != f"Bearer {self.token}":
-            return 401, {"message": "Bad credentials"}
+        if refused := self._refusal(auth):
+            return refused
         if method == "GET" and (found := JOB_LOG.match(url.path)) and found[1] == self.repo:
             return self._log_redirect(int(found[2]), origin)
         if method == "POST":
@@ -199,6 +201,15 @@ class GitHub:
                 return 404, {"message": "Not Found"}
             return self._dispatch(body)
         return self._get(url.path, dict(urllib.parse.parse_qsl(url.query)))
+
+    def _refusal(self, auth: str) -> tuple[int, Any] | None:
+        """What GitHub answers before reading a request: a token it does not know (401), or
+        any token once the rate limit is spent (403, with x-ratelimit-remaining: 0)."""
+        if auth != f"Bearer {self.token}":
+            return 401, {"message": "Bad credentials"}
+        if self.rate_limited:
+            return 403, {"message": "API rate limit exceeded for user ID 1."}
+        return None
 
     def _get(self, path: str, query: dict[str, str]) -> tuple[int, Any]:
         """A ref, a run by id, a run's jobs, or a workflow's runs."""
@@ -379,6 +390,8 @@ def serve(github: GitHub, sock: socket.socket, tls: ssl.SSLContext | None) -> lo
                 self.command, self.path, self.headers.get("Authorization", ""), body, origin
             )
             self.send_response(status)
+            if github.rate_limited:
+                self.send_header("x-ratelimit-remaining", "0")
             if github.token_expires and not self.path.startswith("/_storage/"):
                 self.send_header("github-authentication-token-expiration", github.token_expires)
             if status == 302:
