@@ -455,6 +455,7 @@ def a_run(
     }, {
         "id": run_id,
         "head_sha": sha,
+        "event": "push",
         "status": "completed",
         "html_url": f"https://gh/run/{run_id}",
     }
@@ -632,15 +633,22 @@ def strict_github() -> Iterator[tuple[GitHub, str]]:
         server.server_close()
 
 
-def test_a_month_of_wakes_does_not_hide_the_push_run_that_passed(
-    runner: Runner, strict_github: tuple[GitHub, str]
+@pytest.mark.parametrize("passed_by", ["push", "wake"])
+def test_a_month_of_wakes_does_not_hide_the_run_that_passed(
+    runner: Runner, strict_github: tuple[GitHub, str], passed_by: str
 ) -> None:
-    """Every wake is a run of the same commit whose `test` job is skipped. The push run that
-    passed is behind 150 of them (more than one page of 100): the next wake still goes
-    straight to deploy, and asks for no run's jobs but the push run's."""
+    """Every wake is a run of the same commit whose `test` job is skipped. The run that passed
+    is behind 150 of them (more than one page of 100): the push run is asked for first; a wake
+    that ran the tests (GitHub could not tell it before) is found on the second page."""
     fake, api = strict_github
-    passed = fake.push()
-    fake.finish_run("success", passed["id"])
+    if passed_by == "push":
+        passed = fake.push()
+        fake.finish_run("success", passed["id"])
+    else:
+        failed = fake.push()  # its tests failed; a wake ran them again and they passed
+        fake.finish_run("failure", failed["id"], tested="failure")
+        passed = fake.wake()
+        fake.finish_run("success", passed["id"], tested="success")
     for _ in range(150):
         fake.finish_run("success", fake.wake()["id"])
     fake.head_sha = "f" * 40  # a later commit's runs are not this one's
@@ -649,7 +657,11 @@ def test_a_month_of_wakes_does_not_hide_the_push_run_that_passed(
     assert job.outputs["ask"] == {"run-tests": "false"}, job.stdout
     assert f"passed job `test` of deploy.yml already: {passed['html_url']}" in job.summary
     asked_jobs = [path for path in fake.asked if path.endswith("/jobs")]
-    assert asked_jobs == [f"/repos/{REPO}/actions/runs/{passed['id']}/jobs"], asked_jobs
+    assert asked_jobs[-1] == f"/repos/{REPO}/actions/runs/{passed['id']}/jobs", asked_jobs
+    if passed_by == "push":
+        assert len(asked_jobs) == 1, "only the push run's jobs"
+    else:
+        assert len(asked_jobs) == 152, "the failed push, then 150 wakes of two pages, then it"
 
 
 @pytest.mark.parametrize(

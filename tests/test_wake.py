@@ -357,12 +357,14 @@ def test_on_start_the_waker_says_whether_a_wake_could_start_and_until_when(
          "me/llm's deploy.yml is disabled_inactivity: enable it", None),
         (lambda: FakeGitHub(token=TOKEN + "x"), "wake.token: GitHub refused it", None),
         (lambda: FakeGitHub(rate_limited=True), None, "GitHub's rate limit: the pipeline was"),
+        (lambda: FakeGitHub(secondary_limited=True), None, "GitHub's rate limit: the pipeline"),
         (lambda: FakeGitHub(branches=frozenset({"trunk"})), None,
          "wake.githubRef: GitHub says me/llm has no branch 'main'"),
         (lambda: FakeGitHub(workflow="other.yml"),
          "wake.githubRepo, wake.githubWorkflow: me/llm's deploy.yml is not there", None),
     ],
-    ids=["expiring", "disabled", "refused", "rate-limited", "no-branch", "missing"],
+    ids=["expiring", "disabled", "refused", "rate-limited", "secondary-limit", "no-branch",
+         "missing"],
 )  # fmt: skip
 def test_a_pipeline_that_would_fail_a_wake_is_said_on_start_not_at_the_wake(
     front_factory: Callable[..., Front],
@@ -384,17 +386,43 @@ def test_a_pipeline_that_would_fail_a_wake_is_said_on_start_not_at_the_wake(
     assert TOKEN not in json.dumps(found)
 
 
-def test_a_job_log_that_cannot_be_read_still_names_the_job_and_step(
-    front_factory: Callable[..., Front],
+def test_a_fix_that_changes_nothing_on_the_front_is_seen_by_the_next_look(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
 ) -> None:
-    """A failed run whose log says no refusal (a provider error, a broken step): the answer
-    names where it failed and links the run; it never waits for a log."""
+    """The workflow GitHub disabled is enabled again: nothing on the front changes, so the wake
+    phase's next run asks for a fresh look (?pipeline=check) and passes; only the front itself
+    may ask for one (Caddy's gate passes the exact control path alone), keyed or not."""
+    github = FakeGitHub(workflow_state="disabled_inactivity")
+    front = front_factory(github)
+    assert pipeline_of(front)["problem"], "the disabled workflow is a problem"
+    github.workflow_state = "active"
+    assert front.state()["pipeline"]["problem"], "the last look stands until a new one"
+    fresh = requests.get(f"{front.url}{wake.CONTROL_PATH}?pipeline=check", timeout=60).json()
+    assert fresh["pipeline"]["problem"] is None, fresh["pipeline"]
+    cf = caddy_front(front)
+    asked = len(github.asked)
+    for headers in ({}, KEYED):
+        outside = requests.get(f"{cf.url}{wake.CONTROL_PATH}?pipeline=check", headers=headers,
+                               timeout=10)  # fmt: skip
+        assert outside.status_code in (401, 404), (outside.status_code, outside.text)
+    assert len(github.asked) == asked, "no look at GitHub from outside the front"
+
+
+@pytest.mark.parametrize("fault", ["expired", "storage-refuses", "no-log-yet", "cut"])
+def test_a_log_that_cannot_be_read_still_names_the_job_and_step(
+    front_factory: Callable[..., Front], fault: str
+) -> None:
+    """The log's signed URL expired, the storage refuses, GitHub has no log yet (404), or the
+    download is cut mid-way: the answer still names the failed job and step, at once."""
     github = FakeGitHub()
     front = front_factory(github)
-    github.on_dispatch = later(0.5, lambda: github.finish_run("failure", log=["boom"]))
+    github.log_fault = fault
+    github.on_dispatch = later(0.5, lambda: github.finish_run("failure", log=REFUSED_LOG))
+    started = time.monotonic()
     message = front.send(CHAT).json()["error"]["message"]
+    assert time.monotonic() - started < 20
     assert "ended failure in job deploy, step Run pulumi/actions@v7: https://github.com/" in message
-    assert "refused" not in message
+    assert "refused" not in message, message
 
 
 def test_a_wake_cancelled_in_the_concurrency_group_fails_naming_the_run_that_replaced_it(
@@ -859,7 +887,7 @@ def test_the_fields_the_waker_reads_are_the_ones_githubs_description_requires() 
     sent = set(
         re.findall(
             r'^\s+"(\w+)": ',
-            waker[waker.index("def dispatch_github") : waker.index("def call_webhook")],
+            waker[waker.index("def dispatch_github") : waker.index("    def check_pipeline")],
             re.M,
         )
     )

@@ -44,6 +44,9 @@ from typing import Any
 TIMEOUT_S = 10  # one request
 DEADLINE_S = 30  # all of them: past it, the suite runs
 PER_PAGE = 100  # GitHub's largest page of runs
+# deploy.yml's triggers: a run of either tested the commit's own tree (a pull_request run would
+# test a merge commit, whatever its head_sha; deploy.yml has none, and none counts).
+TESTED_EVENTS = ("push", "workflow_dispatch")
 MAX_PAGES = 5  # of each listing: 500 runs of one commit, far past any month of wakes
 
 
@@ -97,6 +100,8 @@ def commit_runs(
             for run in runs:
                 if not isinstance(run, dict) or run.get("head_sha") != sha:
                     continue  # the filter is GitHub's; the check is ours
+                if run.get("event") not in TESTED_EVENTS:
+                    continue  # deploy.yml's own events: what they test is this commit's tree
                 if not isinstance(run.get("id"), int):
                     raise UnknownError(f"GET {url}: a run without an id")
                 if run["id"] not in seen:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import inspect
 import json
 import os
@@ -100,6 +101,7 @@ REFUSAL_HEAD = "nothing was created:"
 REFUSAL_LINE = re.compile(r"^\s*- (\S.*)$")
 LOG_STAMP = re.compile(r"^\ufeff?\d{4}-\d\d-\d\dT[0-9:.]+Z ")
 LOG_LIMIT = 4_000_000  # bytes of a job's log read: a refused up stops long before
+LOG_SECONDS = 60.0  # and for no longer than this, however slowly it trickles
 # The pipeline looked at on start and every PIPELINE_CHECK_SECONDS (a fine-grained token expires,
 # 30 days by default; a public repository's workflow is disabled after 60 days without activity):
 # a problem is said long before the wake that would meet it.
@@ -212,18 +214,20 @@ class PipelineError(Exception):
 
 def refusal_in_log(text: str) -> list[str]:
     """The program's refusal in a job's log: the problems after its last "nothing was created:"
-    line (the CLI's diagnostics and pulumi/actions' error annotation both repeat it), or []."""
-    lines = [LOG_STAMP.sub("", line) for line in text.splitlines()]
+    line (the CLI's diagnostics and pulumi/actions' error annotation both repeat it), or []. One
+    pass over the lines: a log of any shape costs its length."""
     found: list[str] = []
-    for i, line in enumerate(lines):
-        if not line.rstrip().endswith(REFUSAL_HEAD):
-            continue
-        problems = []
-        for following in lines[i + 1 :]:
-            if not (match := REFUSAL_LINE.match(following)):
-                break
+    problems: list[str] | None = None  # collecting after a head line
+    for raw in text.splitlines():
+        line = LOG_STAMP.sub("", raw)
+        if problems is not None and (match := REFUSAL_LINE.match(line)):
             problems.append(match[1].strip()[:400])
-        found = problems or found
+            continue
+        if problems:
+            found = problems
+        problems = [] if line.rstrip().endswith(REFUSAL_HEAD) else None
+    if problems:
+        found = problems
     return list(dict.fromkeys(found))[:5]
 
 
@@ -237,6 +241,20 @@ def token_expiry(value: str | None) -> float | None:
     except ValueError:
         return None
     return at.timestamp()
+
+
+def read_bounded(resp: Any, limit: int, deadline: float) -> str:
+    """At most `limit` bytes of an answer, read in chunks until `deadline` (a socket timeout
+    bounds one read only: a trickle would not end)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit and time.monotonic() < deadline:
+        chunk = resp.read(min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -279,6 +297,7 @@ class Waker:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # The last look at the pipeline (check_pipeline): can a wake start, and until when.
     pipeline: dict[str, Any] = field(default_factory=dict)
+    checking: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -440,7 +459,7 @@ class Waker:
             except ValueError:
                 detail = None
             return err.code, detail
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
             raise PipelineError(
                 f"the pipeline could not be reached: {type(err).__name__}"
             ) from None
@@ -497,12 +516,16 @@ class Waker:
             return found | {"warning": "a webhook is not checked before a wake"}
         try:
             status, body, sent = self._ask_workflow()
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
             return found | {"warning": f"GitHub could not be reached ({type(err).__name__})"}
         expires = token_expiry(sent.get("github-authentication-token-expiration"))
         found["token_expires"] = iso(expires)
-        found["workflow_state"] = body.get("state") if isinstance(body, dict) else None
-        if status == 429 or (status == 403 and sent.get("x-ratelimit-remaining") == "0"):
+        found["workflow_state"] = body.get("state") if status == 200 else None
+        # GitHub's primary limit (x-ratelimit-remaining: 0) and its secondary ones (Retry-After,
+        # a message that says so) answer 403 or 429: not the token's fault.
+        limited = sent.get("x-ratelimit-remaining") == "0" or sent.get("retry-after") or \
+            "rate limit" in str(body.get("message", "")).lower()  # fmt: skip
+        if status == 429 or (status == 403 and limited):
             return found | {"warning": "GitHub's rate limit: the pipeline was not checked now"}
         where = f"{self.s.github_repo}'s {self.s.github_workflow}"
         problem = {
@@ -535,7 +558,11 @@ class Waker:
             with urllib.request.urlopen(req, timeout=API_TIMEOUT) as resp:  # noqa: S310
                 return resp.status, json.loads(resp.read(1_000_000) or b"{}"), resp.headers
         except urllib.error.HTTPError as err:
-            return err.code, {}, err.headers
+            try:
+                said = json.loads(err.read(100_000) or b"{}")
+            except (ValueError, http.client.HTTPException, OSError):
+                said = {}
+            return err.code, said if isinstance(said, dict) else {}, err.headers
 
     def ref_missing(self) -> bool:
         """Whether the dispatch's branch is known not to exist (GET .../git/ref/heads/{ref}: 404
@@ -550,9 +577,20 @@ class Waker:
     async def pipeline_checks(self) -> None:
         """check_pipeline on start and every PIPELINE_CHECK_SECONDS; each result logged."""
         while True:
-            self.pipeline = await asyncio.to_thread(self.check_pipeline)
-            log("pipeline_check", **self.pipeline)
+            await self.look_at_pipeline()
             await asyncio.sleep(PIPELINE_CHECK_SECONDS)
+
+    async def look_at_pipeline(self) -> dict[str, Any]:
+        """One check_pipeline, kept and logged; one at a time (the phase may ask for one while
+        the periodic one runs: it gets that one's answer)."""
+        async with self.checking:
+            try:
+                self.pipeline = await asyncio.to_thread(self.check_pipeline)
+            except Exception as err:  # noqa: BLE001 (the next check must still come)
+                self.pipeline = {"checked_at": iso(self.clock()), "problem": None,
+                                 "warning": f"the check failed ({type(err).__name__})"}  # fmt: skip
+            log("pipeline_check", **self.pipeline)
+            return self.pipeline
 
     def call_webhook(self) -> None:
         headers = {"Content-Type": "application/json", "User-Agent": "nemotron-droplet-wake",
@@ -653,7 +691,8 @@ class Waker:
             steps = [s.get("name") for s in failed[0].get("steps") or []
                      if isinstance(s, dict) and s.get("conclusion") == "failure"]  # fmt: skip
             problems = refusal_in_log(self.job_log(int(failed[0]["id"])))
-        except (PipelineError, ValueError, TypeError, KeyError):
+        except Exception as err:  # noqa: BLE001 (no answer of GitHub's may keep a wake from failing)
+            log("run_reason_unread", error=type(err).__name__)
             return ""
         where = f" in job {failed[0].get('name')}" + (f", step {steps[0]}" if steps else "")
         return where + (f" (the stack was refused: {'; '.join(problems)})" if problems else "")
@@ -666,19 +705,21 @@ class Waker:
         opener = urllib.request.build_opener(_NoRedirect)
         try:
             with opener.open(req, timeout=API_TIMEOUT) as resp:  # a GHES that answers in place
-                return bytes(resp.read(LOG_LIMIT)).decode("utf-8", "replace")
+                return read_bounded(resp, LOG_LIMIT, time.monotonic() + LOG_SECONDS)
         except urllib.error.HTTPError as err:
             location = err.headers.get("Location", "") if err.code in (301, 302, 307) else ""
-        except (urllib.error.URLError, OSError, ValueError):
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
             return ""
-        target = urllib.parse.urlsplit(location)
-        if target.scheme != "https" and target.hostname != "127.0.0.1":
+        # HTTPS, or plain HTTP to 127.0.0.1 when the API itself is there (the tests' fake).
+        target, api = urllib.parse.urlsplit(location), urllib.parse.urlsplit(self.s.github_api)
+        loopback = target.scheme == api.scheme == "http" and target.hostname == "127.0.0.1"
+        if not (target.scheme == "https" and target.hostname) and not loopback:
             return ""
         plain = urllib.request.Request(location, headers={"User-Agent": headers["User-Agent"]})  # noqa: S310
         try:
             with urllib.request.urlopen(plain, timeout=API_TIMEOUT) as resp:  # noqa: S310
-                return bytes(resp.read(LOG_LIMIT)).decode("utf-8", "replace")
-        except (urllib.error.URLError, OSError, ValueError):
+                return read_bounded(resp, LOG_LIMIT, time.monotonic() + LOG_SECONDS)
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
             return ""
 
     # ---- the replicas ----------------------------------------------------------------------------
@@ -888,6 +929,11 @@ class Front:
             if refusal:
                 return refusal_response(refusal)
             return web.json_response(w.snapshot(), status=202)
+        if request.query.get("pipeline") == "check":
+            # The wake phase's fresh look (Caddy's gate passes this path without a query, so
+            # only the front itself asks): after a fix that changed nothing on the front (a
+            # workflow enabled, a token given more permissions) the old answer must not stand.
+            await w.look_at_pipeline()
         return web.json_response(w.snapshot())
 
     async def hold(self, request: web.Request) -> web.StreamResponse:

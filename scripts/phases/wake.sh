@@ -92,8 +92,10 @@ fi
 # first wake a month from now; a token that ends soon, or GitHub out of reach, is said.
 step pipeline "the waker's look at the pipeline: the workflow, the token and its expiry"
 verdict=""
-for _ in $(seq 100); do
-  if state=$(curl --silent --max-time 2 "http://${NEMO_WAKE_ADDRESS}/nemotron/wake"); then
+for _ in $(seq 3); do
+  # A fresh look (?pipeline=check), not the last one: a fix that changed nothing on this front
+  # (a workflow enabled again, a token given more permissions) must not meet the old answer.
+  if state=$(curl --silent --max-time 60 "http://${NEMO_WAKE_ADDRESS}/nemotron/wake?pipeline=check"); then
     verdict=$(python3 -c '
 import json, sys
 p = json.load(sys.stdin).get("pipeline") or {}
@@ -109,7 +111,7 @@ case "${verdict%%$'\t'*}" in
   ok) log "${verdict#*$'\t'}" ;;
   warning) log "warning: ${verdict#*$'\t'}" ;;
   problem) fail "a wake could not start: ${verdict#*$'\t'}" \
-                "mend it and pulumi up again (the waker looks again on every start)" ;;
-  *) log "warning: the waker has not said within 20 s whether a wake could start" ;;
+                "mend it and pulumi up again (this phase asks the waker to look again)" ;;
+  *) log "warning: the waker did not say whether a wake could start" ;;
 esac
 finish '"wake":"on"'

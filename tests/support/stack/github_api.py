@@ -138,6 +138,10 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+class Cut(str):
+    """A plain-text answer whose connection closes inside its one chunk."""
+
+
 def _step_name(step: dict[str, Any]) -> str:
     """A step as GitHub lists it: its name, else "Run " and what it uses or its first line."""
     if step.get("name"):
@@ -174,6 +178,12 @@ class GitHub:
     token_expires: str | None = None  # '2027-01-02 03:04:05 UTC': sent with every answer
     # GitHub's primary rate limit spent: every API call gets 403 and x-ratelimit-remaining: 0.
     rate_limited: bool = False
+    # A secondary rate limit: 403, a Retry-After, and a message that says so (the remaining count
+    # of the primary limit need not be 0).
+    secondary_limited: bool = False
+    # A job log that cannot be read: "expired" (its signed URL already), "storage-refuses",
+    # "no-log-yet" (GitHub's 404), "cut" (the download ends short of its Content-Length).
+    log_fault: str | None = None
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     dispatched: threading.Event = field(default_factory=threading.Event)
@@ -209,6 +219,9 @@ class GitHub:
             return 401, {"message": "Bad credentials"}
         if self.rate_limited:
             return 403, {"message": "API rate limit exceeded for user ID 1."}
+        if self.secondary_limited:
+            return 403, {"message": "You have exceeded a secondary rate limit. Please wait a few "
+                                    "minutes before you try again."}  # fmt: skip
         return None
 
     def _get(self, path: str, query: dict[str, str]) -> tuple[int, Any]:
@@ -321,22 +334,26 @@ class GitHub:
     def _log_redirect(self, job_id: int, origin: str) -> tuple[int, Any]:
         with self.lock:
             job = next((j for r in self.runs for j in r["_jobs"] if j["id"] == job_id), None)
-            if job is None or job["status"] != "completed":
+            if job is None or job["status"] != "completed" or self.log_fault == "no-log-yet":
                 return 404, {"message": "Not Found"}
             sig = secrets.token_urlsafe(16)
-            self.signed[sig] = (job_id, time.monotonic() + SIGNED_FOR)
+            valid = -1.0 if self.log_fault == "expired" else SIGNED_FOR
+            self.signed[sig] = (job_id, time.monotonic() + valid)
         return 302, {"Location": f"{origin}/_storage/logs/{job_id}?sig={sig}"}
 
     def _storage(self, job_id: int, auth: str, query: dict[str, str]) -> tuple[int, Any]:
         """The storage host behind a log's signed URL: the signature alone, within its minute."""
         if auth:
             return 403, "AuthenticationFailed: a signed URL takes no Authorization header"
+        if self.log_fault == "storage-refuses":
+            return 403, "AuthorizationFailure"
         with self.lock:
             signed = self.signed.get(query.get("sig", ""))
             if signed is None or signed[0] != job_id or time.monotonic() > signed[1]:
                 return 403, "AuthenticationFailed: signature not valid or expired"
             job = next(j for r in self.runs for j in r["_jobs"] if j["id"] == job_id)
-            return 200, str(job["_log"])
+            text = str(job["_log"])
+            return 200, Cut(text) if self.log_fault == "cut" else text
 
     def push(self) -> dict[str, Any]:
         """A push to main: deploy.yml's push run, in the default stack's group."""
@@ -350,18 +367,23 @@ class GitHub:
                                                           "refresh": "true"}, "main"))  # fmt: skip
 
     def finish_run(
-        self, conclusion: str, run_id: int | None = None, log: list[str] | None = None
+        self,
+        conclusion: str,
+        run_id: int | None = None,
+        log: list[str] | None = None,
+        tested: str | None = None,
     ) -> None:
         """The run in progress (or `run_id`) ended (`success`, `failure`, `startup_failure`,
         ...); the next pending one in its group starts. Its jobs end as deploy.yml's would:
         `tested` passes, `test` passes on a push (a commit's first run) and is skipped on a
         dispatch (a wake of a commit that passed), `deploy` ends as the run did, its
-        pulumi/actions step failing with `log` (the lines the job printed)."""
+        pulumi/actions step failing with `log` (the lines the job printed). `tested` says how
+        `test` ended instead."""
         with self.lock:
             run = next(r for r in reversed(self.runs)
                        if (r["id"] == run_id if run_id else r["status"] == "in_progress"))  # fmt: skip
             run.update(status="completed", conclusion=conclusion, updated_at=_now())
-            test = "success" if run["event"] == "push" else "skipped"
+            test = tested or ("success" if run["event"] == "push" else "skipped")
             ends = {"tested": "success", "test": test, "deploy": conclusion}
             for job in run["_jobs"] if conclusion != "startup_failure" else []:
                 job.update(status="completed", conclusion=ends.get(job["name"], "success"))
@@ -392,11 +414,21 @@ def serve(github: GitHub, sock: socket.socket, tls: ssl.SSLContext | None) -> lo
             self.send_response(status)
             if github.rate_limited:
                 self.send_header("x-ratelimit-remaining", "0")
+            if github.secondary_limited:
+                self.send_header("retry-after", "60")
             if github.token_expires and not self.path.startswith("/_storage/"):
                 self.send_header("github-authentication-token-expiration", github.token_expires)
             if status == 302:
                 self.send_header("Location", reply["Location"])
                 reply = None
+            if isinstance(reply, Cut):
+                # Chunked, and cut inside a chunk: a client's read raises (IncompleteRead).
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                data = reply.encode()
+                self.wfile.write(f"{len(data) + 4096:x}\r\n".encode() + data[: len(data) // 2])
+                self.close_connection = True
+                return
             if isinstance(reply, str):
                 data = reply.encode()
                 self.send_header("Content-Type", "text/plain; charset=utf-8")
