@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -36,7 +37,7 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from stack import github_api
 from stack.github_api import GitHub
-from test_gateway import KEY, run_caddy
+from test_gateway import KEY, adapt, run_caddy
 
 from components.host import gateway, wake
 from components.spec import config
@@ -942,12 +943,32 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+def paused_upload(url: str, body: bytes, pause: float, timeout: float = 200) -> tuple[int, bytes]:
+    """A keyed request whose client sends half its body, says nothing for `pause` seconds, then
+    sends the rest; its answer."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        half = len(body) // 2
+        sock.sendall(_keyed_head() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:half])
+        time.sleep(pause)
+        with contextlib.suppress(OSError):  # cut while it paused: the answer (or none) says so
+            sock.sendall(body[half:])
+        answer = http.client.HTTPResponse(sock)
+        try:
+            answer.begin()
+        except (http.client.HTTPException, OSError):
+            return 0, b""
+        return answer.status, answer.read()
+
+
 def test_the_shipped_settings_hold_silently_past_a_minute_through_caddy(
     front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
 ) -> None:
     """The waker with the settings the program renders (wake.env_text: hold 540 s, its health,
-    comment and asleep intervals), only its addresses and paths this test's: a request held
-    silently for 65 s through the pinned Caddy is answered, not cut by a timeout."""
+    comment and asleep intervals), only its addresses and paths this test's, behind the pinned
+    Caddy with the front's timeouts as rendered: a request held silently for 70 s, and one whose
+    client paused 65 s in the middle of its body (Caddy 2.11.7's default read_body_idle, one
+    minute, cut that one with 499), are both answered."""
     rendered = dict(line.split("=", 1) for line in wake.env_text(wake_cfg()).splitlines())
     local = {"WAKE_LISTEN", "WAKE_UPSTREAMS_DIR", "WAKE_HOLD_FILE", "WAKE_STATE_FILE"}
     shipped = {k: v for k, v in rendered.items() if k not in local}
@@ -957,17 +978,40 @@ def test_the_shipped_settings_hold_silently_past_a_minute_through_caddy(
     cf = caddy_front(front)
 
     def deploy() -> None:
-        time.sleep(65)
+        time.sleep(70)
         front.start_replica()
         cf.reload()
 
     github.on_dispatch = deploy
-    started = time.monotonic()
-    answer = requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED,
-                           timeout=200)  # fmt: skip
-    assert answer.status_code == 200, answer.text
-    assert time.monotonic() - started > 65
+    with ThreadPoolExecutor(1) as pool:
+        paused = pool.submit(paused_upload, cf.url, json.dumps(CHAT).encode(), 65)
+        started = time.monotonic()
+        answer = requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED,
+                               timeout=200)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        assert time.monotonic() - started > 70
+        status, text = paused.result()
+    assert status == 200, (status, text)
+    assert json.loads(text)["choices"][0]["message"]["content"]
     assert github.dispatches == [DISPATCH]
+
+
+def test_the_front_runs_the_timeouts_it_renders(tmp_path: Path) -> None:
+    """What the pinned Caddy makes of the front's timeouts (`caddy adapt`): each one set, none
+    left to a default (2.11.7 gives read_body_idle and write_idle one minute when unset)."""
+    adapted, _ = adapt(tmp_path, gateway.balancer_site(wake_cfg(), "203.0.113.201"))
+    [server] = adapted["apps"]["http"]["servers"].values()
+    minute, second = 60 * 10**9, 10**9
+    timeouts = {k: v for k, v in server.items() if "timeout" in k or k.endswith("_rate")}
+    assert timeouts == {
+        "read_header_timeout": 30 * second,
+        "read_idle_timeout": 5 * minute,
+        "read_min_rate": 10_000,
+        "write_idle_timeout": minute,
+        "idle_timeout": 5 * minute,
+    }, timeouts
+    # read_body and write: 0s, no hard deadline (Caddy's JSON leaves a zero out).
+    assert "read_timeout" not in server and "write_timeout" not in server
 
 
 def test_a_replica_that_just_joined_is_found_before_any_wake(
