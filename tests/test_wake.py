@@ -136,16 +136,29 @@ class Front:
             time.sleep(0.05)
 
     def wake_in_background(self, body: dict[str, Any] | None = None) -> list[requests.Response]:
-        """A held request on its own thread (its answer lands in the list). A test that ends
-        while it is still held stops the waker under it: that lost answer is nobody's failure."""
-        answers: list[requests.Response] = []
+        """A held request on its own thread (its answer lands in the list)."""
+        return in_background(lambda: self.send(body or CHAT))
 
-        def held() -> None:
-            with contextlib.suppress(requests.ConnectionError):
-                answers.append(self.send(body or CHAT))
+    def wait_held(self, count: int, seconds: float = 10) -> dict[str, Any]:
+        """Until `count` requests are held; the state then."""
+        end = time.monotonic() + seconds
+        while (state := self.state())["held"] != count:
+            assert time.monotonic() < end, state
+            time.sleep(0.05)
+        return state
 
-        threading.Thread(target=held, daemon=True).start()
-        return answers
+
+def in_background(send: Callable[[], requests.Response]) -> list[requests.Response]:
+    """`send` on its own thread (its answer lands in the list). A test that ends while it is
+    still held stops the waker under it: that lost answer is nobody's failure."""
+    answers: list[requests.Response] = []
+
+    def held() -> None:
+        with contextlib.suppress(requests.ConnectionError):
+            answers.append(send())
+
+    threading.Thread(target=held, daemon=True).start()
+    return answers
 
 
 def later(seconds: float, then: Callable[[], None]) -> Callable[[], None]:
@@ -546,6 +559,44 @@ def test_the_held_requests_are_bounded_and_the_rest_told_to_come_back(
     assert over.status_code == 503 and over.json()["error"]["code"] == "front_busy"
     assert over.headers["x-should-retry"] == "true"
     assert all(answers == [] for answers in held), "the three are still held"
+
+
+def sized(size: int) -> bytes:
+    """A chat request's JSON of exactly `size` bytes."""
+    empty = len(json.dumps({**CHAT, "messages": [{"role": "user", "content": ""}]}))
+    return json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * (size - empty)}]},
+                      ).encode()  # fmt: skip
+
+
+def post_body(url: str, body: bytes, chunked: bool) -> requests.Response:
+    """A keyed POST of `body`, with its length or (chunked) in two chunks and no length."""
+    data: bytes | Iterator[bytes] = iter([body[:100], body[100:]]) if chunked else body
+    return requests.post(f"{url}/v1/chat/completions", data=data, timeout=30,
+                         headers={**KEYED, "Content-Type": "application/json"})  # fmt: skip
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
+@pytest.mark.parametrize("via", ["waker", "caddy"])
+def test_the_bodies_held_never_pass_wake_max_held_bytes(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront], via: str,
+    chunked: bool,
+) -> None:  # fmt: skip
+    """WAKE_MAX_HELD_BYTES bounds the bytes of the held bodies, counted as they arrive: a
+    chunked body declares no length (it counted 0 and was never checked once read, so two at
+    once passed the bound). Over it: the busy answer, retry shortly, naming the bound."""
+    front = front_factory(WAKE_MAX_HELD_BYTES="3000", WAKE_EXPECTED_SECONDS="60")
+    url = caddy_front(front).url if via == "caddy" else front.url
+    in_background(lambda: post_body(url, sized(1500), chunked))
+    assert front.wait_held(1)["held_bytes"] == 1500
+    over = post_body(url, sized(2000), chunked)
+    assert over.status_code == 503, over.text
+    assert over.json()["error"]["code"] == "front_busy"
+    assert "may not pass 3000 bytes (WAKE_MAX_HELD_BYTES)" in over.json()["error"]["message"]
+    assert over.headers["x-should-retry"] == "true"
+    state = front.state()
+    assert (state["held"], state["held_bytes"]) == (1, 1500), state
+    in_background(lambda: post_body(url, sized(1500), chunked))
+    assert front.wait_held(2)["held_bytes"] == 3000, "what fits is held"
 
 
 class Draining(BaseHTTPRequestHandler):

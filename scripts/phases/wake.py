@@ -688,6 +688,34 @@ async def sse_error(out: web.StreamResponse, error: bytes) -> None:
 
 
 @dataclass
+class Place:
+    """One held request's bytes in the hold's count (Waker.held_bytes), which never passes
+    WAKE_MAX_HELD_BYTES: grown before the bytes are taken, given back when the request ends."""
+
+    waker: Waker
+    size: int = 0
+
+    def grow(self, to: int) -> bool:
+        """Count `to` bytes for this request, if the hold has room for the difference."""
+        more = to - self.size
+        if more <= 0:
+            return True
+        if self.waker.held_bytes + more > self.waker.s.max_held_bytes:
+            return False
+        self.waker.held_bytes += more
+        self.size = to
+        return True
+
+    def full(self) -> str:
+        bound = self.waker.s.max_held_bytes
+        return f"the bodies held may not pass {bound} bytes (WAKE_MAX_HELD_BYTES)"
+
+    def release(self) -> None:
+        self.waker.held_bytes -= self.size
+        self.size = 0
+
+
+@dataclass
 class Front:
     """The waker's HTTP side: /health, the control path, and the held requests."""
 
@@ -723,29 +751,51 @@ class Front:
         return web.json_response(w.snapshot())
 
     async def hold(self, request: web.Request) -> web.StreamResponse:
-        """A keyed request Caddy sent while no replica was ready: counted, held, relayed."""
+        """A keyed request Caddy sent while no replica was ready: counted, held, relayed. Its
+        place counts the bytes it declared before a byte is read, then those that arrive as
+        they arrive (a chunked body declares none), so the bodies held never pass
+        WAKE_MAX_HELD_BYTES, however many come at once."""
         w, s = self.waker, self.waker.s
         if not request.path.startswith("/v1/"):
             # The gate sends only the API's routes here: anything else wakes nothing.
             return web.Response(status=404, text="not found")
-        length = request.content_length or 0
-        if w.held >= s.max_held or w.held_bytes + length > s.max_held_bytes:
-            log("held_full", held=w.held)
-            return refusal_response(Refusal(
-                f"the front holds {w.held} requests already while the GPU set wakes; "
-                "retry shortly", 5, "front_busy", retry=True))  # fmt: skip
+        place = Place(w)
+        if w.held >= s.max_held:
+            return self.busy(f"at most {s.max_held} are held (WAKE_MAX_HELD)")
+        if not place.grow(request.content_length or 0):
+            return self.busy(place.full())
         w.held += 1
         w.held_total += 1
-        w.held_bytes += length
-        counted = length
         try:
-            body = await request.read()
-            w.held_bytes += len(body) - counted
-            counted = len(body)
+            body = await self.read_body(request, place)
+            if isinstance(body, web.Response):
+                return body
             return await self.held_request(request, body)
         finally:
             w.held -= 1
-            w.held_bytes -= counted
+            place.release()
+
+    async def read_body(self, request: web.Request, place: Place) -> bytes | web.Response:
+        """The body as it arrives, each piece counted in `place` before it is kept: the busy
+        answer the moment the held bodies would pass WAKE_MAX_HELD_BYTES."""
+        pieces: list[bytes] = []
+        got = 0
+        async for piece in request.content.iter_any():
+            got += len(piece)
+            if got > MAX_BODY:
+                return web.Response(status=413, text=f"request body over {MAX_BODY} bytes")
+            if not place.grow(got):
+                return self.busy(place.full())
+            pieces.append(piece)
+        return b"".join(pieces)
+
+    def busy(self, why: str) -> web.Response:
+        """503, retry shortly: the hold is full (its count or its bytes), and which."""
+        w = self.waker
+        log("held_full", held=w.held, held_bytes=w.held_bytes)
+        return refusal_response(Refusal(
+            f"the front holds {w.held} requests ({w.held_bytes} bytes of bodies) already while "
+            f"the GPU set wakes: {why}; retry shortly", 5, "front_busy", retry=True))  # fmt: skip
 
     async def held_request(self, request: web.Request, body: bytes) -> web.StreamResponse:
         """Wait for a ready replica (progress comments on a stream), or answer why not."""
