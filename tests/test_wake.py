@@ -38,6 +38,7 @@ from sandbox import CADDY, free_port
 from stack import github_api
 from stack.github_api import GitHub
 from test_gateway import KEY, adapt, run_caddy
+from test_gateway_attacks import Upstream
 
 from components.host import gateway, wake
 from components.spec import config
@@ -913,41 +914,66 @@ def test_behind_caddy_keyless_floods_wake_nothing_and_awake_requests_skip_the_wa
     assert len(github.dispatches) == 1
 
 
+@pytest.fixture
+def recorder() -> Iterator[Upstream]:
+    """A replica that records every request that reaches it (test_gateway_attacks.Upstream):
+    the waker's looks and Caddy's health checks at /health, keyless and not forwarded, aside."""
+    up = Upstream()
+    up.probes_only = True
+    yield up
+    up.close()
+
+
+def statuses(got: bytes) -> list[int]:
+    return [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", got)]
+
+
+SMUGGLING = {
+    "health-body": b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: "
+    + str(len(SMUGGLED)).encode() + b"\r\n\r\n" + SMUGGLED,
+    "cl-te": b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
+    "te-cl": b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n" + hex(len(SMUGGLED))[2:].encode() + b"\r\n"
+    + SMUGGLED + b"\r\n0\r\n\r\n",
+    "pipelined": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+}  # fmt: skip
+
+
 def test_behind_caddy_a_smuggled_request_wakes_nothing_in_either_state(
-    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
-) -> None:
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront],
+    recorder: Upstream,
+) -> None:  # fmt: skip
     """CL.TE, TE.CL, a body on /health and pipelining, through the real Caddy: asleep (the
-    waker behind it) and awake (the replicas behind it) alike, nothing unkeyed is dispatched
-    for and no second request appears."""
+    waker behind it) and awake (a recording replica behind it) alike, nothing unkeyed is held,
+    dispatched for or proxied to the replica: the replica sees /health alone, and the
+    pipelined keyless POST is Caddy's own 401."""
     github = FakeGitHub()
     front = front_factory(github)
     cf = caddy_front(front)
-    body = len(SMUGGLED)
-    attacks = {
-        "health-body": b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: "
-        + str(body).encode() + b"\r\n\r\n" + SMUGGLED,
-        "cl-te": b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
-        "te-cl": b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n" + hex(body)[2:].encode() + b"\r\n" + SMUGGLED
-        + b"\r\n0\r\n\r\n",
-        "pipelined": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
-    }  # fmt: skip
     for state in ("asleep", "awake"):
-        for name, attack in attacks.items():
-            got = raw_exchange(cf.url, attack, 2)
-            assert b" 200 " not in got.split(b"\r\n")[0] or state == "awake", (state, name, got)
+        for name, attack in SMUGGLING.items():
+            got = statuses(raw_exchange(cf.url, attack, 2))
+            # The first request is /health (the waker's 503 asleep, the replica's 200 awake; a
+            # POST to it, 404); whatever Caddy reads after it is a request of its own, keyless.
+            first = {"asleep": 503, "awake": 200}[state] if name != "cl-te" else 404
+            assert got[0] == first and set(got[1:]) <= {401}, (state, name, got)
+            if name == "pipelined":
+                assert got == [first, 401], got
         time.sleep(0.5)
-        assert github.dispatches == [], state
+        assert github.dispatches == [] and front.state()["held_total"] == 0, state
         if state == "asleep":
             assert front.state()["mode"] == "asleep"
-            front.start_replica()
+            front.join("r0", int(recorder.url.rsplit(":", 1)[1]))
             cf.reload()
             front.wait_mode("awake")
-    # The keyed unsmuggled request still works awake.
+    # Awake, the replica got the three /health requests alone, each with its body as a body.
+    assert [(s["method"], s["path"]) for s in recorder.seen] == [("GET", "/health")] * 3
+    # The keyed unsmuggled request still reaches the replica awake.
     assert requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED,
                          timeout=10).status_code == 200  # fmt: skip
+    assert recorder.seen[-1]["path"] == "/v1/chat/completions"
 
 
 def test_behind_caddy_a_burst_of_500_keyed_requests_while_waking_are_all_answered(
