@@ -38,7 +38,7 @@ from sandbox import CADDY, free_port
 from stack import github_api
 from stack.github_api import GitHub
 from test_gateway import KEY, adapt, run_caddy
-from test_gateway_attacks import Upstream
+from test_gateway_attacks import Upstream, read_body
 
 from components.host import gateway, wake
 from components.spec import config
@@ -141,9 +141,9 @@ class Front:
         return in_background(lambda: self.send(body or CHAT))
 
     def wait_held(self, count: int, seconds: float = 10) -> dict[str, Any]:
-        """Until `count` requests are held; the state then."""
+        """Until `count` requests are held and no body is still arriving; the state then."""
         end = time.monotonic() + seconds
-        while (state := self.state())["held"] != count:
+        while ((state := self.state())["held"], state["reading"]) != (count, 0):
             assert time.monotonic() < end, state
             time.sleep(0.05)
         return state
@@ -834,7 +834,8 @@ def caddy_front(
     sock_dir = Path(tempfile.mkdtemp(prefix="nemo-admin-"))  # a socket path under 108 bytes
     stacks: list[Iterator[Any]] = []
 
-    def make(front: Front) -> CaddyFront:
+    def make(front: Front, edit: Callable[[str], str] = str) -> CaddyFront:
+        """`edit`: what the test changes in the rendered Caddyfile (nothing by default)."""
         admin = sock_dir / f"admin{len(stacks)}.sock"
         listen = gateway.Listen(http_port=free_port(), https_port=free_port(),
                                 admin_socket=str(admin), upstreams=f"{front.upstreams}/*.caddy",
@@ -842,7 +843,7 @@ def caddy_front(
                                 wake_hold_file=str(front.hold_file))  # fmt: skip
         url = f"http://127.0.0.1:{listen.http_port}"
         folder = tmp_path / f"caddy{len(stacks)}"
-        running = run_caddy(folder, gateway.balancer_site(wake_cfg(), "front.example", listen),
+        running = run_caddy(folder, edit(gateway.balancer_site(wake_cfg(), "front.example", listen)),
                             f"{url}/health")  # fmt: skip
         next(running)
         stacks.append(running)
@@ -864,6 +865,20 @@ def caddy_front(
     shutil.rmtree(sock_dir, ignore_errors=True)
 
 
+def keyless_flood(url: str, rounds: int = 100) -> set[int]:
+    """Keyed-looking requests without the key (none, a wrong one, the right one twice), 16 at a
+    time; the statuses they got."""
+
+    def knock(headers: dict[str, str]) -> int:
+        return requests.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers,
+                             timeout=10).status_code  # fmt: skip
+
+    bad = [{}, {"Authorization": "Bearer sk-wrong"},
+           {"Authorization": f"Bearer {API_KEY}, Bearer {API_KEY}"}] * rounds  # fmt: skip
+    with ThreadPoolExecutor(16) as pool:
+        return set(pool.map(knock, bad))
+
+
 def test_behind_caddy_keyless_floods_wake_nothing_and_awake_requests_skip_the_waker(
     front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
 ) -> None:
@@ -881,14 +896,7 @@ def test_behind_caddy_keyless_floods_wake_nothing_and_awake_requests_skip_the_wa
 
     github.on_dispatch = deploy
 
-    def knock(headers: dict[str, str]) -> int:
-        return requests.post(chat, json=CHAT, headers=headers, timeout=10).status_code
-
-    bad = [{}, {"Authorization": "Bearer sk-wrong"},
-           {"Authorization": f"Bearer {API_KEY}, Bearer {API_KEY}"}] * 100  # fmt: skip
-    with ThreadPoolExecutor(16) as pool:
-        codes = list(pool.map(knock, bad))
-    assert set(codes) == {401}
+    assert keyless_flood(cf.url) == {401}
     assert github.dispatches == [], "nothing without the key wakes the set"
     health = requests.get(f"{cf.url}/health", timeout=10)
     assert health.status_code == 503 and health.json()["status"] == "asleep"
@@ -1195,3 +1203,298 @@ def test_behind_caddy_slow_headers_hold_no_place_and_delay_no_keyed_request(
         trickler.join(5)
         for conn in slow:
             conn.close()
+
+
+# ---- the gateway's attack classes against the front, asleep and awake, through the real Caddy --
+
+
+@dataclass
+class Attacked:
+    """The front in one state behind the real Caddy, with a recording replica that joins when
+    the set wakes (asleep) or has joined (awake)."""
+
+    state: str
+    front: Front
+    cf: CaddyFront
+    replica: Upstream
+    github: FakeGitHub
+
+    def join(self) -> None:
+        self.front.join("r0", int(self.replica.url.rsplit(":", 1)[1]))
+        self.cf.reload()
+
+    def keyed(self, **headers: str) -> requests.Response:
+        """A whole keyed request: held and answered once the replica joins (asleep), or
+        answered by it (awake)."""
+        return requests.post(f"{self.cf.url}/v1/chat/completions", json=CHAT, timeout=30,
+                             headers={**KEYED, **headers})  # fmt: skip
+
+    def reached(self) -> list[dict[str, Any]]:
+        """What got past the gate to the replica (the waker's looks and Caddy's checks aside)."""
+        return list(self.replica.seen)
+
+
+@pytest.fixture
+def attacked(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront],
+    recorder: Upstream,
+) -> Callable[..., Attacked]:  # fmt: skip
+    def make(state: str, edit: Callable[[str], str] = str) -> Attacked:
+        github = FakeGitHub()
+        front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
+        a = Attacked(state, front, caddy_front(front, edit), recorder, github)
+        if state == "awake":
+            a.join()
+            front.wait_mode("awake")
+        else:
+            github.on_dispatch = later(0.5, a.join)
+        recorder.seen.clear()
+        return a
+
+    return make
+
+
+STATES = pytest.mark.parametrize("state", ["asleep", "awake"])
+
+
+@STATES
+def test_behind_caddy_bodies_over_the_limit_reach_nothing(
+    attacked: Callable[..., Attacked], state: str
+) -> None:
+    """A declared length over 16 MB is refused long before its body is in, key or not (Caddy
+    reads up to 256 KiB of an unread body before it answers: net/http maxPostHandlerReadBytes);
+    a chunked keyed body is cut at the limit: nothing held, nothing woken, no
+    whole body at the replica."""
+    a = attacked(state)
+    declared = b"Content-Length: 16000001\r\n\r\n" + b" " * 300_000
+    assert statuses(raw_exchange(a.cf.url, _keyed_head() + declared, 2)) == [413]
+    keyless = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + declared
+    assert statuses(raw_exchange(a.cf.url, keyless, 2)) == [413]
+    try:
+        outcome: int | str = post_body(a.cf.url, b"{" + b" " * 17_000_000 + b"}", True).status_code
+    except requests.ConnectionError:
+        outcome = "closed while sending"  # Caddy stopped reading at the limit
+    assert outcome in (413, "closed while sending"), outcome
+    a.front.wait_held(0)
+    assert a.github.dispatches == [] and a.front.state()["mode"] == state
+    assert all(seen["body"] <= 16_000_000 for seen in a.reached()), a.reached()
+
+
+def trickled(url: str, head: bytes, count: int, seconds: float) -> list[tuple[float, list[int]]]:
+    """`count` connections that send `head` and then a byte of body every half second, for up
+    to `seconds`: when each was answered (or closed), and with what."""
+    host, port = url.removeprefix("http://").split(":")
+    conns = [socket.create_connection((host, int(port)), timeout=5) for _ in range(count)]
+    for conn in conns:
+        conn.sendall(head)
+        conn.setblocking(False)
+    started = time.monotonic()
+    got: dict[int, bytes] = {}
+    done: dict[int, float] = {}
+    while len(done) < count and time.monotonic() - started < seconds:
+        time.sleep(0.5)
+        for i, conn in enumerate(conns):
+            if i in done:
+                continue
+            with contextlib.suppress(OSError):
+                conn.send(b"x")
+            try:
+                while chunk := conn.recv(65536):
+                    got[i] = got.get(i, b"") + chunk
+                done[i] = time.monotonic() - started  # closed
+            except BlockingIOError:
+                pass
+            except OSError:
+                done[i] = time.monotonic() - started
+    for conn in conns:
+        conn.close()
+    return [(done.get(i, -1.0), statuses(got.get(i, b""))) for i in range(count)]
+
+
+@STATES
+def test_behind_caddy_a_trickled_body_is_answered_and_let_go(
+    attacked: Callable[..., Attacked], state: str
+) -> None:
+    """RUDY: bodies that arrive a byte at a time. A refused request's answer waits for its body
+    (docs/facts.md), so read_body_idle's minimum rate is what ends them: here after 3 s, not the
+    rendered 5 minutes (test_the_front_runs_the_timeouts_it_renders reads that value, and the
+    shipped-settings test runs it). Keyless ones (declared or chunked) get their 401 and are
+    closed; a keyed one is let go by the waker or the replica behind (Caddy ends the upstream
+    request; its client's own connection stays Caddy's while it trickles); none wakes the set
+    or brings a whole body to the replica, and a whole keyed request beside them is answered."""
+    slow = "read_body_idle 3s 10000"
+    a = attacked(state, lambda text: text.replace("read_body_idle 5m 10000", slow))
+    keyless = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    results = trickled(a.cf.url, keyless + b"Content-Length: 1000\r\n\r\n", 40, 20)
+    results += trickled(a.cf.url, keyless + b"Transfer-Encoding: chunked\r\n\r\n400\r\n", 40, 20)
+    assert all(2 < took < 10 and got == [401] for took, got in results), results
+    trickled(a.cf.url, _keyed_head() + b"Content-Length: 1000\r\n\r\n", 1, 8)
+    state_now = a.front.wait_held(0)
+    assert (state_now["reading"], state_now["held_bytes"], state_now["held_total"]) == (0, 0, 0)
+    assert a.github.dispatches == [], "a body that never ended wakes nothing"
+    assert all(seen["body"] < 1000 for seen in a.reached()), a.reached()
+    answer = a.keyed()
+    assert answer.status_code == 200, answer.text
+    assert a.reached()[-1]["path"] == "/v1/chat/completions" and a.reached()[-1]["body"] > 0
+
+
+SPOOFED = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Host": "evil.example",
+           "X-Forwarded-Proto": "https", "X-Real-IP": "203.0.113.9",
+           "Forwarded": "for=203.0.113.9;host=evil.example"}  # fmt: skip
+
+
+@STATES
+def test_behind_caddy_spoofed_host_and_forwarding_headers_change_nothing(
+    attacked: Callable[..., Attacked], state: str
+) -> None:
+    """A Host naming the waker's own address or another site, and forwarding headers claiming
+    another client: without the key still 401 (the API and the waker's control path), nothing
+    held or woken; with it, answered as any keyed request, and the replica gets Caddy's own
+    X-Forwarded-* (awake: Caddy trusts no proxy, so it replaces them) or none (asleep: the
+    waker forwards none)."""
+    a = attacked(state)
+    for host in ("127.0.0.1:8092", "localhost", "front.example"):
+        spoofed = {"Host": host, **SPOOFED}
+        for path in ("/v1/chat/completions", wake.CONTROL_PATH):
+            r = requests.post(f"{a.cf.url}{path}", json=CHAT, headers=spoofed, timeout=10)
+            assert r.status_code == 401, (host, path, r.status_code)
+    assert a.github.dispatches == [] and a.front.state()["held_total"] == 0 and a.reached() == []
+    answer = a.keyed(Host="127.0.0.1:8092", **SPOOFED)
+    assert answer.status_code == 200, answer.text
+    [seen] = a.reached()
+    forwarded = {k: v for k, v in seen["headers"].items() if k.lower().startswith("x-forwarded")}
+    if state == "awake":
+        assert forwarded == {"X-Forwarded-For": "127.0.0.1", "X-Forwarded-Proto": "http",
+                             "X-Forwarded-Host": "127.0.0.1:8092"}, forwarded  # fmt: skip
+    else:
+        assert forwarded == {} and "X-Real-IP" not in seen["headers"], seen["headers"]
+
+
+@STATES
+def test_behind_caddy_keyless_floods_reach_nothing(
+    attacked: Callable[..., Attacked], state: str
+) -> None:
+    """300 requests without the key (none, wrong, the right one twice), 16 at a time: all 401,
+    none held, none woken for, none at the replica; a keyed one after them is answered."""
+    a = attacked(state)
+    assert keyless_flood(a.cf.url) == {401}
+    assert a.github.dispatches == [] and a.front.state()["held_total"] == 0 and a.reached() == []
+    assert a.keyed().status_code == 200
+
+
+def test_behind_caddy_a_chunked_keyed_request_is_held_and_answered(
+    attacked: Callable[..., Attacked],
+) -> None:
+    """A keyed body without a length, while the set sleeps: held (not bounced with 411), the
+    set woken once, the whole body sent on to the replica once it joins."""
+    a = attacked("asleep")
+    body = json.dumps(CHAT).encode()
+    answer = post_body(a.cf.url, body, chunked=True)
+    assert answer.status_code == 200, answer.text
+    assert [(s["path"], s["body"]) for s in a.reached()] == [("/v1/chat/completions", len(body))]
+    assert a.github.dispatches == [DISPATCH]
+
+
+def test_behind_caddy_a_set_that_dies_awake_is_held_for_again(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    """Awake, Caddy sends keyed requests to the replica; the replica dies (autodown deleted
+    it; its member file stays): the waker's next look raises the hold file, and the next keyed
+    request is held through Caddy, wakes the set once and is answered by the new replica."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    cf = caddy_front(front)
+    front.start_replica()
+    cf.reload()
+    front.wait_mode("awake")
+    assert requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED,
+                         timeout=10).status_code == 200  # fmt: skip
+    github.on_dispatch = later(1.0, lambda: (front.start_replica("r1"), cf.reload()))
+    front.stop_replicas()
+    end = time.monotonic() + 10
+    while not front.hold_file.exists():
+        assert time.monotonic() < end, front.state()
+        time.sleep(0.05)
+    answer = requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"]
+    assert github.dispatches == [DISPATCH] and front.state()["held_total"] == 1
+
+
+FIRST_CHUNK = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "nemotron",
+               "choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]}  # fmt: skip
+
+
+class CutMidAnswer(BaseHTTPRequestHandler):
+    """A replica ready by its /health that starts each answer (a streamed one's first chunk,
+    part of a JSON one) and dies in the middle of it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        loopback.reply(self, 200, b"{}", "application/json")
+
+    def do_POST(self) -> None:
+        stream = json.loads(read_body(self) or b"{}").get("stream") is True
+        self.send_response(200)
+        if stream:
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            event = b"data: " + json.dumps(FIRST_CHUNK).encode() + b"\n\n"
+            self.wfile.write(hex(len(event))[2:].encode() + b"\r\n" + event + b"\r\n")
+        else:
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b'{"id": "c1", "choices": [')
+        self.wfile.flush()
+        time.sleep(0.3)
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_behind_caddy_a_replica_cut_mid_answer_ends_the_held_request_with_an_error(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    """Two requests held while the set wakes, relayed by the waker to the replica that joined,
+    which dies mid-answer: the stream gets the first chunk, then an SSE error event naming the
+    cut (and [DONE]), which the official client raises; the JSON answer is cut as the replica
+    cut it (a connection error the client may retry), never a whole-looking 200."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    cf = caddy_front(front)
+    cut = loopback.serve(CutMidAnswer)
+    port = int(loopback.url(cut).rsplit(":", 1)[1])
+    client = openai.OpenAI(base_url=f"{cf.url}/v1", api_key=API_KEY, max_retries=0)
+
+    def streamed() -> tuple[list[str | None], str]:
+        stream = client.chat.completions.create(model="nemotron", messages=CHAT["messages"],
+                                                max_tokens=4, stream=True)  # fmt: skip
+        got = []
+        with pytest.raises(openai.APIError) as raised:
+            for chunk in stream:
+                got.append(chunk.choices[0].delta.content)
+        return got, str(raised.value)
+
+    def whole() -> str:
+        with pytest.raises(openai.APIConnectionError) as raised:
+            client.chat.completions.create(model="nemotron", messages=CHAT["messages"],
+                                           max_tokens=4)  # fmt: skip
+        return type(raised.value).__name__
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(streamed), pool.submit(whole)]
+            front.wait_held(2)
+            front.join("r0", port)
+            cf.reload()
+            got, error = held[0].result(timeout=30)
+            assert got == ["Hel"] and "the replica stopped mid-answer" in error, (got, error)
+            assert held[1].result(timeout=30) == "APIConnectionError"
+        assert front.state()["held_total"] == 2
+    finally:
+        loopback.stop(cut)

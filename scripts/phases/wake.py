@@ -220,6 +220,7 @@ class Waker:
     gone_looks: int = 0
     gone_since: float | None = None
     held: int = 0
+    reading: int = 0  # requests whose bodies are still arriving (counted in held_bytes)
     held_bytes: int = 0
     held_total: int = 0  # since this service started
     turn: int = 0  # round robin over the ready replicas
@@ -268,6 +269,7 @@ class Waker:
             "hold_seconds": self.s.hold_seconds,
             "expected_seconds": self.s.expected_seconds,
             "held": self.held,
+            "reading": self.reading,
             "held_total": self.held_total,
             "held_bytes": self.held_bytes,
             "last_failure": self.reason or None,
@@ -760,19 +762,26 @@ class Front:
             # The gate sends only the API's routes here: anything else wakes nothing.
             return web.Response(status=404, text="not found")
         place = Place(w)
-        if w.held >= s.max_held:
+        if w.held + w.reading >= s.max_held:
             return self.busy(f"at most {s.max_held} are held (WAKE_MAX_HELD)")
         if not place.grow(request.content_length or 0):
             return self.busy(place.full())
-        w.held += 1
-        w.held_total += 1
         try:
-            body = await self.read_body(request, place)
+            # Held (and woken for) once its body is in: a body that never ends wakes nothing.
+            w.reading += 1
+            try:
+                body = await self.read_body(request, place)
+            finally:
+                w.reading -= 1
             if isinstance(body, web.Response):
                 return body
-            return await self.held_request(request, body)
+            w.held += 1
+            w.held_total += 1
+            try:
+                return await self.held_request(request, body)
+            finally:
+                w.held -= 1
         finally:
-            w.held -= 1
             place.release()
 
     async def read_body(self, request: web.Request, place: Place) -> bytes | web.Response:
@@ -899,6 +908,11 @@ class Front:
             log("forward_cut", error=type(err).__name__)
             if sse is not None or "text/event-stream" in resp.headers.get("Content-Type", ""):
                 await sse_error(out, json.dumps(SSE_REPLICA_CUT).encode())
+            elif request.transport is not None:
+                # Any other answer is cut as the replica cut it: ended cleanly, its half would
+                # pass for a whole one (a 200 whose JSON does not parse, not retried); cut, the
+                # client sees a connection error, which the OpenAI clients retry.
+                request.transport.close()
             return out
         await out.write_eof()
         return out
