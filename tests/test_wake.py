@@ -98,6 +98,7 @@ class Front:
     hold_file: Path
     github: FakeGitHub
     proc: subprocess.Popen[str]
+    env: dict[str, str]
     replicas: list[subprocess.Popen[str]] = field(default_factory=list)
 
     def start_replica(self, name: str = "r0", *args: str) -> None:
@@ -184,13 +185,20 @@ def front_factory(tmp_path: Path) -> Iterator[Callable[..., Front]]:
     fronts: list[Front] = []
     servers = []
 
-    def make(github: FakeGitHub | None = None, fast: bool = True, **settings: str) -> Front:
-        github = github or FakeGitHub()
+    def make(github: FakeGitHub | None = None, fast: bool = True, like: Front | None = None,
+             **settings: str) -> Front:  # fmt: skip
+        """A waker; `like`: the next one after that one stopped, with its address, folders
+        and state (systemd restarting it)."""
+        github = like.github if like else github or FakeGitHub()
         server = github_api.serve(github, socket.create_server(("127.0.0.1", 0)), None)
         servers.append(server)
         upstreams = tmp_path / f"upstreams{len(fronts)}"
         upstreams.mkdir(exist_ok=True)
         hold = tmp_path / f"run{len(fronts)}" / "hold"
+        if like:
+            upstreams, hold = like.upstreams, like.hold_file
+            settings = {**like.env, "WAKE_GITHUB_API": loopback.url(server),
+                        "WAKE_LISTEN": like.url.removeprefix("http://"), **settings}  # fmt: skip
         token = tmp_path / "token"
         token.write_text(TOKEN + "\n")
         env = {
@@ -207,10 +215,10 @@ def front_factory(tmp_path: Path) -> Iterator[Callable[..., Front]]:
         assert proc.stdout is not None
         # Its first look comes before it listens (the hold file matches the replicas first).
         first = json.loads(proc.stdout.readline())
-        while first["event"] == "mode":
+        while first["event"] in ("mode", "wake_resumed"):
             first = json.loads(proc.stdout.readline())
         assert first["event"] == "listening", first
-        front = Front(f"http://{first['address']}", upstreams, hold, github, proc)
+        front = Front(f"http://{first['address']}", upstreams, hold, github, proc, env)
         fronts.append(front)
         return front
 
@@ -467,17 +475,20 @@ def test_a_body_on_health_is_never_read_as_a_request(
 
 
 def test_the_day_budget_survives_a_restart_of_the_waker(
-    front_factory: Callable[..., Front], tmp_path: Path
+    front_factory: Callable[..., Front],
 ) -> None:
+    """A crash loop must not reset the day's wakes: a wake that failed, the waker killed and
+    started again, and the next keyed request meets wake.maxPerDay (no cooldown here, so the
+    budget is what answers)."""
     github = FakeGitHub()
-    state = str(tmp_path / "s.json")
-    front = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=state)
-    front.wake_in_background()
-    github.wait_dispatches(1)
+    github.on_dispatch = later(0.3, lambda: github.finish_run("failure"))
+    front = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_COOLDOWN_MINUTES="0")
+    assert front.send(CHAT).json()["error"]["code"] == "wake_failed"
     front.proc.kill()
     front.proc.wait()
-    again = front_factory(github, WAKE_MAX_PER_DAY="1", WAKE_STATE_FILE=state)
-    assert again.send(CHAT).status_code == 503, "a crash loop must not reset the day's wakes"
+    again = front_factory(like=front)
+    refused = again.send(CHAT)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "wake_budget_spent"
     assert len(github.dispatches) == 1
 
 
@@ -806,6 +817,8 @@ def test_the_waker_and_the_program_share_their_names() -> None:
     rendered = dict(line.split("=", 1) for line in wake.env_text(wake_cfg()).splitlines())
     assert rendered["WAKE_HOLD_FILE"] == wake.HOLD_FILE
     assert f"RuntimeDirectory={wake.HOLD_DIR.removeprefix('/run/')}" in wake.unit_text()
+    # Kept through a restart, so the hold file is (test_behind_caddy_a_waker_restarted_...).
+    assert "RuntimeDirectoryPreserve=restart" in wake.unit_text()
 
 
 # ---- behind the real Caddy, with the balancer's Caddyfile as the gateway phase renders it -------
@@ -1498,3 +1511,48 @@ def test_behind_caddy_a_replica_cut_mid_answer_ends_the_held_request_with_an_err
         assert front.state()["held_total"] == 2
     finally:
         loopback.stop(cut)
+
+
+@pytest.mark.parametrize("how", ["restart", "crash"])
+def test_behind_caddy_a_waker_restarted_while_waking_keeps_holding(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront], how: str
+) -> None:
+    """The waker stops while the set wakes: stopped (systemd's restart, SIGTERM) it answers
+    what it held with a reason and `x-should-retry: true`; crashed (SIGKILL) it cannot. Either
+    way the hold file stays (systemd keeps its folder through a restart), so a keyed request
+    sent while no waker listens is retried by Caddy until the next one does (RestartSec, 1 s),
+    which takes up the wake under way: held, no second dispatch, answered once the replica
+    joins. Before, the file went with the waker and such a request got Caddy's bare 503."""
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
+    cf = caddy_front(front)
+
+    def keyed() -> requests.Response:
+        return requests.post(f"{cf.url}/v1/chat/completions", json=CHAT, headers=KEYED,
+                             timeout=60)  # fmt: skip
+
+    first = in_background(keyed)
+    github.wait_dispatches(1)
+    front.wait_held(1)
+    front.proc.send_signal(signal.SIGTERM if how == "restart" else signal.SIGKILL)
+    front.proc.wait(timeout=30)
+    assert front.hold_file.exists(), "the hold file stays through a restart"
+    if how == "restart":
+        end = time.monotonic() + 10
+        while not first:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert first[0].status_code == 503 and first[0].headers["x-should-retry"] == "true"
+        assert first[0].json()["error"]["code"] == "waker_restarting"
+    during = in_background(keyed)
+    time.sleep(1.0)
+    again = front_factory(like=front)
+    assert again.wait_held(1)["mode"] == "waking" and len(github.dispatches) == 1
+    front.start_replica()
+    cf.reload()
+    end = time.monotonic() + 30
+    while not during:
+        assert time.monotonic() < end, again.state()
+        time.sleep(0.05)
+    assert during[0].status_code == 200, during[0].text
+    assert len(github.dispatches) == 1, "the next waker took up the wake under way"

@@ -10,7 +10,11 @@ from one thread). It is in the data path only while no replica is ready: it keep
 WAKE_HOLD_FILE while that is so, and Caddy's gateway sends a keyed request here only while
 that file exists (a `file` matcher, after the gate has checked the key); awake, Caddy proxies
 to the replicas and no request passes through Python. Unkeyed requests never reach it, but
-`GET /health`, which it answers itself and which never wakes anything.
+`GET /health`, which it answers itself and which never wakes anything. Stopped (SIGTERM), it
+answers what it holds with 503 and `x-should-retry: true` and leaves the file: through a
+restart Caddy keeps sending keyed requests here, retrying the connection until the next waker
+listens, which takes up a wake under way (its run, no second dispatch); stopped for good,
+systemd removes the file's folder.
 
 Asleep means no replica exists: no upstream file, or every upstream refused the connection
 (or was unreachable) at WAKE_ASLEEP_LOOKS looks in a row spanning WAKE_ASLEEP_SECONDS. A
@@ -226,6 +230,7 @@ class Waker:
     turn: int = 0  # round robin over the ready replicas
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     looking: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stopping: bool = False  # SIGTERM: held requests are answered, none is woken for
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     # ---- state ---------------------------------------------------------------------------------
@@ -242,8 +247,20 @@ class Waker:
             self.timeline = dict(data.get("timeline") or {})
             if data.get("failed_at") and now - float(data["failed_at"]) < self.cooldown():
                 self.failed_at, self.reason = float(data["failed_at"]), str(data.get("reason"))
+            self.resume(now)
         except (OSError, ValueError, TypeError, AttributeError):
             log("state_reset", why="the state file did not parse")
+
+    def resume(self, now: float) -> None:
+        """A wake whose pipeline had started when this service stopped (a crash; the deploy's
+        own `pulumi up` installing a new waker) goes on as it was: waking, its run followed,
+        never dispatched a second time."""
+        t = self.timeline
+        if not self.wakes or "pipeline_started" not in t or "ready" in t or "failed" in t:
+            return
+        if now - self.wakes[-1] < self.s.deadline_minutes * 60:
+            self.mode, self.since = "waking", self.wakes[-1]
+            log("wake_resumed", run=t.get("run_id"))
 
     def save(self) -> None:
         if not self.s.state_file:
@@ -823,8 +840,8 @@ class Front:
                 if w.mode == "awake" and w.healthy:
                     continue
             now = w.clock()
-            refusal = w.admit() if w.mode == "asleep" else None
-            if refusal is None and (w.mode == "failed" or now >= deadline):
+            refusal = w.admit() if w.mode == "asleep" and not w.stopping else None
+            if refusal is None and (w.stopping or w.mode == "failed" or now >= deadline):
                 refusal = self.held_refusal(int(time.monotonic() - started), now)
             if refusal is not None:
                 log("held_answered", outcome=refusal.code, waited=int(time.monotonic() - started))
@@ -845,6 +862,11 @@ class Front:
 
     def held_refusal(self, waited: int, now: float) -> Refusal:
         w, s = self.waker, self.waker.s
+        if w.stopping:
+            # The client's retry reaches the next waker: through a restart the hold file stays
+            # and Caddy retries the connection until it listens (components/host/wake.py).
+            return Refusal("the front's waker is restarting (or stopping); retry now",
+                           1, "waker_restarting", retry=True)  # fmt: skip
         if w.mode == "failed":
             return w.cooldown_refusal()
         what = "waking" if w.mode == "waking" else "not ready (starting or draining)"
@@ -939,6 +961,8 @@ async def serve(settings: Settings) -> None:
     async with ClientSession(auto_decompress=False) as session:
         await waker.look(session)  # the hold file matches the replicas before the first request
         waker.route_file()
+        if waker.mode == "waking" and settings.trigger == "github":
+            waker.spawn(waker.watch_github_run(waker.since, waker.timeline.get("run_id")))
         runner = web.AppRunner(Front(waker, session).app(), access_log=None,
                                handle_signals=False, **_cancel_on_disconnect())  # fmt: skip
         await runner.setup()
@@ -951,8 +975,12 @@ async def serve(settings: Settings) -> None:
         monitor = asyncio.ensure_future(waker.monitor(session))
         await stop.wait()
         monitor.cancel()
-        # Stopped: Caddy proxies to the replicas again (systemd removes the folder too).
-        settings.hold_file.unlink(missing_ok=True)
+        # Held requests are answered (retry now), and the hold file stays: through a restart
+        # systemd keeps its folder (RuntimeDirectoryPreserve=restart) and Caddy, still sending
+        # keyed requests here, retries the connection until the next waker listens; a stop
+        # removes the folder, and Caddy proxies to the replicas (components/host/wake.py).
+        waker.stopping = True
+        waker.notify()
         await runner.cleanup()
 
 
