@@ -1029,7 +1029,7 @@ def test_behind_caddy_a_burst_of_500_keyed_requests_while_waking_are_all_answere
 
             return await asyncio.gather(*(one() for _ in range(500)), return_exceptions=True)  # type: ignore[arg-type]
 
-    codes = asyncio.run(burst())
+    codes = front_bench.run(burst())
     assert [c for c in codes if c != 200] == [], sorted(map(str, codes))[:5]
     assert len(github.dispatches) == 1
     print(f"waker RSS with 500 requests held: {rss[0]} KiB")

@@ -32,10 +32,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import requests
@@ -54,6 +54,7 @@ KEY = "sk-front-bench-0123456789"  # a key for this loopback run alone
 CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 FAKE = ROOT / "tests" / "support" / "fake_openai.py"
 WAKER = ROOT / "scripts" / "phases" / "wake.py"
+T = TypeVar("T")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -260,6 +261,16 @@ async def held_rss(front: dict[str, Any], count: int, body_bytes: int) -> dict[s
     return rss
 
 
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """`coro` on a loop of its own: unlike asyncio.run, it leaves the thread's current loop as
+    it was (Pulumi's mocks, in the same test process, ask for it)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
 def measure_memory(count: int, body_bytes: int, folder: Path | None = None) -> dict[str, Any]:
     hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
@@ -267,7 +278,7 @@ def measure_memory(count: int, body_bytes: int, folder: Path | None = None) -> d
         with processes(folder) as p:
             front = start_front(p, [], f"http://127.0.0.1:{hook.server_address[1]}/wake")
             before = {"waker": rss_kib(front["waker"].pid), "caddy": rss_kib(front["caddy"].pid)}
-            held = asyncio.run(held_rss(front, count, body_bytes))
+            held = run(held_rss(front, count, body_bytes))
     finally:
         hook.shutdown()
         hook.server_close()
