@@ -4,6 +4,7 @@ gateway answered 404 but still proxied would show."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ssl
 from collections.abc import Iterator
@@ -17,9 +18,25 @@ import pytest
 from test_gateway import KEY, Gateway, start_gateway
 
 
+def read_body(handler: BaseHTTPRequestHandler) -> bytes:
+    """A request's body framed as HTTP/1.1 frames it: its chunks (RFC 9112 7.1) or its length."""
+    if "chunked" not in handler.headers.get("Transfer-Encoding", "").lower():
+        length = int(handler.headers.get("Content-Length") or 0)
+        return handler.rfile.read(length) if length else b""
+    body = b""
+    while size := int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16):
+        body += handler.rfile.read(size)
+        handler.rfile.readline()
+    while handler.rfile.readline().strip():  # the trailer section, to its empty line
+        pass
+    return body
+
+
 class Upstream:
-    """Answers 200 to anything and records the raw request target, the Authorization values and
-    the body length of every request that reached it."""
+    """Answers 200 to anything and records the raw request target, the Authorization values,
+    the headers and the body length of every request that reached it. It keeps
+    connections alive and frames each body by its length or its chunks, as a real server does,
+    so bytes smuggled past the gateway on one connection would show as a request of their own."""
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
@@ -29,9 +46,15 @@ class Upstream:
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def handle(self) -> None:
+                # The gateway may close a kept-alive connection at any time: not an error.
+                with contextlib.suppress(ConnectionError):
+                    super().handle()
+
             def _any(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                body = read_body(self)
                 checker = self.path == "/health" and "Authorization" not in self.headers
                 if upstream.probes_only and checker and "X-Forwarded-For" not in self.headers:
                     data = b"{}"
@@ -46,6 +69,7 @@ class Upstream:
                         "path": self.path,
                         "auth": self.headers.get_all("Authorization") or [],
                         "body": len(body),
+                        "headers": dict(self.headers.items()),
                     }
                 )
                 data = b'{"object":"list","data":[]}'
@@ -61,6 +85,8 @@ class Upstream:
                 pass
 
         self.server = loopback.serve(Handler)
+        # Its kept-alive connections end with the gateway's: close() does not wait for them.
+        self.server.block_on_close = False
 
     @property
     def url(self) -> str:

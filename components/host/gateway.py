@@ -179,8 +179,7 @@ def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
         # go to the waker (it holds the first and answers the second, which never wakes).
         block = health = wake.held(block, listen.waker, listen.wake_hold_file)
         routes = wake.control_routes(listen.waker)
-    options = _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni,
-                              held=cfg.wake.enabled)  # fmt: skip
+    options = _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni)
     return options + gate(
         cfg,
         site=host if https else f"http://:{listen.http_port}",
@@ -216,25 +215,36 @@ def _local_proxy(upstream: str) -> str:
 			}}"""
 
 
+# The server timeouts, one set for every site: a replica behind the front must wait at least as
+# long as the front does, or it cuts a body or an answer the front still lets through. Caddy
+# 2.11.7 has idle timeouts besides the hard ones, and gives read_body_idle and write_idle a
+# 1-minute default when they are not set (caddyserver/caddy #7913, commit 0cf03d32f:
+# modules/caddyhttp/app.go defaultReadIdleTimeout, server.go ReadIdleTimeout and ReadMinRate,
+# idletimeout.go IdleDeadline; the names in caddyconfig/httpcaddyfile/serveroptions.go), so each
+# is said here:
+# - read_header: a request's header block (slow headers, slowloris).
+# - read_body, write 0s: no hard deadline, so a 16 MB body on a slow link or a generation of
+#   many minutes is never cut while it moves.
+# - read_body_idle 5m 10000: a body may pause (a client that writes it as it goes, 70 s through
+#   the front got 499 at the default), but after its first 5 minutes it must have averaged
+#   10 kB/s (IdleDeadline with MinRate: Start + Timeout + bytes/MinRate), so a body trickled a
+#   byte at a time ends (16 MB may take 32 minutes).
+# - write_idle 1m: a client that takes none of its answer for a minute is let go.
+# - idle 5m: between requests on a kept-alive connection.
+# None cuts a request the front's waker holds silently: its body is read whole before the hold,
+# net/http clears the read deadline once a body ends (src/net/http/server.go,
+# connReader.startBackgroundRead), and nothing is written while it waits (tests/test_wake.py
+# holds one past a minute, and one whose body paused past a minute).
+TIMEOUTS = {"read_header": "30s", "read_body": "0s", "read_body_idle": "5m 10000",
+            "write": "0s", "write_idle": "1m", "idle": "5m"}  # fmt: skip
+
+
 def _global_options(
-    cfg: StackConfig,
-    listen: Listen,
-    admin_socket: str | None,
-    http_port: int,
-    sni: str | None,
-    held: bool = False,
+    cfg: StackConfig, listen: Listen, admin_socket: str | None, http_port: int, sni: str | None
 ) -> str:
     """The global options every site shares: no trust store, the ports, the ACME account, the
-    header and idle timeouts, and the admin API (a root-only socket, or off). `held`: the front
-    that holds requests while the set wakes, whose timeouts say so."""
-    timeouts = "read_header 30s\n\t\t\tidle 5m"
-    if held:
-        # A held request is silent both ways for up to wake.holdSeconds: no hard deadline on
-        # reading its body or writing its answer, said here rather than left to a default
-        # (Caddy after 2.11.7 adds 1-minute read_body_idle and write_idle defaults, which
-        # 2.11.7 does not parse: caddyserver/caddy 0cf03d32f). tests/test_wake.py holds a
-        # silent request for longer than a minute through the pinned Caddy.
-        timeouts = "read_header 30s\n\t\t\tread_body 0s\n\t\t\twrite 0s\n\t\t\tidle 5m"
+    server timeouts (TIMEOUTS), and the admin API (a root-only socket, or off)."""
+    timeouts = "\n\t\t\t".join(f"{name} {value}" for name, value in TIMEOUTS.items())
     options = f"\n\temail {cfg.access.acme_email}" if cfg.access.acme_email else ""
     if listen.acme_ca:
         options += f"\n\tacme_ca {listen.acme_ca}"

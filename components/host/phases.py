@@ -139,7 +139,7 @@ BALANCER: tuple[Phase, ...] = (
         "preflight", (), 20, ps.balancer_preflight, wait_for_ssh=True, delete_minutes=LEAVE_MINUTES
     ),
     # The waker (wake.enabled; else it removes one an earlier run installed): before the
-    # gateway, whose Caddyfile then asks it before each keyed request.
+    # gateway, whose Caddyfile then sends it keyed requests while no replica is ready.
     Phase("wake", (), 10, ps.balancer_wake, delete_minutes=LEAVE_MINUTES),
     Phase(
         "gateway",

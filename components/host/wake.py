@@ -25,7 +25,8 @@ PYTHON = "/usr/bin/python3"
 APT_PACKAGE = "python3-aiohttp"
 # While no replica is ready the waker keeps this file, and the gateway sends keyed requests to
 # the waker (Caddy's `file` matcher, checked per request); awake, it is gone and Caddy proxies to
-# the replicas itself. In the unit's RuntimeDirectory: systemd removes it when the waker stops.
+# the replicas itself. In the unit's RuntimeDirectory, which systemd keeps through a restart and
+# removes when the waker stops (unit_text).
 HOLD_DIR = "/run/nemotron-wake"
 HOLD_FILE = f"{HOLD_DIR}/hold"
 # Keyed control of the waker through the gate (scripts/wake.py): its state, or wake now.
@@ -86,8 +87,14 @@ def env_text(cfg: StackConfig) -> str:
 
 def unit_text() -> str:
     """Its own unprivileged user (DynamicUser), the token as a credential, its state kept across
-    restarts (the day's wakes), restarted at once if it stops: Caddy asks it before each keyed
-    request, so while it is down those requests fail."""
+    restarts (the day's wakes, a wake under way), restarted at once if it stops. Caddy sends it
+    keyed requests only while its hold file exists (no replica ready). Through a restart (a
+    crash, or the wake phase installing a new waker) the file stays: systemd keeps the
+    RuntimeDirectory when the unit is restarted, by Restart= or by `systemctl restart`
+    (RuntimeDirectoryPreserve=restart, systemd man/systemd.exec.xml), so Caddy keeps sending
+    keyed requests here and retries the connection until the next waker listens (held()); the
+    requests it held are answered 503 with `x-should-retry: true`. Stopped for good, the folder
+    goes and Caddy proxies to the replicas."""
     return f"""[Unit]
 Description=Wake the GPU set on a keyed request (nemotron-droplet)
 After=network-online.target
@@ -96,9 +103,11 @@ Wants=network-online.target
 [Service]
 DynamicUser=yes
 StateDirectory=nemotron-wake
-# The hold file's folder: Caddy (user caddy) reads whether it exists.
+# The hold file's folder: Caddy (user caddy) reads whether it exists. Kept through a restart,
+# removed when the waker stops.
 RuntimeDirectory=nemotron-wake
 RuntimeDirectoryMode=0755
+RuntimeDirectoryPreserve=restart
 EnvironmentFile={ENV_FILE}
 LoadCredential=token:{TOKEN_FILE}
 Environment=WAKE_TOKEN_FILE=%d/token
@@ -133,9 +142,11 @@ handle @held {{
 	reverse_proxy {waker} {{
 		# The waker's progress comments and the replica's stream go out as they come.
 		flush_interval -1
-		# A waker restarting (systemd, 1 s) refuses the connection: the request, not sent
-		# yet, is tried again.
-		lb_try_duration 5s
+		# A waker restarting refuses the connection: the request, not sent yet, is tried
+		# again until the next one listens: systemd's RestartSec (1 s), its start, and its first
+		# look (2 s for a replica's /health, 2 more for a bare connect: scripts/phases/wake.py
+		# LOOK_TIMEOUT).
+		lb_try_duration 10s
 		lb_try_interval 250ms
 	}}
 }}

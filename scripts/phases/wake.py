@@ -10,7 +10,11 @@ from one thread). It is in the data path only while no replica is ready: it keep
 WAKE_HOLD_FILE while that is so, and Caddy's gateway sends a keyed request here only while
 that file exists (a `file` matcher, after the gate has checked the key); awake, Caddy proxies
 to the replicas and no request passes through Python. Unkeyed requests never reach it, but
-`GET /health`, which it answers itself and which never wakes anything.
+`GET /health`, which it answers itself and which never wakes anything. Stopped (SIGTERM), it
+answers what it holds with 503 and `x-should-retry: true` and leaves the file: through a
+restart Caddy keeps sending keyed requests here, retrying the connection until the next waker
+listens, which takes up a wake under way (its run, no second dispatch); stopped for good,
+systemd removes the file's folder.
 
 Asleep means no replica exists: no upstream file, or every upstream refused the connection
 (or was unreachable) at WAKE_ASLEEP_LOOKS looks in a row spanning WAKE_ASLEEP_SECONDS. A
@@ -289,11 +293,13 @@ class Waker:
     gone_looks: int = 0
     gone_since: float | None = None
     held: int = 0
+    reading: int = 0  # requests whose bodies are still arriving (counted in held_bytes)
     held_bytes: int = 0
     held_total: int = 0  # since this service started
     turn: int = 0  # round robin over the ready replicas
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     looking: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stopping: bool = False  # SIGTERM: held requests are answered, none is woken for
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # The last look at the pipeline (check_pipeline): can a wake start, and until when.
     pipeline: dict[str, Any] = field(default_factory=dict)
@@ -313,8 +319,20 @@ class Waker:
             self.timeline = dict(data.get("timeline") or {})
             if data.get("failed_at") and now - float(data["failed_at"]) < self.cooldown():
                 self.failed_at, self.reason = float(data["failed_at"]), str(data.get("reason"))
+            self.resume(now)
         except (OSError, ValueError, TypeError, AttributeError):
             log("state_reset", why="the state file did not parse")
+
+    def resume(self, now: float) -> None:
+        """A wake whose pipeline had started when this service stopped (a crash; the deploy's
+        own `pulumi up` installing a new waker) goes on as it was: waking, its run followed,
+        never dispatched a second time."""
+        t = self.timeline
+        if not self.wakes or "pipeline_started" not in t or "ready" in t or "failed" in t:
+            return
+        if now - self.wakes[-1] < self.s.deadline_minutes * 60:
+            self.mode, self.since = "waking", self.wakes[-1]
+            log("wake_resumed", run=t.get("run_id"))
 
     def save(self) -> None:
         if not self.s.state_file:
@@ -340,6 +358,7 @@ class Waker:
             "hold_seconds": self.s.hold_seconds,
             "expected_seconds": self.s.expected_seconds,
             "held": self.held,
+            "reading": self.reading,
             "held_total": self.held_total,
             "held_bytes": self.held_bytes,
             "last_failure": self.reason or None,
@@ -897,6 +916,34 @@ async def sse_error(out: web.StreamResponse, error: bytes) -> None:
 
 
 @dataclass
+class Place:
+    """One held request's bytes in the hold's count (Waker.held_bytes), which never passes
+    WAKE_MAX_HELD_BYTES: grown before the bytes are taken, given back when the request ends."""
+
+    waker: Waker
+    size: int = 0
+
+    def grow(self, to: int) -> bool:
+        """Count `to` bytes for this request, if the hold has room for the difference."""
+        more = to - self.size
+        if more <= 0:
+            return True
+        if self.waker.held_bytes + more > self.waker.s.max_held_bytes:
+            return False
+        self.waker.held_bytes += more
+        self.size = to
+        return True
+
+    def full(self) -> str:
+        bound = self.waker.s.max_held_bytes
+        return f"the bodies held may not pass {bound} bytes (WAKE_MAX_HELD_BYTES)"
+
+    def release(self) -> None:
+        self.waker.held_bytes -= self.size
+        self.size = 0
+
+
+@dataclass
 class Front:
     """The waker's HTTP side: /health, the control path, and the held requests."""
 
@@ -937,29 +984,58 @@ class Front:
         return web.json_response(w.snapshot())
 
     async def hold(self, request: web.Request) -> web.StreamResponse:
-        """A keyed request Caddy sent while no replica was ready: counted, held, relayed."""
+        """A keyed request Caddy sent while no replica was ready: counted, held, relayed. Its
+        place counts the bytes it declared before a byte is read, then those that arrive as
+        they arrive (a chunked body declares none), so the bodies held never pass
+        WAKE_MAX_HELD_BYTES, however many come at once."""
         w, s = self.waker, self.waker.s
         if not request.path.startswith("/v1/"):
             # The gate sends only the API's routes here: anything else wakes nothing.
             return web.Response(status=404, text="not found")
-        length = request.content_length or 0
-        if w.held >= s.max_held or w.held_bytes + length > s.max_held_bytes:
-            log("held_full", held=w.held)
-            return refusal_response(Refusal(
-                f"the front holds {w.held} requests already while the GPU set wakes; "
-                "retry shortly", 5, "front_busy", retry=True))  # fmt: skip
-        w.held += 1
-        w.held_total += 1
-        w.held_bytes += length
-        counted = length
+        place = Place(w)
+        if w.held + w.reading >= s.max_held:
+            return self.busy(f"at most {s.max_held} are held (WAKE_MAX_HELD)")
+        if not place.grow(request.content_length or 0):
+            return self.busy(place.full())
         try:
-            body = await request.read()
-            w.held_bytes += len(body) - counted
-            counted = len(body)
-            return await self.held_request(request, body)
+            # Held (and woken for) once its body is in: a body that never ends wakes nothing.
+            w.reading += 1
+            try:
+                body = await self.read_body(request, place)
+            finally:
+                w.reading -= 1
+            if isinstance(body, web.Response):
+                return body
+            w.held += 1
+            w.held_total += 1
+            try:
+                return await self.held_request(request, body)
+            finally:
+                w.held -= 1
         finally:
-            w.held -= 1
-            w.held_bytes -= counted
+            place.release()
+
+    async def read_body(self, request: web.Request, place: Place) -> bytes | web.Response:
+        """The body as it arrives, each piece counted in `place` before it is kept: the busy
+        answer the moment the held bodies would pass WAKE_MAX_HELD_BYTES."""
+        pieces: list[bytes] = []
+        got = 0
+        async for piece in request.content.iter_any():
+            got += len(piece)
+            if got > MAX_BODY:
+                return web.Response(status=413, text=f"request body over {MAX_BODY} bytes")
+            if not place.grow(got):
+                return self.busy(place.full())
+            pieces.append(piece)
+        return b"".join(pieces)
+
+    def busy(self, why: str) -> web.Response:
+        """503, retry shortly: the hold is full (its count or its bytes), and which."""
+        w = self.waker
+        log("held_full", held=w.held, held_bytes=w.held_bytes)
+        return refusal_response(Refusal(
+            f"the front holds {w.held} requests ({w.held_bytes} bytes of bodies) already while "
+            f"the GPU set wakes: {why}; retry shortly", 5, "front_busy", retry=True))  # fmt: skip
 
     async def held_request(self, request: web.Request, body: bytes) -> web.StreamResponse:
         """Wait for a ready replica (progress comments on a stream), or answer why not."""
@@ -978,8 +1054,8 @@ class Front:
                 if w.mode == "awake" and w.healthy:
                     continue
             now = w.clock()
-            refusal = w.admit() if w.mode == "asleep" else None
-            if refusal is None and (w.mode == "failed" or now >= deadline):
+            refusal = w.admit() if w.mode == "asleep" and not w.stopping else None
+            if refusal is None and (w.stopping or w.mode == "failed" or now >= deadline):
                 refusal = self.held_refusal(int(time.monotonic() - started), now)
             if refusal is not None:
                 log("held_answered", outcome=refusal.code, waited=int(time.monotonic() - started))
@@ -1000,6 +1076,11 @@ class Front:
 
     def held_refusal(self, waited: int, now: float) -> Refusal:
         w, s = self.waker, self.waker.s
+        if w.stopping:
+            # The client's retry reaches the next waker: through a restart the hold file stays
+            # and Caddy retries the connection until it listens (components/host/wake.py).
+            return Refusal("the front's waker is restarting (or stopping); retry now",
+                           1, "waker_restarting", retry=True)  # fmt: skip
         if w.mode == "failed":
             return w.cooldown_refusal()
         what = "waking" if w.mode == "waking" else "not ready (starting or draining)"
@@ -1063,6 +1144,11 @@ class Front:
             log("forward_cut", error=type(err).__name__)
             if sse is not None or "text/event-stream" in resp.headers.get("Content-Type", ""):
                 await sse_error(out, json.dumps(SSE_REPLICA_CUT).encode())
+            elif request.transport is not None:
+                # Any other answer is cut as the replica cut it: ended cleanly, its half would
+                # pass for a whole one (a 200 whose JSON does not parse, not retried); cut, the
+                # client sees a connection error, which the OpenAI clients retry.
+                request.transport.close()
             return out
         await out.write_eof()
         return out
@@ -1089,6 +1175,8 @@ async def serve(settings: Settings) -> None:
     async with ClientSession(auto_decompress=False) as session:
         await waker.look(session)  # the hold file matches the replicas before the first request
         waker.route_file()
+        if waker.mode == "waking" and settings.trigger == "github":
+            waker.spawn(waker.watch_github_run(waker.since, waker.timeline.get("run_id")))
         runner = web.AppRunner(Front(waker, session).app(), access_log=None,
                                handle_signals=False, **_cancel_on_disconnect())  # fmt: skip
         await runner.setup()
@@ -1103,8 +1191,12 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
         monitor.cancel()
         checks.cancel()
-        # Stopped: Caddy proxies to the replicas again (systemd removes the folder too).
-        settings.hold_file.unlink(missing_ok=True)
+        # Held requests are answered (retry now), and the hold file stays: through a restart
+        # systemd keeps its folder (RuntimeDirectoryPreserve=restart) and Caddy, still sending
+        # keyed requests here, retries the connection until the next waker listens; a stop
+        # removes the folder, and Caddy proxies to the replicas (components/host/wake.py).
+        waker.stopping = True
+        waker.notify()
         await runner.cleanup()
 
 

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# wake (on the Caddy balancer, the front): the waker (wake.py) as a service on loopback, to which
-# the gateway sends keyed requests while no replica is ready, and which holds them while the GPU
-# set wakes.
+# wake (on the Caddy balancer, the front): the waker (wake.py) as a service on loopback, to
+# which the gateway sends keyed requests while no replica is ready, and which holds them while
+# the GPU set wakes.
 # Its token (the pipeline's) is a root-only file the unit reads as a systemd credential; its
 # settings a root-only env file. Off: removes the service and the token if an earlier run
 # installed them. Runs before the gateway, whose Caddyfile then routes through it.
