@@ -81,6 +81,15 @@ def get(url: str, token: str, deadline: float) -> Any:
         raise UnknownError(f"GET {url}: {e}") from e
 
 
+def get_list(url: str, key: str, token: str, deadline: float) -> list[Any]:
+    """The list GitHub answers under `key` (workflow_runs, jobs), or UnknownError."""
+    body = get(url, token, deadline)
+    found = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(found, list):
+        raise UnknownError(f"GET {url}: no {key} in the answer")
+    return found
+
+
 def commit_runs(
     api: str, repo: str, workflow: str, sha: str, token: str, deadline: float
 ) -> Iterator[dict[str, Any]]:
@@ -93,10 +102,7 @@ def commit_runs(
             query = {"head_sha": sha, "exclude_pull_requests": "true", "per_page": PER_PAGE,
                      "page": page, **({"event": event} if event else {})}  # fmt: skip
             url = f"{path}?{urllib.parse.urlencode(query)}"
-            body = get(url, token, deadline)
-            runs = body.get("workflow_runs") if isinstance(body, dict) else None
-            if not isinstance(runs, list):
-                raise UnknownError(f"GET {url}: no workflow_runs in the answer")
+            runs = get_list(url, "workflow_runs", token, deadline)
             for run in runs:
                 if not isinstance(run, dict) or run.get("head_sha") != sha:
                     continue  # the filter is GitHub's; the check is ours
@@ -117,11 +123,7 @@ def passed_run(api: str, repo: str, workflow: str, job: str, sha: str, token: st
     for run in commit_runs(api, repo, workflow, sha, token, deadline):
         run_id = run["id"]
         jobs_url = f"{api}/repos/{repo}/actions/runs/{run_id}/jobs?filter=all&per_page=100"
-        body = get(jobs_url, token, deadline)
-        jobs = body.get("jobs") if isinstance(body, dict) else None
-        if not isinstance(jobs, list):
-            raise UnknownError(f"GET {jobs_url}: no jobs in the answer")
-        for j in jobs:
+        for j in get_list(jobs_url, "jobs", token, deadline):
             if (
                 isinstance(j, dict)
                 and j.get("name") == job
