@@ -54,6 +54,9 @@ class Record:
     e2e: float = 0.0
     prompt_tokens: int | None = 0
     completion_tokens: int = 0
+    # Of the prompt, the tokens the server's prefix cache held (usage.prompt_tokens_details,
+    # vLLM with --enable-prompt-tokens-details); None when it does not say.
+    cached_tokens: int | None = None
     # "server": the usage chunk's counts; "client": token chunks counted (no usage was sent).
     counted_by: str = "server"
     turn: int = 0  # with --turns: which request of its session
@@ -147,7 +150,18 @@ async def one_request(
         else:
             record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             record.completion_tokens = int(usage.get("completion_tokens") or 0)
+            details = usage.get("prompt_tokens_details") or {}
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                record.cached_tokens = int(details["cached_tokens"])
     return record
+
+
+def cached_pct(ok: list[Record]) -> float | None:
+    """Of the prompt tokens of the requests whose server said, the share its prefix cache held
+    (the measure of cache-aware routing); None when none said."""
+    said = [r for r in ok if r.cached_tokens is not None and r.prompt_tokens]
+    prompt = sum(r.prompt_tokens or 0 for r in said)
+    return 100 * sum(r.cached_tokens or 0 for r in said) / prompt if prompt else None
 
 
 def request_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
@@ -215,6 +229,7 @@ class Level:
             "output_tokens_per_s": per_s(output_tokens),
             "total_tokens_per_s": per_s(prompt_tokens + output_tokens) if prompt_known else None,
             "mean_prompt_tokens": prompt_tokens / len(ok) if ok and prompt_known else None,
+            "prefix_cached_pct": cached_pct(ok),
             "mean_output_tokens": output_tokens / len(ok) if ok else None,
             "token_counts": "/".join(sorted(counted)) if counted else None,
         }
@@ -389,6 +404,7 @@ def request_line(level: int, report: dict[str, Any], record: Record) -> str:
         "itl_s": record.itls,
         "e2e_s": record.e2e,
         "prompt_tokens": record.prompt_tokens,
+        "cached_tokens": record.cached_tokens,
         "completion_tokens": record.completion_tokens,
         "token_counts": record.counted_by if record.ok else None,
     })  # fmt: skip

@@ -41,6 +41,9 @@ def rows(reports: list[dict[str, Any]], keys: Sequence[str]) -> tuple[list[str],
     columns = ["rate" if open_loop else "conc", "ok/err", "TTFT", "ITL", "TPOT", "E2E", "req/s"]
     columns += ["out tok/s", "tot tok/s"] + (["out tok/s/replica"] if replicas > 1 else [])
     columns += ["goodput", "SLO %"] if goodput else []
+    # The prefix cache's share of the prompt tokens, when the server says (see bench.cached_pct).
+    cached = any(r.get("prefix_cached_pct") is not None for r in reports)
+    columns += ["cached %"] if cached else []
     cells = []
     for r in reports:
         level = r["request_rate"] if open_loop else r["concurrency"]
@@ -56,6 +59,8 @@ def rows(reports: list[dict[str, Any]], keys: Sequence[str]) -> tuple[list[str],
             row.append(_fmt(r["output_tokens_per_s_per_replica"]))
         if goodput:
             row += [_fmt(r["goodput_requests_per_s"]), _fmt(r["slo_attainment_pct"])]
+        if cached:
+            row.append(_fmt(r.get("prefix_cached_pct")))
         cells.append(row)
     return columns, cells
 

@@ -1039,3 +1039,57 @@ def test_bench_with_a_wrong_key_says_so_and_where_the_key_comes_from(tmp_path: P
     assert "stopped: the endpoint refused the API key (HTTP 401)" in given.stderr, given.stderr
     [level] = json.loads((tmp_path / "r.json").read_text())["levels"]
     assert level["requests"] <= 2, "no request sent after the refusals already in flight"
+
+
+def test_the_fakes_prefix_cache_reuses_leading_blocks_only_and_forgets_the_oldest() -> None:
+    """fake_openai.PrefixCache, the model bench's cache-aware measurements run against: full
+    blocks of 4 tokens, a chain (a block counts only behind the same blocks), least recently
+    used out."""
+    cache = fake_openai.PrefixCache(blocks=4, block_tokens=4)
+    system = ["you", "are", "a", "careful", "assistant", "who", "answers"]  # one full block
+    assert cache.serve([*system, "hi", "there"]) == 0, "a cold cache holds nothing"
+    assert cache.serve([*system, "hi", "there"]) == 8, "both full blocks, not the last word"
+    assert cache.serve([*system, "bye"]) == 4, "the shared block, not what follows"
+    assert cache.serve(["oh", *system]) == 0, "the same words behind another first block"
+    for i in range(4):  # four new blocks push the oldest out
+        cache.serve([f"w{i}"] * 4)
+    assert cache.serve([*system, "hi", "there"]) == 0, "forgotten: least recently used"
+
+
+def test_bench_reads_the_prefix_cache_share_and_the_prefill_it_saves(tmp_path: Path) -> None:
+    """With a shared system prompt of 64 words and 2 ms per uncached token, every request after
+    the first finds the prefix in the fake's cache (usage.prompt_tokens_details.cached_tokens):
+    bench's `cached %` is that share, each saved line says its cached tokens, and the first
+    request's TTFT carries the injected prefill of its whole prompt."""
+    saved = tmp_path / "requests.jsonl"
+    fake = ("--ttft", "0.01", "--itl", "0.002", "--prefix-cache-blocks", "1000",
+            "--block-tokens", "16", "--prefill-per-token", "0.002")  # fmt: skip
+    with fake_server(*fake) as base:
+        result = bench_result(
+            base, tmp_path, concurrency=1, requests=6, max_tokens=2, input_tokens=16,
+            shared_prefix=64, seed=3, save_requests=str(saved),
+        )  # fmt: skip
+        served = stats(base)
+    lines = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert lines[0]["cached_tokens"] == 0 and all(x["cached_tokens"] >= 64 for x in lines[1:])
+    share = 100 * sum(x["cached_tokens"] for x in lines) / sum(x["prompt_tokens"] for x in lines)
+    assert result["levels"][0]["prefix_cached_pct"] == pytest.approx(share)
+    assert served["cached_tokens"] == sum(x["cached_tokens"] for x in lines)
+    cold = 0.01 + lines[0]["prompt_tokens"] * 0.002
+    assert cold <= lines[0]["ttft_s"] < cold + 0.1, "the injected prefill, read as TTFT"
+    assert max(x["ttft_s"] for x in lines[1:]) < lines[0]["ttft_s"], "a cached prefix is faster"
+
+
+def test_bench_shows_a_cached_column_only_when_the_server_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # bench_report imports its siblings by name
+    report = importlib.import_module("bench_report")
+    with fake_server("--ttft", "0.01", "--itl", "0.002") as base:
+        plain = bench(base, tmp_path, concurrency=1, requests=2, max_tokens=2)
+    with fake_server("--prefix-cache-blocks", "100") as base:
+        cached = bench(base, tmp_path, concurrency=1, requests=2, max_tokens=2, shared_prefix=32)
+    assert plain[0]["prefix_cached_pct"] is None
+    assert "cached %" not in report.rows(plain, ["p50"])[0]
+    columns, cells = report.rows(cached, ["p50"])
+    assert columns[-1] == "cached %" and float(cells[0][-1]) > 0

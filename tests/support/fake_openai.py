@@ -13,6 +13,11 @@ accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mo
 streams the first half of the tokens as `reasoning` (as vLLM's reasoning parser does since PR
 #27752), `--mode reasoning-content` as `reasoning_content` (vLLM before it, other servers),
 `--mode tool-call` streams only tool-call deltas, `--mode no-usage` never sends the usage chunk.
+`--prefix-cache-blocks N` models vLLM's automatic prefix caching (PrefixCache): the time to the
+first token grows by `--prefill-per-token` for each prompt token not in this replica's cache,
+and the usage says `prompt_tokens_details.cached_tokens`, as vLLM does with
+`--enable-prompt-tokens-details` (vllm/entrypoints/openai/chat_completion/serving.py
+`_make_prompt_tokens_details`).
 `--capacity N` serves at most N requests at once (the rest wait, as in a full engine).
 `--stuck-requests N` adds N to the running gauge for good, as vLLM's gauges can stay up after
 requests are aborted (vllm-project/vllm#22545); the token counters move only with real work
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -55,9 +61,42 @@ from aiohttp import web
 READY = "listening on "
 
 
+class PrefixCache:
+    """vLLM's automatic prefix caching, as a model with no GPU: a prompt (its words, one token
+    each) is cut into blocks of `block_tokens`; a block is known by its words and all the
+    blocks before it (a chain, as vLLM's block hashes are), so only a prompt's leading blocks
+    can be reused; the cached part of a prompt is its longest run of leading blocks held; the
+    cache holds `blocks` of them, the least recently used leaving first. A partial last block
+    is never cached (vLLM caches full blocks only)."""
+
+    def __init__(self, blocks: int, block_tokens: int) -> None:
+        self.blocks, self.block_tokens = blocks, block_tokens
+        self.held: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def serve(self, words: list[str]) -> int:
+        """Prefill `words`: how many of them were cached; their full blocks are cached after."""
+        keys, chain = [], 0
+        for start in range(0, len(words) - self.block_tokens + 1, self.block_tokens):
+            chain = hash((chain, tuple(words[start : start + self.block_tokens])))
+            keys.append(chain)
+        hit = 0
+        while hit < len(keys) and keys[hit] in self.held:
+            hit += 1
+        for key in keys:
+            self.held[key] = None
+            self.held.move_to_end(key)
+        while len(self.held) > self.blocks:
+            self.held.popitem(last=False)
+        return hit * self.block_tokens
+
+
 class FakeServer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        blocks = args.prefix_cache_blocks
+        self.cache = PrefixCache(blocks, args.block_tokens) if blocks else None
+        self.cached_total = 0
+        self.prompt_total = 0
         self.chat_requests = 0
         self.finished = 0
         self.generated = 0
@@ -79,8 +118,35 @@ class FakeServer:
         return web.json_response({"error": "Unauthorized"}, status=401)
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
-        words = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
-        return max(words, 1)
+        return max(len(self.prompt_words(body)), 1)
+
+    @staticmethod
+    def prompt_words(body: dict[str, Any]) -> list[str]:
+        return [w for m in body.get("messages", []) for w in str(m.get("content", "")).split()]
+
+    def prefill(self, body: dict[str, Any]) -> float:
+        """With the prefix-cache model: look the prompt up (its cached tokens kept in the body
+        for the usage) and the time its uncached tokens add to the first token."""
+        if self.cache is None:
+            return 0.0
+        words = self.prompt_words(body)
+        cached = self.cache.serve(words)
+        body["_cached_tokens"] = cached
+        self.cached_total += cached
+        self.prompt_total += len(words)
+        return (len(words) - cached) * self.args.prefill_per_token
+
+    def usage(self, body: dict[str, Any], n: int) -> dict[str, Any]:
+        """The usage block: counts, and with the prefix-cache model what was cached."""
+        prompt = self.prompt_tokens(body)
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": n,
+            "total_tokens": prompt + n,
+        }
+        if "_cached_tokens" in body:
+            usage["prompt_tokens_details"] = {"cached_tokens": body["_cached_tokens"]}
+        return usage
 
     def completion_tokens(self, body: dict[str, Any]) -> int:
         return min(int(body.get("max_tokens") or self.args.tokens), self.args.tokens)
@@ -136,6 +202,8 @@ class FakeServer:
                 "max_in_flight": self.max_in_flight,
                 "arrivals": self.arrivals,
                 "conversations": self.conversations,
+                "prompt_tokens": self.prompt_total,  # with the prefix-cache model
+                "cached_tokens": self.cached_total,
             }
         )
 
@@ -159,14 +227,14 @@ class FakeServer:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             slow = bool(self.args.slow_every and number % self.args.slow_every == 0)
-            ttft = self.args.slow_ttft if slow else self.args.ttft
+            ttft = (self.args.slow_ttft if slow else self.args.ttft) + self.prefill(body)
             if body.get("stream") and self.slots is not None:
                 async with self.slots:
                     return await self.stream(request, body, ttft)
             if body.get("stream"):
                 answer: web.StreamResponse = await self.stream(request, body, ttft)
             else:
-                answer = await self.complete(body)
+                answer = await self.complete(body, ttft)
                 self.prompted += self.prompt_tokens(body)
                 self.generated += self.completion_tokens(body)
             self.finished += 1
@@ -249,10 +317,9 @@ class FakeServer:
             return {"role": "assistant", "content": f"<think>{thinking}</think>{text}"}
         return {"role": "assistant", "content": text, "reasoning": thinking or None}
 
-    async def complete(self, body: dict[str, Any]) -> web.Response:
+    async def complete(self, body: dict[str, Any], ttft: float) -> web.Response:
         n = self.completion_tokens(body)
-        await asyncio.sleep(self.args.ttft + self.args.itl * (n - 1))
-        prompt = self.prompt_tokens(body)
+        await asyncio.sleep(ttft + self.args.itl * (n - 1))
         message = {"role": "assistant", "content": " tok" * n}
         if self.parsing():
             message = self.answer(body, n)
@@ -264,11 +331,7 @@ class FakeServer:
                 "created": int(time.time()),
                 "model": self.args.model,
                 "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-                "usage": {
-                    "prompt_tokens": prompt,
-                    "completion_tokens": n,
-                    "total_tokens": prompt + n,
-                },
+                "usage": self.usage(body, n),
             },
             headers=self.name_header(),
         )
@@ -338,7 +401,7 @@ class FakeServer:
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def chunk(
-            delta: dict[str, Any], finish: str | None = None, usage: dict[str, int] | None = None
+            delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None
         ) -> bytes:
             payload: dict[str, Any] = {
                 "id": ident,
@@ -378,17 +441,7 @@ class FakeServer:
                 )
         wants_usage = (body.get("stream_options") or {}).get("include_usage")
         if wants_usage and self.args.mode != "no-usage":
-            prompt = self.prompt_tokens(body)
-            await response.write(
-                chunk(
-                    {},
-                    usage={
-                        "prompt_tokens": prompt,
-                        "completion_tokens": n,
-                        "total_tokens": prompt + n,
-                    },
-                )
-            )
+            await response.write(chunk({}, usage=self.usage(body, n)))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -423,6 +476,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--thinking", choices=["off", "parsed", "raw"], default="off")
     # Sent back as X-Upstream on every chat answer: which replica served it (balancer tests).
     p.add_argument("--name", default="")
+    p.add_argument("--prefix-cache-blocks", type=int, default=0,
+                   help="model vLLM's prefix cache with this many blocks (0: off)")  # fmt: skip
+    p.add_argument("--block-tokens", type=int, default=16, help="tokens a cache block holds")
+    p.add_argument("--prefill-per-token", type=float, default=0.0,
+                   help="seconds each uncached prompt token adds to the first token")  # fmt: skip
     p.add_argument("--tools", choices=["off", "parsed", "raw"], default="off")
     p.add_argument(
         "--mode",
