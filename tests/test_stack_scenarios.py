@@ -779,7 +779,12 @@ def test_a_wake_after_autodown_comes_back_where_the_front_is_or_is_refused(
         results.append(refused)
         message = str(refused.error)
         emu.github.finish_run("failure", log=pulumi_log(message))
-        waiting.join(timeout=120)
+        finished = time.monotonic()
+        # Within the hold (540 s): the waker's next poll of the run (every 10 s), then its jobs
+        # and log, each call bounded by the waker's 20 s.
+        waiting.join(timeout=300)
+        assert held, f"no answer {time.monotonic() - finished:.0f} s after the run failed: " \
+            + front_log(emu)  # fmt: skip
         status, answer = held[0].stdout.split("\n", 1)
         assert status == "503", held[0].stdout + held[0].stderr
         assert "in job deploy, step Run pulumi/actions@v7 (the stack was refused: " in answer

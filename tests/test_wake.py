@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -1739,3 +1740,42 @@ def test_500_held_requests_stay_within_the_fronts_memory_budget(tmp_path: Path) 
     added = result["rss_kib_added"]
     assert added["waker"] < 64 * 1024 and added["caddy"] < 192 * 1024, result
     print(json.dumps(result))
+
+
+def test_a_look_that_began_before_a_replica_joined_does_not_answer_a_request_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy's own probe through the front comes right after the member phase writes the
+    replica's upstream file. A look that read the files before that and ended after the probe
+    arrived must not stand for the probe (it would see no replica and wake the set): the
+    probe's look is one that began after it was asked."""
+    spec = importlib.util.spec_from_file_location("wake_race", WAKE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["wake_race"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["wake_race"]
+    upstreams = tmp_path / "upstreams"
+    upstreams.mkdir()
+    settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
+                                         "WAKE_HOLD_FILE": str(tmp_path / "hold")})  # fmt: skip
+
+    async def slow_look(_: object, upstream: tuple[str, int]) -> str:
+        await asyncio.sleep(0.3)
+        return str(module.READY)
+
+    monkeypatch.setattr(module, "_look_one", slow_look)
+
+    async def scene() -> list[tuple[str, int]]:
+        waker = module.Waker(settings)
+        (upstreams / "old.caddy").write_text("to 127.0.0.9:1\n")  # a look under way reads it
+        under_way = asyncio.ensure_future(waker.fresh_look(None))
+        await asyncio.sleep(0.1)
+        (upstreams / "new.caddy").write_text("to 127.0.0.10:2\n")  # the member phase
+        await waker.fresh_look(None)  # the probe's own look
+        await under_way
+        return list(waker.healthy)
+
+    assert ("127.0.0.10", 2) in asyncio.run(scene()), "the probe's look saw the new replica"

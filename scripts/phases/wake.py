@@ -754,11 +754,14 @@ class Waker:
         return found
 
     async def look(self, session: ClientSession) -> None:
-        """One look at every replica and the mode that follows."""
+        """One look at every replica and the mode that follows. `checked_at` is when it began
+        (when it read the upstream files): fresh_look trusts no look that began before it was
+        asked, as one that read the files before a member phase wrote one."""
+        began = self.clock()
         ups = self.upstreams()
         found = await asyncio.gather(*(_look_one(session, u) for u in ups))
         now = self.clock()
-        self.checked_at = now
+        self.checked_at = began
         self.healthy = [u for u, f in zip(ups, found, strict=True) if f == READY]
         if all(f == GONE for f in found):  # none answered at all (or there are none)
             self.gone_looks += 1
