@@ -758,6 +758,7 @@ def test_a_wake_after_autodown_comes_back_where_the_front_is_or_is_refused(
         assert back.outputs["endpoint"] == first.outputs["endpoint"], "the address stayed"
         assert str(back.outputs["placement"]).startswith(f"kept: front Droplet {front} ")
         assert back.outputs["cache"]["state"] == "kept"
+        assert emu.github.dispatches == [], "the up's own probe through the front woke nothing"
 
         gone = time.time()
         autodown()
