@@ -1779,3 +1779,46 @@ def test_a_look_that_began_before_a_replica_joined_does_not_answer_a_request_aft
         return list(waker.healthy)
 
     assert ("127.0.0.10", 2) in asyncio.run(scene()), "the probe's look saw the new replica"
+
+
+def test_a_replica_that_just_joined_is_not_called_gone_by_the_looks_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asleep after many looks found nothing; the deploy's member phase writes a replica's file
+    and its probe follows. The new replica does not answer the first look (a gateway still
+    reloading): that one look is not the WAKE_ASLEEP_LOOKS in a row that make the set asleep,
+    so the probe is held (unready), not a wake."""
+    spec = importlib.util.spec_from_file_location("wake_join", WAKE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["wake_join"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["wake_join"]
+    upstreams = tmp_path / "upstreams"
+    upstreams.mkdir()
+    settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
+                                         "WAKE_HOLD_FILE": str(tmp_path / "hold"),
+                                         "WAKE_ASLEEP_SECONDS": "0"})  # fmt: skip
+
+    async def gone(_: object, upstream: tuple[str, int]) -> str:
+        return str(module.GONE)
+
+    monkeypatch.setattr(module, "_look_one", gone)
+
+    async def scene() -> list[str]:
+        waker = module.Waker(settings)
+        (upstreams / "old.caddy").write_text("to 127.0.0.9:1\n")  # the replica autodown deleted
+        for _ in range(5):
+            await waker.look(None)
+        modes = [waker.mode]
+        (upstreams / "new.caddy").write_text("to 127.0.0.10:2\n")  # the member phase
+        await waker.look(None)
+        modes.append(waker.mode)
+        for _ in range(int(settings.asleep_looks)):
+            await waker.look(None)
+        modes.append(waker.mode)
+        return modes
+
+    assert asyncio.run(scene()) == ["asleep", "unready", "asleep"], "a new count, then asleep"

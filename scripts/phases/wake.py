@@ -289,9 +289,11 @@ class Waker:
     failed_at: float | None = None
     timeline: dict[str, Any] = field(default_factory=dict)
     checked_at: float = 0.0
-    # Looks in a row that found no replica at all, and when the first of them was.
+    # Looks in a row that found no replica at all, and when the first of them was; the
+    # upstreams the last look listed.
     gone_looks: int = 0
     gone_since: float | None = None
+    listed: set[tuple[str, int]] = field(default_factory=set)
     held: int = 0
     reading: int = 0  # requests whose bodies are still arriving (counted in held_bytes)
     held_bytes: int = 0
@@ -763,6 +765,11 @@ class Waker:
         now = self.clock()
         self.checked_at = began
         self.healthy = [u for u, f in zip(ups, found, strict=True) if f == READY]
+        if set(ups) - self.listed:
+            # A replica joined since the last look (its member phase wrote its file): the looks
+            # that found none before it say nothing of it; its own count starts now.
+            self.gone_looks, self.gone_since = 0, None
+        self.listed = set(ups)
         if all(f == GONE for f in found):  # none answered at all (or there are none)
             self.gone_looks += 1
             self.gone_since = self.gone_since or now
