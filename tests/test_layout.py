@@ -8,10 +8,10 @@ SDKs)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
+
+import script_module
 
 from components.spec import transport
 
@@ -150,15 +150,7 @@ def test_every_function_of_the_program_and_its_tools_reads_whole() -> None:
 
 def _script(path: str) -> Any:
     """A script that a phase sends whole, imported by path (it cannot import the package)."""
-    spec = importlib.util.spec_from_file_location(Path(path).stem + "_copy", ROOT / path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    return script_module.load(ROOT / path, Path(path).stem + "_copy")
 
 
 # Where a token may go: https to a host, plain http to 127.0.0.1 by its address alone.

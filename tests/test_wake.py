@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
-import importlib.util
 import json
 import os
 import re
@@ -36,6 +35,7 @@ import loopback
 import openai
 import pytest
 import requests
+import script_module
 from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from stack import github_api
@@ -1749,14 +1749,7 @@ def test_a_look_that_began_before_a_replica_joined_does_not_answer_a_request_aft
     replica's upstream file. A look that read the files before that and ended after the probe
     arrived must not stand for the probe (it would see no replica and wake the set): the
     probe's look is one that began after it was asked."""
-    spec = importlib.util.spec_from_file_location("wake_race", WAKE)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["wake_race"] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["wake_race"]
+    module: Any = script_module.load(WAKE, "wake_race")
     upstreams = tmp_path / "upstreams"
     upstreams.mkdir()
     settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
@@ -1788,14 +1781,7 @@ def test_a_replica_that_just_joined_is_not_called_gone_by_the_looks_before_it(
     and its probe follows. The new replica does not answer the first look (a gateway still
     reloading): that one look is not the WAKE_ASLEEP_LOOKS in a row that make the set asleep,
     so the probe is held (unready), not a wake."""
-    spec = importlib.util.spec_from_file_location("wake_join", WAKE)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["wake_join"] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["wake_join"]
+    module: Any = script_module.load(WAKE, "wake_join")
     upstreams = tmp_path / "upstreams"
     upstreams.mkdir()
     settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
