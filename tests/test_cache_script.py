@@ -23,16 +23,42 @@ from test_phase_scripts import MODEL, Phases
 
 from components.spec import catalog
 
-# Big enough for ext4 with a journal; sparse, so it costs nothing on disk.
+# cache.sizeGb of the stacks these tests render: the least the dev model accepts (weights, two
+# vLLM envs, compile caches).
+CACHE_GB = 58
+# A Volume as DigitalOcean makes it for that cache.sizeGb: an image of that size, sparse, which
+# the phase formats lazily (mkfs.ext4 -E lazy_itable_init=1,lazy_journal_init=1): a few MiB of
+# this machine's disk. Its size is what the fake df reports of it (tests/support/fakes/df),
+# so the model phase's disk check sees the Volume's room, not this machine's.
+VOLUME_BYTES = CACHE_GB << 30
+# A Volume adopted smaller than cache.sizeGb asks (made by hand, or before the size was raised):
+# big enough for ext4 with a journal.
 IMAGE_BYTES = 64 * 1024 * 1024
+
+
+def sparse_image(path: Path, size: int) -> Path:
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
 
 
 @pytest.fixture
 def volume(tmp_path: Path) -> Path:
-    image = tmp_path / "volume.img"
-    with image.open("wb") as f:
-        f.truncate(IMAGE_BYTES)
-    return image
+    return sparse_image(tmp_path / "volume.img", VOLUME_BYTES)
+
+
+@pytest.fixture
+def small_volume(tmp_path: Path) -> Path:
+    return sparse_image(tmp_path / "volume.img", IMAGE_BYTES)
+
+
+def format_ext4(image: Path) -> None:
+    """The filesystem the cache phase makes (its options: lazy, so a sparse image stays small)."""
+    subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-m", "0", "-L", catalog.CACHE_LABEL,
+         "-E", "lazy_itable_init=1,lazy_journal_init=1", str(image)],
+        check=True,
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -50,12 +76,6 @@ def droplet(tmp_path: Path, made: list[Sandbox], image: Path | None) -> Sandbox:
         box.attach_volume(image)
     made.append(box)
     return box
-
-
-# cache.sizeGb of the stacks these tests render: the least the dev model accepts (weights, two
-# vLLM envs, compile caches); the tests' Volumes are small image files, so "it grows to 58 GiB
-# on the next pulumi up" is what the phase says of them, as of any Volume adopted smaller.
-CACHE_GB = 58
 
 
 def with_cache(box: Sandbox, downloads: Downloads, image: Path | None, **overrides) -> Phases:
@@ -226,7 +246,7 @@ def test_turning_the_cache_on_copies_what_the_droplet_has_and_off_undoes_it(
     # first try was cut short mid-copy: its side folder is discarded, the copy starts again.
     box.attach_volume(volume)
     attach(p, volume)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", catalog.CACHE_LABEL, str(volume)], check=True)
+    format_ext4(volume)
     Path(f"{volume}.fs-uuid").write_text(blkid(volume, "UUID") + "\n")  # mounted before
     half = Path(f"{volume}.fs") / "conda.partial"
     half.mkdir(parents=True)
@@ -250,13 +270,13 @@ def test_turning_the_cache_on_copies_what_the_droplet_has_and_off_undoes_it(
 
 
 def test_a_volume_with_someone_elses_filesystem_is_never_formatted_over(
-    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+    tmp_path: Path, downloads: Downloads, small_volume: Path, droplets: list[Sandbox]
 ) -> None:
-    subprocess.run(["mkfs.ext2", "-q", "-F", str(volume)], check=True)
-    uuid = blkid(volume, "UUID")
-    p = with_cache(droplet(tmp_path, droplets, volume), downloads, volume)
+    subprocess.run(["mkfs.ext2", "-q", "-F", str(small_volume)], check=True)
+    uuid = blkid(small_volume, "UUID")
+    p = with_cache(droplet(tmp_path, droplets, small_volume), downloads, small_volume)
     p.failed("cache", "filesystem", "attach an empty Volume")
-    assert blkid(volume, "TYPE") == "ext2" and blkid(volume, "UUID") == uuid
+    assert blkid(small_volume, "TYPE") == "ext2" and blkid(small_volume, "UUID") == uuid
 
 
 def test_a_volume_that_is_not_attached_fails_with_the_fix(
@@ -321,22 +341,22 @@ def box_fstab_has_block(box: Sandbox) -> bool:
 
 
 def test_a_volume_with_a_partition_table_is_refused_with_what_wipefs_finds(
-    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+    tmp_path: Path, downloads: Downloads, small_volume: Path, droplets: list[Sandbox]
 ) -> None:
     # An MBR with one partition (what fdisk writes): an entry at 446, the signature at 510.
     entry = bytes([0, 0, 0, 0, 0x83, 0, 0, 0]) + struct.pack("<II", 2048, 4096)
-    with volume.open("r+b") as f:
+    with small_volume.open("r+b") as f:
         f.seek(446)
         f.write(entry)
         f.seek(510)
         f.write(b"\x55\xaa")
-    before = digest(volume)
-    p = with_cache(droplet(tmp_path, droplets, volume), downloads, volume)
+    before = digest(small_volume)
+    p = with_cache(droplet(tmp_path, droplets, small_volume), downloads, small_volume)
     run = p.failed("cache", "filesystem", "attach an empty Volume")
     assert "the Volume holds a dos partition table (wipefs: dos at 0x1fe)" in run.failure, (
         run.failure
     )
-    assert digest(volume) == before
+    assert digest(small_volume) == before
 
 
 def test_a_zero_volume_is_formatted_and_says_why(
@@ -368,23 +388,23 @@ def filesystem_bytes(image: Path) -> int:
 
 
 def test_a_grown_volume_gets_its_filesystem_grown_on_the_next_run(
-    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+    tmp_path: Path, downloads: Downloads, small_volume: Path, droplets: list[Sandbox]
 ) -> None:
-    p = with_cache(droplet(tmp_path, droplets, volume), downloads, volume)
+    p = with_cache(droplet(tmp_path, droplets, small_volume), downloads, small_volume)
     # Adopted at its own size while cache.sizeGb asks more: it grows on the next pulumi up.
     run = p.run("cache")
     assert f"it grows to {CACHE_GB} GiB on the next pulumi up" in run.stderr, run.stderr
-    (Path(f"{volume}.fs") / "conda" / "kept").write_text("what the cache held")
-    assert filesystem_bytes(volume) == IMAGE_BYTES
+    (Path(f"{small_volume}.fs") / "conda" / "kept").write_text("what the cache held")
+    assert filesystem_bytes(small_volume) == IMAGE_BYTES
     # cache.sizeGb raised: DigitalOcean grows the Volume in place, the phase runs again.
-    with volume.open("r+b") as f:
+    with small_volume.open("r+b") as f:
         f.truncate(4 * IMAGE_BYTES)
     run = p.run("cache")
     assert run.returncode == 0 and run.result["changed"] is True, run.stderr
     grew = [line for line in run.stderr.splitlines() if "the Volume grew to 256MiB" in line]
     assert len(grew) == 1 and "growing its ext4 filesystem from 64MiB" in grew[0], run.stderr
-    assert filesystem_bytes(volume) == 4 * IMAGE_BYTES
-    assert (Path(f"{volume}.fs") / "conda" / "kept").read_text() == "what the cache held"
+    assert filesystem_bytes(small_volume) == 4 * IMAGE_BYTES
+    assert (Path(f"{small_volume}.fs") / "conda" / "kept").read_text() == "what the cache held"
     again = p.run("cache")
     assert again.result["changed"] is False, again.stderr
     assert "the filesystem spans the Volume's 256MiB" in again.stderr
@@ -489,7 +509,7 @@ def test_an_incomplete_bind_an_earlier_version_left_is_undone_and_the_copy_compl
     conda folder empty. After the reboot the empty folder hid the Droplet's /opt/conda and a
     re-run said "bound"."""
     box, p = cache_turned_on_later(tmp_path, downloads, volume, droplets)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", catalog.CACHE_LABEL, str(volume)], check=True)
+    format_ext4(volume)
     uuid = blkid(volume, "UUID")
     Path(f"{volume}.fs-uuid").write_text(uuid + "\n")
     fs = Path(f"{volume}.fs")
@@ -522,26 +542,24 @@ def test_an_incomplete_bind_an_earlier_version_left_is_undone_and_the_copy_compl
     assert fstab_binds(box) == [path for _, path in catalog.CACHE_BINDS]
 
 
-# A df for which the cache's filesystem has 16 KiB free, less than the fake conda's 60 (here its
-# content is a folder of this machine's disk: tests/support/fakes/mount).
-FULL_DF = """#!/bin/bash
-if [[ " $* " == *" --output=avail -k "* ]]; then printf 'Avail\\n16\\n'; exit 0; fi
-exec /usr/bin/df "$@"
-"""
-
-
 def test_a_copy_the_cache_has_no_room_for_is_refused_before_it_starts(
-    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+    tmp_path: Path, downloads: Downloads, small_volume: Path, droplets: list[Sandbox]
 ) -> None:
-    box, p = cache_turned_on_later(tmp_path, downloads, volume, droplets)
-    box.file("/usr/local/bin/df", FULL_DF, mode=0o755)
+    box, p = cache_turned_on_later(tmp_path, downloads, small_volume, droplets)
+    # The Volume is ours and full: what it holds fills all of its 64 MiB (the fake df reports
+    # the image's size and what its content folder holds).
+    format_ext4(small_volume)
+    Path(f"{small_volume}.fs-uuid").write_text(blkid(small_volume, "UUID") + "\n")
+    filler = Path(f"{small_volume}.fs") / "filler"
+    filler.parent.mkdir()
+    filler.write_bytes(b"\0" * IMAGE_BYTES)
     run = p.failed("cache", "bind", "raise cache.sizeGb")
-    assert "the cache has 16KiB free: not copied" in run.failure, run.failure
-    assert not (Path(f"{volume}.fs") / "conda.partial").exists()
+    assert "the cache has 0B free: not copied" in run.failure, run.failure
+    assert not (Path(f"{small_volume}.fs") / "conda.partial").exists()
     assert droplet_has_its_conda(box) and not bound(box, catalog.CONDA_PREFIX)
     assert fstab_binds(box) == []
 
-    box.file("/usr/local/bin/df").unlink()
+    filler.unlink()
     p.ok("cache")
     assert bound(box, catalog.CONDA_PREFIX) and droplet_has_its_conda(box)
 
@@ -594,11 +612,14 @@ def reap_loop_devices() -> None:
 
 
 @pytest.fixture
-def loop_device(volume: Path) -> Iterator[str]:
+def loop_device(small_volume: Path) -> Iterator[str]:
     """The Volume's image as a real block device (a loop device), detached afterwards."""
     reap_loop_devices()
     made = subprocess.run(
-        ["losetup", "--find", "--show", str(volume)], capture_output=True, text=True, check=False
+        ["losetup", "--find", "--show", str(small_volume)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if made.returncode != 0:
         pytest.skip(f"no loop device here: {made.stderr.strip()}")
@@ -618,7 +639,11 @@ def in_image(image: Path, path: str) -> bool:
 
 
 def test_a_block_device_volume_is_formatted_mounted_for_real_and_its_growth_is_asked_of_the_kernel(
-    tmp_path: Path, downloads: Downloads, volume: Path, loop_device: str, droplets: list[Sandbox]
+    tmp_path: Path,
+    downloads: Downloads,
+    small_volume: Path,
+    loop_device: str,
+    droplets: list[Sandbox],
 ) -> None:
     """The paths an image file never takes: the size from blockdev, the kernel's own ext4
     mount, and the online resize2fs of a grown disk (here losetup --set-capacity stands for
@@ -627,25 +652,71 @@ def test_a_block_device_volume_is_formatted_mounted_for_real_and_its_growth_is_a
     box = droplet(tmp_path, droplets, Path(loop_device))
     p = with_cache(box, downloads, Path(loop_device))
     first = p.ok("cache")
-    assert first["cache"] == "new" and blkid(volume, "TYPE") == "ext4"
+    assert first["cache"] == "new" and blkid(small_volume, "TYPE") == "ext4"
     p.ok("conda")
     # What the conda phase installed went through the kernel's mount into the filesystem.
-    assert in_image(volume, "/conda/bin/conda")
-    assert not Path(f"{volume}.fs").exists(), "not the image-file fake's folder"
+    assert in_image(small_volume, "/conda/bin/conda")
+    assert not Path(f"{small_volume}.fs").exists(), "not the image-file fake's folder"
     assert p.ok("cache")["cache"] == "warm"
 
-    with volume.open("r+b") as f:
+    with small_volume.open("r+b") as f:
         f.truncate(4 * IMAGE_BYTES)
     subprocess.run(["losetup", "--set-capacity", loop_device], check=True)
     run = p.run("cache")
     if has_cap_sys_resource():
         assert run.returncode == 0 and run.result["changed"] is True, run.stderr
         assert "growing its ext4 filesystem from 64MiB" in run.stderr, run.stderr
-        assert filesystem_bytes(volume) == 4 * IMAGE_BYTES
+        assert filesystem_bytes(small_volume) == 4 * IMAGE_BYTES
     else:
         # The kernel refuses the online resize to this machine's root: the phase says what
         # failed and what to do, and the filesystem and what it holds are untouched.
         assert run.returncode != 0
         assert "resize2fs could not grow the filesystem to the Volume's 256MiB" in run.stderr
-        assert filesystem_bytes(volume) == IMAGE_BYTES
-    assert in_image(volume, "/conda/bin/conda")
+        assert filesystem_bytes(small_volume) == IMAGE_BYTES
+    assert in_image(small_volume, "/conda/bin/conda")
+
+
+# ---- the fake df: the Droplet's disks, not this machine's -------------------------------------
+
+
+def test_the_fake_df_reports_the_droplets_boot_disk_and_volume_in_the_real_dfs_layout(
+    tmp_path: Path, small_volume: Path
+) -> None:
+    """What the phases' disk checks read: the boot disk at the size's GiB, less what the sandbox
+    wrote; a Volume at its image's size, less what its content holds; the real df's header and
+    column layout (the phases take the last line's digits); and this machine's own paths (/run,
+    an option the fake does not know) still from the real df."""
+    box = Sandbox(tmp_path / "droplet", disks=True, boot_disk_gb=40)
+    box.file("/var/lib/written", "x" * (3 << 20))
+    format_ext4(small_volume)
+    box.attach_volume(small_volume, "/dev/disk/by-id/scsi-0DO_Volume_cache")
+    script = """set -e
+mkdir -p /mnt/v /var/lib/hf
+mount /dev/disk/by-id/scsi-0DO_Volume_cache /mnt/v
+mkdir -p /mnt/v/hf && head -c 8388608 /dev/zero > /mnt/v/hf/weights
+mount --bind /mnt/v/hf /var/lib/hf
+echo ==; df --output=avail -BG /var/lib
+echo ==; df --output=used,size -BG /var/lib
+echo ==; df --output=avail -k /root
+echo ==; df --output=used,size -BG /mnt/v
+echo ==; df --output=avail -k /var/lib/hf
+echo ==; df --output=avail -k /run
+echo ==; df -P /var/lib | tail -n 1
+"""
+    run = box.run(script)
+    assert run.returncode == 0, run.stderr
+    parts = [p.strip("\n").splitlines() for p in run.stdout.split("==\n")[1:]]
+    boot_kb = 40 << 20
+    written_kb = int(parts[2][1])
+    assert parts[0] == ["Avail", "  40G"]  # 3 MiB written: rounds up to the whole 40
+    assert parts[1] == ["Used 1G-blocks", "  1G       40G"]
+    assert parts[2][0] == "   Avail" and boot_kb - (4 << 10) <= written_kb < boot_kb - (3 << 10)
+    assert parts[3] == ["Used 1G-blocks", "  1G        1G"]
+    volume_free = int(parts[4][1])
+    assert (64 << 10) - (8 << 10) - 64 <= volume_free <= (64 << 10) - (8 << 10)
+    # Not a disk of the Droplet's (/run is a tmpfs there): the real df, this machine's numbers.
+    real = subprocess.run(
+        ["df", "--output=avail", "-k", str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    assert abs(int(parts[5][1]) - int(real)) < (1 << 20)
+    assert parts[6][0].startswith("overlay ")  # -P: the real df, unchanged

@@ -9,8 +9,9 @@ sandbox that a reboot empties, and the hardware is a set of fakes:
   files the harness writes; /sys/fs/cgroup is a real cgroup2 mount whose controller list is the
   fixture host's (or a tmpfs, for a host without cgroup v2);
 - nvidia-smi, apt-get, dpkg, dpkg-query, systemctl, systemd-run, update-grub, cloud-init,
-  mokutil and journalctl are the fakes in tests/support/fakes, first on PATH (/usr/local/bin); the fake
-  nvidia-smi answers like the real one on the fixture host (shared/fixtures);
+  mokutil, journalctl and df (the boot disk and a Volume at the Droplet's sizes) are the fakes
+  in tests/support/fakes, first on PATH (/usr/local/bin); the fake nvidia-smi answers like
+  the real one on the fixture host (shared/fixtures);
 - downloads (Miniforge, the driver runfile, model files) come from a local HTTP server, and the
   fake Miniforge brings a fake conda, whose envs bring a fake uv and hf; uv installs a fake vllm
   that serves tests/support/fake_openai.py.
@@ -167,7 +168,9 @@ def free_port() -> int:
 
 
 class Sandbox:
-    def __init__(self, base: Path, *, cgroup: str = "v2", disks: bool = False) -> None:
+    def __init__(
+        self, base: Path, *, cgroup: str = "v2", disks: bool = False, boot_disk_gb: int = 720
+    ) -> None:
         self.base = base
         self.cgroup = cgroup
         # disks: a /dev of its own whose disk/ (by-id names of attached Volumes) the harness
@@ -194,6 +197,10 @@ class Sandbox:
         self.set_gpus(1)
         self.hw("driver", "580.159.04")
         self.hw("secure_boot", "disabled")
+        # The boot disk's size as the fake df reports it (GiB): by default a 1-GPU H100's or
+        # H200's (FACTS.md: 720 GiB boot disk), so that no phase's disk check reads how full
+        # this machine's disk is.
+        self.hw("boot_disk_gb", str(boot_disk_gb))
 
     # ---- the fake machine -------------------------------------------------------------------
     def file(self, path: str, content: str | None = None, mode: int = 0o644) -> Path:

@@ -567,7 +567,8 @@ class Account(pulumi_mocks.Mocks):
         host = self.world.add_host(
             inputs["name"], public, private, inputs.get("tags", []), droplet_id
         )
-        box = Sandbox(self.workdir / f"droplet-{droplet_id}", disks=True)
+        box = Sandbox(self.workdir / f"droplet-{droplet_id}", disks=True,
+                      boot_disk_gb=do_api.size(inputs["size"]).disk)  # fmt: skip
         box.set_gpus(catalog_gpu_count(inputs["size"]))
         for prepare in self.prepare_box:
             prepare(box)
