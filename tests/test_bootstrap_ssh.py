@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sandbox import Downloads, Sandbox, free_port
 from stack.net import sshd_config
+from test_cache_script import VOLUME_BYTES, sparse_image
 from test_phase_scripts import Phases, service_pid, unit_env, use_new_locks, vllm_envs, vllm_lock
 
 from components.cloud import bootstrap
@@ -189,11 +190,10 @@ def test_the_whole_bootstrap_over_ssh_with_one_reboot_then_a_second_up_changes_n
     downloads = Downloads(tmp_path / "www")
     device = ""
     if cached:
-        # The cache Volume: an image file (tests/support/fakes/mount); after the reboot only the fstab
-        # lines the cache phase wrote bring it back, as on a Droplet.
-        image = tmp_path / "volume.img"
-        with image.open("wb") as f:
-            f.truncate(64 * 1024 * 1024)
+        # The cache Volume: an image file (tests/support/fakes/mount) of the size DigitalOcean
+        # makes for the stack's cache.sizeGb (sparse: the model phase checks its room); after
+        # the reboot only the fstab lines the cache phase wrote bring it back, as on a Droplet.
+        image = sparse_image(tmp_path / "volume.img", VOLUME_BYTES)
         droplet.box.attach_volume(image)
         device = str(image)
     try:
