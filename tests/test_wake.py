@@ -549,6 +549,38 @@ def test_a_hold_past_wake_hold_seconds_asks_the_client_to_retry_at_once(
     assert front.state()["mode"] == "waking", "the wake goes on for the next request"
 
 
+def test_a_run_waiting_for_a_reviewer_is_said_to_held_requests_until_it_is_approved(
+    front_factory: Callable[..., Front],
+) -> None:
+    """The deploy job's environment has required reviewers: the wake's run waits (status
+    `waiting`) on a person, not on the cloud. A held request is told so, with the run's link,
+    instead of "about N s more expected"; once approved, the wake goes on as any other."""
+    github = FakeGitHub(reviewers=True)
+    front = front_factory(github, WAKE_HOLD_SECONDS="2", WAKE_EXPECTED_SECONDS="120")
+    answer = front.send(CHAT)
+    assert answer.status_code == 503, answer.text
+    run = github.runs[0]
+    message = answer.json()["error"]["message"]
+    assert "still waking (its deploy run waits for a reviewer to approve the dev environment's " \
+           f"deployment: {run['html_url']})" in message, message  # fmt: skip
+    assert answer.headers["x-should-retry"] == "true"
+    with front.send({**CHAT, "stream": True}, stream=True) as streamed:
+        first = next(line for line in streamed.iter_lines(decode_unicode=True) if line)
+    assert first == f": waking: its deploy run waits for a reviewer to approve the dev " \
+                    f"environment's deployment: {run['html_url']}", first  # fmt: skip
+    assert "run_waiting" in front.state()["last_wake"]
+
+    github.approve(run["id"])
+    github.on_dispatch = None
+    end = time.monotonic() + 10
+    while "run_approved" not in front.state()["last_wake"]:
+        assert time.monotonic() < end, front.state()
+        time.sleep(0.05)
+    front.start_replica()
+    assert front.send(CHAT).status_code == 200
+    assert len(github.dispatches) == 1, "approval goes on with the same wake"
+
+
 def test_health_get_and_head_answer_the_mode_and_never_wake(
     front_factory: Callable[..., Front],
 ) -> None:

@@ -682,6 +682,7 @@ class Waker:
                     run, run_id = found, int(found.get("id") or 0) or None
             except PipelineError:
                 continue
+            self.note_approval(run)
             if run.get("status") != RUN_ENDED:
                 continue
             conclusion = str(run.get("conclusion"))
@@ -696,6 +697,29 @@ class Waker:
                 why = await asyncio.to_thread(self.failure_of, run)
                 self.fail(f"the deploy run ended {conclusion}{why}: {link}")
             return
+
+    def note_approval(self, run: dict[str, Any]) -> None:
+        """A run that waits for a reviewer (status `waiting`: the deploy job's environment has
+        required reviewers) waits on a person, not on the cloud: the timeline and the held
+        requests say so, with the run's link, until it runs."""
+        waiting = run.get("status") == "waiting"
+        if waiting and "run_waiting" not in self.timeline:
+            self.timeline["run_waiting"] = iso(self.clock())
+            self.timeline["run_url"] = str(run.get("html_url") or "")
+            log("run_waiting", run=run.get("id"))
+            self.save()
+        elif not waiting and "run_waiting" in self.timeline and "run_approved" not in self.timeline:
+            self.timeline["run_approved"] = iso(self.clock())
+            log("run_approved", run=run.get("id"))
+            self.save()
+
+    def awaiting_approval(self) -> str:
+        """While the wake's run waits for a reviewer: what to tell held requests; else ''."""
+        t = self.timeline
+        if self.mode != "waking" or "run_waiting" not in t or "run_approved" in t:
+            return ""
+        return (f"its deploy run waits for a reviewer to approve the {self.s.stack} "
+                f"environment's deployment: {t.get('run_url', '')}")  # fmt: skip
 
     def failure_of(self, run: dict[str, Any]) -> str:
         """Where and why a run failed, for the held requests: its failed job and step (GET
@@ -1078,10 +1102,12 @@ class Front:
                     "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})  # fmt: skip
                 await sse.prepare(request)
             if sse is not None:
+                approval = w.awaiting_approval()
                 await sse.write(
-                    f": {w.mode}: the GPU set is starting ({int(now - w.since)} s so far, about "
-                    f"{int(s.expected_seconds)} s expected)\n\n".encode()
-                )
+                    (f": {w.mode}: {approval}\n\n" if approval else
+                     f": {w.mode}: the GPU set is starting ({int(now - w.since)} s so far, about "
+                     f"{int(s.expected_seconds)} s expected)\n\n").encode()
+                )  # fmt: skip
             await w.wait(deadline, s.comment_seconds)
 
     def held_refusal(self, waited: int, now: float) -> Refusal:
@@ -1094,6 +1120,8 @@ class Front:
         if w.mode == "failed":
             return w.cooldown_refusal()
         what = "waking" if w.mode == "waking" else "not ready (starting or draining)"
+        if approval := w.awaiting_approval():
+            what = f"waking ({approval})"
         left = max(30, int(s.expected_seconds - (now - w.since)))
         # Retry at once: the next try is held again (the hold is the wait); a client that
         # honours Retry-After up to 60 s (older openai-python) or 120 s (2.52+) retries it.

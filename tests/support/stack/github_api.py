@@ -12,7 +12,7 @@ REST description says of these endpoints; docs/facts.md what was found besides):
   its options and a `boolean` one true or false (422); `return_run_details: true` answers 200
   with workflow_run_id, run_url and html_url, else 204 and no body;
 - runs as GitHub names them: `display_title` (deploy.yml's run-name), `event`, `status`
-  (queued, pending, in_progress, completed), `conclusion`;
+  (queued, pending, waiting for a reviewer's approval, in_progress, completed), `conclusion`;
 - deploy.yml's concurrency group: one run in progress per group; a newer run queued behind it
   cancels the one already pending (GitHub does so even with cancel-in-progress: false);
 - the workflow itself (GET .../actions/workflows/{workflow}: its `state`), and the token's
@@ -184,6 +184,9 @@ class GitHub:
     # A job log that cannot be read: "expired" (its signed URL already), "storage-refuses",
     # "no-log-yet" (GitHub's 404), "cut" (the download ends short of its Content-Length).
     log_fault: str | None = None
+    # The deploy job's environment has required reviewers (a protection rule): a run waits,
+    # status `waiting`, until `approve` (GitHub's "Review pending deployments").
+    reviewers: bool = False
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     dispatched: threading.Event = field(default_factory=threading.Event)
@@ -307,7 +310,7 @@ class GitHub:
         run = {
             "id": 9000 + number, "name": "deploy", "display_title": run_name(inputs),
             "event": event, "head_branch": ref, "head_sha": self.head_sha,
-            "status": "pending" if busy else "in_progress",
+            "status": "pending" if busy else "waiting" if self.reviewers else "in_progress",
             "conclusion": None, "run_attempt": 1, "created_at": _now(), "updated_at": _now(),
             "html_url": f"https://github.com/{self.repo}/actions/runs/{9000 + number}",
             "_group": group,
@@ -366,6 +369,13 @@ class GitHub:
             return dict(self._queue("workflow_dispatch", {"stack": "dev", "command": "up",
                                                           "refresh": "true"}, "main"))  # fmt: skip
 
+    def approve(self, run_id: int) -> None:
+        """A reviewer approved the waiting run's deployment: it runs."""
+        with self.lock:
+            run = next(r for r in self.runs if r["id"] == run_id)
+            assert run["status"] == "waiting", run["status"]
+            run.update(status="in_progress", updated_at=_now())
+
     def finish_run(
         self,
         conclusion: str,
@@ -381,7 +391,8 @@ class GitHub:
         `test` ended instead."""
         with self.lock:
             run = next(r for r in reversed(self.runs)
-                       if (r["id"] == run_id if run_id else r["status"] == "in_progress"))  # fmt: skip
+                       if (r["id"] == run_id if run_id
+                           else r["status"] in ("in_progress", "waiting")))  # fmt: skip
             run.update(status="completed", conclusion=conclusion, updated_at=_now())
             test = tested or ("success" if run["event"] == "push" else "skipped")
             ends = {"tested": "success", "test": test, "deploy": conclusion}
@@ -395,7 +406,7 @@ class GitHub:
                     job["_log"] = job_log(log or [])
             for other in self.runs:
                 if other["_group"] == run["_group"] and other["status"] == "pending":
-                    other["status"] = "in_progress"
+                    other["status"] = "waiting" if self.reviewers else "in_progress"
                     break
 
 
