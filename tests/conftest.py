@@ -101,6 +101,8 @@ LEVELS: dict[str, tuple[str, ...]] = {
     # The user's tools against fake servers with real delays (bench's measurements, its knee
     # search) and a real sshd (logs.py).
     "test_tools": ("tools",),
+    # The routing measurement: bench through the real Caddy (and vllm-router) to fake replicas.
+    "test_router_bench": ("tools", "caddy"),
     "test_try": ("tools",),
     "test_real_run": ("tools",),
 }

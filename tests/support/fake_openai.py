@@ -17,7 +17,16 @@ streams the first half of the tokens as `reasoning` (as vLLM's reasoning parser 
 first token grows by `--prefill-per-token` for each prompt token not in this replica's cache,
 and the usage says `prompt_tokens_details.cached_tokens`, as vLLM does with
 `--enable-prompt-tokens-details` (vllm/entrypoints/openai/chat_completion/serving.py
-`_make_prompt_tokens_details`).
+`_make_prompt_tokens_details`). `--prefill-slots N` lets at most N prompts prefill at once
+on this replica (the others wait their turn): a GPU's prefill throughput is shared, so N = 1
+makes the uncached tokens of every request queue through one compute budget of
+1 / `--prefill-per-token` tokens a second, as a busy replica's do.
+`POST /v1/chat/completions/render` is vLLM's render endpoint (vllm/entrypoints/scale_out/
+render/api_router.py): the prompt's token ids, one per word as the prefix-cache model counts
+them (the same id for the same word on every replica), as vLLM's GenerateRequest. vLLM 0.33
+answers it 403 unless `vllm serve --enable-scale-out` (scale_out/factories.py
+register_scale_out_api_routers); so does this fake unless `--scale-out`. vllm-router's
+cache_aware policy keys its prefix tree on these ids.
 `--capacity N` serves at most N requests at once (the rest wait, as in a full engine).
 `--stuck-requests N` adds N to the running gauge for good, as vLLM's gauges can stay up after
 requests are aborted (vllm-project/vllm#22545); the token counters move only with real work
@@ -51,6 +60,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +116,9 @@ class FakeServer:
         self.arrivals: list[float] = []
         self.conversations: list[list[dict[str, Any]]] = []
         self.slots = asyncio.Semaphore(args.capacity) if args.capacity else None
+        self.prefill_slots = asyncio.Semaphore(args.prefill_slots) if args.prefill_slots else None
+        self.renders = 0
+        self.render_auth: list[str | None] = []
 
     # ---- helpers ----------------------------------------------------------------------------
     def authorized(self, request: web.Request) -> bool:
@@ -134,7 +147,19 @@ class FakeServer:
         body["_cached_tokens"] = cached
         self.cached_total += cached
         self.prompt_total += len(words)
-        return (len(words) - cached) * self.args.prefill_per_token
+        body["_prefill_s"] = (len(words) - cached) * self.args.prefill_per_token
+        return float(body["_prefill_s"])
+
+    async def first_token(self, body: dict[str, Any], ttft: float) -> None:
+        """Wait for the first token: with `--prefill-slots`, the prefill part of `ttft` waits
+        for a free slot of this replica's prefill first."""
+        prefill = float(body.get("_prefill_s", 0.0))
+        if self.prefill_slots is None or not prefill:
+            await asyncio.sleep(ttft)
+            return
+        await asyncio.sleep(ttft - prefill)
+        async with self.prefill_slots:
+            await asyncio.sleep(prefill)
 
     def usage(self, body: dict[str, Any], n: int) -> dict[str, Any]:
         """The usage block: counts, and with the prefix-cache model what was cached."""
@@ -195,6 +220,34 @@ class FakeServer:
             content_type="text/plain",
         )
 
+    async def render(self, request: web.Request) -> web.Response:
+        """vLLM's POST /v1/chat/completions/render: forbidden without `--scale-out` (vLLM's
+        own message), else the prompt as token ids (a stable id per word, as prompt_words
+        splits it), changing nothing (the cache is not touched)."""
+        self.renders += 1
+        self.render_auth.append(request.headers.get("Authorization"))
+        if not self.authorized(request):
+            return self.unauthorized()
+        if not self.args.scale_out:
+            message = (
+                "Scale-out endpoints are disabled. Restart vllm serve with "
+                "--enable-scale-out to enable them."
+            )
+            return web.json_response(
+                {"error": {"message": message, "type": "PermissionDeniedError", "code": 403}},
+                status=403,
+            )
+        body = await request.json()
+        ids = [zlib.crc32(w.encode()) & 0x7FFFFFFF for w in self.prompt_words(body)] or [0]
+        return web.json_response(
+            {
+                "request_id": f"render-{uuid.uuid4().hex}",
+                "token_ids": ids,
+                "model": body.get("model"),
+                "stream": bool(body.get("stream")),
+            }
+        )
+
     async def stats(self, _: web.Request) -> web.Response:
         return web.json_response(
             {
@@ -204,6 +257,9 @@ class FakeServer:
                 "conversations": self.conversations,
                 "prompt_tokens": self.prompt_total,  # with the prefix-cache model
                 "cached_tokens": self.cached_total,
+                # POST /v1/chat/completions/render: how many, and the Authorization of each.
+                "renders": self.renders,
+                "render_auth": self.render_auth,
             }
         )
 
@@ -319,7 +375,8 @@ class FakeServer:
 
     async def complete(self, body: dict[str, Any], ttft: float) -> web.Response:
         n = self.completion_tokens(body)
-        await asyncio.sleep(ttft + self.args.itl * (n - 1))
+        await self.first_token(body, ttft)
+        await asyncio.sleep(self.args.itl * (n - 1))
         message = {"role": "assistant", "content": " tok" * n}
         if self.parsing():
             message = self.answer(body, n)
@@ -418,7 +475,7 @@ class FakeServer:
 
         n = self.completion_tokens(body)
         await response.write(chunk({"role": "assistant", "content": ""}))
-        await asyncio.sleep(ttft)
+        await self.first_token(body, ttft)
         self.prompted += self.prompt_tokens(body)
         if self.parsing():
             deltas = self.parsed_deltas(body, n)
@@ -452,6 +509,7 @@ def build_app(args: argparse.Namespace) -> web.Application:
     app = web.Application()
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_post("/v1/chat/completions/render", server.render)
     app.router.add_get("/health", server.health)
     app.router.add_get("/_stats", server.stats)
     app.router.add_get("/metrics", server.metrics)
@@ -481,6 +539,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-tokens", type=int, default=16, help="tokens a cache block holds")
     p.add_argument("--prefill-per-token", type=float, default=0.0,
                    help="seconds each uncached prompt token adds to the first token")  # fmt: skip
+    p.add_argument("--prefill-slots", type=int, default=0,
+                   help="prompts that prefill at once, the others waiting (0: no limit)")  # fmt: skip
+    p.add_argument("--scale-out", action="store_true",
+                   help="serve /v1/chat/completions/render (vllm serve --enable-scale-out)")  # fmt: skip
     p.add_argument("--tools", choices=["off", "parsed", "raw"], default="off")
     p.add_argument(
         "--mode",
