@@ -1,7 +1,8 @@
 """The public entry: Caddy in front of vLLM, which stays on 127.0.0.1.
 
-vLLM's own --api-key leaves /metrics, /docs and others open, and older releases left
-/invocations, /tokenize, /pause and /update_weights open too (docs/facts.md). So the gateway admits
+vLLM's own --api-key guards only paths under /v1, /v2, /inference and /cohere (0.33): /metrics,
+/tokenize, /invocations, /docs and others answer without it, and older releases left /pause and
+/update_weights open too (docs/facts.md). So the gateway admits
 the exact OpenAI routes with `Authorization: Bearer <key>` and `GET /health`, and refuses
 everything else, key or not. HTTPS comes from a public ACME CA: by default a certificate for the
 Droplet's IPv4 address itself (Let's Encrypt's `shortlived` profile; no DNS, no third party),
