@@ -130,6 +130,13 @@ class FakeServer:
     def unauthorized() -> web.Response:
         return web.json_response({"error": "Unauthorized"}, status=401)
 
+    @staticmethod
+    def error(message: str, kind: str, code: int) -> web.Response:
+        """An error as vLLM's OpenAI server answers one (ErrorResponse)."""
+        return web.json_response(
+            {"error": {"message": message, "type": kind, "code": code}}, status=code
+        )
+
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         return max(len(self.prompt_words(body)), 1)
 
@@ -233,10 +240,7 @@ class FakeServer:
                 "Scale-out endpoints are disabled. Restart vllm serve with "
                 "--enable-scale-out to enable them."
             )
-            return web.json_response(
-                {"error": {"message": message, "type": "PermissionDeniedError", "code": 403}},
-                status=403,
-            )
+            return self.error(message, "PermissionDeniedError", 403)
         body = await request.json()
         ids = [zlib.crc32(w.encode()) & 0x7FFFFFFF for w in self.prompt_words(body)] or [0]
         return web.json_response(
@@ -324,15 +328,8 @@ class FakeServer:
     def refusal(self, body: dict[str, Any]) -> web.Response | None:
         """What vLLM answers before running a request it cannot serve."""
         if body.get("model") != self.args.model:
-            return web.json_response(
-                {
-                    "error": {
-                        "message": f"The model `{body.get('model')}` does not exist.",
-                        "type": "NotFoundError",
-                        "code": 404,
-                    }
-                },
-                status=404,
+            return self.error(
+                f"The model `{body.get('model')}` does not exist.", "NotFoundError", 404
             )
         if (
             body.get("tools")
@@ -344,10 +341,7 @@ class FakeServer:
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
                 "to be set"
             )
-            return web.json_response(
-                {"error": {"message": message, "type": "BadRequestError", "code": 400}},
-                status=400,
-            )
+            return self.error(message, "BadRequestError", 400)
         return None
 
     def answer(self, body: dict[str, Any], n: int) -> dict[str, Any]:

@@ -151,12 +151,15 @@ def wait_http(url: str, seconds: float = 20) -> None:
 
 
 @contextlib.contextmanager
-def processes(folder: Path | None = None) -> Iterator[Processes]:
-    """A run's processes and files, in `folder` (a test's own) or a temporary one."""
+def processes(
+    folder: Path | None = None, kind: type[Processes] | None = None
+) -> Iterator[Processes]:
+    """A run's processes and files, in `folder` (a test's own) or a temporary one; `kind`: a
+    Processes of another harness's (router_bench's)."""
     with contextlib.ExitStack() as stack:
         if folder is None:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="front-bench-")))
-        procs = Processes(folder)
+        procs = (kind or Processes)(folder)
         try:
             yield procs
         finally:

@@ -250,11 +250,10 @@ def wait_ok(url: str, seconds: float = 30) -> None:
 
 @contextlib.contextmanager
 def processes(folder: Path) -> Iterator[Processes]:
-    procs = Processes(folder)
-    try:
+    """front_bench's, with this harness's Processes (the replicas and the router)."""
+    with front_bench.processes(folder, Processes) as procs:
+        assert isinstance(procs, Processes)
         yield procs
-    finally:
-        procs.stop()
 
 
 def front_cfg() -> config.StackConfig:
