@@ -172,6 +172,30 @@ BALANCER_IMAGE = "ubuntu-24-04-x64"
 # each upstream's requests in flight).
 BALANCER_UPSTREAMS_DIR = "/etc/caddy/upstreams"
 CADDY_ADMIN_SOCKET = "/run/caddy/admin.sock"
+# ---- the front's cache-aware router (balancer.routing: cache-aware) ------------------------
+# vLLM's own router (vllm-project/router, `vllm-router` on PyPI: a Rust server in an abi3
+# wheel with a Python launcher), behind Caddy on the front, on loopback. Installed from the
+# committed lock (scripts/lock-vllm.sh --router VERSION PYTHON) into a venv of Ubuntu 24.04's
+# Python with uv; docs/facts.md "vllm-router 0.1.17" holds what was checked at its source.
+ROUTER_VERSION = "0.1.17"
+ROUTER_PYTHON = "3.12"  # Ubuntu 24.04's python3, the front's image (BALANCER_IMAGE)
+ROUTER_PREFIX = "/opt/nemotron/router"  # its venv
+ROUTER_LOCK_PATH = "/var/lib/nemotron/locks/router.txt"  # the lock's copy on the front
+ROUTER_UNIT = "nemotron-router.service"
+ROUTER_PORT = 8071  # 127.0.0.1 only: Caddy's API routes proxy here
+# Its Prometheus listener cannot be turned off (lib.rs:588-595); 127.0.0.1, as an IP literal
+# (a name such as localhost silently binds 0.0.0.0: metrics.rs:439-446).
+ROUTER_METRICS_PORT = 8072
+# The uv that installs it (the front has no conda env, and Ubuntu's python3 has no venv or
+# pip): PyPI's manylinux wheel of the uv the tests use, its static `uv` binary taken out of it.
+UV_VERSION = "0.13.9"
+UV_WHEEL_URL = (
+    "https://files.pythonhosted.org/packages/3d/aa/"
+    "26d64642d808de4a652579ef950d7cd2d37f080a8babf9c67c6b75fc4c3f/"
+    f"uv-{UV_VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+)
+UV_WHEEL_SHA256 = "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19"
+UV_BIN = f"/usr/local/lib/nemotron/uv-{UV_VERSION}/uv"
 # DigitalOcean's managed Load Balancer: $10 per node per month (docs.digitalocean.com/products/
 # networking/load-balancers, Plans and Pricing), billed hourly; DigitalOcean bills a month as
 # 672 hours at most, the same divisor as its Droplet prices.
@@ -452,3 +476,8 @@ LOCKS_PATH = "locks"
 
 def lock_name(vllm_version: str, python: str) -> str:
     return f"vllm-{vllm_version}-py{python}.txt"
+
+
+def router_lock_name(version: str = ROUTER_VERSION, python: str = ROUTER_PYTHON) -> str:
+    """The front router's lock (scripts/lock-vllm.sh --router): named apart from vLLM's."""
+    return f"router-{version}-py{python}.txt"

@@ -377,6 +377,20 @@ def _pool_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
                 "DigitalOcean issues only for a domain in its DNS: set access.domain and "
                 "access.dnsZone (the zone in this account), or use balancer.kind: caddy"
             )
+    if (
+        ok("balancer.kind", "balancer.routing")
+        and balancer.kind == "managed"
+        and (balancer.routing != "auto")
+    ):
+        how = {
+            "cache-aware": "on the prompt's cached prefix",
+            "least-conn": "by requests in flight",
+        }
+        problems.append(
+            f"balancer.routing: {balancer.routing} routes {how[balancer.routing]}, which "
+            "DigitalOcean's Load Balancer cannot do (it spreads requests round robin); use "
+            "balancer.kind: caddy, or leave balancer.routing: auto with the managed one"
+        )
     managed = resolved_balancer_kind(balancer, access, wake) == "managed"
     ipv4 = [c for c in access.api_cidrs if ":" not in c]
     if ok("balancer.kind", "access.apiCidrs") and managed and access.api_cidrs and not ipv4:

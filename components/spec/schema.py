@@ -599,8 +599,10 @@ class BalancerConfig(_Section):
         "Encrypt certificate (needs `access.domain` in `access.dnsZone`, HTTPS on); it spreads "
         "requests without regard to load. `caddy`: Caddy's load balancing on a small CPU "
         "Droplet with a Reserved IP and the same certificate choices as one Droplet; it sends "
-        "each request to the replica with the fewest in flight. `auto`: managed when "
-        "`access.dnsZone` is set (and wake is off: only Caddy holds requests), else caddy.",
+        "each request to the replica with the fewest in flight, or, with `routing`, to the one "
+        "that holds its prompt's prefix. `auto`: managed when `access.dnsZone` is set (and wake "
+        "is off and `routing` is `auto`: only Caddy holds requests and routes on the prompt), "
+        "else caddy.",
     )
     size: str = Field(
         catalog.BALANCER_SIZE,
@@ -617,6 +619,18 @@ class BalancerConfig(_Section):
         f"Balancer by slug only, so there {', '.join(map(str, catalog.LB_SIZE_SLUGS))} nodes "
         "(`lb-small`, `lb-medium`, `lb-large`); another count is refused before anything is "
         "created. DigitalOcean changes a Load Balancer's node count at most once an hour.",
+    )
+    routing: Literal["auto", "cache-aware", "least-conn"] = Field(
+        "auto",
+        description="`caddy` only: how the front picks a replica for each request. "
+        "`cache-aware`: vLLM's own router (vllm-router, on the front's loopback behind Caddy) "
+        "sends a request to the replica whose prefix cache already holds the most of its "
+        "prompt (a conversation's earlier turns, a shared system prompt), within a bound on "
+        "how uneven the load may get; each replica's vLLM answers its render route for it. "
+        "`least-conn`: Caddy alone, to the replica with the fewest requests in flight. `auto`: "
+        "cache-aware with 2 or more replicas (measured: docs/routing.md), least-conn with one. "
+        "DigitalOcean's Load Balancer does neither (it spreads requests round robin): with "
+        "`kind: managed` leave this `auto`.",
     )
 
     @field_validator("size")
@@ -804,6 +818,12 @@ class StackConfig(BaseModel):
     def balancer_kind(self) -> Literal["managed", "caddy"]:
         return resolved_balancer_kind(self.balancer, self.access, self.wake)
 
+    @property
+    def routing(self) -> Literal["cache-aware", "least-conn", "round-robin"]:
+        """How the entry picks a replica (resolved_routing); cache-aware runs the front's
+        router and the replicas' render route."""
+        return resolved_routing(self.balancer, self.balancer_kind, self.replicas)
+
     def replica_name(self, index: int) -> str:
         """Replica 0 keeps the one-Droplet name, so growing a stack keeps its Droplet."""
         return self.droplet_name if index == 0 else f"{self.droplet_name}-{index}"
@@ -871,7 +891,20 @@ def resolved_balancer_kind(
     (the front that wakes the set holds requests, which the Load Balancer cannot)."""
     if balancer.kind != "auto":
         return balancer.kind
-    return "managed" if access.dns_zone and access.https and not wake.enabled else "caddy"
+    asks_caddy = wake.enabled or balancer.routing != "auto"
+    return "managed" if access.dns_zone and access.https and not asks_caddy else "caddy"
+
+
+def resolved_routing(
+    balancer: BalancerConfig, kind: Literal["managed", "caddy"], replicas: int
+) -> Literal["cache-aware", "least-conn", "round-robin"]:
+    """How the entry picks a replica: the managed Load Balancer's own round robin; Caddy's
+    least_conn; or the router's cache-aware choice, which needs two replicas to choose from."""
+    if kind == "managed":
+        return "round-robin"
+    if replicas < 2:
+        return "least-conn"
+    return "least-conn" if balancer.routing == "least-conn" else "cache-aware"
 
 
 def is_pooled(replicas: int, wake: WakeConfig) -> bool:

@@ -1,0 +1,157 @@
+"""The front's cache-aware router (balancer.routing: cache-aware): vLLM's own router
+(`vllm-router` on PyPI, vllm-project/router) on the front's loopback, behind Caddy, in front of
+the replicas' private gateways. Caddy stays the public entry (TLS, the exact-URI gate, the key,
+the wake hold); the router only picks the replica. This module renders its command line, its
+start script and its unit; the router phase (scripts/phases/router.sh) installs them, the
+member phase (member.sh) adds and removes replicas through its admin routes.
+
+What its source says (docs/facts.md, "vllm-router 0.1.17 (checked at its source)"), and what
+follows from it here:
+- cache_aware keys a prefix tree on each replica's own token ids: for every request it POSTs
+  the body to every replica's `/v1/chat/completions/render` (`/v1/completions/render`), which
+  vLLM 0.33 serves with `--enable-scale-out` alone (vllm_service.py renders it with this
+  routing) and each replica's gateway admits from the front's address alone, with the key:
+  the router sends the client's Authorization on (no `--api-key` here: the key never goes on a
+  command line). Without token ids it routes to the least loaded.
+- Its admin routes (add_worker, remove_worker, /workers, ...) share the API port with no key:
+  hence 127.0.0.1 only, and Caddy forwards nothing but the gate's exact API routes to it.
+- Its Prometheus listener cannot be turned off: 127.0.0.1 as an IP literal (a name such as
+  localhost binds 0.0.0.0). member.sh reads `vllm_router_running_requests{worker=...}` there
+  to wait for a leaving replica's requests.
+- It retries on the worker it chose (cache_aware ignores the retry's exclusions), so a replica
+  that died answers until its health checks (every HEALTH_SECONDS, out after HEALTH_FAILS)
+  or its circuit breaker take it out: Caddy's retry in front (balancer.py) covers that window.
+- A streamed answer is relayed chunk by chunk; its request timeout also bounds a stream, so it
+  is set past any generation the gate lets through.
+- It adds `access-control-allow-origin: *` to every answer: the balancer's site removes it
+  (the endpoint is for programs with a key, not for browsers).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..spec import catalog
+
+HOST = "127.0.0.1"
+ADDRESS = f"{HOST}:{catalog.ROUTER_PORT}"
+METRICS_ADDRESS = f"{HOST}:{catalog.ROUTER_METRICS_PORT}"
+BIN = f"{catalog.ROUTER_PREFIX}/bin/vllm-router"
+START_SCRIPT = "/usr/local/lib/nemotron/router-start"
+# The gauge of requests in flight per replica (it keeps a removed replica until its last
+# request ends: docs/facts.md), and the label that names the replica.
+RUNNING_GAUGE = "vllm_router_running_requests"
+
+# Its health checks of the replicas (GET /health, no key: a replica's gateway answers it):
+# like Caddy's (balancer.py), a replica that stops answering, or drains (503), is out within
+# HEALTH_SECONDS * HEALTH_FAILS, and back after HEALTH_PASSES answers.
+HEALTH_SECONDS = 2
+HEALTH_FAILS = 2
+HEALTH_PASSES = 2
+# A request is tried this many times on the replica chosen, then answered: Caddy resends it
+# (balancer.router_proxy) once the health checks or the breaker have taken a dead replica out.
+RETRIES = 2
+# Failures in a row that take a replica out until BREAKER_SECONDS have passed (each retry
+# counts): two requests' worth, so a replica killed under load leaves before its checks fail.
+BREAKER_FAILS = 4
+BREAKER_SECONDS = 10
+# No generation is cut by the router: a day, past any answer the gate lets through (the
+# router's own 1800 s default also bounds a stream: server.rs, reqwest's total timeout).
+REQUEST_TIMEOUT_SECONDS = 86_400
+# How uneven the load may get before a prefix match stops deciding: the router rebalances to
+# the least loaded replica only when the busiest has more than BALANCE_ABS requests in flight
+# over the least AND more than BALANCE_REL times its load (cache_aware.rs is_imbalanced).
+# Its defaults (64, 1.5) let one shared system prompt put every request on one replica in
+# tests/support/router_bench.py (0/0/180); these were chosen from that harness's runs.
+BALANCE_ABS = 4
+BALANCE_REL = 1.25
+# A prefix match below this share of the prompt routes to the least loaded (its default).
+CACHE_THRESHOLD = 0.3
+# add_worker waits for the replica's /health every second, at most this long (a joining
+# replica is ready already: the member phase runs after its ready phase).
+WORKER_STARTUP_SECONDS = 60
+
+
+def worker_url(dial: str) -> str:
+    """A replica's gateway (host:port, as its upstream file names it) as the router's worker."""
+    return f"http://{dial}"
+
+
+def args() -> list[str]:
+    """The router's command line, without its workers (the start script adds them). Nothing
+    secret is on it."""
+    return [
+        BIN,
+        "--host", HOST,
+        "--port", str(catalog.ROUTER_PORT),
+        "--policy", "cache_aware",
+        "--cache-threshold", f"{CACHE_THRESHOLD:g}",
+        "--balance-abs-threshold", str(BALANCE_ABS),
+        "--balance-rel-threshold", f"{BALANCE_REL:g}",
+        "--prometheus-host", HOST,
+        "--prometheus-port", str(catalog.ROUTER_METRICS_PORT),
+        "--health-check-endpoint", "/health",
+        "--health-check-interval-secs", str(HEALTH_SECONDS),
+        "--health-check-timeout-secs", str(HEALTH_SECONDS),
+        "--health-failure-threshold", str(HEALTH_FAILS),
+        "--health-success-threshold", str(HEALTH_PASSES),
+        "--worker-startup-check-interval", "1",
+        "--worker-startup-timeout-secs", str(WORKER_STARTUP_SECONDS),
+        "--retry-max-retries", str(RETRIES),
+        "--cb-failure-threshold", str(BREAKER_FAILS),
+        "--cb-timeout-duration-secs", str(BREAKER_SECONDS),
+        "--request-timeout-secs", str(REQUEST_TIMEOUT_SECONDS),
+        "--log-level", "info",
+    ]  # fmt: skip
+
+
+def start_script(upstreams_dir: str = catalog.BALANCER_UPSTREAMS_DIR) -> str:
+    """The unit's ExecStart: the router with the replicas whose upstream files the member phase
+    wrote and whose /health answers now. One that does not answer is left out: the router
+    would wait for a listed replica before it listens (router.rs startup), and a set asleep
+    has none; a replica joins later through add_worker (member.sh)."""
+    command = " ".join(shlex.quote(a) for a in args())
+    return f"""#!/bin/bash
+# nemotron-droplet: the front's router, with the replicas in {upstreams_dir} that answer.
+set -euo pipefail
+workers=()
+for file in {upstreams_dir}/*.caddy; do
+  [[ -f $file ]] || continue
+  read -r _ dial < "$file" || continue
+  if curl --silent --fail --max-time 2 --output /dev/null "http://$dial/health"; then
+    workers+=("http://$dial")
+  fi
+done
+if (( ${{#workers[@]}} )); then
+  exec {command} --worker-urls "${{workers[@]}}"
+fi
+exec {command}
+"""
+
+
+def unit_text() -> str:
+    """Its own unprivileged user (DynamicUser), restarted at once if it stops, stopped with
+    SIGTERM (it finishes the requests and streams in flight, then exits 0: server.rs) within
+    TimeoutStopSec."""
+    return f"""[Unit]
+Description=nemotron-droplet cache-aware router (vllm-router {catalog.ROUTER_VERSION})
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+DynamicUser=yes
+ExecStart={START_SCRIPT}
+Restart=always
+RestartSec=1
+TimeoutStopSec=30s
+# One socket from Caddy and one to a replica per request in flight, and its render calls.
+LimitNOFILE=65536
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+# No metadata service: the router needs nothing from it.
+IPAddressDeny=169.254.169.254
+
+[Install]
+WantedBy=multi-user.target"""
