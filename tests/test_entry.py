@@ -34,7 +34,7 @@ from test_droplet import (
 )
 
 from components.cloud import entry
-from components.spec import catalog
+from components.spec import catalog, config
 from components.spec.config import ConfigError
 
 COMMAND = "command:remote:Command"
@@ -401,6 +401,19 @@ def test_the_managed_entry_everyone_may_reach_has_no_allow_list() -> None:
             "access.apiCidrs: DigitalOcean's Load Balancer is IPv4-only",
         ),
         ({"replicas": "two"}, "replicas: 'two': accepted"),
+        (
+            {"access": MANAGED, "balancer": {"kind": "managed", "routing": "cache-aware"}},
+            "balancer.routing: cache-aware routes on the prompt's cached prefix, which "
+            "DigitalOcean's Load Balancer cannot do",
+        ),
+        (
+            {"access": MANAGED, "balancer": {"kind": "managed", "routing": "least-conn"}},
+            "balancer.routing: least-conn routes by requests in flight, which DigitalOcean's",
+        ),
+        (
+            {"balancer": {"routing": "prefix"}},
+            "balancer.routing: Input should be 'auto', 'cache-aware' or 'least-conn'",
+        ),
     ],
 )
 def test_a_set_that_cannot_work_is_refused_before_anything(
@@ -412,6 +425,30 @@ def test_a_set_that_cannot_work_is_refused_before_anything(
     assert isinstance(run.error, ConfigError), run.error
     assert any(p.startswith(message) for p in run.error.problems), run.error.problems
     assert run.registrations == []
+
+
+@pytest.mark.parametrize(
+    ("replicas", "access", "balancer", "kind", "routing"),
+    [
+        # The default with replicas behind Caddy: the router picks the replica by prefix.
+        (3, {}, {}, "caddy", "cache-aware"),
+        (2, {}, {"routing": "least-conn"}, "caddy", "least-conn"),
+        # One replica behind the waking front: nothing to choose between.
+        (1, {}, {}, "caddy", "least-conn"),
+        # A DNS zone makes `auto` the managed Load Balancer (its own round robin)...
+        (2, MANAGED, {}, "managed", "round-robin"),
+        # ...unless routing is asked for, which only Caddy does.
+        (2, MANAGED, {"routing": "cache-aware"}, "caddy", "cache-aware"),
+    ],
+)
+def test_routing_resolves_from_the_entry_and_the_replicas(
+    replicas: int, access: dict[str, Any], balancer: dict[str, Any], kind: str, routing: str
+) -> None:
+    raw = {**dev(access=access, balancer=balancer), "replicas": replicas}
+    if replicas == 1:
+        raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": "github_pat_x"}
+    cfg = config.parse(raw, "dev", frozenset({"wake"}) if replicas == 1 else frozenset())
+    assert (cfg.balancer_kind, cfg.routing) == (kind, routing)
 
 
 # ---- a cache Volume per replica ---------------------------------------------------------------

@@ -24,10 +24,11 @@ CHECK = ROOT / "tests" / "support" / "vllm_serve_check.py"
 SUPER_DRAFT = "RedHatAI/NVIDIA-Nemotron-3-Super-120B-A12B-speculator.dflash"
 
 
-def argv(model: str, size: str, **vllm: Any) -> list[str]:
+def argv(model: str, size: str, replicas: int = 1, **vllm: Any) -> list[str]:
     raw = merged(
         stack_config("prod"),
         {
+            "replicas": replicas,
             "model": {"id": model},
             "droplet": {"size": size, "image": None},
             "vllm": {"maxModelLen": 32768, "maxNumSeqs": 64, **vllm},
@@ -61,6 +62,11 @@ def cases() -> dict[str, list[str]]:
         "gpu-4000adax1-20gb",
         extraArgs=["--enable-prefix-caching", "--max-num-batched-tokens", "8192"],
     )
+    # Replicas behind the front's cache-aware router: the render route and cached-token usage.
+    out["cache-aware routing"] = argv(
+        "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16", "gpu-4000adax1-20gb", replicas=3
+    )
+    assert "--enable-scale-out" in out["cache-aware routing"]
     # Every weight loader the config offers, through the pinned vLLM's own parser.
     for loader in ("fastsafetensors", "instanttensor"):
         out[f"load format {loader}"] = argv(super_fp8, "gpu-h100x8-640gb", loadFormat=loader)

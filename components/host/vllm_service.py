@@ -114,6 +114,14 @@ def serve_args(cfg: StackConfig) -> list[str]:
     strategy = load_strategy(cfg)
     if strategy is not None:
         args += ["--safetensors-load-strategy", strategy]
+    if cfg.routing == "cache-aware":
+        # The front's router asks every replica for each request's token ids on its render
+        # route, which vLLM 0.33 registers only with --enable-scale-out (it also opens
+        # /inference/v1/generate and /abort_requests, which the gateway's exact allowlist
+        # refuses: entrypoints/common/cli_args.py, scale_out/factories.py; docs/facts.md). The
+        # answers then report the prompt's cached tokens (usage.prompt_tokens_details), so
+        # bench.py shows what the routing saves.
+        args += ["--enable-scale-out", "--enable-prompt-tokens-details"]
     known = cfg.catalog_model
     if known is not None:
         args += list(known.vllm_flags)
