@@ -50,8 +50,7 @@ step uv "uv ${NEMO_UV_VERSION} at ${NEMO_UV_BIN}, from PyPI's wheel (sha256 chec
 if [[ -x $NEMO_UV_BIN ]] && [[ $("$NEMO_UV_BIN" --version 2>/dev/null) == "uv ${NEMO_UV_VERSION}"* ]]; then
   log "uv ${NEMO_UV_VERSION} is there"
 else
-  wheel_dir=$(mktemp -d)
-  wheel=$wheel_dir/$(basename "$NEMO_UV_WHEEL_URL")
+  wheel=$STATE_DIR/downloads/$(basename "$NEMO_UV_WHEEL_URL")
   download "$NEMO_UV_WHEEL_URL" "$wheel" "$NEMO_UV_WHEEL_SHA256"
   mkdir -p "$uv_dir"
   # A wheel is a zip: its static binary is uv-<version>.data/scripts/uv.
@@ -62,7 +61,7 @@ import shutil, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel, wheel.open(sys.argv[2]) as member, open(sys.argv[3], "wb") as out:
     shutil.copyfileobj(member, out)
 PY
-  rm -rf "$wheel_dir"
+  rm -f "$wheel"
   chmod 755 "$NEMO_UV_BIN.part"
   mv "$NEMO_UV_BIN.part" "$NEMO_UV_BIN"
   got=$("$NEMO_UV_BIN" --version 2>&1) || true
