@@ -526,15 +526,6 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
 # ---- the front's cache-aware router ---------------------------------------------------------
 
 
-def system_python_version() -> str:
-    """The sandbox's /usr/bin/python3 (this machine's): 3.11 here, where Ubuntu 24.04 has 3.12."""
-    out = subprocess.run(
-        ["/usr/bin/python3", "-c", 'import sys; print("%d.%d" % sys.version_info[:2])'],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout.strip()
-
-
 class Front(Balancer):
     """The router phase on the front: uv from a wheel shaped as PyPI's (the fake uv inside), the
     real router (.router-venv) behind the fake uv's entry point, on ports of its own."""
@@ -566,7 +557,7 @@ class Front(Balancer):
         s.update(
             NEMO_UV_WHEEL_URL=self.uv_url,
             NEMO_UV_WHEEL_SHA256=self.uv_sha,
-            NEMO_ROUTER_PYTHON_VERSION=system_python_version(),
+            NEMO_ROUTER_PYTHON_VERSION=sandbox.system_python_version(),
             NEMO_ROUTER_LOCK_TEXT=self.lock,
             NEMO_ROUTER_START_TEXT=start,
             NEMO_ROUTER_ADDRESS=f"127.0.0.1:{self.port}",
@@ -678,7 +669,7 @@ def test_the_router_phase_fails_before_anything_on_a_wrong_uv_or_python_and_name
     rendered = dict(phases.balancer_settings(f.cfg, "router"))
     rendered["NEMO_RETRY_DELAY"] = 0
     python = box.run(phases.render("router", rendered))
-    if system_python_version() != catalog.ROUTER_PYTHON:
+    if sandbox.system_python_version() != catalog.ROUTER_PYTHON:
         assert python.returncode == 1
         assert "FAILED at step python" in python.failure
         assert (

@@ -87,6 +87,17 @@ def uv_wheel(version: str) -> bytes:
     return out.getvalue()
 
 
+@functools.cache
+def system_python_version() -> str:
+    """The sandbox's /usr/bin/python3 (this machine's, e.g. 3.11) as MAJOR.MINOR, where Ubuntu
+    24.04's (catalog.ROUTER_PYTHON, which the router phase checks) is 3.12."""
+    out = subprocess.run(
+        ["/usr/bin/python3", "-c", 'import sys; print("%d.%d" % sys.version_info[:2])'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200-ubuntu2404"
 OVERLAID = ("etc", "usr", "var", "opt", "root", "home", "srv", "mnt")
 SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
