@@ -595,3 +595,39 @@ def test_a_wake_token_in_plain_text_is_refused() -> None:
     assert isinstance(run.error, ConfigError), run.error
     assert any("wake.token: stored in plain text" in p for p in run.error.problems)
     assert all(WAKE_TOKEN not in p for p in run.error.problems), "nor quotes the token"
+
+
+# ---- routing: the front's cache-aware router ---------------------------------------------------
+
+
+def router_stdin(command: Any) -> str:
+    stdin = command.raw["stdin"]
+    return str(stdin["value"] if isinstance(stdin, dict) else stdin)
+
+
+def test_cache_aware_routing_installs_the_router_before_the_gateway_and_members_join_after_it() -> (
+    None
+):
+    run = run_program({**dev(), "replicas": 2})
+    assert run.error is None, run.error
+    commands = of(run, COMMAND)
+    router, gateway = commands["balancer-router"], commands["balancer-gateway"]
+    assert commands["balancer-preflight"].urn in router.dependencies
+    assert router.urn in gateway.dependencies, "the gateway proxies to the router: it runs first"
+    for i in range(2):
+        assert router.urn in commands[f"balancer-member-{i}"].dependencies
+    stdin = router_stdin(router)
+    assert "NEMO_ROUTER_MODE=on" in stdin
+    assert "vllm-router==0.1.17" in stdin and "--hash=sha256:" in stdin, "the lock ships whole"
+    assert f"NEMO_UV_WHEEL_SHA256={catalog.UV_WHEEL_SHA256}" in stdin
+
+
+def test_least_conn_removes_the_router_only_after_the_gateway_no_longer_proxies_to_it() -> None:
+    run = run_program({**dev(), "replicas": 2, "balancer": {"routing": "least-conn"}})
+    assert run.error is None, run.error
+    commands = of(run, COMMAND)
+    router, gateway = commands["balancer-router"], commands["balancer-gateway"]
+    assert router.urn not in gateway.dependencies
+    assert gateway.urn in router.dependencies
+    stdin = router_stdin(router)
+    assert "NEMO_ROUTER_MODE=off" in stdin and "vllm-router==" not in stdin

@@ -1359,7 +1359,9 @@ def test_shellcheck_passes_on_every_rendered_phase(
     files = render_stack(stack, tmp_path, replicas)
     if replicas:
         names = {f.name for f in files}
-        assert {"balancer-2-wake.sh", "balancer-4-member.sh"} <= names, sorted(names)
+        assert {"balancer-2-wake.sh", "balancer-3-router.sh", "balancer-5-member.sh"} <= names, (
+            sorted(names)
+        )
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     # SC2329: lib.sh defines helpers a given phase does not call.
     proc = subprocess.run(

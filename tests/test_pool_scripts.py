@@ -3,19 +3,23 @@ private gateway, the drain before a restart and the return to the pool after rea
 
 from __future__ import annotations
 
+import hashlib
 import re
+import subprocess
 import threading
 import time
 from contextlib import ExitStack
 from typing import Any
 
+import pytest
 import requests
+import sandbox
 from pulumi_harness import stack_config
 from sandbox import Downloads, PhaseRun, Sandbox, free_port
 from test_balancer import replica as fake_replica
 from test_phase_scripts import API_KEY, Phases, box, prepared
 
-from components.host import gateway, phase_settings, phases, pool, wake
+from components.host import gateway, phase_settings, phases, pool, router, wake
 from components.spec import catalog, config
 
 __all__ = ["box"]  # the fixture, used by name
@@ -517,3 +521,178 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
         f"/etc/systemd/system/{wake.UNIT}",
     ):
         assert not box.file(path).exists(), path
+
+
+# ---- the front's cache-aware router ---------------------------------------------------------
+
+
+class Front(Balancer):
+    """The router phase on the front: uv from a wheel shaped as PyPI's (the fake uv inside), the
+    real router (.router-venv) behind the fake uv's entry point, on ports of its own."""
+
+    def __init__(self, box: Sandbox, downloads: Downloads) -> None:
+        super().__init__(box, downloads)
+        assert self.cfg.routing == "cache-aware"
+        wheel = sandbox.uv_wheel(catalog.UV_VERSION)
+        self.uv_url = downloads.add(f"/uv/{catalog.UV_WHEEL_URL.rsplit('/', 1)[1]}", wheel)
+        self.uv_sha = hashlib.sha256(wheel).hexdigest()
+        self.port, self.metrics_port = free_port(), free_port()
+        self.lock = phase_settings.router_lock_text()
+
+    def settings(self, phase: str, **kwargs: Any) -> dict[str, Any]:
+        s = super().settings(phase, **kwargs)
+        if phase != "router" or s["NEMO_ROUTER_MODE"] != "on":
+            return s
+        start = str(s["NEMO_ROUTER_START_TEXT"])
+        for flag, port in (
+            ("--port", catalog.ROUTER_PORT),
+            ("--prometheus-port", catalog.ROUTER_METRICS_PORT),
+        ):
+            assert f" {flag} {port} " in start
+        start = start.replace(f" --port {catalog.ROUTER_PORT} ", f" --port {self.port} ")
+        start = start.replace(
+            f" --prometheus-port {catalog.ROUTER_METRICS_PORT} ",
+            f" --prometheus-port {self.metrics_port} ",
+        )
+        s.update(
+            NEMO_UV_WHEEL_URL=self.uv_url,
+            NEMO_UV_WHEEL_SHA256=self.uv_sha,
+            NEMO_ROUTER_PYTHON_VERSION=sandbox.system_python_version(),
+            NEMO_ROUTER_LOCK_TEXT=self.lock,
+            NEMO_ROUTER_START_TEXT=start,
+            NEMO_ROUTER_ADDRESS=f"127.0.0.1:{self.port}",
+            NEMO_ROUTER_METRICS_ADDRESS=f"127.0.0.1:{self.metrics_port}",
+        )
+        return s
+
+
+def listeners(*ports: int) -> list[str]:
+    """The local addresses listening on these TCP ports (this machine's namespace: the sandbox's)."""
+    out = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True).stdout
+    return sorted(
+        line.split()[3]
+        for line in out.splitlines()
+        if int(line.split()[3].rsplit(":", 1)[1]) in ports
+    )
+
+
+ROUTER_PATHS = (
+    catalog.ROUTER_LOCK_PATH,
+    router.START_SCRIPT,
+    f"/etc/systemd/system/{catalog.ROUTER_UNIT}",
+    catalog.ROUTER_PREFIX,
+    catalog.UV_BIN,
+)
+
+
+@pytest.mark.skipif(
+    not sandbox.ROUTER.exists(),
+    reason="no .router-venv: ./check installs the locked vllm-router there",
+)
+def test_the_front_installs_the_router_from_its_lock_runs_it_on_loopback_then_removes_it(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """The router phase: uv from its wheel (sha256 checked), a venv, the router from the lock,
+    its start script and unit; the real router answers on loopback only, API and metrics. A
+    second run changes nothing; a new lock installs again; off removes all of it."""
+    f = Front(box, downloads)
+    assert f.run("preflight").returncode == 0
+    on = f.run("router")
+    assert on.returncode == 0, on.stderr
+    assert on.result["router"] == "on" and on.result["changed"] is True
+    assert f"installed uv {catalog.UV_VERSION}" in on.stderr
+    assert downloads.requests.count(f.uv_url.removeprefix(downloads.url)) == 1
+    assert box.file(catalog.ROUTER_LOCK_PATH).read_text() == f.lock + "\n"
+    lock_sha = hashlib.sha256(box.file(catalog.ROUTER_LOCK_PATH).read_bytes()).hexdigest()
+    assert box.file(f"{catalog.ROUTER_PREFIX}/.nemotron-lock").read_text().strip() == lock_sha
+    assert (
+        box.file(f"{catalog.ROUTER_PREFIX}/router-version").read_text().strip()
+        == catalog.ROUTER_VERSION
+    )
+    unit = box.file(f"/etc/systemd/system/{catalog.ROUTER_UNIT}").read_text()
+    start = box.file(router.START_SCRIPT).read_text()
+    assert unit == router.unit_text() + "\n"
+    # Nothing secret on its command line: no key in its unit or start script, nor a key flag.
+    for text in (unit, start):
+        assert API_KEY not in text and "--api-key" not in text and "api_key" not in text.lower()
+    assert "the router answers" in on.stderr
+    # The real router answers on loopback: its liveness and its metrics, on 127.0.0.1 alone.
+    assert requests.get(f"http://127.0.0.1:{f.port}/liveness", timeout=5).status_code == 200
+    assert listeners(f.port, f.metrics_port) == sorted(
+        [f"127.0.0.1:{f.port}", f"127.0.0.1:{f.metrics_port}"]
+    )
+    log = box.file("/var/log/fake-nemotron-router.log").read_text()
+    assert API_KEY not in log
+
+    again = f.run("router")
+    assert again.returncode == 0, again.stderr
+    assert again.result["changed"] is False, again.stderr
+    assert downloads.requests.count(f.uv_url.removeprefix(downloads.url)) == 1, (
+        "uv is not fetched again"
+    )
+
+    # A new lock (a comment is enough to change its hash) installs again and restarts.
+    f.lock += "\n# a new lock"
+    new = f.run("router")
+    assert new.returncode == 0, new.stderr
+    assert new.result["changed"] is True
+    assert "step install" in new.stderr and "installed from this lock already" not in new.stderr
+    assert requests.get(f"http://127.0.0.1:{f.port}/liveness", timeout=5).status_code == 200
+
+    # Off: Caddy no longer proxies to it (the gateway ran first): all of it goes.
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "https": False}
+    raw["replicas"] = 2
+    raw["balancer"] = {"routing": "least-conn"}
+    f.cfg = config.parse(raw, "dev")
+    assert f.cfg.routing == "least-conn"
+    off = f.run("router")
+    assert off.returncode == 0, off.stderr
+    assert off.result["router"] == "off" and off.result["changed"] is True
+    assert "removed the router" in off.stderr
+    for path in ROUTER_PATHS:
+        assert not box.file(path).exists(), path
+    assert listeners(f.port, f.metrics_port) == [], "the router stopped"
+    quiet = f.run("router")
+    assert quiet.returncode == 0 and quiet.result["changed"] is False
+    assert "no router installed" in quiet.stderr
+
+
+def test_the_router_phase_fails_before_anything_on_a_wrong_uv_or_python_and_names_the_install(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """A uv wheel whose sha256 is not the pinned one is refused before it is used: nothing of
+    the router is installed. The rendered Python version (Ubuntu 24.04's 3.12) refuses another
+    python3 with the fix. An install that fails names its step."""
+    f = Front(box, downloads)
+    assert f.run("preflight").returncode == 0
+    rendered = dict(phases.balancer_settings(f.cfg, "router"))
+    rendered["NEMO_RETRY_DELAY"] = 0
+    python = box.run(phases.render("router", rendered))
+    if sandbox.system_python_version() != catalog.ROUTER_PYTHON:
+        assert python.returncode == 1
+        assert "FAILED at step python" in python.failure
+        assert (
+            f"lock is for {catalog.ROUTER_PYTHON}" in python.failure
+            and "Ubuntu 24.04" in python.failure
+        )
+
+    f.uv_sha = "0" * 64
+    wrong = f.run("router")
+    assert wrong.returncode == 1
+    assert "FAILED at step uv: checksum mismatch" in wrong.failure, wrong.stderr
+    assert "pin the release whose checksum you trust" in wrong.failure
+    for path in ROUTER_PATHS:
+        assert not box.file(path).exists(), path
+
+    f.uv_sha = hashlib.sha256(sandbox.uv_wheel(catalog.UV_VERSION)).hexdigest()
+    box.hw("uv_fails", "Failed to fetch: files.pythonhosted.org")
+    failing = f.run("router")
+    assert failing.returncode == 1
+    assert (
+        "FAILED at step install: uv could not install the router's locked packages"
+        in failing.failure
+    )
+    assert "files.pythonhosted.org" in failing.failure
+    assert failing.stderr.count("Failed to fetch") == 3, "retried, then failed"
+    assert not box.file(f"/etc/systemd/system/{catalog.ROUTER_UNIT}").exists()

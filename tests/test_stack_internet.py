@@ -146,7 +146,7 @@ def test_an_unknown_name_or_a_wrong_one_fails(droplet: Droplet) -> None:
 
 @needs_root
 def test_rendered_conda_and_model_phases_download_at_the_real_names(droplet: Droplet) -> None:
-    """The conda phase with its rendered settings but the one substitution, then the model
+    """The conda phase with its rendered settings but its one substitution, then the model
     phase exactly as rendered (NEMO_HF_ENDPOINT empty: the fake hf asks https://huggingface.co)."""
     cfg, internet = dev_config(), droplet.internet
     conda = phases.render("conda", phases.settings(cfg, "conda"))
@@ -155,7 +155,8 @@ def test_rendered_conda_and_model_phases_download_at_the_real_names(droplet: Dro
     run = droplet.run(conda)
     assert run.returncode != 0 and "checksum mismatch" in run.stderr, run.stderr
 
-    run = droplet.run(substitute(conda, internet.substitutions()))
+    miniforge = {"NEMO_MINIFORGE_SHA256": internet.substitutions()["NEMO_MINIFORGE_SHA256"]}
+    run = droplet.run(substitute(conda, miniforge))
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.splitlines()[-1])["changed"] is True
     assert internet.requests[catalog.MINIFORGE_URL] == 2
@@ -200,7 +201,11 @@ def test_substitute_changes_only_the_named_line_and_refuses_others() -> None:
     assert changed == [
         (f"NEMO_MINIFORGE_SHA256={catalog.MINIFORGE_SHA256}", f"NEMO_MINIFORGE_SHA256={'ab' * 32}")
     ]
-    assert set(SUBSTITUTED) == {"NEMO_MINIFORGE_SHA256"}
+    assert set(SUBSTITUTED) == {
+        "NEMO_MINIFORGE_SHA256",
+        "NEMO_UV_WHEEL_SHA256",
+        "NEMO_ROUTER_PYTHON_VERSION",
+    }
     for key in ("NEMO_MINIFORGE_URL", "NEMO_CADDY_SHA256", "NEMO_HF_ENDPOINT"):
         with pytest.raises(ValueError, match="substitutes only"):
             substitute(conda, {key: "x"})

@@ -2,7 +2,8 @@
 emulated Droplets (network namespaces with a real sshd on a phase sandbox, nftables firewalls),
 against outside services that stand where the real ones do (downloads at their real names over
 HTTPS, Let's Encrypt with profiles, validating from the internet). Nothing rendered is changed
-but the one declared gap (internet.SUBSTITUTED: the Miniforge installer's sha256).
+but the declared gaps (internet.SUBSTITUTED: the Miniforge installer's and the uv wheel's sha256,
+and the front's Python version).
 
 Each scenario prints its contract line (scenario.summary) in the run's summary. `./check` (and
 CI) runs scenarios 1, 2 (both entries), 4, 6, 8 and 9; those of minutes, 3 (a rolling update under
@@ -171,6 +172,9 @@ def test_three_replicas_behind_the_caddy_entry_from_nothing_share_the_load(
         assert up.outputs["endpoint"] == f"https://{address}/v1"
         assert sorted(up.ops("create", "command:remote:Command")).count("balancer-member-0") == 1
         assert {f"balancer-member-{i}" for i in range(3)} <= set(up.ops("create"))
+        # The front's cache-aware router (the default with 2+ replicas) is installed before the
+        # gateway and runs (the phase checked that it answers on its loopback).
+        assert "balancer-router" in set(up.ops("create"))
         # Replicas answer the entry on their private address only, never the internet.
         replicas = [m for m in emu.account.machines.values() if m.size.startswith("gpu-")]
         assert len(replicas) == 3

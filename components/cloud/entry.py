@@ -248,15 +248,24 @@ class CaddyEntry(pulumi.ComponentResource):
         gateway waits for it); else it is the Reserved IP's own. The gateway also waits until
         the address is assigned to this Droplet."""
         self.hostname = hostname
+        # What the gateway's Caddyfile sends requests to runs first; what it no longer sends
+        # them to goes only once its new Caddyfile is in, so no request meets a missing one.
+        first: list[pulumi.Resource] = []
         if self.cfg.wake.enabled:
             # The gateway routes keyed requests through the waker: the waker runs first.
             self.waker = self._command("wake", [self.preflight])
-            self.gateway = self._command("gateway", [self.preflight, self.assignment, self.waker])
-        else:
-            # Off: the waker (if an earlier run installed one) goes only once the gateway's new
-            # Caddyfile no longer asks it, so no keyed request meets a missing waker.
-            self.gateway = self._command("gateway", [self.preflight, self.assignment])
+            first.append(self.waker)
+        if self.cfg.routing == "cache-aware":
+            # The gateway proxies the API to the router: the router runs first.
+            self.router = self._command("router", [self.preflight])
+            first.append(self.router)
+        self.gateway = self._command("gateway", [self.preflight, self.assignment, *first])
+        if not self.cfg.wake.enabled:
+            # Off: the waker (if an earlier run installed one) goes after the gateway.
             self.waker = self._command("wake", [self.gateway])
+        if self.cfg.routing != "cache-aware":
+            # Off: the router (if an earlier run installed one) goes after the gateway.
+            self.router = self._command("router", [self.gateway])
 
     def join(
         self,
@@ -267,9 +276,10 @@ class CaddyEntry(pulumi.ComponentResource):
     ) -> command.remote.Command:
         """Replica `index` enters the pool once `ready`; it leaves (drained) before its
         Droplet is replaced or removed."""
+        # The member adds the replica to the router too (member.sh): after the router phase.
         joined = self._command(
             "member",
-            [self.gateway, ready],
+            [self.gateway, self.router, ready],
             replica=index,
             private_ip=private_ip,
             droplet_id=droplet_id,

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import catalog
-from ..spec.schema import StackConfig
-from . import autodown, balancer, gateway, pool, script_text, vllm_service, wake
+from ..spec.schema import LOCKS_DIR, StackConfig
+from . import autodown, balancer, gateway, pool, router, script_text, vllm_service, wake
 
 PHASES_DIR = Path(__file__).resolve().parents[2] / "scripts" / "phases"
 
@@ -431,6 +431,40 @@ def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_WAKE_ADDRESS": wake.ADDRESS,
         "NEMO_WAKE_PYTHON": wake.PYTHON,
         "NEMO_WAKE_PACKAGE": wake.APT_PACKAGE,
+    }
+
+
+def router_lock_text() -> str:
+    """The router's committed lock, as the front's copy holds it (printf adds the last newline
+    back): shipped whole, so a new lock re-runs the router phase."""
+    return (LOCKS_DIR / catalog.router_lock_name()).read_text().removesuffix("\n")
+
+
+def balancer_router(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    """The front's cache-aware router (balancer.routing: cache-aware): uv from PyPI's wheel, the
+    router from its lock into a venv of Ubuntu's python3, its start script and unit. Off: it
+    removes one an earlier run installed, and carries none of their text, so a new router or
+    lock changes nothing on a stack that does not run one."""
+    on = cfg.routing == "cache-aware"
+    return {
+        "NEMO_ROUTER_MODE": "on" if on else "off",
+        "NEMO_UV_VERSION": catalog.UV_VERSION,
+        "NEMO_UV_WHEEL_URL": catalog.UV_WHEEL_URL if on else "",
+        "NEMO_UV_WHEEL_SHA256": catalog.UV_WHEEL_SHA256 if on else "",
+        "NEMO_UV_BIN": catalog.UV_BIN,
+        "NEMO_ROUTER_LOCK_TEXT": router_lock_text() if on else "",
+        "NEMO_ROUTER_LOCK_PATH": catalog.ROUTER_LOCK_PATH,
+        "NEMO_ROUTER_PREFIX": catalog.ROUTER_PREFIX,
+        # Ubuntu 24.04's own python3 (catalog.ROUTER_PYTHON, the lock's): the venv's base.
+        "NEMO_ROUTER_PYTHON": "/usr/bin/python3",
+        "NEMO_ROUTER_PYTHON_VERSION": catalog.ROUTER_PYTHON,
+        "NEMO_ROUTER_BIN": router.BIN,
+        "NEMO_ROUTER_START_TEXT": router.start_script() if on else "",
+        "NEMO_ROUTER_START_SCRIPT": router.START_SCRIPT,
+        "NEMO_ROUTER_UNIT": catalog.ROUTER_UNIT,
+        "NEMO_ROUTER_UNIT_TEXT": router.unit_text() if on else "",
+        "NEMO_ROUTER_ADDRESS": router.ADDRESS,
+        "NEMO_ROUTER_METRICS_ADDRESS": router.METRICS_ADDRESS,
     }
 
 

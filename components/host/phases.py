@@ -7,6 +7,7 @@ phase runs (its settings, lib.sh, its script), sent on stdin to `runner`'s fixed
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,15 @@ def shell_value(value: Setting) -> str:
     return "(" + " ".join(shlex.quote(v) for v in value) + ")"
 
 
+def setting_lines(key: str, value: Setting) -> list[str]:
+    """A setting's line; a text that is itself a script (the router's start script) is data
+    here, its `$` expanded only where it runs: shellcheck is told so for that line alone."""
+    line = f"{key}={shell_value(value)}"
+    if isinstance(value, str) and re.search(r"\$[{A-Za-z_(#]", value):
+        return ["# shellcheck disable=SC2016  # a script's text, expanded where it runs", line]
+    return [line]
+
+
 def runner(minutes: int) -> str:
     """The remote command of a phase. A Command's custom timeout bounds only its SSH dial, not
     a command already running (docs/facts.md), so the phase bounds itself on the Droplet.
@@ -50,7 +60,7 @@ def render(phase: str, settings: Mapping[str, Setting], minutes: int = 0) -> str
         f"# nemotron-droplet bootstrap, phase {phase}: sent on stdin to `{runner(minutes)}`.",
         f"PHASE={shlex.quote(phase)}",
         f"PHASE_MINUTES={minutes}",
-        *(f"{key}={shell_value(value)}" for key, value in settings.items()),
+        *(line for key, value in settings.items() for line in setting_lines(key, value)),
         "",
         ps.shipped("lib.sh"),
         ps.shipped(f"{phase}.sh"),
@@ -141,6 +151,10 @@ BALANCER: tuple[Phase, ...] = (
     # The waker (wake.enabled; else it removes one an earlier run installed): before the
     # gateway, whose Caddyfile then sends it keyed requests while no replica is ready.
     Phase("wake", (), 10, ps.balancer_wake, delete_minutes=LEAVE_MINUTES),
+    # The cache-aware router (balancer.routing: cache-aware; else it removes one an earlier run
+    # installed): before the gateway, whose Caddyfile then proxies to it. Its bound: uv and the
+    # router's wheels from PyPI (a few MB), and its start.
+    Phase("router", (), 10, ps.balancer_router, delete_minutes=LEAVE_MINUTES),
     Phase(
         "gateway",
         (),

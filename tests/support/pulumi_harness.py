@@ -58,7 +58,7 @@ FAKE_PHASE_START = {
     name: 1_000_000_000.0 + 10 * i
     for i, name in enumerate(
         ("preflight", "driver", "cgroup", "reboot", "reboot-wait", "cache", "conda", "vllm",
-         "model", "service", "gateway", "autodown", "ready", "member", "wake")
+         "model", "service", "gateway", "autodown", "ready", "member", "wake", "router")
     )
 }  # fmt: skip
 

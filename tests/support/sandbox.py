@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tarfile
 import uuid
+import zipfile
 from dataclasses import dataclass
 from functools import partial
 from http.server import SimpleHTTPRequestHandler
@@ -57,6 +58,44 @@ def caddy_release_tarball() -> bytes:
     with tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as tar:
         tar.add(CADDY, arcname="caddy")
     return out.getvalue()
+
+
+# The locked vllm-router (./check installs it from the committed lock): the router the fake
+# uv's vllm-router runs, so the front's sandbox runs the real one.
+ROUTER_VENV = ROOT / ".router-venv"
+ROUTER = ROUTER_VENV / "bin" / "vllm-router"
+
+
+@functools.cache
+def uv_wheel(version: str) -> bytes:
+    """A wheel shaped as PyPI's uv wheel (catalog.UV_WHEEL_URL): a zip whose
+    uv-<version>.data/scripts/uv is the fake uv, saying `version` (catalog.UV_VERSION). The real wheel's uv
+    could not install anything here (no PyPI in the sandbox; this machine's python3 is not the
+    lock's), so the router phase's install must be the fake's: its sha256 is substituted."""
+    text = (FAKES / "pkg" / "uv").read_text()
+    fake = text.replace('VERSION = "0.0.0+fake"', f'VERSION = "{version}"')
+    assert fake != text, "the fake uv's VERSION line moved"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as wheel:
+        for name, content, mode in (
+            (f"uv-{version}.data/scripts/uv", fake, 0o755),
+            (f"uv-{version}.dist-info/METADATA", f"Name: uv\nVersion: {version}\n", 0o644),
+        ):
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.external_attr = mode << 16
+            wheel.writestr(info, content)
+    return out.getvalue()
+
+
+@functools.cache
+def system_python_version() -> str:
+    """The sandbox's /usr/bin/python3 (this machine's, e.g. 3.11) as MAJOR.MINOR, where Ubuntu
+    24.04's (catalog.ROUTER_PYTHON, which the router phase checks) is 3.12."""
+    out = subprocess.run(
+        ["/usr/bin/python3", "-c", 'import sys; print("%d.%d" % sys.version_info[:2])'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.strip()
 
 
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200-ubuntu2404"
@@ -247,6 +286,7 @@ class Sandbox:
             "/etc/fake-vllm.conf",
             f"FAKE_PYTHON={sys.executable}\nFAKE_OPENAI={Path(__file__).resolve().parent / 'fake_openai.py'}\n",
         )
+        self.file("/etc/fake-router.conf", f"ROUTER={ROUTER}\n" if ROUTER.exists() else "")
         self.file("/root/.bashrc", "")  # what a fresh Ubuntu root has that matters here: nothing
         self.file("/var/lib/fakehw/nvidia-smi.txt", (FIXTURES / "nvidia-smi.txt").read_text())
         # A fresh image has no C compiler: hide this machine's (the fake apt-get's gcc brings one).

@@ -1,7 +1,8 @@
 """The outside services a Droplet downloads from, as HTTPS at their real names.
 
 One HTTPS server in the World's namespace at DOWNLOADS (192.0.2.30:443) answers for github.com,
-objects.githubusercontent.com, huggingface.co and developer.download.nvidia.com, chosen by the
+objects.githubusercontent.com, huggingface.co, developer.download.nvidia.com and
+files.pythonhosted.org (PyPI's files: the front's uv wheel), chosen by the
 Host header (a TLS server name, when the client sends one, must agree with it). Its certificate
 names all of them and is signed by a small CA of the emulation (a pki.Authority, or one the test
 gives), so a Droplet that trusts that root (`prepare`) downloads from the URLs the program
@@ -14,8 +15,10 @@ addresses (/etc/hosts in its overlay) and trust the emulation's roots (appended 
 GitHub answers a release download with a redirect to objects.githubusercontent.com and a signed
 query; here github.com serves the file itself (curl --location would follow either way).
 
-The one substitution (`SUBSTITUTED`, `substitute`): the program pins the real Miniforge
-installer's sha256, which no stand-in can match. Nothing else needs one: the Caddy release
+The substitutions (`SUBSTITUTED`, `substitute`): the program pins the real Miniforge
+installer's sha256 and the real uv wheel's, which no stand-in can match, and Ubuntu 24.04's
+Python version, which this machine's python3 (the emulated Droplet's /usr) is not. Nothing else
+needs one: the Caddy release
 tarball served here packs the real caddy binary of the pinned release (catalog.CADDY_SHA256 is
 that binary's), the model phase's NEMO_HF_ENDPOINT is empty (hf uses https://huggingface.co) and
 the CUDA keyring has no pinned sha (NEMO_CUDA_KEYRING_SHA256 is empty).
@@ -41,7 +44,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import loopback
-from sandbox import FAKES, Sandbox, caddy_release_tarball
+from sandbox import FAKES, Sandbox, caddy_release_tarball, system_python_version, uv_wheel
 
 from components.spec import catalog
 from stack.net import ACME_CA, DO_API, DOWNLOADS, GITHUB_API, Netns
@@ -49,7 +52,8 @@ from stack.pki import Authority
 
 GITHUB, GITHUB_OBJECTS = "github.com", "objects.githubusercontent.com"
 HUGGINGFACE, NVIDIA = "huggingface.co", "developer.download.nvidia.com"
-HOSTS = (GITHUB, GITHUB_OBJECTS, HUGGINGFACE, NVIDIA)
+PYPI_FILES = "files.pythonhosted.org"
+HOSTS = (GITHUB, GITHUB_OBJECTS, HUGGINGFACE, NVIDIA, PYPI_FILES)
 # Every name a Droplet of the emulation reaches, and the World address that answers for it:
 # what `prepare` is usually given.
 SERVICES: dict[str, str] = {
@@ -73,6 +77,16 @@ SUBSTITUTED: dict[str, str] = {
         "catalog.MINIFORGE_SHA256 pins the real Miniforge installer, which cannot be had here; "
         "the stand-in (tests/support/fakes/pkg/miniforge.sh) is served at catalog.MINIFORGE_URL "
         "unchanged, so only its checksum differs"
+    ),
+    "NEMO_UV_WHEEL_SHA256": (
+        "catalog.UV_WHEEL_SHA256 pins PyPI's uv wheel; its uv could not install the router here "
+        "(no PyPI in the emulation, and this machine's python3 is not the lock's), so a wheel of "
+        "the same layout holding the fake uv (sandbox.uv_wheel) is served at catalog.UV_WHEEL_URL "
+        "unchanged, so only its checksum differs"
+    ),
+    "NEMO_ROUTER_PYTHON_VERSION": (
+        "catalog.ROUTER_PYTHON is Ubuntu 24.04's python3 (3.12), which the router phase checks; "
+        "the emulated Droplet's /usr/bin/python3 is this machine's: its version stands in"
     ),
 }
 
@@ -119,6 +133,7 @@ class Internet:
         self.failures: dict[str, Failure] = {}
         self.stalls: dict[str, Stall] = {}
         self.miniforge_sha256: str | None = None
+        self.uv_sha256: str | None = None
         self._lock = threading.Lock()
         # The TLS server name each connection sent (SNI), read by its request handler.
         self._sni: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -165,6 +180,14 @@ class Internet:
         at catalog.CADDY_URL."""
         return self.add(catalog.CADDY_URL, caddy_release_tarball())
 
+    def add_uv(self) -> str:
+        """A wheel of PyPI's uv wheel's layout holding the fake uv, at catalog.UV_WHEEL_URL;
+        returns its sha256 (a substituted value, see SUBSTITUTED)."""
+        wheel = uv_wheel(catalog.UV_VERSION)
+        self.add(catalog.UV_WHEEL_URL, wheel)
+        self.uv_sha256 = hashlib.sha256(wheel).hexdigest()
+        return self.uv_sha256
+
     def add_cuda_keyring(self, distro: str = "ubuntu2404") -> str:
         """A stand-in for NVIDIA's keyring package (the fake dpkg only records it; the program
         pins no sha256 for it)."""
@@ -186,6 +209,7 @@ class Internet:
         """Everything a default bootstrap downloads."""
         self.add_miniforge()
         self.add_caddy()
+        self.add_uv()
         self.add_cuda_keyring()
         self.add_model(model_id, revision)
 
@@ -193,7 +217,13 @@ class Internet:
         """The values `substitute` needs for what this Internet serves."""
         if self.miniforge_sha256 is None:
             raise RuntimeError("add_miniforge() first: nothing to substitute yet")
-        return {"NEMO_MINIFORGE_SHA256": self.miniforge_sha256}
+        values = {
+            "NEMO_MINIFORGE_SHA256": self.miniforge_sha256,
+            "NEMO_ROUTER_PYTHON_VERSION": system_python_version(),
+        }
+        if self.uv_sha256 is not None:
+            values["NEMO_UV_WHEEL_SHA256"] = self.uv_sha256
+        return values
 
     # -- knobs -----------------------------------------------------------------------------------
 

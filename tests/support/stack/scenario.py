@@ -75,6 +75,7 @@ def emulation(
         services.callback(downloads.close)
         downloads.add_miniforge()
         downloads.add_caddy()
+        downloads.add_uv()
         downloads.add_cuda_keyring()
         model_urls = downloads.add_model(model)
         ca = ACMECA(host=net.ACME_CA, port=443, netns=world.name, names=LETS_ENCRYPT)
