@@ -60,6 +60,49 @@ def test_through_the_router_each_conversation_stays_on_one_replica_and_more_is_c
     assert routed["cached_pct"] > spread["cached_pct"], (routed, spread)
 
 
+def burst(url: str, prefix: str, count: int) -> None:
+    """`count` chats starting with `prefix`, each its own after it, sent at once to `url` (the
+    router) and all answered."""
+
+    def one(i: int) -> None:
+        body = {"model": router_bench.MODEL, "max_tokens": 40,
+                "messages": [{"role": "user", "content": f"{prefix} {i} " + "own " * 20}]}  # fmt: skip
+        answer = requests.post(f"{url}/v1/chat/completions", json=body, timeout=60,
+                               headers={"Authorization": f"Bearer {router_bench.KEY}"})  # fmt: skip
+        answer.raise_for_status()
+
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        list(pool.map(one, range(count)))
+
+
+@needs_router
+def test_a_burst_on_one_shared_prefix_spreads_over_the_replicas_with_the_fronts_settings(
+    tmp_path: Path,
+) -> None:
+    """A shared prompt the router has seen on one replica, then 15 requests with it at once, each
+    in flight for about 2 s (40 tokens 50 ms apart): with the router's own balance thresholds
+    (64 in flight more than the least loaded, and 1.5 times) all 15 go where the prompt went;
+    with the front's (router_bench.Router) every replica gets some, none more than
+    balance_abs_threshold + 1 ahead of another, as is_imbalanced bounds it while none finishes."""
+    replica = router_bench.Replica(prefill_per_token=1e-6, ttft=0.005, itl=0.05)
+    chosen = router_bench.Router()
+    shipped = router_bench.Router(balance_abs_threshold=64, balance_rel_threshold=1.5)
+    with router_bench.processes(tmp_path) as p:
+        ports = p.replicas(replica, scale_out=True)
+        spread = {}
+        for name, settings in (("shipped", shipped), ("chosen", chosen)):
+            before = [s["chat_requests"] for s in router_bench.replica_stats(ports)]
+            url, _ = p.router(ports, settings)
+            prefix = " ".join(f"{name}{i}" for i in range(200))
+            burst(url, prefix, 1)  # the router's tree now holds the prompt on one replica
+            burst(url, prefix, 15)
+            after = [s["chat_requests"] for s in router_bench.replica_stats(ports)]
+            spread[name] = sorted(a - b for a, b in zip(after, before, strict=True))
+    assert spread["shipped"] == [0, 0, 16], spread
+    assert spread["chosen"][0] >= 1, spread
+    assert spread["chosen"][2] - spread["chosen"][0] <= chosen.balance_abs_threshold + 2, spread
+
+
 @needs_router
 def test_without_render_the_router_has_no_tokens_and_routes_by_load_alone(
     tmp_path: Path,

@@ -256,7 +256,8 @@ def test_a_keyed_request_wakes_the_set_once_and_is_held_until_a_replica_answers(
     assert not front.hold_file.exists(), "awake, Caddy proxies to the replicas itself"
     last = front.state()["last_wake"]
     assert list(last) == [
-        "request_in", "pipeline_started", "run_id", "replica_joined", "ready", "first_token"
+        "request_in", "dispatching", "pipeline_started", "run_id", "replica_joined", "ready",
+        "first_token",
     ]  # fmt: skip
     assert last["run_id"] == github.runs[0]["id"], "the run the dispatch answered with"
 
@@ -1754,6 +1755,35 @@ def test_behind_caddy_a_waker_restarted_while_waking_keeps_holding(
         time.sleep(0.05)
     assert during[0].status_code == 200, during[0].text
     assert len(github.dispatches) == 1, "the next waker took up the wake under way"
+
+
+def test_a_waker_killed_while_github_takes_its_dispatch_does_not_dispatch_again(
+    front_factory: Callable[..., Front],
+) -> None:
+    """Killed (SIGKILL, an OOM kill) after GitHub queued the run but before its answer came
+    back, the waker never saved the run's id. The next one resumes the wake under way (the
+    dispatch was said before it was sent), follows the run by its title, and answers once the
+    replica joins: no second run of the deploy."""
+    github = FakeGitHub(dispatch_delay=3.0)
+    front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
+    first = in_background(lambda: front.send(CHAT))
+    github.wait_dispatches(1)
+    front.proc.send_signal(signal.SIGKILL)
+    front.proc.wait(timeout=30)
+    saved = json.loads(Path(front.env["WAKE_STATE_FILE"]).read_text())["timeline"]
+    assert "dispatching" in saved and "pipeline_started" not in saved, saved
+    github.dispatch_delay = 0.0
+    again = front_factory(like=front)
+    end = time.monotonic() + 10
+    while again.state()["last_wake"].get("run_id") is None:
+        assert time.monotonic() < end, again.state()
+        time.sleep(0.05)
+    assert again.state()["mode"] == "waking" and len(github.dispatches) == 1
+    assert again.state()["last_wake"]["run_id"] == github.runs[0]["id"], "found by its title"
+    again.start_replica()
+    assert again.send(CHAT).status_code == 200
+    assert len(github.dispatches) == 1, "the next waker took up the wake under way"
+    del first
 
 
 # ---- the front's measurements (tests/support/front_bench.py; the numbers are in its output) ----

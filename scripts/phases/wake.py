@@ -326,11 +326,14 @@ class Waker:
             log("state_reset", why="the state file did not parse")
 
     def resume(self, now: float) -> None:
-        """A wake whose pipeline had started when this service stopped (a crash; the deploy's
-        own `pulumi up` installing a new waker) goes on as it was: waking, its run followed,
-        never dispatched a second time."""
+        """A wake whose pipeline had started, or was being started, when this service stopped (a
+        crash; the deploy's own `pulumi up` installing a new waker) goes on as it was: waking,
+        its run followed (by its id, or by its title when the stop came before the id was
+        saved), never dispatched a second time. A dispatch that never reached GitHub then ends
+        at wake.deadlineMinutes, as a run that never brings a replica does."""
         t = self.timeline
-        if not self.wakes or "pipeline_started" not in t or "ready" in t or "failed" in t:
+        started = "pipeline_started" in t or "dispatching" in t
+        if not self.wakes or not started or "ready" in t or "failed" in t:
             return
         if now - self.wakes[-1] < self.s.deadline_minutes * 60:
             self.mode, self.since = "waking", self.wakes[-1]
@@ -446,6 +449,11 @@ class Waker:
     # ---- the pipeline ----------------------------------------------------------------------------
 
     async def start_pipeline(self, started: float) -> None:
+        # Said before the call: a waker stopped between GitHub's accepting the dispatch and the
+        # save below (a SIGKILL, an OOM kill) must not dispatch it again when it starts; it
+        # follows the run by its title instead (resume, find_run).
+        self.timeline["dispatching"] = iso(self.clock())
+        self.save()
         try:
             if self.s.trigger == "github":
                 run_id = await asyncio.to_thread(self.dispatch_github)
@@ -680,6 +688,9 @@ class Waker:
                     if found is None:
                         continue
                     run, run_id = found, int(found.get("id") or 0) or None
+                    if run_id is not None:
+                        self.timeline["run_id"] = run_id  # found by its title: kept from now
+                        self.save()
             except PipelineError:
                 continue
             self.note_approval(run)

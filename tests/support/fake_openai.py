@@ -21,6 +21,10 @@ and the usage says `prompt_tokens_details.cached_tokens`, as vLLM does with
 on this replica (the others wait their turn): a GPU's prefill throughput is shared, so N = 1
 makes the uncached tokens of every request queue through one compute budget of
 1 / `--prefill-per-token` tokens a second, as a busy replica's do.
+`--decode-slowdown-per-stream F` (default 0: off) makes decode share the replica as a GPU's
+batch does: each gap between two tokens of a stream is `--itl` * (1 + F * (D - 1)), D the
+streams of this replica past their first token at that moment (itself included), so with F =
+0.02 a stream alone gets a token every `--itl`, one among 51 every 2 * `--itl`.
 `POST /v1/chat/completions/render` is vLLM's render endpoint (vllm/entrypoints/scale_out/
 render/api_router.py): the prompt's token ids, one per word as the prefix-cache model counts
 them (the same id for the same word on every replica), as vLLM's GenerateRequest. vLLM 0.33
@@ -61,7 +65,7 @@ import sys
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +117,7 @@ class FakeServer:
         self.prompted = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.decoding = 0  # streams past their first token (--decode-slowdown-per-stream)
         self.arrivals: list[float] = []
         self.conversations: list[list[dict[str, Any]]] = []
         self.slots = asyncio.Semaphore(args.capacity) if args.capacity else None
@@ -179,6 +184,12 @@ class FakeServer:
         if "_cached_tokens" in body:
             usage["prompt_tokens_details"] = {"cached_tokens": body["_cached_tokens"]}
         return usage
+
+    def itl(self) -> float:
+        """The gap before a stream's next token: `--itl`, longer with more streams decoding
+        on this replica (`--decode-slowdown-per-stream`)."""
+        extra = self.args.decode_slowdown_per_stream * max(self.decoding - 1, 0)
+        return float(self.args.itl * (1 + extra))
 
     def completion_tokens(self, body: dict[str, Any]) -> int:
         return min(int(body.get("max_tokens") or self.args.tokens), self.args.tokens)
@@ -370,7 +381,15 @@ class FakeServer:
     async def complete(self, body: dict[str, Any], ttft: float) -> web.Response:
         n = self.completion_tokens(body)
         await self.first_token(body, ttft)
-        await asyncio.sleep(self.args.itl * (n - 1))
+        self.decoding += 1
+        try:
+            if self.args.decode_slowdown_per_stream:
+                for _ in range(n - 1):
+                    await asyncio.sleep(self.itl())
+            else:
+                await asyncio.sleep(self.args.itl * (n - 1))
+        finally:
+            self.decoding -= 1
         message = {"role": "assistant", "content": " tok" * n}
         if self.parsing():
             message = self.answer(body, n)
@@ -471,12 +490,32 @@ class FakeServer:
         await response.write(chunk({"role": "assistant", "content": ""}))
         await self.first_token(body, ttft)
         self.prompted += self.prompt_tokens(body)
+        self.decoding += 1
+        try:
+            await self.tokens(response, body, chunk, n)
+        finally:
+            self.decoding -= 1
+        wants_usage = (body.get("stream_options") or {}).get("include_usage")
+        if wants_usage and self.args.mode != "no-usage":
+            await response.write(chunk({}, usage=self.usage(body, n)))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def tokens(
+        self,
+        response: web.StreamResponse,
+        body: dict[str, Any],
+        chunk: Callable[..., bytes],
+        n: int,
+    ) -> None:
+        """The answer's chunks, one token each (or all at once in `one-chunk` mode)."""
         if self.parsing():
             deltas = self.parsed_deltas(body, n)
             finish = "tool_calls" if any("tool_calls" in d for d in deltas) else "length"
             for i, d in enumerate(deltas):
                 if i:
-                    await asyncio.sleep(self.args.itl)
+                    await asyncio.sleep(self.itl())
                 self.generated += 1
                 await response.write(chunk(d, finish=finish if i == len(deltas) - 1 else None))
         elif self.args.mode == "one-chunk":
@@ -485,17 +524,11 @@ class FakeServer:
         else:
             for i in range(n):
                 if i:
-                    await asyncio.sleep(self.args.itl)
+                    await asyncio.sleep(self.itl())
                 self.generated += 1
                 await response.write(
                     chunk(self.delta(i, n), finish="length" if i == n - 1 else None)
                 )
-        wants_usage = (body.get("stream_options") or {}).get("include_usage")
-        if wants_usage and self.args.mode != "no-usage":
-            await response.write(chunk({}, usage=self.usage(body, n)))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
 
 
 def build_app(args: argparse.Namespace) -> web.Application:
@@ -535,6 +568,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds each uncached prompt token adds to the first token")  # fmt: skip
     p.add_argument("--prefill-slots", type=int, default=0,
                    help="prompts that prefill at once, the others waiting (0: no limit)")  # fmt: skip
+    p.add_argument("--decode-slowdown-per-stream", type=float, default=0.0,
+                   help="each token's gap grows by this share of --itl per other stream "
+                   "decoding on this replica (0: off)")  # fmt: skip
     p.add_argument("--scale-out", action="store_true",
                    help="serve /v1/chat/completions/render (vllm serve --enable-scale-out)")  # fmt: skip
     p.add_argument("--tools", choices=["off", "parsed", "raw"], default="off")

@@ -5,6 +5,8 @@ own Caddyfile (gateway.balancer_site, the pinned Caddy) and scripts/bench.py as 
     .venv/bin/python tests/support/router_bench.py [--rate 12] [--seconds 15]
         [--modes least-conn,cache-aware,cache-aware-no-render]
         [--workloads multi-turn,shared-prefix,no-prefix] [--cost-requests 200]
+        [--cache-threshold X] [--balance-abs-threshold N] [--balance-rel-threshold X]
+        [--decode-slowdown X]
 
 The routing modes, each in front of three fresh replicas (empty caches):
 - `least-conn`: the front as it is, its balancer block (balancer.reverse_proxy, `lb_policy
@@ -19,14 +21,19 @@ The routing modes, each in front of three fresh replicas (empty caches):
   without --enable-scale-out (our replicas today, whose gateways refuse the path besides:
   gateway.API_PATHS); the router then has no token ids and picks the least loaded replica
   (cache_aware.rs select_prepared: "missing_tokens").
+The router's own settings (Router: --cache-threshold, --balance-abs-threshold,
+--balance-rel-threshold) are the front's, chosen by this harness's measurement (Router's
+comment); the flags of the same names try others.
 
 The replica model (fake_openai flags, a mid GPU serving Nemotron): a prefix cache of 4096 blocks
 of 16 tokens (65,536 tokens) each, least recently used out; a prompt token the replica's cache
 does not hold costs 75 us of prefill (a 2,048-token cold prompt: 154 ms, ~13k tokens/s), one
 prompt prefilling at a time per replica (the others queue for the GPU: --prefill-slots 1); 20 ms
-to the first token besides, then 20 ms per output token (50 tokens/s a stream). Decode does not
-slow down with the number of streams on a replica: what sending more requests to one replica
-costs shows in its prefill queue only, and in the requests-per-replica column.
+to the first token besides, then 20 ms per output token for a stream alone (50 tokens/s), 2%
+more for each other stream decoding on the same replica (--decode-slowdown-per-stream 0.02: a
+GPU's decode step grows with its batch; 26 streams on a replica decode at 30 ms a token, 51 at
+40 ms). What sending more requests to one replica costs shows in its prefill queue, in its
+streams' decode, and in the requests-per-replica column.
 
 The workloads, each at the same load (--rate requests/s, Poisson arrivals, for --seconds):
 - `multi-turn`: sessions of 5 turns, each turn 256 new words after the history (the previous
@@ -41,8 +48,9 @@ Reported per mode and workload: cached % (bench's prefix_cached_pct: of the prom
 share a replica's cache held, from each answer's usage), checked against the sum over the saved
 requests and against the replicas' own totals; TTFT p50/p95 and E2E p50 (ms), req/s, failed
 requests, requests per replica, the sessions whose turns went to more than one replica, and
-the router's own decisions (its Prometheus counters). One JSON line on stdout, then a markdown
-table. Everything listens on 127.0.0.1 and lives in a temporary folder removed at the end; each
+the router's own decisions (its Prometheus counters; in the table, requests routed by prefix /
+by load for want of a match / by load for an imbalance / by load for want of token ids). One
+JSON line on stdout, then a markdown table. Everything listens on 127.0.0.1 and lives in a temporary folder removed at the end; each
 process runs in its own process group, killed at the end. The numbers are reported, never
 judged here.
 """
@@ -96,6 +104,7 @@ class Replica:
     prefill_slots: int = 1
     ttft: float = 0.02
     itl: float = 0.02
+    decode_slowdown: float = 0.02  # of itl, per other stream decoding on the replica
 
     def args(self, scale_out: bool) -> list[str]:
         return ["--prefix-cache-blocks", str(self.cache_blocks),
@@ -103,7 +112,51 @@ class Replica:
                 "--prefill-per-token", str(self.prefill_per_token),
                 "--prefill-slots", str(self.prefill_slots),
                 "--ttft", str(self.ttft), "--itl", str(self.itl), "--tokens", "4096",
+                "--decode-slowdown-per-stream", str(self.decode_slowdown),
                 "--model", MODEL, *(["--scale-out"] if scale_out else [])]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Router:
+    """vllm-router's cache_aware settings, the front's (the router's own defaults:
+    py_src/vllm_router/router_args.py:40-42, 0.3, 64 and 1.5).
+
+    How they act (src/policies/cache_aware.rs, 0.1.17): select_prepared (:338-393) follows the
+    prefix only while the workers' in-flight requests (the router's own count, up at selection,
+    down when the answer ends) are balanced; is_imbalanced (:443-446) is `max - min >
+    balance_abs_threshold && max > min * balance_rel_threshold`, both at once. While balanced, a
+    request whose best match rate is over `cache_threshold` goes to the least loaded of the
+    workers matching best (:365-368); while imbalanced, to the least loaded of all. Either way
+    its tokens enter the chosen worker's tree (:371), so once one request with a hot prefix is
+    rebalanced the next ones tie over two workers and go to the less loaded: the threshold
+    bounds how far one replica runs ahead before a prefix spreads, and how often a conversation
+    is moved off the replica holding its history (one cold prefill each time).
+
+    Measured with this harness (3 replicas, decode 2% slower per stream; runs of 15 s at 12
+    requests/s, and of 12 s at 20/s, where least_conn's TTFT p95 starts to rise):
+    - 64 / 1.5 (the router's): a shared system prompt went 180/0/0 at 12/s (TTFT p95 154 ms, E2E
+      p50 1940 ms, against 47 and 1475 through least_conn) and 208/32/0 at 20/s (E2E p50 2563
+      ms against 1605): 65 streams on a replica decode at 2.3 times a lone stream's gap.
+    - 8 / 1.5 and 4 / 1.25: every workload within 6 requests of 60 a replica (5 of 80 at 20/s),
+      multi-turn 65.7% cached (all there is) against 51-52% through least_conn with its TTFT p95
+      66-71 ms against 115-117, no conversation moved, no multi-turn request routed by load at
+      either rate; shared-prefix and no-prefix as through least_conn within the runs' noise
+      (two runs making the same decisions differed by 46 ms of TTFT p95; the router adds 1.5 ms).
+    - 2 / 1.1: at 20/s, 27 multi-turn requests routed by load alone and 2 conversations split
+      (65.2% cached): the edge, where the natural spread of some 11 in flight a replica reads
+      as imbalance.
+    Chosen: the tightest that never moved a conversation, 4 / 1.25 (the abs threshold binds
+    while the least loaded has up to 16 in flight, the relative one above). The cache threshold
+    stays 0.3: a second turn matches 256 of its 576 tokens (0.44), a shared prompt 0.86."""
+
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 4
+    balance_rel_threshold: float = 1.25
+
+    def args(self) -> list[str]:
+        return ["--cache-threshold", str(self.cache_threshold),
+                "--balance-abs-threshold", str(self.balance_abs_threshold),
+                "--balance-rel-threshold", str(self.balance_rel_threshold)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -176,10 +229,10 @@ class Processes(front_bench.Processes):
             ports.append(int(line.rsplit(":", 1)[1]))
         return ports
 
-    def router(self, replicas: list[int]) -> tuple[str, str]:
+    def router(self, replicas: list[int], settings: Router) -> tuple[str, str]:
         """vllm-router on 127.0.0.1 with cache_aware over `replicas`: its URL and its metrics'."""
         port, metrics = free_port(), free_port()
-        self.start([str(ROUTER), *router_args(port, metrics, replicas)],
+        self.start([str(ROUTER), *router_args(port, metrics, replicas, settings)],
                    {"PATH": os.environ["PATH"], "HOME": str(self.folder)})  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         wait_ok(f"{url}/health")
@@ -219,7 +272,7 @@ class Processes(front_bench.Processes):
             log.close()
 
 
-def router_args(port: int, metrics: int, replicas: list[int]) -> list[str]:
+def router_args(port: int, metrics: int, replicas: list[int], settings: Router) -> list[str]:
     """vllm-router's flags (0.1.17; py_src/vllm_router/router_args.py for the defaults)."""
     return [
         "--host", "127.0.0.1", "--port", str(port),
@@ -231,8 +284,8 @@ def router_args(port: int, metrics: int, replicas: list[int]) -> list[str]:
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
         # Startup waits this long between looks at the workers' /health (default 30 s).
         "--worker-startup-check-interval", "1",
-        # The rest as the router ships: --cache-threshold 0.3, --balance-abs-threshold 64,
-        # --balance-rel-threshold 1.5, no --api-key (the client's Authorization is forwarded).
+        *settings.args(),
+        # The rest as the router ships: no --api-key (the client's Authorization is forwarded).
     ]  # fmt: skip
 
 
@@ -321,7 +374,12 @@ def sessions_split(stats: list[dict[str, Any]]) -> int:
 
 
 def run_one(
-    mode: str, workload: Workload, load: Load, model: Replica, folder: Path
+    mode: str,
+    workload: Workload,
+    load: Load,
+    model: Replica,
+    folder: Path,
+    settings: Router = Router(),
 ) -> dict[str, Any]:
     """One mode and one workload, on fresh replicas: what bench and the replicas saw."""
     folder.mkdir(parents=True)
@@ -330,7 +388,7 @@ def run_one(
         metrics = None
         upstreams = [f"127.0.0.1:{port}" for port in ports]
         if mode != "least-conn":
-            router, metrics = p.router(ports)
+            router, metrics = p.router(ports, settings)
             upstreams = [router.removeprefix("http://")]
         url = p.front("front", upstreams)
         level, lines = run_bench(url, workload, load, folder)
@@ -365,14 +423,16 @@ def run_one(
     }
 
 
-def measure_router_cost(requests_each: int, model: Replica, folder: Path) -> dict[str, Any]:
+def measure_router_cost(
+    requests_each: int, model: Replica, folder: Path, settings: Router
+) -> dict[str, Any]:
     """What the router adds: the same small chat, one at a time, alternately through a front
     straight to the replicas and a front whose upstream is the router (cache_aware, render
     served), both in front of the same three replicas."""
     folder.mkdir(parents=True)
     with processes(folder) as p:
         ports = p.replicas(model, scale_out=True)
-        router, _ = p.router(ports)
+        router, _ = p.router(ports, settings)
         plain = p.front("front-least-conn", [f"127.0.0.1:{port}" for port in ports])
         routed = p.front("front-router", [router.removeprefix("http://")])
         result = front_bench.compare(plain, routed, requests_each)
@@ -387,17 +447,19 @@ def measure(
     load: Load,
     model: Replica,
     cost_requests: int,
+    settings: Router,
     folder: Path | None = None,
 ) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         if folder is None:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="router-bench-")))
-        runs = [run_one(mode, WORKLOADS[name], load, model, folder / f"{name}-{mode}")
+        runs = [run_one(mode, WORKLOADS[name], load, model, folder / f"{name}-{mode}", settings)
                 for name in workloads for mode in modes]  # fmt: skip
-        cost = (measure_router_cost(cost_requests, model, folder / "cost")
+        cost = (measure_router_cost(cost_requests, model, folder / "cost", settings)
                 if cost_requests else None)  # fmt: skip
     return {"measure": "routing", "replicas": REPLICAS, "replica_model": asdict(model),
-            "load": asdict(load), "runs": runs, "router_cost": cost}  # fmt: skip
+            "router_settings": asdict(settings), "load": asdict(load), "runs": runs,
+            "router_cost": cost}  # fmt: skip
 
 
 def table(result: dict[str, Any]) -> str:
@@ -406,14 +468,31 @@ def table(result: dict[str, Any]) -> str:
             return "-"
         return f"{value:.1f}" if isinstance(value, float) else str(value)
 
+    def decisions(run: dict[str, Any]) -> str | None:
+        """The router's prefix decisions: by prefix / least loaded (no good match) / least
+        loaded (imbalance) / least loaded (no token ids)."""
+        if not run["router"]:
+            return None
+        made = run["router"]["vllm_router_prefix_routing_decisions_total"]
+        outcomes = ("prefix_hit", "prefix_miss", "load_imbalance", "missing_tokens")
+        return "/".join(str(round(made.get(k, 0))) for k in outcomes)
+
     rows = ["| workload | mode | cached % | TTFT p50 ms | TTFT p95 ms | E2E p50 ms | req/s "
-            "| failed | requests per replica | split sessions |",
-            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| failed | requests per replica | split sessions | hit/miss/imbalance/no-tokens |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["runs"]:
         rows.append("| " + " | ".join(cell(v) for v in (
             r["workload"], r["mode"], r["cached_pct"], r["ttft_p50_ms"], r["ttft_p95_ms"],
             r["e2e_p50_ms"], r["requests_per_s"], r["failed"],
-            "/".join(map(str, r["requests_per_replica"])), r["sessions_split"])) + " |")  # fmt: skip
+            "/".join(map(str, r["requests_per_replica"])), r["sessions_split"],
+            decisions(r))) + " |")  # fmt: skip
+    settings = result["router_settings"]
+    rows.append("")
+    rows.append(f"router: --cache-threshold {settings['cache_threshold']} "
+                f"--balance-abs-threshold {settings['balance_abs_threshold']} "
+                f"--balance-rel-threshold {settings['balance_rel_threshold']}; rate "
+                f"{result['load']['rate']}/s for {result['load']['seconds']} s; decode slowdown "
+                f"{result['replica_model']['decode_slowdown']} per stream")  # fmt: skip
     cost = result["router_cost"]
     if cost:
         rows.append("")
@@ -433,6 +512,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=Load.seconds, help="of arrivals a run")
     parser.add_argument("--cost-requests", type=int, default=200,
                         help="small chats each way for the router's cost (0: none)")  # fmt: skip
+    parser.add_argument("--cache-threshold", type=float, default=Router.cache_threshold,
+                        help="the router's (best match share over which it follows the prefix)")  # fmt: skip
+    parser.add_argument("--balance-abs-threshold", type=int,
+                        default=Router.balance_abs_threshold,
+                        help="the router's (in flight: max - min over which it may rebalance)")  # fmt: skip
+    parser.add_argument("--balance-rel-threshold", type=float,
+                        default=Router.balance_rel_threshold,
+                        help="the router's (in flight: max / min over which it may rebalance)")  # fmt: skip
+    parser.add_argument("--decode-slowdown", type=float, default=Replica.decode_slowdown,
+                        help="each replica's --decode-slowdown-per-stream (0: decode never slows)")  # fmt: skip
     args = parser.parse_args(argv)
     modes, workloads = args.modes.split(","), args.workloads.split(",")
     unknown = [m for m in modes if m not in MODES] + [w for w in workloads if w not in WORKLOADS]
@@ -441,7 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     if not ROUTER.exists():
         parser.error(f"no {ROUTER}: ./check installs it (locks/router-0.1.17-py3.12.txt)")
     load = replace(Load(), rate=args.rate, seconds=args.seconds)
-    result = measure(modes, workloads, load, Replica(), args.cost_requests)
+    settings = Router(args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold)
+    model = replace(Replica(), decode_slowdown=args.decode_slowdown)
+    result = measure(modes, workloads, load, model, args.cost_requests, settings)
     print(json.dumps(result), flush=True)
     print(table(result), flush=True)
     return 0

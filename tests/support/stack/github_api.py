@@ -187,6 +187,9 @@ class GitHub:
     # The deploy job's environment has required reviewers (a protection rule): a run waits,
     # status `waiting`, until `approve` (GitHub's "Review pending deployments").
     reviewers: bool = False
+    # Seconds an accepted dispatch's answer takes (its run already queued): a client stopped
+    # while it waits has been heard without knowing it.
+    dispatch_delay: float = 0.0
     dispatches: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     dispatched: threading.Event = field(default_factory=threading.Event)
@@ -289,6 +292,7 @@ class GitHub:
             # After its run is queued: a test that sees the dispatch may look at the run.
             self.dispatches.append({k: v for k, v in request.items() if k != "return_run_details"})
         self.dispatched.set()
+        time.sleep(self.dispatch_delay)
         if request.get("return_run_details") is True:
             base = f"https://api.github.com/repos/{self.repo}/actions/runs/{run['id']}"
             return 200, {"workflow_run_id": run["id"], "run_url": base, "html_url": run["html_url"]}
