@@ -148,6 +148,23 @@ def replica_fields(
     }
 
 
+def routing_text(cfg: StackConfig) -> str:
+    """How the entry picks a replica, for the `balancer` output (balancer.routing)."""
+    if cfg.routing == "round-robin":
+        return (
+            "DigitalOcean's own (no algorithm to choose), /health checks every "
+            f"{catalog.LB_CHECK_INTERVAL_SECONDS} s"
+        )
+    checks = f"active /health checks every {balancer.HEALTH_INTERVAL_SECONDS} s"
+    if cfg.routing == "cache-aware":
+        return (
+            f"cache-aware: vllm-router {catalog.ROUTER_VERSION} on the front sends each request "
+            "to the replica whose prefix cache holds most of its prompt, within a bound on "
+            f"uneven load (balancer.routing; docs/routing.md); {checks}"
+        )
+    return f"least outstanding requests (Caddy least_conn), {checks}"
+
+
 def balancer_fields(
     cfg: StackConfig,
     caddy_price: float,
@@ -161,13 +178,7 @@ def balancer_fields(
     out: dict[str, object] = {
         "kind": kind,
         "address": address,
-        "routing": (
-            "least outstanding requests (Caddy least_conn), active /health checks every "
-            f"{balancer.HEALTH_INTERVAL_SECONDS} s"
-            if kind == "caddy"
-            else "DigitalOcean's own (no algorithm to choose), /health checks every "
-            f"{catalog.LB_CHECK_INTERVAL_SECONDS} s"
-        ),
+        "routing": routing_text(cfg),
         "hourlyPriceUsd": balancer_hourly_price(cfg, caddy_price),
     }
     if kind == "caddy":
