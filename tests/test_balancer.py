@@ -5,9 +5,12 @@ started again, and replicas of unequal speed."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -25,12 +28,14 @@ from typing import Any
 
 import fake_openai
 import loopback
+import openai
+import pytest
 import requests
 from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_gateway import KEY, Gateway, replica_gateway, run_caddy, start_gateway
 
-from components.host import balancer, gateway, pool
+from components.host import balancer, gateway, pool, router
 from components.spec import catalog, config
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -391,3 +396,322 @@ def test_a_draining_replica_gets_no_new_request_across_balancer_reloads(tmp_path
     assert any(o.started > reloaded for o in outcomes)
     # r1's streams already running when it drained finished whole (none failed above).
     assert any(o.upstream == "r1" and o.started < drained for o in outcomes)
+
+
+# --- The front with its router (balancer.routing: cache-aware), as a Droplet runs it: the real
+# Caddy (balancer_site), the locked vllm-router (.router-venv) with router.py's flags on
+# loopback, each replica's own gateway (replica_site, its private address, render for the
+# front's address alone) in front of a fake vLLM that serves render (--scale-out).
+
+ROUTER_BIN = Path(__file__).resolve().parent.parent / ".router-venv" / "bin" / "vllm-router"
+needs_router = pytest.mark.skipif(
+    not ROUTER_BIN.exists(), reason=".router-venv is missing: ./check installs the locked router"
+)
+ROUTINGS = [
+    pytest.param("least-conn", id="least-conn"),
+    pytest.param("cache-aware", id="cache-aware", marks=needs_router),
+]
+# The front's address as the replicas see it: the router dials them from loopback's own.
+FRONT = "127.0.0.1"
+
+
+def routed_cfg(routing: str, replicas: int = 3) -> config.StackConfig:
+    raw = stack_config("dev")
+    raw["replicas"] = replicas
+    raw["access"] = {**raw["access"], "https": False}
+    raw["balancer"] = {"routing": routing}
+    cfg = config.parse(raw, "dev")
+    assert cfg.balancer_kind == "caddy" and cfg.routing == routing
+    return cfg
+
+
+@dataclass
+class Router:
+    url: str
+    metrics: str
+    proc: subprocess.Popen[bytes]
+
+    def running(self, worker: str) -> float | None:
+        """The router's gauge of requests in flight to `worker` (None: not listed)."""
+        want = f'{router.RUNNING_GAUGE}{{worker="{worker}"}}'
+        for line in requests.get(self.metrics, timeout=5).text.splitlines():
+            if line.startswith(want):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+
+def router_argv(port: int, metrics: int) -> list[str]:
+    """router.args() as the unit runs them, with this test's binary and ports."""
+    argv = [str(ROUTER_BIN), *router.args()[1:]]
+    argv[argv.index("--port") + 1] = str(port)
+    argv[argv.index("--prometheus-port") + 1] = str(metrics)
+    return argv
+
+
+@contextmanager
+def running_router(folder: Path, workers: list[str]) -> Iterator[Router]:
+    folder.mkdir(parents=True, exist_ok=True)
+    port, metrics = free_port(), free_port()
+    argv = router_argv(port, metrics) + (["--worker-urls", *workers] if workers else [])
+    with (folder / "router.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={"PATH": os.environ["PATH"], "HOME": str(folder)})  # fmt: skip
+    url = f"http://{router.HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{url}/liveness", timeout=2).status_code == 200:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                folder / "router.log"
+            ).read_text()[-3000:]
+            time.sleep(0.1)
+        yield Router(url, f"http://{router.HOST}:{metrics}/metrics", proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@dataclass
+class Member:
+    """One replica: its fake vLLM's port, its gateway's private address and drain folder."""
+
+    name: str
+    vllm_port: int
+    listener: gateway.ReplicaListener
+    stop: contextlib.ExitStack
+
+    @property
+    def dial(self) -> str:
+        return f"{self.listener.bind}:{self.listener.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.dial}"
+
+    def stats(self) -> dict[str, Any]:
+        return stats_of(self.vllm_port)
+
+    def drain(self) -> None:
+        (Path(self.listener.drain_dir) / catalog.DRAIN_FILE_NAME).touch()
+
+    def undrain(self) -> None:
+        (Path(self.listener.drain_dir) / catalog.DRAIN_FILE_NAME).unlink()
+
+
+@dataclass
+class RoutedSet:
+    """The front (its Caddy, and its router with cache-aware) before its replicas."""
+
+    cfg: config.StackConfig
+    folder: Path
+    members: list[Member]
+    gw: Gateway
+    admin: Path
+    router: Router | None
+    timing: tuple[str, ...]
+
+    def start_member(self, i: int) -> None:
+        """Replica i's fake vLLM (render served, as with --enable-scale-out) and its gateway."""
+        m = self.members[i]
+        stop = contextlib.ExitStack()
+        stop.enter_context(replica(m.name, m.vllm_port, "--scale-out", *self.timing))
+        stop.enter_context(
+            contextlib.contextmanager(replica_gateway)(
+                self.folder / f"gw{i}-{time.monotonic_ns()}", m.vllm_port, m.listener
+            )
+        )
+        m.stop = stop
+
+    def kill_member(self, i: int) -> None:
+        """What a crash does: its vLLM and its gateway gone at once, nothing drained."""
+        self.members[i].stop.close()
+
+    def upstream_file(self, i: int) -> Path:
+        return self.folder / "upstreams" / f"replica-{i}.caddy"
+
+    def join(self, i: int) -> None:
+        """member.sh's join: the upstream file, a graceful reload, the router's add_worker."""
+        up = balancer.Upstream(self.members[i].listener.bind, self.members[i].listener.port)
+        self.upstream_file(i).write_text(balancer.upstream_line(up) + "\n")
+        self.reload()
+        if self.router:
+            r = requests.post(f"{self.router.url}/add_worker",
+                              params={"url": router.worker_url(up.dial)}, timeout=70)  # fmt: skip
+            assert r.status_code == 200 or "already exists" in r.text, r.text
+
+    def leave(self, i: int) -> None:
+        """member.sh's leave: the file removed, a reload, the router's remove_worker, then the
+        wait for its requests in flight (the router's gauge, else Caddy's own count)."""
+        self.upstream_file(i).unlink()
+        self.reload()
+        worker = router.worker_url(self.members[i].dial)
+        if self.router:
+            r = requests.post(f"{self.router.url}/remove_worker", params={"url": worker},
+                              timeout=10)  # fmt: skip
+            assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.router:
+                n = self.router.running(worker)
+            else:
+                ups = caddy_upstreams(self.admin)
+                n = next((u["num_requests"] for u in ups
+                          if u["address"] == self.members[i].dial), None)  # fmt: skip
+            if not n:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"replica {i} still had requests in flight")
+
+    def reload(self) -> None:
+        done = subprocess.run(
+            [str(CADDY), "reload", "--config", str(self.folder / "front" / "Caddyfile"),
+             "--adapter", "caddyfile", "--address", f"unix/{self.admin}"],
+            env={"PATH": os.environ["PATH"], "HOME": str(self.folder), gateway.API_KEY_ENV: KEY},
+            capture_output=True, text=True, check=False, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+
+def caddy_upstreams(admin: Path) -> list[dict[str, Any]]:
+    """Caddy's admin API over its unix socket: each upstream and its requests in flight."""
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(5)
+            self.sock.connect(str(admin))
+
+    conn = Conn("localhost", timeout=5)
+    try:
+        conn.request("GET", "/reverse_proxy/upstreams")
+        found: list[dict[str, Any]] = json.loads(conn.getresponse().read()) or []
+        return found
+    finally:
+        conn.close()
+
+
+@contextmanager
+def routed_set(
+    tmp_path: Path,
+    routing: str,
+    replicas: int = 3,
+    timing: tuple[str, ...] = ("--ttft", "0.05", "--itl", "0.02"),
+) -> Iterator[RoutedSet]:
+    """`replicas` replicas joined, behind the front rendered for `routing`, all checked healthy."""
+    cfg = routed_cfg(routing, replicas)
+    sock_dir = Path(tempfile.mkdtemp(prefix="nemo-admin-"))  # a socket path under 108 bytes
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, sock_dir, ignore_errors=True)
+        folder = tmp_path / "upstreams"
+        folder.mkdir()
+        members = []
+        for i in range(replicas):
+            drain = tmp_path / f"drain{i}"
+            drain.mkdir()
+            listener = gateway.ReplicaListener(
+                f"127.0.0.{2 + i}", free_port(), drain_dir=str(drain), retry_elsewhere=True,
+                render_client=FRONT if routing == "cache-aware" else "",
+            )  # fmt: skip
+            members.append(Member(f"r{i}", free_port(), listener, contextlib.ExitStack()))
+        http_port = free_port()
+        base = f"http://127.0.0.1:{http_port}"
+        admin = sock_dir / "admin.sock"
+        s = RoutedSet(cfg, tmp_path, members, Gateway(base + "/v1", base, None,
+                      tmp_path / "front" / "caddy.log"), admin, None, timing)  # fmt: skip
+        for i in range(replicas):
+            s.start_member(i)
+            stack.callback(lambda i=i: s.members[i].stop.close())
+            up = balancer.Upstream(members[i].listener.bind, members[i].listener.port)
+            s.upstream_file(i).write_text(balancer.upstream_line(up) + "\n")
+        listen = gateway.Listen(http_port=http_port, upstreams=f"{folder}/*.caddy",
+                                admin_socket=str(admin))  # fmt: skip
+        if routing == "cache-aware":
+            s.router = stack.enter_context(
+                running_router(tmp_path / "router", [m.url for m in members])
+            )
+            listen = dataclasses.replace(listen, router=s.router.url.removeprefix("http://"))
+        text = gateway.balancer_site(cfg, "127.0.0.1", listen)
+        stack.enter_context(
+            contextlib.contextmanager(run_caddy)(tmp_path / "front", text, f"{base}/health")
+        )
+        time.sleep(2 * balancer.HEALTH_INTERVAL_SECONDS)  # every replica checked healthy
+        yield s
+
+
+def chat_client(s: RoutedSet) -> openai.OpenAI:
+    """The official client, with no retry of its own: a request that fails is counted failed."""
+    return openai.OpenAI(base_url=s.gw.base, api_key=KEY, max_retries=0, timeout=30)
+
+
+def chat_load(
+    s: RoutedSet, workers: int, stop: threading.Event, stream: bool = False
+) -> tuple[list[str], list[str], threading.Thread]:
+    """`workers` clients sending chat completions back to back through the official client until
+    `stop`: the replicas that answered (by the fake's name in the answer's model... its id),
+    the errors, and a thread to join."""
+    served: list[str] = []
+    errors: list[str] = []
+    client = chat_client(s)
+
+    def one(n: int) -> None:
+        messages = [{"role": "user", "content": f"request {n} {time.monotonic_ns()}"}]
+        try:
+            if stream:
+                chunks = client.chat.completions.create(model="nemotron", messages=messages,
+                                                        max_tokens=TOKENS, stream=True)  # fmt: skip
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                answer = client.chat.completions.create(model="nemotron", messages=messages,
+                                                        max_tokens=TOKENS)  # fmt: skip
+                text = answer.choices[0].message.content or ""
+            served.append(text)
+        except openai.OpenAIError as err:
+            errors.append(f"{type(err).__name__}: {err}")
+
+    def worker(w: int) -> None:
+        n = 0
+        while not stop.is_set():
+            one(w * 100_000 + n)
+            n += 1
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+
+    def join() -> None:
+        for t in threads:
+            t.join()
+
+    return served, errors, threading.Thread(target=join)
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_a_replica_killed_under_load_fails_no_request(tmp_path: Path, routing: str) -> None:
+    """A replica's Droplet dies (its vLLM and its gateway at once, nothing drained) while the
+    official client sends chat completions through the front: every request it held before
+    any byte came back is resent (the router's retries stay on it: Caddy resends to the
+    router, which has taken it out by then), and new ones go to the others. Zero failures."""
+    with routed_set(tmp_path, routing) as s:
+        stop = threading.Event()
+        served, errors, joiner = chat_load(s, workers=6, stop=stop)
+        time.sleep(3)
+        before = s.members[1].stats()["chat_requests"]
+        s.kill_member(1)
+        killed = len(served) + len(errors)
+        time.sleep(10)
+        stop.set()
+        joiner.start()
+        joiner.join()
+    print(f"kill under load ({routing}): {len(served) + len(errors)} requests, {len(errors)} "
+          f"failed, {killed} before the kill; r1 had served {before}")  # fmt: skip
+    assert before > 0, "r1 served before it was killed"
+    assert len(served) + len(errors) > killed + 20, "requests kept flowing after the kill"
+    assert not errors, errors[:5]
