@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import fake_openai
 import loopback
@@ -33,7 +34,7 @@ import pytest
 import requests
 from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
-from test_gateway import KEY, Gateway, replica_gateway, run_caddy, start_gateway
+from test_gateway import KEY, Gateway, get_from, replica_gateway, run_caddy, start_gateway
 
 from components.host import balancer, gateway, pool, router
 from components.spec import catalog, config
@@ -764,3 +765,139 @@ def test_a_rolling_update_through_the_front_fails_no_request(tmp_path: Path, rou
         assert after["r2"] > 0, after
     else:
         assert all(m.url in listed for m in s.members), listed
+
+
+ROUTER_ADMIN = [
+    ("POST", "/add_worker?url=http://203.0.113.9:80"),
+    ("POST", "/remove_worker?url=http://127.0.0.2:1"),
+    ("GET", "/list_workers"),
+    ("GET", "/workers"),
+    ("POST", "/workers"),
+    ("POST", "/flush_cache"),
+    ("GET", "/get_loads"),
+    ("GET", "/metrics"),
+    ("GET", "/scheduling/diagnostics"),
+    ("POST", "/finish_session?session_id=x"),
+    ("GET", "/readiness"),
+    ("GET", "/liveness"),
+    ("GET", "/get_server_info"),
+    ("GET", "/health_generate"),
+]
+
+
+@needs_router
+def test_the_router_path_keeps_the_gate_at_both_hops(tmp_path: Path) -> None:
+    """Through the front with its router: no key is the front's 401, the router's admin routes
+    are the front's 404 (key or not) and none reached the router; a wrong key sent straight to
+    a replica's gateway is refused there too; render answers the front's address alone, with
+    the key; what --enable-scale-out opens besides stays 404 at the replica; no
+    Access-Control-Allow-Origin reaches a client."""
+    with routed_set(tmp_path, "cache-aware", replicas=2) as s:
+        assert s.router is not None
+        gw, r0 = s.gw, s.members[0]
+        workers_before = requests.get(f"{s.router.url}/list_workers", timeout=5).text
+        assert gw.get("/v1/models", key=None).status_code == 401
+        assert gw.get("/v1/models", key="wrong").status_code == 401
+        assert gw.post("/v1/chat/completions", key=None, json={}).status_code == 401
+        for method, target in ROUTER_ADMIN:
+            for key in (None, KEY):
+                status = requests.request(
+                    method, gw.url + target, timeout=10,
+                    headers={"Authorization": f"Bearer {key}"} if key else {},
+                ).status_code  # fmt: skip
+                assert status == 404, (method, target, key, status)
+        assert requests.get(f"{s.router.url}/list_workers", timeout=5).text == workers_before
+        # The replica's own gate: a wrong key or none refused even on its private address.
+        for key in (None, "wrong"):
+            status, _ = get_from(FRONT, r0.url, "/v1/models", key=key)
+            assert status == 401, (key, status)
+        # Render: the front's address with the key; from elsewhere 403, key or not.
+        chat = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}]}
+        for path in gateway.RENDER_PATHS:
+            body = chat if "chat" in path else {"model": "nemotron", "prompt": "hi"}
+            assert post_from("127.0.0.9", r0.url, path, body)[0] == 403
+            assert post_from("127.0.0.9", r0.url, path, body, key=None)[0] == 403
+            assert post_from(FRONT, r0.url, path, body, key="wrong")[0] == 401
+            assert gw.post(path, json=body).status_code == 404
+        status, text = post_from(FRONT, r0.url, "/v1/chat/completions/render", chat)
+        assert status == 200 and "token_ids" in text, (status, text)
+        for path in ("/v1/chat/completions/render?x=1", "/inference/v1/generate",
+                     "/inference/v1/abort_requests", "/v1/chat/completions/derender",
+                     "/v1/responses/render", "/v1/responses/derender",
+                     "/v1/messages/render", "/tokenize"):  # fmt: skip
+            assert post_from(FRONT, r0.url, path, chat)[0] == 404, path
+            # At the front /v1/responses/render looks like a stored response's id to the gate:
+            # it reaches the router, which has no such POST route (405), never a replica.
+            assert gw.post(path, json=chat).status_code in (404, 405), path
+        # The router allows any origin; the front removes it from every answer.
+        direct = requests.get(f"{s.router.url}/liveness", timeout=5)
+        assert direct.headers.get("Access-Control-Allow-Origin") == "*", "the router adds it"
+        for r in (
+            gw.get("/v1/models", headers={"Origin": "https://evil.example"}),
+            gw.post(
+                "/v1/chat/completions",
+                json={**chat, "max_tokens": 2},
+                headers={"Origin": "https://evil.example"},
+            ),
+            gw.post("/v1/chat/completions", json={**chat, "max_tokens": 2, "stream": True}),
+        ):
+            assert r.status_code == 200, r.text
+            assert "Access-Control-Allow-Origin" not in r.headers, r.headers
+        # Both hops saw the request: the router asked each replica to render it, with the key.
+        renders = [m.stats()["render_auth"] for m in s.members]
+        assert all(f"Bearer {KEY}" in seen for seen in renders), renders
+
+
+def post_from(
+    source: str, url: str, path: str, body: dict[str, Any], key: str | None = KEY
+) -> tuple[int, str]:
+    """POST `body` as JSON to `path` with the connection's source address `source`."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(
+        parts.hostname or "", parts.port, timeout=10, source_address=(source, 0)
+    )
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+@needs_router
+def test_with_cache_aware_a_conversation_stays_on_one_replica(tmp_path: Path) -> None:
+    """Multi-turn conversations, each turn its history plus a new message, several at once
+    through the official client: every turn of a conversation reaches the replica that served
+    its first (the fakes' own record of the messages they got)."""
+    with routed_set(tmp_path, "cache-aware") as s:
+        client = chat_client(s)
+        words = " ".join(f"w{i}" for i in range(200))
+
+        def talk(c: int) -> None:
+            messages: list[dict[str, str]] = [
+                {"role": "system", "content": f"conversation {c}: {words}"}
+            ]
+            for turn in range(5):
+                messages.append({"role": "user", "content": f"turn {turn} " + words[: 40 * turn]})
+                answer = client.chat.completions.create(model="nemotron", messages=messages,
+                                                        max_tokens=8)  # type: ignore[arg-type]  # fmt: skip
+                messages.append(
+                    {"role": "assistant", "content": answer.choices[0].message.content or ""}
+                )
+
+        threads = [threading.Thread(target=talk, args=(c,)) for c in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        where: dict[str, set[str]] = {}
+        for m in s.members:
+            for messages in m.stats()["conversations"]:
+                where.setdefault(messages[0]["content"].split(":")[0], set()).add(m.name)
+    assert len(where) == 6, where
+    split = {c: names for c, names in where.items() if len(names) > 1}
+    assert not split, f"conversations split across replicas: {split}"
+    assert len(set().union(*where.values())) >= 2, f"all on one replica: {where}"

@@ -350,6 +350,11 @@ def gate(
 # cache-aware router asks every replica for (router.py).
 RENDER_PATHS = ("/v1/chat/completions/render", "/v1/completions/render")
 
+# What --enable-scale-out serves that the gate's `responses/<id>` would take for a stored
+# response: POST /v1/responses/render (and derender). Refused on a replica, key or not: nothing
+# else of scale-out is admitted but RENDER_PATHS from the front.
+_SCALE_OUT_LOOKALIKE = "^/v1/responses/(render|derender)([/?].*)?$"
+
 # A new API request while draining, not from this replica itself: 503, for the balancer to resend.
 DRAINING_BOUNCE = f"""header @bounce {balancer.DRAINING_HEADER} 1
 			respond @bounce "draining: this replica is being updated; try another" 503"""
@@ -396,6 +401,10 @@ def replica_site_routes(replica: ReplicaListener, upstream: str) -> str:
 		handle {{
 			respond "forbidden: only replica 0 reads a replica's metrics" 403
 		}}
+	}}
+	@scale_out expression `{{http.request.uri}}.matches('{_SCALE_OUT_LOOKALIKE}')`
+	handle @scale_out {{
+		respond "not found" 404
 	}}
 	@render expression {render}
 	@render_client {renderer}
