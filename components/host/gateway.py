@@ -361,20 +361,17 @@ DRAINING_BOUNCE = f"""header @bounce {balancer.DRAINING_HEADER} 1
 
 
 def replica_site_routes(replica: ReplicaListener, upstream: str) -> str:
-    """What a replica's site adds: the drain's matchers, vLLM's /metrics (its counters, for
-    replica 0's autodown) with the key and from `metrics_reader` only, and vLLM's two render
-    routes (a prompt's token ids, for the front's cache-aware router) with the key and from
-    `render_client` only. Through the managed Load Balancer a request's source is the
-    balancer, so both are refused there, key or not. Render is exactly `POST` to the two
-    paths, no query: vLLM's --enable-scale-out also opens /inference/v1/generate and
-    /inference/v1/abort_requests (and other render and derender routes), which stay 404 here.
-    It passes while the replica drains: it uses no engine, and a refusal would make the
-    router route that request without the prompt's ids."""
+    """What a replica's site adds: the drain's matchers, vLLM's /metrics (its counters, for replica
+    0's autodown) with the key and from `metrics_reader` only, and vLLM's two render routes (a
+    prompt's token ids, for the front's cache-aware router) with the key and from
+    `render_client` only (none, 404, without it). Through the managed Load Balancer a request's
+    source is the balancer, so both are refused there, key or not. Render is exactly `POST` to
+    the two paths, no query: vLLM's --enable-scale-out also opens /inference/v1/generate and
+    /inference/v1/abort_requests (and other render and derender routes), which stay 404 here. It
+    passes while the replica drains: it uses no engine, and a refusal would make the router
+    route that request without the prompt's ids."""
     metrics = "`{http.request.method} == 'GET' && {http.request.uri} == '/metrics'`"
     reader = f"remote_ip {replica.metrics_reader}" if replica.metrics_reader else "expression false"
-    render_paths = ", ".join(f"'{p}'" for p in RENDER_PATHS)
-    render = f"`{{http.request.method}} == 'POST' && {{http.request.uri}} in [{render_paths}]`"
-    renderer = f"remote_ip {replica.render_client}" if replica.render_client else "expression false"
     return f"""
 	@draining file {{
 		root {replica.drain_dir}
@@ -402,12 +399,21 @@ def replica_site_routes(replica: ReplicaListener, upstream: str) -> str:
 			respond "forbidden: only replica 0 reads a replica's metrics" 403
 		}}
 	}}
-	@scale_out expression `{{http.request.uri}}.matches('{_SCALE_OUT_LOOKALIKE}')`
+{_render_routes(replica, upstream) if replica.render_client else ""}"""
+
+
+def _render_routes(replica: ReplicaListener, upstream: str) -> str:
+    """vLLM's two render routes for the front's router alone (a replica whose vLLM runs
+    --enable-scale-out: balancer.routing cache-aware), and what else scale-out serves that the
+    gate would admit, refused."""
+    render_paths = ", ".join(f"'{p}'" for p in RENDER_PATHS)
+    render = f"`{{http.request.method}} == 'POST' && {{http.request.uri}} in [{render_paths}]`"
+    return f"""	@scale_out expression `{{http.request.uri}}.matches('{_SCALE_OUT_LOOKALIKE}')`
 	handle @scale_out {{
 		respond "not found" 404
 	}}
 	@render expression {render}
-	@render_client {renderer}
+	@render_client remote_ip {replica.render_client}
 	handle @render {{
 		handle @render_client {{
 			handle @authorized {{
