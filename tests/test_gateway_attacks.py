@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import socket
 import ssl
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -320,3 +322,28 @@ def test_the_gateway_leaves_the_trust_store_alone(tmp_path: Path, upstream: Upst
         assert started.ca and started.ca.exists()
         assert "skip_install_trust" in (tmp_path / "Caddyfile").read_text()
     assert trust_store() == before
+
+
+@needs_router
+def test_through_the_router_front_a_smuggled_request_reaches_nothing(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """CL.TE, TE.CL, a body on /health and pipelining (test_wake.py's), and a slow header
+    block, at the front with its router: what follows /health on the connection is a keyless
+    request of its own, Caddy's 401; the replica behind the router sees the /health requests
+    alone (they go straight to it, not through the router), and the router nothing."""
+    from test_wake import SMUGGLING, raw_exchange, statuses  # noqa: PLC0415 (it imports this file)
+
+    upstream.probes_only = True
+    for gw in router_front(tmp_path, upstream):
+        for name, attack in SMUGGLING.items():
+            got = statuses(raw_exchange(gw.url, attack, 2))
+            first = 404 if name == "cl-te" else 200
+            assert got[0] == first and set(got[1:]) <= {401}, (name, got)
+        # A header block trickled in: Caddy's read_header timeout ends it, nothing is proxied.
+        url = urlsplit(gw.url)
+        with socket.create_connection((url.hostname, url.port), timeout=40) as slow:
+            slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(1)
+            slow.sendall(b"Authorization: Bearer ")
+    assert {(s["method"], s["path"]) for s in upstream.seen} <= {("GET", "/health")}, upstream.seen
