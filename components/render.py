@@ -75,6 +75,7 @@ def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str
         "dns_record": "",
         "private_ip": PRIVATE_PLACEHOLDER_IPS[0] if cfg.pooled else "",
         "metrics_reader": "",
+        "render_client": "",
         # Each other replica: its Droplet id (a number, as autodown.py requires) and address.
         "peers": [
             autodown.Peer(f"{PLACEHOLDER_DROPLET_ID}{i}", PRIVATE_PLACEHOLDER_IPS[i])

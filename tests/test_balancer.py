@@ -5,9 +5,12 @@ started again, and replicas of unequal speed."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -22,15 +25,18 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import fake_openai
 import loopback
+import openai
+import pytest
 import requests
 from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
-from test_gateway import KEY, Gateway, replica_gateway, run_caddy, start_gateway
+from test_gateway import KEY, Gateway, get_from, replica_gateway, run_caddy, start_gateway
 
-from components.host import balancer, gateway, pool
+from components.host import balancer, gateway, pool, router
 from components.spec import catalog, config
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -315,11 +321,8 @@ def test_a_draining_replica_gets_no_new_request_across_balancer_reloads(tmp_path
     binds = [f"127.0.0.{2 + i}" for i in range(3)]  # each replica its own private address
     drains = [tmp_path / f"drain{i}" for i in range(3)]
     timing = ("--ttft", "0.05", "--itl", "0.02")
-    raw = stack_config("dev")
-    raw["replicas"] = 3
-    raw["access"] = {**raw["access"], "https": False}
-    cfg = config.parse(raw, "dev")
-    assert cfg.balancer_kind == "caddy"
+    # Caddy's own balancing (the drain through the router: the rolling-update test below).
+    cfg = routed_cfg("least-conn")
     folder = tmp_path / "upstreams"
     folder.mkdir()
     http_port = free_port()
@@ -391,3 +394,508 @@ def test_a_draining_replica_gets_no_new_request_across_balancer_reloads(tmp_path
     assert any(o.started > reloaded for o in outcomes)
     # r1's streams already running when it drained finished whole (none failed above).
     assert any(o.upstream == "r1" and o.started < drained for o in outcomes)
+
+
+# --- The front with its router (balancer.routing: cache-aware), as a Droplet runs it: the real
+# Caddy (balancer_site), the locked vllm-router (.router-venv) with router.py's flags on
+# loopback, each replica's own gateway (replica_site, its private address, render for the
+# front's address alone) in front of a fake vLLM that serves render (--scale-out).
+
+ROUTER_BIN = Path(__file__).resolve().parent.parent / ".router-venv" / "bin" / "vllm-router"
+needs_router = pytest.mark.skipif(
+    not ROUTER_BIN.exists(), reason=".router-venv is missing: ./check installs the locked router"
+)
+ROUTINGS = [
+    pytest.param("least-conn", id="least-conn"),
+    pytest.param("cache-aware", id="cache-aware", marks=needs_router),
+]
+# The front's address as the replicas see it: the router dials them from loopback's own.
+FRONT = "127.0.0.1"
+
+
+def routed_cfg(routing: str, replicas: int = 3) -> config.StackConfig:
+    raw = stack_config("dev")
+    raw["replicas"] = replicas
+    raw["access"] = {**raw["access"], "https": False}
+    raw["balancer"] = {"routing": routing}
+    cfg = config.parse(raw, "dev")
+    assert cfg.balancer_kind == "caddy" and cfg.routing == routing
+    return cfg
+
+
+@dataclass
+class Router:
+    url: str
+    metrics: str
+    proc: subprocess.Popen[bytes]
+
+    def running(self, worker: str) -> float | None:
+        """The router's gauge of requests in flight to `worker` (None: not listed)."""
+        want = f'{router.RUNNING_GAUGE}{{worker="{worker}"}}'
+        for line in requests.get(self.metrics, timeout=5).text.splitlines():
+            if line.startswith(want):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+
+def router_argv(port: int, metrics: int) -> list[str]:
+    """router.args() as the unit runs them, with this test's binary and ports."""
+    argv = [str(ROUTER_BIN), *router.args()[1:]]
+    argv[argv.index("--port") + 1] = str(port)
+    argv[argv.index("--prometheus-port") + 1] = str(metrics)
+    return argv
+
+
+@contextmanager
+def running_router(folder: Path, workers: list[str]) -> Iterator[Router]:
+    folder.mkdir(parents=True, exist_ok=True)
+    port, metrics = free_port(), free_port()
+    argv = router_argv(port, metrics) + (["--worker-urls", *workers] if workers else [])
+    with (folder / "router.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={"PATH": os.environ["PATH"], "HOME": str(folder)})  # fmt: skip
+    url = f"http://{router.HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{url}/liveness", timeout=2).status_code == 200:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                folder / "router.log"
+            ).read_text()[-3000:]
+            time.sleep(0.1)
+        yield Router(url, f"http://{router.HOST}:{metrics}/metrics", proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@dataclass
+class Member:
+    """One replica: its fake vLLM's port, its gateway's private address and drain folder."""
+
+    name: str
+    vllm_port: int
+    listener: gateway.ReplicaListener
+    stop: contextlib.ExitStack
+
+    @property
+    def dial(self) -> str:
+        return f"{self.listener.bind}:{self.listener.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.dial}"
+
+    def stats(self) -> dict[str, Any]:
+        return stats_of(self.vllm_port)
+
+    def drain(self) -> None:
+        (Path(self.listener.drain_dir) / catalog.DRAIN_FILE_NAME).touch()
+
+    def undrain(self) -> None:
+        (Path(self.listener.drain_dir) / catalog.DRAIN_FILE_NAME).unlink()
+
+
+@dataclass
+class RoutedSet:
+    """The front (its Caddy, and its router with cache-aware) before its replicas."""
+
+    cfg: config.StackConfig
+    folder: Path
+    members: list[Member]
+    gw: Gateway
+    admin: Path
+    router: Router | None
+    timing: tuple[str, ...]
+
+    def start_member(self, i: int) -> None:
+        """Replica i's fake vLLM (render served, as with --enable-scale-out) and its gateway."""
+        m = self.members[i]
+        stop = contextlib.ExitStack()
+        stop.enter_context(replica(m.name, m.vllm_port, "--scale-out", *self.timing))
+        stop.enter_context(
+            contextlib.contextmanager(replica_gateway)(
+                self.folder / f"gw{i}-{time.monotonic_ns()}", m.vllm_port, m.listener
+            )
+        )
+        m.stop = stop
+
+    def kill_member(self, i: int) -> None:
+        """What a crash does: its vLLM and its gateway gone at once, nothing drained."""
+        self.members[i].stop.close()
+
+    def upstream_file(self, i: int) -> Path:
+        return self.folder / "upstreams" / f"replica-{i}.caddy"
+
+    def join(self, i: int) -> None:
+        """member.sh's join: the upstream file, a graceful reload, the router's add_worker."""
+        up = balancer.Upstream(self.members[i].listener.bind, self.members[i].listener.port)
+        self.upstream_file(i).write_text(balancer.upstream_line(up) + "\n")
+        self.reload()
+        if self.router:
+            r = requests.post(f"{self.router.url}/add_worker",
+                              params={"url": router.worker_url(up.dial)}, timeout=70)  # fmt: skip
+            assert r.status_code == 200 or "already exists" in r.text, r.text
+
+    def leave(self, i: int) -> None:
+        """member.sh's leave: the file removed, a reload, the router's remove_worker, then the
+        wait for its requests in flight (the router's gauge, else Caddy's own count)."""
+        self.upstream_file(i).unlink()
+        self.reload()
+        worker = router.worker_url(self.members[i].dial)
+        if self.router:
+            r = requests.post(f"{self.router.url}/remove_worker", params={"url": worker},
+                              timeout=10)  # fmt: skip
+            assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.router:
+                n = self.router.running(worker)
+            else:
+                ups = caddy_upstreams(self.admin)
+                n = next((u["num_requests"] for u in ups
+                          if u["address"] == self.members[i].dial), None)  # fmt: skip
+            if not n:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"replica {i} still had requests in flight")
+
+    def reload(self) -> None:
+        done = subprocess.run(
+            [str(CADDY), "reload", "--config", str(self.folder / "front" / "Caddyfile"),
+             "--adapter", "caddyfile", "--address", f"unix/{self.admin}"],
+            env={"PATH": os.environ["PATH"], "HOME": str(self.folder), gateway.API_KEY_ENV: KEY},
+            capture_output=True, text=True, check=False, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+
+def caddy_upstreams(admin: Path) -> list[dict[str, Any]]:
+    """Caddy's admin API over its unix socket: each upstream and its requests in flight."""
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(5)
+            self.sock.connect(str(admin))
+
+    conn = Conn("localhost", timeout=5)
+    try:
+        conn.request("GET", "/reverse_proxy/upstreams")
+        found: list[dict[str, Any]] = json.loads(conn.getresponse().read()) or []
+        return found
+    finally:
+        conn.close()
+
+
+@contextmanager
+def routed_set(
+    tmp_path: Path,
+    routing: str,
+    replicas: int = 3,
+    timing: tuple[str, ...] = ("--ttft", "0.05", "--itl", "0.02"),
+) -> Iterator[RoutedSet]:
+    """`replicas` replicas joined, behind the front rendered for `routing`, all checked healthy."""
+    cfg = routed_cfg(routing, replicas)
+    sock_dir = Path(tempfile.mkdtemp(prefix="nemo-admin-"))  # a socket path under 108 bytes
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, sock_dir, ignore_errors=True)
+        folder = tmp_path / "upstreams"
+        folder.mkdir()
+        members = []
+        for i in range(replicas):
+            drain = tmp_path / f"drain{i}"
+            drain.mkdir()
+            listener = gateway.ReplicaListener(
+                f"127.0.0.{2 + i}", free_port(), drain_dir=str(drain), retry_elsewhere=True,
+                render_client=FRONT if routing == "cache-aware" else "",
+            )  # fmt: skip
+            members.append(Member(f"r{i}", free_port(), listener, contextlib.ExitStack()))
+        http_port = free_port()
+        base = f"http://127.0.0.1:{http_port}"
+        admin = sock_dir / "admin.sock"
+        s = RoutedSet(cfg, tmp_path, members, Gateway(base + "/v1", base, None,
+                      tmp_path / "front" / "caddy.log"), admin, None, timing)  # fmt: skip
+        for i in range(replicas):
+            s.start_member(i)
+            stack.callback(lambda i=i: s.members[i].stop.close())
+            up = balancer.Upstream(members[i].listener.bind, members[i].listener.port)
+            s.upstream_file(i).write_text(balancer.upstream_line(up) + "\n")
+        listen = gateway.Listen(http_port=http_port, upstreams=f"{folder}/*.caddy",
+                                admin_socket=str(admin))  # fmt: skip
+        if routing == "cache-aware":
+            s.router = stack.enter_context(
+                running_router(tmp_path / "router", [m.url for m in members])
+            )
+            listen = dataclasses.replace(listen, router=s.router.url.removeprefix("http://"))
+        text = gateway.balancer_site(cfg, "127.0.0.1", listen)
+        stack.enter_context(
+            contextlib.contextmanager(run_caddy)(tmp_path / "front", text, f"{base}/health")
+        )
+        time.sleep(2 * balancer.HEALTH_INTERVAL_SECONDS)  # every replica checked healthy
+        yield s
+
+
+def chat_client(s: RoutedSet) -> openai.OpenAI:
+    """The official client, with no retry of its own: a request that fails is counted failed."""
+    return openai.OpenAI(base_url=s.gw.base, api_key=KEY, max_retries=0, timeout=30)
+
+
+def chat_load(
+    s: RoutedSet, workers: int, stop: threading.Event, stream: bool = False
+) -> tuple[list[str], list[str], threading.Thread]:
+    """`workers` clients sending chat completions back to back through the official client until
+    `stop`: the replicas that answered (by the fake's name in the answer's model... its id),
+    the errors, and a thread to join."""
+    served: list[str] = []
+    errors: list[str] = []
+    client = chat_client(s)
+
+    def one(n: int) -> None:
+        messages = [{"role": "user", "content": f"request {n} {time.monotonic_ns()}"}]
+        try:
+            if stream:
+                chunks = client.chat.completions.create(model="nemotron", messages=messages,
+                                                        max_tokens=TOKENS, stream=True)  # fmt: skip
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                answer = client.chat.completions.create(model="nemotron", messages=messages,
+                                                        max_tokens=TOKENS)  # fmt: skip
+                text = answer.choices[0].message.content or ""
+            served.append(text)
+        except openai.OpenAIError as err:
+            errors.append(f"{type(err).__name__}: {err}")
+
+    def worker(w: int) -> None:
+        n = 0
+        while not stop.is_set():
+            one(w * 100_000 + n)
+            n += 1
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+
+    def join() -> None:
+        for t in threads:
+            t.join()
+
+    return served, errors, threading.Thread(target=join)
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_a_replica_killed_under_load_fails_no_request(tmp_path: Path, routing: str) -> None:
+    """A replica's Droplet dies (its vLLM and its gateway at once, nothing drained) while the
+    official client sends chat completions through the front: every request it held before
+    any byte came back is resent (the router's retries stay on it: Caddy resends to the
+    router, which has taken it out by then), and new ones go to the others. Zero failures."""
+    with routed_set(tmp_path, routing) as s:
+        stop = threading.Event()
+        served, errors, joiner = chat_load(s, workers=6, stop=stop)
+        time.sleep(3)
+        # The busiest replica dies (cache-aware may have kept these prompts off one replica).
+        before, victim = max((m.stats()["chat_requests"], i) for i, m in enumerate(s.members))
+        s.kill_member(victim)
+        killed = len(served) + len(errors)
+        time.sleep(10)
+        stop.set()
+        joiner.start()
+        joiner.join()
+    print(f"kill under load ({routing}): {len(served) + len(errors)} requests, {len(errors)} "
+          f"failed, {killed} before the kill; the one killed had served {before}")  # fmt: skip
+    assert before > 0, "the replica killed was serving"
+    assert len(served) + len(errors) > killed + 20, "requests kept flowing after the kill"
+    assert not errors, errors[:5]
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_a_rolling_update_through_the_front_fails_no_request(tmp_path: Path, routing: str) -> None:
+    """Each replica in turn, as the pipeline rolls them: it drains (its gateway's /health 503,
+    new requests bounced), leaves (member.sh: its file, a reload, the router's remove_worker,
+    the wait for its requests in flight), stops, starts again and joins (file, reload,
+    add_worker). Streams through the official client meanwhile: none fails, and a draining
+    replica's vLLM gets no new request from the moment it drains."""
+    with routed_set(tmp_path, routing) as s:
+        stop = threading.Event()
+        served, errors, joiner = chat_load(s, workers=6, stop=stop, stream=True)
+        late: dict[str, list[float]] = {}
+        for i in (1, 2):
+            time.sleep(2)
+            m = s.members[i]
+            assert m.stats()["chat_requests"] > 0, f"{m.name} served before its drain"
+            m.drain()
+            drained = time.monotonic()
+            time.sleep(pool.notice_seconds(s.cfg))
+            s.leave(i)
+            arrivals = m.stats()["arrivals"]
+            late[m.name] = [round(t - drained, 2) for t in arrivals if t > drained + 0.1]
+            s.kill_member(i)
+            time.sleep(1)
+            s.start_member(i)
+            m.undrain()
+            s.join(i)
+        time.sleep(4)
+        stop.set()
+        joiner.start()
+        joiner.join()
+        after = {m.name: m.stats()["chat_requests"] for m in s.members}
+        listed = requests.get(f"{s.router.url}/list_workers", timeout=5).text if s.router else ""
+    total = len(served) + len(errors)
+    print(f"rolling update ({routing}): {total} streamed requests, {len(errors)} failed; "
+          f"served since each restart {after}")  # fmt: skip
+    assert not errors, errors[:5]
+    assert total > 100
+    assert all(not t for t in late.values()), f"new requests reached a draining vLLM: {late}"
+    # Both restarted replicas are back in: Caddy's upstreams (least-conn sends them requests at
+    # once), the router's workers. With cache-aware, the replica that came back last may get
+    # nothing in its first seconds: these prompts share their first words, which the others'
+    # trees hold, and the load is not uneven enough (router.BALANCE_ABS) to overrule them.
+    assert after["r1"] > 0, after
+    if routing == "least-conn":
+        assert after["r2"] > 0, after
+    else:
+        assert all(m.url in listed for m in s.members), listed
+
+
+ROUTER_ADMIN = [
+    ("POST", "/add_worker?url=http://203.0.113.9:80"),
+    ("POST", "/remove_worker?url=http://127.0.0.2:1"),
+    ("GET", "/list_workers"),
+    ("GET", "/workers"),
+    ("POST", "/workers"),
+    ("POST", "/flush_cache"),
+    ("GET", "/get_loads"),
+    ("GET", "/metrics"),
+    ("GET", "/scheduling/diagnostics"),
+    ("POST", "/finish_session?session_id=x"),
+    ("GET", "/readiness"),
+    ("GET", "/liveness"),
+    ("GET", "/get_server_info"),
+    ("GET", "/health_generate"),
+]
+
+
+@needs_router
+def test_the_router_path_keeps_the_gate_at_both_hops(tmp_path: Path) -> None:
+    """Through the front with its router: no key is the front's 401, the router's admin routes
+    are the front's 404 (key or not) and none reached the router; a wrong key sent straight to
+    a replica's gateway is refused there too; render answers the front's address alone, with
+    the key; what --enable-scale-out opens besides stays 404 at the replica; no
+    Access-Control-Allow-Origin reaches a client."""
+    with routed_set(tmp_path, "cache-aware", replicas=2) as s:
+        assert s.router is not None
+        gw, r0 = s.gw, s.members[0]
+        workers_before = requests.get(f"{s.router.url}/list_workers", timeout=5).text
+        assert gw.get("/v1/models", key=None).status_code == 401
+        assert gw.get("/v1/models", key="wrong").status_code == 401
+        assert gw.post("/v1/chat/completions", key=None, json={}).status_code == 401
+        for method, target in ROUTER_ADMIN:
+            for key in (None, KEY):
+                status = requests.request(
+                    method, gw.url + target, timeout=10,
+                    headers={"Authorization": f"Bearer {key}"} if key else {},
+                ).status_code  # fmt: skip
+                assert status == 404, (method, target, key, status)
+        assert requests.get(f"{s.router.url}/list_workers", timeout=5).text == workers_before
+        # The replica's own gate: a wrong key or none refused even on its private address.
+        for key in (None, "wrong"):
+            status, _ = get_from(FRONT, r0.url, "/v1/models", key=key)
+            assert status == 401, (key, status)
+        # Render: the front's address with the key; from elsewhere 403, key or not.
+        chat = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}]}
+        for path in gateway.RENDER_PATHS:
+            body = chat if "chat" in path else {"model": "nemotron", "prompt": "hi"}
+            assert post_from("127.0.0.9", r0.url, path, body)[0] == 403
+            assert post_from("127.0.0.9", r0.url, path, body, key=None)[0] == 403
+            assert post_from(FRONT, r0.url, path, body, key="wrong")[0] == 401
+            assert gw.post(path, json=body).status_code == 404
+        status, text = post_from(FRONT, r0.url, "/v1/chat/completions/render", chat)
+        assert status == 200 and "token_ids" in text, (status, text)
+        for path in ("/v1/chat/completions/render?x=1", "/inference/v1/generate",
+                     "/inference/v1/abort_requests", "/v1/chat/completions/derender",
+                     "/v1/responses/render", "/v1/responses/derender",
+                     "/v1/messages/render", "/tokenize"):  # fmt: skip
+            assert post_from(FRONT, r0.url, path, chat)[0] == 404, path
+            # At the front /v1/responses/render looks like a stored response's id to the gate:
+            # it reaches the router, which has no such POST route (405), never a replica.
+            assert gw.post(path, json=chat).status_code in (404, 405), path
+        # The router allows any origin; the front removes it from every answer.
+        direct = requests.get(f"{s.router.url}/liveness", timeout=5)
+        assert direct.headers.get("Access-Control-Allow-Origin") == "*", "the router adds it"
+        for r in (
+            gw.get("/v1/models", headers={"Origin": "https://evil.example"}),
+            gw.post(
+                "/v1/chat/completions",
+                json={**chat, "max_tokens": 2},
+                headers={"Origin": "https://evil.example"},
+            ),
+            gw.post("/v1/chat/completions", json={**chat, "max_tokens": 2, "stream": True}),
+        ):
+            assert r.status_code == 200, r.text
+            assert "Access-Control-Allow-Origin" not in r.headers, r.headers
+        # Both hops saw the request: the router asked each replica to render it, with the key.
+        renders = [m.stats()["render_auth"] for m in s.members]
+        assert all(f"Bearer {KEY}" in seen for seen in renders), renders
+
+
+def post_from(
+    source: str, url: str, path: str, body: dict[str, Any], key: str | None = KEY
+) -> tuple[int, str]:
+    """POST `body` as JSON to `path` with the connection's source address `source`."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(
+        parts.hostname or "", parts.port, timeout=10, source_address=(source, 0)
+    )
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+@needs_router
+def test_with_cache_aware_a_conversation_stays_on_one_replica(tmp_path: Path) -> None:
+    """Multi-turn conversations, each turn its history plus a new message, several at once
+    through the official client: every turn of a conversation reaches the replica that served
+    its first (the fakes' own record of the messages they got)."""
+    with routed_set(tmp_path, "cache-aware") as s:
+        client = chat_client(s)
+        words = " ".join(f"w{i}" for i in range(200))
+
+        def talk(c: int) -> None:
+            messages: list[dict[str, str]] = [
+                {"role": "system", "content": f"conversation {c}: {words}"}
+            ]
+            for turn in range(5):
+                messages.append({"role": "user", "content": f"turn {turn} " + words[: 40 * turn]})
+                answer = client.chat.completions.create(model="nemotron", messages=messages,
+                                                        max_tokens=8)  # type: ignore[arg-type]  # fmt: skip
+                messages.append(
+                    {"role": "assistant", "content": answer.choices[0].message.content or ""}
+                )
+
+        threads = [threading.Thread(target=talk, args=(c,)) for c in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        where: dict[str, set[str]] = {}
+        for m in s.members:
+            for messages in m.stats()["conversations"]:
+                where.setdefault(messages[0]["content"].split(":")[0], set()).add(m.name)
+    assert len(where) == 6, where
+    split = {c: names for c, names in where.items() if len(names) > 1}
+    assert not split, f"conversations split across replicas: {split}"
+    assert len(set().union(*where.values())) >= 2, f"all on one replica: {where}"

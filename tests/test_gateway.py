@@ -454,8 +454,8 @@ GOLDEN_SITES = Path(__file__).resolve().parent / "golden" / "caddyfiles"
 
 def golden_sites() -> dict[str, str]:
     """Each site as a Droplet gets it (the dev stack's settings): the lone Droplet's for its IP
-    address and for a domain, a replica's private one (replica 0 reads the metrics), the
-    balancer's."""
+    address and for a domain, a replica's private one (replica 0 reads the metrics, the front's
+    router renders), the balancer's with its router (cache-aware) and without (least-conn)."""
     dev = stack_config("dev")
     lone = config.parse(dev, "dev")
     named = config.parse(
@@ -463,17 +463,21 @@ def golden_sites() -> dict[str, str]:
                            "acmeEmail": "ops@example.com"}}, "dev",
     )  # fmt: skip
     pooled = config.parse({**dev, "replicas": 2}, "dev")
+    least_conn = config.parse(
+        {**dev, "replicas": 2, "balancer": {"routing": "least-conn"}}, "dev"
+    )  # fmt: skip
     waking = config.parse(
         {**dev, "wake": {"enabled": True, "githubRepo": "me/llm", "token": "x"}}, "dev",
         frozenset({"wake"}),
     )  # fmt: skip
     listener = gateway.ReplicaListener("10.110.0.3", metrics_reader="10.110.0.2",
-                                       retry_elsewhere=True)  # fmt: skip
+                                       retry_elsewhere=True, render_client="10.110.0.9")  # fmt: skip
     return {
         "lone-ip": gateway.lone_site(lone, "203.0.113.10"),
         "lone-domain": gateway.lone_site(named, "llm.example.com"),
         "replica": gateway.replica_site(pooled, listener),
         "balancer": gateway.balancer_site(pooled, "203.0.113.201"),
+        "balancer-least-conn": gateway.balancer_site(least_conn, "203.0.113.201"),
         "balancer-wake": gateway.balancer_site(waking, "203.0.113.201"),
     }
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import socket
 import ssl
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -15,7 +17,11 @@ from urllib.parse import urlsplit
 
 import loopback
 import pytest
-from test_gateway import KEY, Gateway, start_gateway
+from sandbox import free_port
+from test_balancer import needs_router, routed_cfg, running_router
+from test_gateway import KEY, Gateway, run_caddy, start_gateway
+
+from components.host import gateway
 
 
 def read_body(handler: BaseHTTPRequestHandler) -> bytes:
@@ -104,17 +110,48 @@ def upstream() -> Iterator[Upstream]:
 
 
 @pytest.fixture(
-    params=[(True, None), (False, None), (False, "asleep"), (False, "awake")],
-    ids=["https", "http", "front-asleep", "front-awake"],
+    params=[
+        (True, None),
+        (False, None),
+        (False, "asleep"),
+        (False, "awake"),
+        pytest.param((False, "router"), marks=needs_router),
+    ],
+    ids=["https", "http", "front-asleep", "front-awake", "front-router"],
 )
 def gw(request: pytest.FixtureRequest, tmp_path: Path, upstream: Upstream) -> Iterator[Gateway]:
-    """A lone Droplet's gateway (HTTPS and plain), and the wake front in both its states: the
-    recording upstream is what the gate lets through to, the waker asleep, the replica awake."""
+    """A lone Droplet's gateway (HTTPS and plain), the wake front in both its states, and the
+    front with its router (balancer.routing cache-aware: Caddy, then the real vllm-router, then
+    the replica): the recording upstream is what the gate lets through to, the waker asleep,
+    the replica awake or behind the router."""
     https, front = request.param
+    if front == "router":
+        upstream.probes_only = True  # the router's own health checks of the replica
+        yield from router_front(tmp_path, upstream)
+        return
     for started in start_gateway(tmp_path, upstream.url, https=https, front=front):
         upstream.probes_only = front == "awake"
         upstream.seen.clear()  # start_gateway's own readiness probes
         yield started
+
+
+def router_front(tmp_path: Path, upstream: Upstream) -> Iterator[Gateway]:
+    """The front's Caddyfile for a cache-aware set, its router on loopback (router.py's flags)
+    with the recording upstream as its one replica, and the upstream's file (the public
+    /health goes straight to it)."""
+    cfg = routed_cfg("cache-aware", replicas=2)
+    with running_router(tmp_path / "router", [upstream.url]) as r:
+        folder = tmp_path / "upstreams"
+        folder.mkdir()
+        (folder / "replica-0.caddy").write_text(f"to {upstream.url.removeprefix('http://')}\n")
+        http_port = free_port()
+        listen = gateway.Listen(http_port=http_port, upstreams=f"{folder}/*.caddy",
+                                admin_socket=None, router=r.url.removeprefix("http://"))  # fmt: skip
+        base = f"http://127.0.0.1:{http_port}"
+        text = gateway.balancer_site(cfg, "127.0.0.1", listen)
+        for _ in run_caddy(tmp_path / "front", text, f"{base}/health"):
+            upstream.seen.clear()
+            yield Gateway(base + "/v1", base, None, tmp_path / "front" / "caddy.log")
 
 
 def raw(
@@ -168,6 +205,19 @@ TRICKS = [
     "/health?x=1",
     "/metrics",
     "/invocations",
+    # What vLLM's --enable-scale-out opens (the replicas' vLLM with the router runs it), and
+    # the front's router's own admin routes.
+    "/inference/v1/generate",
+    "/inference/v1/abort_requests",
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/add_worker?url=http://203.0.113.9",
+    "/remove_worker?url=http://127.0.0.1:1",
+    "/list_workers",
+    "/workers",
+    "/flush_cache",
+    "/get_loads",
+    "/scheduling/diagnostics",
 ]
 
 
@@ -192,7 +242,14 @@ EXACT = (
 )
 
 
-def test_exact_paths_reach_vllm_as_sent(gw: Gateway, upstream: Upstream) -> None:
+def test_exact_paths_reach_vllm_as_sent(
+    gw: Gateway, upstream: Upstream, request: pytest.FixtureRequest
+) -> None:
+    if "front-router" in request.node.callspec.id:
+        pytest.skip(
+            "the router re-serializes bodies and renders each prompt first: what passes both "
+            "hops is test_balancer.py's test_the_router_path_keeps_the_gate_at_both_hops"
+        )
     for method, target in EXACT:
         status, _ = raw(gw, method, target, AUTH, b"{}" if method == "POST" else b"")
         assert status == 200, (method, target, status)
@@ -265,3 +322,28 @@ def test_the_gateway_leaves_the_trust_store_alone(tmp_path: Path, upstream: Upst
         assert started.ca and started.ca.exists()
         assert "skip_install_trust" in (tmp_path / "Caddyfile").read_text()
     assert trust_store() == before
+
+
+@needs_router
+def test_through_the_router_front_a_smuggled_request_reaches_nothing(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """CL.TE, TE.CL, a body on /health and pipelining (test_wake.py's), and a slow header
+    block, at the front with its router: what follows /health on the connection is a keyless
+    request of its own, Caddy's 401; the replica behind the router sees the /health requests
+    alone (they go straight to it, not through the router), and the router nothing."""
+    from test_wake import SMUGGLING, raw_exchange, statuses  # noqa: PLC0415 (it imports this file)
+
+    upstream.probes_only = True
+    for gw in router_front(tmp_path, upstream):
+        for name, attack in SMUGGLING.items():
+            got = statuses(raw_exchange(gw.url, attack, 2))
+            first = 404 if name == "cl-te" else 200
+            assert got[0] == first and set(got[1:]) <= {401}, (name, got)
+        # A header block trickled in: Caddy's read_header timeout ends it, nothing is proxied.
+        url = urlsplit(gw.url)
+        with socket.create_connection((url.hostname, url.port), timeout=40) as slow:
+            slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(1)
+            slow.sendall(b"Authorization: Bearer ")
+    assert {(s["method"], s["path"]) for s in upstream.seen} <= {("GET", "/health")}, upstream.seen

@@ -83,6 +83,7 @@ def reads_what_it_names(phase: phases.Phase, table: str, cfg: config.StackConfig
         "private_ip": "10.110.0.42",
         "peers": [["4243", "10.110.0.43"]],
         "metrics_reader": "10.110.0.44",
+        "render_client": "10.110.0.45",
         "droplet_id": "4245",
     }
     replica = 0 if cfg.pooled and table == "bootstrap" else None

@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import requests
 import sandbox
 from pulumi_harness import stack_config
 from sandbox import Downloads, PhaseRun, Sandbox, free_port
+from test_balancer import needs_router, running_router
 from test_balancer import replica as fake_replica
 from test_phase_scripts import API_KEY, Phases, box, prepared
 
@@ -190,15 +192,20 @@ class Balancer:
     """The balancer Droplet's phases in the sandbox: plain HTTP on the sandbox's port (the
     certificate path is the lone gateway's, tested elsewhere), replicas on loopback."""
 
-    def __init__(self, box: Sandbox, downloads: Downloads) -> None:
+    def __init__(
+        self, box: Sandbox, downloads: Downloads, routing: str = "least-conn", router: str = ""
+    ) -> None:
         self.p = Phases(box, downloads)
         raw = stack_config("dev")
         raw["replicas"] = 2
         raw["access"] = {**raw["access"], "https": False}
+        raw["balancer"] = {"routing": routing}
         self.cfg = config.parse(raw, "dev")
         self.p.cfg = self.cfg
         self.box = box
         self.url = f"http://127.0.0.1:{box.http_port}"
+        # With the router: its API and metrics addresses (host:port), this test's own ports.
+        self.router, self.router_metrics = router, ""
 
     def settings(self, phase: str, **kwargs: Any) -> dict[str, Any]:
         # The sandbox cannot take ports 80 and 443: its own go in as the one Ports value that
@@ -210,6 +217,12 @@ class Balancer:
             )
         )
         s["NEMO_RETRY_DELAY"] = 0
+        if self.router:
+            # The router on this test's ports instead of router.py's (one test may hold them).
+            for name, value in list(s.items()):
+                if isinstance(value, str):
+                    moved = value.replace(router.ADDRESS, self.router)
+                    s[name] = moved.replace(router.METRICS_ADDRESS, self.router_metrics)
         if phase == "ready":
             s["NEMO_READY_TIMEOUT"] = 20
         if phase == "gateway":
@@ -225,6 +238,7 @@ class Balancer:
         s["NEMO_UPSTREAM"] = f"127.0.0.1:{port}"
         s["NEMO_UPSTREAM_LINE"] = f"to 127.0.0.1:{port}"
         s["NEMO_UPSTREAM_FILE"] = f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-{index}-{port}.caddy"
+        s["NEMO_WORKER_URL"] = router.worker_url(f"127.0.0.1:{port}")
         # The Command's delete runs the stored script with NEMO_ACTION=leave (entry.py).
         inner = "NEMO_ACTION=leave timeout 60 bash -s" if leave else "bash -s"
         return self.box.run(phases.render("member", s), inner=inner)
@@ -275,7 +289,7 @@ def test_the_balancer_joins_replicas_reloads_gracefully_and_drains_one_that_leav
         thread.start()
         time.sleep(0.5)
         b.cfg = config.parse(
-            {**stack_config("dev"), "replicas": 2, "access": {
+            {**stack_config("dev"), "replicas": 2, "balancer": {"routing": "least-conn"}, "access": {
                 **stack_config("dev")["access"], "https": False, "maxRequestBodyMb": 8}},
             "dev",
         )  # fmt: skip
@@ -531,7 +545,7 @@ class Front(Balancer):
     real router (.router-venv) behind the fake uv's entry point, on ports of its own."""
 
     def __init__(self, box: Sandbox, downloads: Downloads) -> None:
-        super().__init__(box, downloads)
+        super().__init__(box, downloads, "cache-aware")
         assert self.cfg.routing == "cache-aware"
         wheel = sandbox.uv_wheel(catalog.UV_VERSION)
         self.uv_url = downloads.add(f"/uv/{catalog.UV_WHEEL_URL.rsplit('/', 1)[1]}", wheel)
@@ -696,3 +710,88 @@ def test_the_router_phase_fails_before_anything_on_a_wrong_uv_or_python_and_name
     assert "files.pythonhosted.org" in failing.failure
     assert failing.stderr.count("Failed to fetch") == 3, "retried, then failed"
     assert not box.file(f"/etc/systemd/system/{catalog.ROUTER_UNIT}").exists()
+
+
+@needs_router
+def test_with_the_router_a_replica_joins_it_and_leaves_it_drained(
+    box: Sandbox, downloads: Downloads, tmp_path: Path
+) -> None:
+    """member.sh with balancer.routing cache-aware, against the real router (its flags from
+    router.py, on this test's ports) and the front's real Caddy from the gateway phase: a
+    join writes the file, reloads and adds the replica to the router (again: already in,
+    nothing changes); requests go through Caddy and the router; a leave removes it from both
+    and waits for its requests in flight by the router's gauge, after which no new request
+    reaches it."""
+    with running_router(tmp_path / "router", []) as r:
+        b = Balancer(box, downloads, "cache-aware", r.url.removeprefix("http://"))
+        b.router_metrics = r.metrics.removeprefix("http://").removesuffix("/metrics")
+        member = b.settings("member", replica=0, private_ip="127.0.0.1")
+        assert member["NEMO_ROUTER"] == "on"
+        assert b.run("preflight").returncode == 0
+        first = b.run("gateway")
+        assert first.returncode == 0, first.stderr
+        wait_listening(b.url)
+        chat = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}]}
+        ports = [free_port(), free_port()]
+        with ExitStack() as stack:
+            for i, port in enumerate(ports):
+                stack.enter_context(fake_replica(f"r{i}", port, "--ttft", "2", "--scale-out",
+                                                 "--api-key", API_KEY))  # fmt: skip
+            for i, port in enumerate(ports):
+                joined = b.join(i, port)
+                assert joined.returncode == 0, joined.stderr
+                assert "[member] the router routes to" in joined.stderr
+            again = b.join(0, ports[0])
+            assert again.returncode == 0 and again.result["changed"] is False
+            assert "the router already routes to" in again.stderr
+            listed = requests.get(f"{r.url}/list_workers", timeout=5).text
+            assert all(f"127.0.0.1:{p}" in listed for p in ports), listed
+            time.sleep(2.5)  # Caddy's first checks of the replicas (the public /health)
+            assert requests.get(f"{b.url}/health", timeout=5).status_code == 200
+            answer = requests.post(f"{b.url}/v1/chat/completions", json=chat, headers=AUTH,
+                                   timeout=10)  # fmt: skip
+            assert answer.status_code == 200 and answer.headers["X-Upstream"] in ("r0", "r1")
+            assert "Access-Control-Allow-Origin" not in answer.headers
+
+            # Replica 1 leaves with requests in flight on it (each takes 2 s to its first token).
+            through: list[dict[str, Any]] = []
+            waits = [threading.Thread(target=lambda: through.append(post(b.url, chat)))
+                     for _ in range(4)]  # fmt: skip
+            for t in waits:
+                t.start()
+            time.sleep(0.5)
+            # The one the router sent them to leaves (cache-aware keeps one prompt on one).
+            held, victim = max((r.running(router.worker_url(f"127.0.0.1:{p}")) or 0, i)
+                               for i, p in enumerate(ports))  # fmt: skip
+            stays = 1 - victim
+            started = time.monotonic()
+            left = b.join(victim, ports[victim], leave=True)
+            took = time.monotonic() - started
+            for t in waits:
+                t.join()
+            assert left.returncode == 0, left.stderr
+            assert "[member] the router sends no new request to" in left.stderr
+            assert "[member] no request in flight to" in left.stderr
+            assert held > 0, "requests were in flight to the replica that left"
+            assert took > 0.5, "the leave waited for them (the router's gauge)"
+            assert all(x["status"] == 200 and "data: [DONE]" in x["body"] for x in through)
+            assert f"127.0.0.1:{ports[victim]}" not in requests.get(f"{r.url}/list_workers",
+                                                               timeout=5).text  # fmt: skip
+            for _ in range(5):
+                answer = requests.post(f"{b.url}/v1/chat/completions", json=chat, headers=AUTH,
+                                       timeout=10)  # fmt: skip
+                assert answer.headers["X-Upstream"] == f"r{stays}", "none to the one that left"
+            gone = b.join(victim, ports[victim], leave=True)
+            assert gone.returncode == 0 and "not in the pool" in gone.stderr
+
+
+def wait_listening(url: str) -> None:
+    """The fake systemctl returns once Caddy is started, not once it listens (Type=notify)."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            requests.get(f"{url}/not-a-route", timeout=5)
+            return
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline, "the balancer's Caddy never listened"
+            time.sleep(0.1)

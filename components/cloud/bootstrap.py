@@ -94,6 +94,9 @@ class BootstrapArgs:
     # Replica 0's private address: the only source a replica's gateway lets read vLLM's
     # /metrics (replica 0's autodown reads every replica's).
     metrics_reader: pulumi.Input[str] = ""
+    # The Caddy front's private address with its router (balancer.routing cache-aware): the
+    # only source a replica's gateway lets render a prompt.
+    render_client: pulumi.Input[str] = ""
     peers: pulumi.Input[list[list[str]]] | None = None
     after_previous: list[pulumi.Resource] | None = None
 
@@ -196,6 +199,7 @@ class Bootstrap(pulumi.ComponentResource):
             "cache_device": args.cache_device,
             "private_ip": args.private_ip,
             "metrics_reader": args.metrics_reader,
+            "render_client": args.render_client,
             "peers": args.peers if args.peers is not None else [],
         }
         if phase.name == "reboot-wait":

@@ -210,6 +210,12 @@ class _Set:
                 private_ip=gpu.ipv4_private if cfg.pooled else "",
                 # Replica 0's autodown reads each replica's /metrics; only it may.
                 metrics_reader=self.gpus[0].ipv4_private if cfg.pooled else "",
+                # The front's router renders each prompt on every replica; only it may.
+                render_client=(
+                    self.caddy.host.ipv4_private
+                    if self.caddy is not None and cfg.routing == "cache-aware"
+                    else ""
+                ),
                 peers=self.peers if cfg.pooled and index == 0 else None,
                 after_previous=self.rolling_gate(index - 1) if rolls else None,
             ),

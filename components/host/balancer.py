@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import router
+
 # How fast a stopped replica leaves the pool: a failed check every 2 s, out after 2 failures,
 # back after 2 passes (Caddy active health checks: health_interval, health_fails, health_passes).
 HEALTH_INTERVAL_SECONDS = 2
@@ -67,10 +69,6 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
     """The reverse_proxy block for the replicas (inside a `handle` of the public site): those
     of the files matching `import_glob`, one per replica, which come and go with a graceful
     reload (no file yet: 503 until the first replica joins)."""
-    length = "{http.request.header.Content-Length}"
-    # Buffered whole: request_buffers set its length (reverseproxy.go prepareRequest).
-    buffered = f"{length}.matches('^[0-9]+$') && int({length}) <= {RETRY_BUFFER_BYTES}"
-    get = "{http.request.method} == 'GET'"
     # Resent to another replica when the whole body can be (a GET has none): a draining
     # replica's bounce, and a request whose replica failed before any answer came back (killed
     # or restarted while it held a pooled connection: the round trip fails before the response
@@ -80,7 +78,7 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
     # connecting (reverseproxy.go tryAgain: RetryMatch set, it alone decides;
     # {rp.is_transport_error} is set there only), so that one stays.
     bounced = f"{{rp.status_code}} == 503 && {{rp.header.{DRAINING_HEADER}}} == '1'"
-    retry_when = f"({bounced} || {{rp.is_transport_error}} == true) && ({get} || {buffered})"
+    retry_when = f"({bounced} || {{rp.is_transport_error}} == true) && {_resendable()}"
     return f"""reverse_proxy {{
 	# One file per replica (to <address>:<port>), written as it joins.
 	import {import_glob}
@@ -108,6 +106,65 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
 	health_status 200
 	health_fails {HEALTH_FAILS}
 	health_passes {HEALTH_PASSES}
+	# Server-sent events go out as they come; no response timeout cuts a long answer.
+	flush_interval -1
+	transport http {{
+		dial_timeout {dial_timeout_seconds}s
+	}}
+}}"""
+
+
+def _resendable() -> str:
+    """A request whose body Caddy can resend whole: a GET (none), or one wholly in its buffer
+    (request_buffers set its length: reverseproxy.go prepareRequest)."""
+    length = "{http.request.header.Content-Length}"
+    buffered = f"{length}.matches('^[0-9]+$') && int({length}) <= {RETRY_BUFFER_BYTES}"
+    return f"({{http.request.method}} == 'GET' || {buffered})"
+
+
+def router_proxy(address: str = router.ADDRESS, dial_timeout_seconds: int = 2) -> str:
+    """The reverse_proxy block for the front's router (balancer.routing: cache-aware, router.py):
+    one upstream, the router on loopback, which picks the replica.
+
+    Why Caddy resends here: the router retries a failed request only on the replica it chose
+    (cache_aware ignores the retry's exclusions: router.rs select_worker_for_model), so a
+    replica that died, or drains, answers until the router's own health checks (every
+    router.HEALTH_SECONDS, out after router.HEALTH_FAILS) or its circuit breaker take it out:
+    then the router answers 500 (its own "Request failed", text/plain, after a send error),
+    or relays the replica's 502/503/504 (a draining gateway's 503). Caddy sends such a request
+    to the router again within TRY_SECONDS (longer than the router's checks take), which by
+    then routes it to a replica that answers: no request fails because a replica died before
+    sending a byte. After the first byte of an answer nothing is resent (a stream cut
+    mid-way is cut for the client). As with reverse_proxy(), only a body Caddy holds whole
+    (or a GET) is resent, never a cut one.
+
+    What a resend costs: compute (the router renders the prompt on every replica again, and
+    a replica may have prefilled it), never a second effect: the gate admits only routes that
+    change nothing on a replica (a completion, the model list, a stored response). A replica's
+    own 500 (vLLM's JSON, or a stream's text/event-stream label) is not resent: a request
+    that fails by itself would fail again.
+
+    No health checks and no passive failures on this one upstream: the router's /health is 503
+    while ANY replica is unhealthy (a rolling update), and marking the router down would fail
+    every request; the public /health goes to the replicas (gateway.balancer_site)."""
+    own_500 = "{rp.status_code} == 500 && {rp.header.Content-Type}.startsWith('text/plain')"
+    relayed = "{rp.status_code} in [502, 503, 504]"
+    failed = f"{relayed} || ({own_500}) || {{rp.is_transport_error}} == true"
+    retry_when = f"({failed}) && {_resendable()}"
+    return f"""reverse_proxy {address} {{
+	# The router on the front's loopback picks the replica (router.py); it alone is upstream.
+	# A request that failed there before any answer (a replica killed or draining, which the
+	# router retries only on itself until its checks take it out; the router restarting) is
+	# sent again, when the whole body is in the buffer to resend: it costs compute, no effect.
+	lb_try_duration {TRY_SECONDS}s
+	lb_try_interval 250ms
+	lb_retry_match {{
+		expression `{retry_when}`
+	}}
+	request_buffers {RETRY_BUFFER_BYTES}
+	# The router allows every origin (access-control-allow-origin: *); the endpoint is for
+	# programs with a key, not for browsers.
+	header_down -Access-Control-Allow-Origin
 	# Server-sent events go out as they come; no response timeout cuts a long answer.
 	flush_interval -1
 	transport http {{

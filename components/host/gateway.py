@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..spec import catalog
 from ..spec.schema import StackConfig
-from . import balancer, wake
+from . import balancer, router, wake
 
 # The key reaches Caddy from a root-only EnvironmentFile, read by systemd, never the Caddyfile.
 API_KEY_ENV = "NEMO_API_KEY"
@@ -76,20 +76,23 @@ _API_URI = "^/v1/(" + "|".join(API_PATHS) + "|responses/[A-Za-z0-9_-]+(/cancel)?
 
 @dataclass(frozen=True)
 class ReplicaListener:
-    """A replica's gateway behind the balancer: plain HTTP on its private address only, its
-    /health 503 while `drain_dir`/draining exists, its vLLM /metrics for the key from
-    `metrics_reader` alone (replica 0's address: its autodown reads every replica's; none when
-    empty). With `retry_elsewhere` (behind the Caddy balancer), while draining it answers new
-    API requests 503 with balancer.DRAINING_HEADER, which the balancer resends to another
+    """A replica's gateway behind the balancer: plain HTTP on its private address only, its /health
+    503 while `drain_dir`/draining exists, its vLLM /metrics for the key from `metrics_reader`
+    alone (replica 0's address: its autodown reads every replica's; none when empty), and vLLM's
+    render routes for the key from `render_client` alone (the front's private address, with
+    balancer.routing cache-aware: its router asks each replica for a prompt's token ids; none
+    when empty). With `retry_elsewhere` (behind the Caddy balancer), while draining it answers
+    new API requests 503 with balancer.DRAINING_HEADER, which the balancer resends to another
     replica: its checks alone let new requests in after each reload. Requests from its own
-    address (the ready phase's probe) still pass. The managed Load Balancer retries nothing,
-    so there the replica serves new requests through the drain's notice."""
+    address (the ready phase's probe) still pass. The managed Load Balancer retries nothing, so
+    there the replica serves new requests through the drain's notice."""
 
     bind: str
     port: int = catalog.REPLICA_PORT
     drain_dir: str = catalog.DRAIN_DIR
     metrics_reader: str = ""
     retry_elsewhere: bool = False
+    render_client: str = ""
 
 
 def max_body_bytes(cfg: StackConfig) -> int:
@@ -121,6 +124,8 @@ class Listen:
     # ready.
     waker: str = wake.ADDRESS
     wake_hold_file: str = wake.HOLD_FILE
+    # The front's router (balancer.routing: cache-aware), on loopback.
+    router: str = router.ADDRESS
 
 
 DROPLET = Listen()
@@ -170,15 +175,21 @@ def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
     """The Caddy balancer's gateway: the public site for `host`, the same gate, in front of the
     replicas' gateways (balancer.py, the files they join by) instead of a local vLLM; the admin
     API on a root-only socket, for graceful reloads (replicas joining and leaving, a new
-    Caddyfile)."""
+    Caddyfile). With balancer.routing cache-aware the API routes go to the front's router
+    (router.py), which picks the replica; `GET /health` still goes straight to the replicas:
+    the router's own /health is 503 while ANY replica is unhealthy, which would make the whole
+    front look down through a rolling update."""
     https = cfg.access.https
     head, sni = _certificate(https, host, listen)
     block = health = balancer.reverse_proxy(listen.upstreams)
+    if cfg.routing == "cache-aware":
+        block = balancer.router_proxy(listen.router)
     routes = ""
     if cfg.wake.enabled:
         # The front that wakes the set: while no replica is ready, keyed requests and /health
         # go to the waker (it holds the first and answers the second, which never wakes).
-        block = health = wake.held(block, listen.waker, listen.wake_hold_file)
+        block = wake.held(block, listen.waker, listen.wake_hold_file)
+        health = wake.held(health, listen.waker, listen.wake_hold_file)
         routes = wake.control_routes(listen.waker)
     options = _global_options(cfg, listen, listen.admin_socket, listen.http_port, sni)
     return options + gate(
@@ -335,15 +346,30 @@ def gate(
 """
 
 
+# vLLM's render routes (--enable-scale-out): a chat's or a prompt's token ids, which the front's
+# cache-aware router asks every replica for (router.py).
+RENDER_PATHS = ("/v1/chat/completions/render", "/v1/completions/render")
+
+# What --enable-scale-out serves that the gate's `responses/<id>` would take for a stored
+# response: POST /v1/responses/render (and derender). Refused on a replica, key or not: nothing
+# else of scale-out is admitted but RENDER_PATHS from the front.
+_SCALE_OUT_LOOKALIKE = "^/v1/responses/(render|derender)([/?].*)?$"
+
 # A new API request while draining, not from this replica itself: 503, for the balancer to resend.
 DRAINING_BOUNCE = f"""header @bounce {balancer.DRAINING_HEADER} 1
 			respond @bounce "draining: this replica is being updated; try another" 503"""
 
 
 def replica_site_routes(replica: ReplicaListener, upstream: str) -> str:
-    """What a replica's site adds: the drain's matchers, and vLLM's /metrics (its counters, for
-    replica 0's autodown) with the key and from `metrics_reader` only. Through the managed Load
-    Balancer a request's source is the balancer, so /metrics is refused there, key or not."""
+    """What a replica's site adds: the drain's matchers, vLLM's /metrics (its counters, for replica
+    0's autodown) with the key and from `metrics_reader` only, and vLLM's two render routes (a
+    prompt's token ids, for the front's cache-aware router) with the key and from
+    `render_client` only (none, 404, without it). Through the managed Load Balancer a request's
+    source is the balancer, so both are refused there, key or not. Render is exactly `POST` to
+    the two paths, no query: vLLM's --enable-scale-out also opens /inference/v1/generate and
+    /inference/v1/abort_requests (and other render and derender routes), which stay 404 here. It
+    passes while the replica drains: it uses no engine, and a refusal would make the router
+    route that request without the prompt's ids."""
     metrics = "`{http.request.method} == 'GET' && {http.request.uri} == '/metrics'`"
     reader = f"remote_ip {replica.metrics_reader}" if replica.metrics_reader else "expression false"
     return f"""
@@ -371,6 +397,34 @@ def replica_site_routes(replica: ReplicaListener, upstream: str) -> str:
 		}}
 		handle {{
 			respond "forbidden: only replica 0 reads a replica's metrics" 403
+		}}
+	}}
+{_render_routes(replica, upstream) if replica.render_client else ""}"""
+
+
+def _render_routes(replica: ReplicaListener, upstream: str) -> str:
+    """vLLM's two render routes for the front's router alone (a replica whose vLLM runs
+    --enable-scale-out: balancer.routing cache-aware), and what else scale-out serves that the
+    gate would admit, refused."""
+    render_paths = ", ".join(f"'{p}'" for p in RENDER_PATHS)
+    render = f"`{{http.request.method}} == 'POST' && {{http.request.uri}} in [{render_paths}]`"
+    return f"""	@scale_out expression `{{http.request.uri}}.matches('{_SCALE_OUT_LOOKALIKE}')`
+	handle @scale_out {{
+		respond "not found" 404
+	}}
+	@render expression {render}
+	@render_client remote_ip {replica.render_client}
+	handle @render {{
+		handle @render_client {{
+			handle @authorized {{
+				reverse_proxy {upstream}
+			}}
+			handle {{
+				respond "unauthorized" 401
+			}}
+		}}
+		handle {{
+			respond "forbidden: only the front's router renders a prompt here" 403
 		}}
 	}}
 """

@@ -93,6 +93,9 @@ class Inputs:
     private_ip: str = ""
     peers: Sequence[Sequence[str]] = ()
     metrics_reader: str = ""
+    # With the front's router (balancer.routing cache-aware): the front's private address, the
+    # only source a replica's gateway lets render a prompt (vLLM's render routes).
+    render_client: str = ""
     # The balancer's member phase: the replica's Droplet (its upstream file is named by it).
     droplet_id: str = ""
     # Where a public gateway listens (a test that cannot take 80 and 443 gives its own).
@@ -277,6 +280,8 @@ def gateway_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
             # Only the Caddy balancer retries a draining replica's 503 elsewhere; the managed
             # one is served on through the drain's notice.
             retry_elsewhere=cfg.balancer_kind == "caddy",
+            # The front's router asks every replica for each prompt's token ids; none else may.
+            render_client=i.render_client if cfg.routing == "cache-aware" else "",
         ),
     )
     return _gateway(
@@ -409,6 +414,16 @@ def balancer_member(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_CADDY_UNIT": catalog.CADDY_UNIT,
         "NEMO_CADDY_BIN": catalog.CADDY_BIN,
         "NEMO_LEAVE_SECONDS": pool.DRAIN_SECONDS,
+        # With the front's router (cache-aware): the replica joins and leaves it too, and the
+        # leave waits on its gauge (Caddy sees only the router).
+        "NEMO_ROUTER": "on" if cfg.routing == "cache-aware" else "off",
+        "NEMO_ROUTER_ADDRESS": router.ADDRESS,
+        "NEMO_ROUTER_METRICS": router.METRICS_ADDRESS,
+        "NEMO_ROUTER_UNIT": catalog.ROUTER_UNIT,
+        "NEMO_ROUTER_GAUGE": router.RUNNING_GAUGE,
+        "NEMO_WORKER_URL": router.worker_url(up.dial),
+        # add_worker's own wait for the replica's /health, and a little more.
+        "NEMO_ROUTER_JOIN_SECONDS": router.WORKER_STARTUP_SECONDS + 10,
     }
 
 

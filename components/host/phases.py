@@ -119,7 +119,7 @@ BOOTSTRAP: tuple[Phase, ...] = (
         20,
         ps.gateway_phase,
         inputs=("api_key", "host"),
-        replica_inputs=("api_key", "private_ip", "metrics_reader"),
+        replica_inputs=("api_key", "private_ip", "metrics_reader", "render_client"),
     ),
     Phase(
         "autodown",

@@ -5,8 +5,16 @@
 # Droplet is replaced or removed) it leaves: its file goes, Caddy reloads, and the phase waits
 # until no request is in flight to it (the admin API's /reverse_proxy/upstreams), at most
 # NEMO_LEAVE_SECONDS.
+# With the front's router (NEMO_ROUTER=on, balancer.routing cache-aware: components/host/
+# router.py), Caddy's one upstream for the API is the router, which picks the replica: the file
+# and the reload stay (the public /health, the waker and the router's start script read the
+# files), and the replica joins the router by its admin route POST /add_worker (it waits for
+# the replica's /health) and leaves it by /remove_worker; the wait is then on the router's gauge
+# of requests in flight to it (Caddy counts only the router).
 # Settings: NEMO_REPLICA NEMO_UPSTREAM NEMO_UPSTREAM_FILE NEMO_UPSTREAM_LINE NEMO_UPSTREAMS_DIR
 #           NEMO_ADMIN_SOCKET NEMO_CADDY_UNIT NEMO_CADDY_BIN NEMO_LEAVE_SECONDS
+#           NEMO_ROUTER NEMO_ROUTER_ADDRESS NEMO_ROUTER_METRICS NEMO_ROUTER_UNIT
+#           NEMO_ROUTER_GAUGE NEMO_WORKER_URL NEMO_ROUTER_JOIN_SECONDS
 
 action=${NEMO_ACTION:-join}
 [[ $action == join || $action == leave ]] \
@@ -24,6 +32,51 @@ for up in json.load(sys.stdin) or []:
     if up.get("address") == want:
         print(up.get("num_requests", 0))
 ' "$NEMO_UPSTREAM" 2>/dev/null || true
+}
+
+# router_in_flight: requests in flight to this replica per the router's gauge ("" when it
+# lists none: removed and its last request ended, or the router is not running).
+router_in_flight() {
+  curl --silent --fail --max-time 5 "http://${NEMO_ROUTER_METRICS}/metrics" 2>/dev/null \
+    | awk -v want="${NEMO_ROUTER_GAUGE}{worker=\"${NEMO_WORKER_URL}\"}" \
+        '$1 == want { print int($2) }' || true
+}
+
+# router_call ROUTE: POST the router's admin ROUTE for this replica (?url=NEMO_WORKER_URL);
+# prints its status and body. add_worker answers once the replica's /health does.
+router_call() {
+  curl --silent --show-error --max-time "$NEMO_ROUTER_JOIN_SECONDS" --request POST \
+    --write-out '\n%{http_code}' --get --data-urlencode "url=${NEMO_WORKER_URL}" \
+    "http://${NEMO_ROUTER_ADDRESS}/$1" 2>&1 || true
+}
+
+# router_join: the router takes this replica. Already there is fine. A router that does not
+# answer is (re)started: its start script lists the replicas whose files exist and answer.
+router_join() {
+  local out code
+  out=$(router_call add_worker)
+  code=${out##*$'\n'}
+  if [[ $code == 200 ]]; then
+    log "the router routes to ${NEMO_WORKER_URL}"
+  elif [[ $code == 400 && $out == *"already exists"* ]]; then
+    log "the router already routes to ${NEMO_WORKER_URL}"
+  elif [[ $code == 000 || -z $code ]]; then
+    log "the router does not answer: (re)starting ${NEMO_ROUTER_UNIT} (it reads the upstream files)"
+    systemctl restart "$NEMO_ROUTER_UNIT" >&2
+    local deadline=$((SECONDS + 30))
+    until out=$(router_call add_worker); code=${out##*$'\n'}; [[ $code != 000 ]]; do
+      (( SECONDS < deadline )) || return 1
+      sleep 1
+    done
+    [[ $code == 200 || ( $code == 400 && $out == *"already exists"* ) ]] || {
+      printf '%s\n' "$out" | tail -n 3 | sed "s/^/[$PHASE] router: /" >&2
+      return 1
+    }
+    log "the router routes to ${NEMO_WORKER_URL}"
+  else
+    printf '%s\n' "$out" | tail -n 3 | sed "s/^/[$PHASE] router: /" >&2
+    return 1
+  fi
 }
 
 # reload_caddy: check the whole configuration, then reload it gracefully (a stopped Caddy is
@@ -57,6 +110,11 @@ if [[ $action == join ]]; then
            "the lines above say why; pulumi up again (the file was removed)"
     fi
   fi
+  if [[ $NEMO_ROUTER == on ]]; then
+    step router "replica ${NEMO_REPLICA} joins the router at ${NEMO_ROUTER_ADDRESS}"
+    router_join || fail "the router did not take replica ${NEMO_REPLICA} (${NEMO_WORKER_URL})" \
+                        "the lines above say why; journalctl -u ${NEMO_ROUTER_UNIT}; pulumi up again"
+  fi
   finish "\"upstream\":\"${NEMO_UPSTREAM}\""
 fi
 
@@ -74,11 +132,25 @@ if [[ -e $NEMO_UPSTREAM_FILE ]]; then
 else
   log "not in the pool"
 fi
+if [[ $NEMO_ROUTER == on ]]; then
+  step router "replica ${NEMO_REPLICA} leaves the router at ${NEMO_ROUTER_ADDRESS}"
+  out=$(router_call remove_worker)
+  if [[ ${out##*$'\n'} == 200 ]]; then
+    log "the router sends no new request to ${NEMO_WORKER_URL}"
+  else
+    # Not running: nothing is in flight through it, and its start script reads the files.
+    log "the router did not answer remove_worker (${out##*$'\n'}): going on"
+  fi
+fi
 
 step drain "wait for the requests in flight to ${NEMO_UPSTREAM} (at most ${NEMO_LEAVE_SECONDS}s)"
 deadline=$((SECONDS + NEMO_LEAVE_SECONDS))
 while true; do
-  n=$(in_flight)
+  if [[ $NEMO_ROUTER == on ]]; then
+    n=$(router_in_flight)
+  else
+    n=$(in_flight)
+  fi
   if [[ -z $n || $n == 0 ]]; then
     log "no request in flight to ${NEMO_UPSTREAM}"
     break

@@ -313,6 +313,9 @@ def front_cfg() -> config.StackConfig:
     raw = stack_config("dev")
     raw["replicas"] = REPLICAS
     raw["access"] = {**raw["access"], "https": False}
+    # Caddy's own balancer block over the upstream files: the modes put either the replicas or
+    # this harness's router in them (cache-aware would render the Droplet's router address).
+    raw["balancer"] = {"routing": "least-conn"}
     return config.parse(raw, "dev")
 
 
