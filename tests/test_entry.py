@@ -128,7 +128,9 @@ def test_three_replicas_behind_a_caddy_droplet_with_a_reserved_ip() -> None:
     assert all(r["ipv4"] in r["sshCommand"] for r in replicas)
     assert replicas[2]["logs"] == "python scripts/logs.py --stack dev --replica 2"
     balancer = run.outputs["balancer"].value
-    assert balancer["kind"] == "caddy" and "least outstanding" in balancer["routing"]
+    assert balancer["kind"] == "caddy" and balancer["routing"].startswith(
+        "cache-aware: vllm-router"
+    )
     assert balancer["address"] == FAKE_RESERVED_IPV4
     assert balancer["hourlyPriceUsd"] == pytest.approx(CADDY_PRICE)
     assert "one replica at a time" in run.outputs["dropletReplacement"].value
