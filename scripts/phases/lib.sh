@@ -150,6 +150,26 @@ install_file() {
   return 0
 }
 
+# install_unit NAME: stdin as /etc/systemd/system/NAME (install_file), systemd told when it
+# changed; says whether it changed.
+install_unit() {
+  install_file "/etc/systemd/system/$1" 644 || return 1
+  systemctl daemon-reload >&2
+}
+
+# start_unit NAME RESTART: NAME enabled at boot, and (re)started when RESTART is true (what it
+# runs changed) or it is not running; `changed` for either.
+start_unit() {
+  if ! systemctl is-enabled --quiet "$1"; then
+    systemctl enable "$1" >&2
+    changed
+  fi
+  if [[ $2 == true ]] || ! systemctl is-active --quiet "$1"; then
+    systemctl restart "$1" >&2
+    changed
+  fi
+}
+
 # install_secret PATH: install_file for secrets: stdin to PATH, mode 600, in a folder only root
 # may enter; says whether it changed.
 install_secret() {

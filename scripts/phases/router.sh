@@ -112,21 +112,13 @@ if printf '%s\n' "$NEMO_ROUTER_START_TEXT" | install_file "$NEMO_ROUTER_START_SC
 fi
 
 step unit "${unit}"
-if printf '%s\n' "$NEMO_ROUTER_UNIT_TEXT" | install_file "$unit" 644; then
-  systemctl daemon-reload >&2
+if printf '%s\n' "$NEMO_ROUTER_UNIT_TEXT" | install_unit "$NEMO_ROUTER_UNIT"; then
   changed
   restart=true
 fi
 
 step start "enable and (re)start ${NEMO_ROUTER_UNIT}"
-if ! systemctl is-enabled --quiet "$NEMO_ROUTER_UNIT"; then
-  systemctl enable "$NEMO_ROUTER_UNIT" >&2
-  changed
-fi
-if [[ $restart == true ]] || ! systemctl is-active --quiet "$NEMO_ROUTER_UNIT"; then
-  systemctl restart "$NEMO_ROUTER_UNIT" >&2
-  changed
-fi
+start_unit "$NEMO_ROUTER_UNIT" "$restart"
 
 # /liveness answers 200 once it listens, with or without replicas (/health and chat do not
 # say: with none, /health answers 200 and chat 503).

@@ -76,8 +76,7 @@ if printf '%s\n' "$NEMO_ENV_TEXT" | install_secret "$NEMO_ENV_FILE"; then
 fi
 
 step unit "/etc/systemd/system/${NEMO_UNIT}"
-if printf '%s\n' "$NEMO_UNIT_TEXT" | install_file "/etc/systemd/system/${NEMO_UNIT}" 644; then
-  systemctl daemon-reload >&2
+if printf '%s\n' "$NEMO_UNIT_TEXT" | install_unit "$NEMO_UNIT"; then
   changed
   restart=true
 fi

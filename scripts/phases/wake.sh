@@ -54,21 +54,13 @@ step env-file "root-only ${NEMO_WAKE_ENV_FILE}"
 if printf '%s\n' "$NEMO_WAKE_ENV_TEXT" | install_secret "$NEMO_WAKE_ENV_FILE"; then changed; restart=true; fi
 
 step unit "${unit}"
-if printf '%s\n' "$NEMO_WAKE_UNIT_TEXT" | install_file "$unit" 644; then
-  systemctl daemon-reload >&2
+if printf '%s\n' "$NEMO_WAKE_UNIT_TEXT" | install_unit "$NEMO_WAKE_UNIT"; then
   changed
   restart=true
 fi
 
 step start "enable and (re)start ${NEMO_WAKE_UNIT}"
-if ! systemctl is-enabled --quiet "$NEMO_WAKE_UNIT"; then
-  systemctl enable "$NEMO_WAKE_UNIT" >&2
-  changed
-fi
-if [[ $restart == true ]] || ! systemctl is-active --quiet "$NEMO_WAKE_UNIT"; then
-  systemctl restart "$NEMO_WAKE_UNIT" >&2
-  changed
-fi
+start_unit "$NEMO_WAKE_UNIT" "$restart"
 
 step answers "the waker answers on ${NEMO_WAKE_ADDRESS}"
 answered=false
