@@ -62,7 +62,8 @@ REQUEST_TIMEOUT_SECONDS = 86_400
 # the least loaded replica only when the busiest has more than BALANCE_ABS requests in flight
 # over the least AND more than BALANCE_REL times its load (cache_aware.rs is_imbalanced).
 # Its defaults (64, 1.5) let one shared system prompt put every request on one replica in
-# tests/support/router_bench.py (0/0/180); these were chosen from that harness's runs.
+# tests/support/router_bench.py (0/0/180); 4 and 1.25 are the tightest of the settings run
+# there that never moved a conversation off its replica (docs/routing.md, "Bounded load").
 BALANCE_ABS = 4
 BALANCE_REL = 1.25
 # A prefix match below this share of the prompt routes to the least loaded (its default).
