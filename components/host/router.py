@@ -108,21 +108,61 @@ def args() -> list[str]:
 
 def start_script(upstreams_dir: str = catalog.BALANCER_UPSTREAMS_DIR) -> str:
     """The unit's ExecStart: the router with the replicas whose upstream files the member phase
-    wrote and whose /health answers now. One that does not answer is left out: the router
-    would wait for a listed replica before it listens (router.rs startup), and a set asleep
-    has none; a replica joins later through add_worker (member.sh)."""
+    wrote and whose /health answers now. One that does not answer is left out of the command
+    line: the router would wait for a listed replica before it listens (router.rs startup), and
+    a set asleep has none. It joins once it answers: a helper the script leaves behind calls
+    add_worker for it (which waits for its /health, WORKER_STARTUP_SECONDS at a time) until the
+    router takes it or its file goes (member.sh's leave). Without it a replica that was down
+    or draining when the router (re)started (systemd's Restart after a crash, a new lock, a
+    switch to cache-aware while the replicas restart with --enable-scale-out, a reboot) got
+    no request again: member.sh adds a replica only when its Droplet or address changes."""
     command = " ".join(shlex.quote(a) for a in args())
+    join_seconds = WORKER_STARTUP_SECONDS + 10
     return f"""#!/bin/bash
-# nemotron-droplet: the front's router, with the replicas in {upstreams_dir} that answer.
+# nemotron-droplet: the front's router, with the replicas in {upstreams_dir} that answer;
+# the others join once they do.
 set -euo pipefail
+api=http://{ADDRESS}
+
+# join_later FILE DIAL: the router takes http://DIAL once it answers, while FILE still names
+# it (a replica that left is not added back; one added as it left is taken out again).
+join_later() {{
+  local file=$1 dial=$2 out
+  while [[ $(cat "$file" 2>/dev/null) == "to $dial" ]]; do
+    out=$(curl --silent --max-time {join_seconds} --request POST --get \
+            --data-urlencode "url=http://$dial" --write-out '\n%{{http_code}}' \
+            "$api/add_worker" 2>/dev/null) || true
+    if [[ ${{out##*$'\n'}} == 200 || $out == *"already exists"* ]]; then
+      if [[ $(cat "$file" 2>/dev/null) != "to $dial" ]]; then
+        curl --silent --max-time 10 --request POST --get --data-urlencode "url=http://$dial" \
+          --output /dev/null "$api/remove_worker" || true
+      fi
+      return 0
+    fi
+    sleep 2
+  done
+}}
+
 workers=()
+later=()
 for file in {upstreams_dir}/*.caddy; do
   [[ -f $file ]] || continue
   read -r _ dial < "$file" || continue
   if curl --silent --fail --max-time 2 --output /dev/null "http://$dial/health"; then
     workers+=("http://$dial")
+  else
+    later+=("$file" "$dial")
   fi
 done
+if (( ${{#later[@]}} )); then
+  # Detached (the subshell that starts it ends at once): it outlives this script's exec, in
+  # the unit's cgroup, so a stop or restart of the unit ends it too.
+  (
+    for ((i = 0; i < ${{#later[@]}}; i += 2)); do
+      join_later "${{later[i]}}" "${{later[i + 1]}}" </dev/null >/dev/null 2>&1 &
+    done
+  )
+fi
 if (( ${{#workers[@]}} )); then
   exec {command} --worker-urls "${{workers[@]}}"
 fi

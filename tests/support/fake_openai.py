@@ -533,7 +533,9 @@ class FakeServer:
 
 def build_app(args: argparse.Namespace) -> web.Application:
     server = FakeServer(args)
-    app = web.Application()
+    # vLLM's API server sets no body limit (the gate's 16 MB is the only one): aiohttp's 1 MB
+    # default would refuse a large prompt that vLLM takes.
+    app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/chat/completions", server.chat)
     app.router.add_post("/v1/chat/completions/render", server.render)
