@@ -128,9 +128,7 @@ def test_three_replicas_behind_a_caddy_droplet_with_a_reserved_ip() -> None:
     assert all(r["ipv4"] in r["sshCommand"] for r in replicas)
     assert replicas[2]["logs"] == "python scripts/logs.py --stack dev --replica 2"
     balancer = run.outputs["balancer"].value
-    assert balancer["kind"] == "caddy" and balancer["routing"].startswith(
-        "cache-aware: vllm-router"
-    )
+    assert balancer["kind"] == "caddy" and "least outstanding" in balancer["routing"]
     assert balancer["address"] == FAKE_RESERVED_IPV4
     assert balancer["hourlyPriceUsd"] == pytest.approx(CADDY_PRICE)
     assert "one replica at a time" in run.outputs["dropletReplacement"].value
@@ -432,8 +430,10 @@ def test_a_set_that_cannot_work_is_refused_before_anything(
 @pytest.mark.parametrize(
     ("replicas", "access", "balancer", "kind", "routing"),
     [
-        # The default with replicas behind Caddy: the router picks the replica by prefix.
-        (3, {}, {}, "caddy", "cache-aware"),
+        # The default with replicas behind Caddy: Caddy's least_conn (the router rewrites
+        # tool definitions: it is asked for, never assumed).
+        (3, {}, {}, "caddy", "least-conn"),
+        (3, {}, {"routing": "cache-aware"}, "caddy", "cache-aware"),
         (2, {}, {"routing": "least-conn"}, "caddy", "least-conn"),
         # One replica behind the waking front: nothing to choose between.
         (1, {}, {}, "caddy", "least-conn"),
@@ -610,7 +610,7 @@ def router_stdin(command: Any) -> str:
 def test_cache_aware_routing_installs_the_router_before_the_gateway_and_members_join_after_it() -> (
     None
 ):
-    run = run_program({**dev(), "replicas": 2})
+    run = run_program({**dev(), "replicas": 2, "balancer": {"routing": "cache-aware"}})
     assert run.error is None, run.error
     commands = of(run, COMMAND)
     router, gateway = commands["balancer-router"], commands["balancer-gateway"]

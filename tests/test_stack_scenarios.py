@@ -158,13 +158,16 @@ def served(emu: Emulation, machine_id: int) -> float:
 def test_three_replicas_behind_the_caddy_entry_from_nothing_share_the_load(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """Scenario 2 (the Caddy entry): replicas 3 from nothing: every replica joins the balancer,
-    the entry answers at its Reserved IP with its own certificate, requests spread over the
-    replicas; destroy leaves each replica's pool first and then nothing."""
+    """Scenario 2 (the Caddy entry, its cache-aware router): replicas 3 from nothing: every
+    replica joins the balancer and its router, the entry answers at its Reserved IP with its
+    own certificate, requests spread over the replicas; destroy leaves each replica's pool
+    first and then nothing."""
     results: list[Result] = []
     with emulation(tmp_path) as emu:
         stack = emu.stack("dev")
-        up = stack.up({**stack_config("dev"), "replicas": 3})
+        up = stack.up(
+            {**stack_config("dev"), "replicas": 3, "balancer": {"routing": "cache-aware"}}
+        )
         results.append(up)
         assert up.error is None, up.error
         assert up.outputs["balancer"]["kind"] == "caddy"
@@ -172,8 +175,8 @@ def test_three_replicas_behind_the_caddy_entry_from_nothing_share_the_load(
         assert up.outputs["endpoint"] == f"https://{address}/v1"
         assert sorted(up.ops("create", "command:remote:Command")).count("balancer-member-0") == 1
         assert {f"balancer-member-{i}" for i in range(3)} <= set(up.ops("create"))
-        # The front's cache-aware router (the default with 2+ replicas) is installed before the
-        # gateway and runs (the phase checked that it answers on its loopback).
+        # The front's cache-aware router (balancer.routing) is installed before the gateway
+        # and runs (the phase checked that it answers on its loopback).
         assert "balancer-router" in set(up.ops("create"))
         # Replicas answer the entry on their private address only, never the internet.
         replicas = [m for m in emu.account.machines.values() if m.size.startswith("gpu-")]
@@ -245,14 +248,15 @@ def test_two_replicas_behind_the_managed_load_balancer_from_nothing(
 def test_a_routine_update_rolls_a_live_set_while_it_serves(
     tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Scenario 3: a live set of three behind the Caddy entry, a client sending requests through
+    """Scenario 3: a live set of three behind the Caddy entry and its cache-aware router, a
+    client sending requests through
     it the whole time: a new vllm.maxModelLen, then a new vLLM release, then a new size. No
     request fails; each replica restarts (or is re-created) only once the one before it is back."""
     use_new_locks(tmp_path, monkeypatch)
     results: list[Result] = []
     with emulation(tmp_path) as emu:
         stack = emu.stack("dev")
-        base = {**stack_config("dev"), "replicas": 3}
+        base = {**stack_config("dev"), "replicas": 3, "balancer": {"routing": "cache-aware"}}
         first = stack.up(base)
         results.append(first)
         assert first.error is None, first.error

@@ -24,11 +24,12 @@ CHECK = ROOT / "tests" / "support" / "vllm_serve_check.py"
 SUPER_DRAFT = "RedHatAI/NVIDIA-Nemotron-3-Super-120B-A12B-speculator.dflash"
 
 
-def argv(model: str, size: str, replicas: int = 1, **vllm: Any) -> list[str]:
+def argv(model: str, size: str, replicas: int = 1, routing: str = "auto", **vllm: Any) -> list[str]:
     raw = merged(
         stack_config("prod"),
         {
             "replicas": replicas,
+            "balancer": {"routing": routing},
             "model": {"id": model},
             "droplet": {"size": size, "image": None},
             "vllm": {"maxModelLen": 32768, "maxNumSeqs": 64, **vllm},
@@ -64,7 +65,7 @@ def cases() -> dict[str, list[str]]:
     )
     # Replicas behind the front's cache-aware router: the render route and cached-token usage.
     out["cache-aware routing"] = argv(
-        "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16", "gpu-4000adax1-20gb", replicas=3
+        "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16", "gpu-4000adax1-20gb", 3, "cache-aware"
     )
     assert "--enable-scale-out" in out["cache-aware routing"]
     # Every weight loader the config offers, through the pinned vLLM's own parser.

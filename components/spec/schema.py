@@ -628,9 +628,10 @@ class BalancerConfig(_Section):
         "prompt (a conversation's earlier turns, a shared system prompt), within a bound on "
         "how uneven the load may get; each replica's vLLM answers its render route for it. "
         "`least-conn`: Caddy alone, to the replica with the fewest requests in flight. `auto`: "
-        "cache-aware with 2 or more replicas (measured: docs/routing.md), least-conn with one. "
-        "DigitalOcean's Load Balancer does neither (it spreads requests round robin): with "
-        "`kind: managed` leave this `auto`.",
+        "least-conn. Cache-aware halves multi-turn TTFT p95 (docs/routing.md) but vllm-router "
+        "0.1.17 rewrites tool definitions (drops `strict`, refuses a tool without `parameters`), "
+        "so it is yours to turn on. DigitalOcean's Load Balancer does neither (it spreads "
+        "requests round robin): with `kind: managed` leave this `auto`.",
     )
 
     @field_validator("size")
@@ -904,7 +905,10 @@ def resolved_routing(
         return "round-robin"
     if replicas < 2:
         return "least-conn"
-    return "least-conn" if balancer.routing == "least-conn" else "cache-aware"
+    # Not the default: the router re-serializes tool definitions and loses `strict` (an
+    # agent SDK's default, which constrains a tool's arguments in vLLM) and refuses a tool
+    # without `parameters` (docs/routing.md, tests/test_router_attacks.py).
+    return "cache-aware" if balancer.routing == "cache-aware" else "least-conn"
 
 
 def is_pooled(replicas: int, wake: WakeConfig) -> bool:
