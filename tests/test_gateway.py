@@ -463,8 +463,8 @@ def golden_sites() -> dict[str, str]:
                            "acmeEmail": "ops@example.com"}}, "dev",
     )  # fmt: skip
     pooled = config.parse({**dev, "replicas": 2}, "dev")
-    least_conn = config.parse(
-        {**dev, "replicas": 2, "balancer": {"routing": "least-conn"}}, "dev"
+    cache_aware = config.parse(
+        {**dev, "replicas": 2, "balancer": {"routing": "cache-aware"}}, "dev"
     )  # fmt: skip
     waking = config.parse(
         {**dev, "wake": {"enabled": True, "githubRepo": "me/llm", "token": "x"}}, "dev",
@@ -477,7 +477,7 @@ def golden_sites() -> dict[str, str]:
         "lone-domain": gateway.lone_site(named, "llm.example.com"),
         "replica": gateway.replica_site(pooled, listener),
         "balancer": gateway.balancer_site(pooled, "203.0.113.201"),
-        "balancer-least-conn": gateway.balancer_site(least_conn, "203.0.113.201"),
+        "balancer-cache-aware": gateway.balancer_site(cache_aware, "203.0.113.201"),
         "balancer-wake": gateway.balancer_site(waking, "203.0.113.201"),
     }
 

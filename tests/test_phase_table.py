@@ -35,7 +35,10 @@ def configs() -> dict[str, config.StackConfig]:
     dev = stack_config("dev")
     return {
         "lone": config.parse(dev, "dev"),
-        "caddy": config.parse({**dev, "replicas": 2}, "dev"),
+        # The router on: every input a row names is read (the replicas' render_client).
+        "caddy": config.parse(
+            {**dev, "replicas": 2, "balancer": {"routing": "cache-aware"}}, "dev"
+        ),
     }
 
 

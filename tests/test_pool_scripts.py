@@ -4,6 +4,7 @@ private gateway, the drain before a restart and the return to the pool after rea
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import subprocess
 import threading
@@ -795,3 +796,34 @@ def wait_listening(url: str) -> None:
         except requests.ConnectionError:
             assert time.monotonic() < deadline, "the balancer's Caddy never listened"
             time.sleep(0.1)
+
+
+def test_a_leave_whose_in_flight_count_cannot_be_read_waits_unless_nothing_runs(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """The router's metrics do not answer while its unit runs (a busy front): the leave keeps
+    waiting, to its bound, and says it could not read the count; it never takes an unanswered
+    read for "nothing in flight", which would let the replica be deleted under its streams. A
+    router that is not running holds nothing: the leave goes on at once."""
+    b = Balancer(box, downloads, "cache-aware", f"127.0.0.1:{free_port()}")
+    b.router_metrics = f"127.0.0.1:{free_port()}"  # nothing answers there
+    assert b.run("preflight").returncode == 0
+    port = free_port()
+    box.file(f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-1-{port}.caddy", f"to 127.0.0.1:{port}\n")
+    # The router's unit runs (the fake systemctl reads its pid: this test's own, alive).
+    box.file(f"/var/lib/fake-systemd/pid/{catalog.ROUTER_UNIT}", f"{os.getpid()}\n")
+    s = b.settings("member", replica=1, private_ip="127.0.0.1")
+    s.update(NEMO_UPSTREAM=f"127.0.0.1:{port}", NEMO_LEAVE_SECONDS=3,
+             NEMO_UPSTREAM_FILE=f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-1-{port}.caddy",
+             NEMO_WORKER_URL=router.worker_url(f"127.0.0.1:{port}"))  # fmt: skip
+    started = time.monotonic()
+    waited = box.run(phases.render("member", s), inner="NEMO_ACTION=leave timeout 60 bash -s")
+    assert waited.returncode == 0, waited.stderr
+    assert time.monotonic() - started >= 3, "it waited to its bound"
+    assert "could not read the requests in flight" in waited.stderr, waited.stderr
+    assert "no request in flight" not in waited.stderr
+
+    box.file(f"/var/lib/fake-systemd/pid/{catalog.ROUTER_UNIT}").unlink()
+    again = box.run(phases.render("member", s), inner="NEMO_ACTION=leave timeout 60 bash -s")
+    assert again.returncode == 0, again.stderr
+    assert "no request in flight to" in again.stderr, again.stderr

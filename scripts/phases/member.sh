@@ -20,26 +20,37 @@ action=${NEMO_ACTION:-join}
 [[ $action == join || $action == leave ]] \
   || fail "NEMO_ACTION=${action}: accepted: join, leave" "report it: the program sets it"
 
-# in_flight: requests in flight to this replica, per Caddy's admin API ("" when Caddy does not
-# list it: no request holds it any more).
+# in_flight: requests in flight to this replica, per Caddy's admin API: a number (0 when Caddy
+# does not list it: no request holds it any more), or "?" when the admin API did not answer
+# while Caddy runs (a busy front: the wait goes on; a stopped Caddy holds nothing).
 in_flight() {
-  curl --silent --fail --max-time 5 --unix-socket "$NEMO_ADMIN_SOCKET" \
-      http://localhost/reverse_proxy/upstreams 2>/dev/null \
-    | python3 -c '
+  local page
+  if ! page=$(curl --silent --fail --max-time 5 --unix-socket "$NEMO_ADMIN_SOCKET" \
+      http://localhost/reverse_proxy/upstreams 2>/dev/null); then
+    if systemctl is-active --quiet "$NEMO_CADDY_UNIT"; then echo "?"; else echo 0; fi
+    return
+  fi
+  python3 -c '
 import json, sys
-want = sys.argv[1]
+want, n = sys.argv[1], 0
 for up in json.load(sys.stdin) or []:
     if up.get("address") == want:
-        print(up.get("num_requests", 0))
-' "$NEMO_UPSTREAM" 2>/dev/null || true
+        n = up.get("num_requests", 0)
+print(n)
+' "$NEMO_UPSTREAM" <<<"$page" 2>/dev/null || echo "?"
 }
 
-# router_in_flight: requests in flight to this replica per the router's gauge ("" when it
-# lists none: removed and its last request ended, or the router is not running).
+# router_in_flight: requests in flight to this replica per the router's gauge: a number (0 when
+# it lists none: removed and its last request ended), or "?" when the router's metrics did not
+# answer while it runs (a busy front: the wait goes on; a stopped router holds nothing).
 router_in_flight() {
-  curl --silent --fail --max-time 5 "http://${NEMO_ROUTER_METRICS}/metrics" 2>/dev/null \
-    | awk -v want="${NEMO_ROUTER_GAUGE}{worker=\"${NEMO_WORKER_URL}\"}" \
-        '$1 == want { print int($2) }' || true
+  local page
+  if ! page=$(curl --silent --fail --max-time 5 "http://${NEMO_ROUTER_METRICS}/metrics" 2>/dev/null); then
+    if systemctl is-active --quiet "$NEMO_ROUTER_UNIT"; then echo "?"; else echo 0; fi
+    return
+  fi
+  awk -v want="${NEMO_ROUTER_GAUGE}{worker=\"${NEMO_WORKER_URL}\"}" \
+    '$1 == want { n = int($2) } END { print n + 0 }' <<<"$page"
 }
 
 # router_call ROUTE: POST the router's admin ROUTE for this replica (?url=NEMO_WORKER_URL);
@@ -151,12 +162,16 @@ while true; do
   else
     n=$(in_flight)
   fi
-  if [[ -z $n || $n == 0 ]]; then
+  if [[ $n == 0 ]]; then
     log "no request in flight to ${NEMO_UPSTREAM}"
     break
   fi
   if (( SECONDS >= deadline )); then
-    log "${n} request(s) still in flight after ${NEMO_LEAVE_SECONDS}s: going on (they are cut)"
+    if [[ $n == "?" ]]; then
+      log "could not read the requests in flight to ${NEMO_UPSTREAM} for ${NEMO_LEAVE_SECONDS}s: going on"
+    else
+      log "${n} request(s) still in flight after ${NEMO_LEAVE_SECONDS}s: going on (they are cut)"
+    fi
     break
   fi
   sleep 2
