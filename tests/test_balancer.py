@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -456,10 +455,12 @@ def router_argv(port: int, metrics: int) -> list[str]:
 
 
 @contextmanager
-def running_router(folder: Path, workers: list[str]) -> Iterator[Router]:
+def router_process(
+    argv: list[str], folder: Path, port: int
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`argv` (the router, or a script that runs it) in a session of its own, its log in
+    `folder`; its URL once its /liveness answers on `port`; its whole group stopped after."""
     folder.mkdir(parents=True, exist_ok=True)
-    port, metrics = free_port(), free_port()
-    argv = router_argv(port, metrics) + (["--worker-urls", *workers] if workers else [])
     with (folder / "router.log").open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={"PATH": os.environ["PATH"], "HOME": str(folder)})  # fmt: skip
@@ -474,16 +475,18 @@ def running_router(folder: Path, workers: list[str]) -> Iterator[Router]:
                 folder / "router.log"
             ).read_text()[-3000:]
             time.sleep(0.1)
-        yield Router(url, f"http://{router.HOST}:{metrics}/metrics", proc)
+        yield url, proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        # A background helper of the start script's included (it re-adds replicas).
+        loopback.stop_group(proc, settle=0.5)
+
+
+@contextmanager
+def running_router(folder: Path, workers: list[str]) -> Iterator[Router]:
+    port, metrics = free_port(), free_port()
+    argv = router_argv(port, metrics) + (["--worker-urls", *workers] if workers else [])
+    with router_process(argv, folder, port) as (url, proc):
+        yield Router(url, f"http://{router.HOST}:{metrics}/metrics", proc)
 
 
 @dataclass

@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -27,7 +25,15 @@ import loopback
 import pytest
 import requests
 from sandbox import free_port
-from test_balancer import KEY, ROUTER_BIN, needs_router, replica, routed_cfg, running_router
+from test_balancer import (
+    KEY,
+    ROUTER_BIN,
+    needs_router,
+    replica,
+    routed_cfg,
+    router_process,
+    running_router,
+)
 from test_gateway import run_caddy
 
 from components.host import balancer, gateway, router
@@ -54,35 +60,19 @@ def started_by_its_script(folder: Path, upstreams: Path) -> Iterator[str]:
     script = folder / "router-start"
     script.write_text(start_script_for(upstreams, port, metrics))
     script.chmod(0o755)
-    with (folder / "router.log").open("wb") as log:
-        proc = subprocess.Popen(["bash", str(script)], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True,
-                                env={"PATH": os.environ["PATH"], "HOME": str(folder)})  # fmt: skip
-    url = f"http://{router.HOST}:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{url}/liveness", timeout=2).status_code == 200:
-                    break
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                folder / "router.log"
-            ).read_text()[-3000:]
-            time.sleep(0.1)
+    with router_process(["bash", str(script)], folder, port) as (url, _):
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # Nothing of the group outlives the test (a background helper included).
-        time.sleep(0.5)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def upstream_files(folder: Path, count: int) -> tuple[Path, list[int]]:
+    """The member phase's files for `count` replicas on ports of their own: the folder, the ports."""
+    upstreams = folder / "upstreams"
+    upstreams.mkdir()
+    ports = [free_port() for _ in range(count)]
+    for i, port in enumerate(ports):
+        up = balancer.Upstream("127.0.0.1", port)
+        (upstreams / f"replica-{i}.caddy").write_text(balancer.upstream_line(up) + "\n")
+    return upstreams, ports
 
 
 def workers_of(url: str) -> str:
@@ -97,12 +87,7 @@ def test_a_replica_down_when_the_router_starts_joins_it_once_it_answers(tmp_path
     would not listen until a listed replica answers), and nothing else adds
     it back: member.sh runs only when a replica's Droplet or address changes. So the replica
     got no request again until it was replaced. It must join once it answers."""
-    upstreams = tmp_path / "upstreams"
-    upstreams.mkdir()
-    ports = [free_port(), free_port()]
-    for i, port in enumerate(ports):
-        up = balancer.Upstream("127.0.0.1", port)
-        (upstreams / f"replica-{i}.caddy").write_text(balancer.upstream_line(up) + "\n")
+    upstreams, ports = upstream_files(tmp_path, 2)
     with ExitStack() as stack:
         stack.enter_context(replica("r0", ports[0], "--scale-out"))
         url = stack.enter_context(started_by_its_script(tmp_path, upstreams))
@@ -120,12 +105,7 @@ def test_a_replica_down_when_the_router_starts_joins_it_once_it_answers(tmp_path
 def test_a_replica_that_left_while_down_is_not_added_back(tmp_path: Path) -> None:
     """The start script's late join stops once the replica's file is gone (member.sh's leave):
     a replica that left while it was down never enters the router."""
-    upstreams = tmp_path / "upstreams"
-    upstreams.mkdir()
-    ports = [free_port(), free_port()]
-    for i, port in enumerate(ports):
-        up = balancer.Upstream("127.0.0.1", port)
-        (upstreams / f"replica-{i}.caddy").write_text(balancer.upstream_line(up) + "\n")
+    upstreams, ports = upstream_files(tmp_path, 2)
     with ExitStack() as stack:
         stack.enter_context(replica("r0", ports[0], "--scale-out"))
         url = stack.enter_context(started_by_its_script(tmp_path, upstreams))

@@ -5,9 +5,14 @@ CA, DigitalOcean's and GitHub's APIs, the download hosts, the metadata service).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import ssl
+import subprocess
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -105,3 +110,20 @@ def reply(
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+def stop_group(proc: subprocess.Popen[Any], seconds: float = 10, settle: float = 0.0) -> None:
+    """A server a test started in a session of its own (start_new_session=True): TERM to its
+    group, KILL if it has not gone within `seconds`, then, `settle` seconds later, KILL to what
+    the group left behind (a child it started in the background)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    time.sleep(settle)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -80,6 +80,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import fake_openai  # noqa: E402
 import front_bench  # noqa: E402
+import loopback  # noqa: E402
 from pulumi_harness import stack_config  # noqa: E402
 from sandbox import free_port  # noqa: E402
 
@@ -254,18 +255,11 @@ class Processes(front_bench.Processes):
         return url
 
     def stop(self) -> None:
-        for proc in self.procs:
+        for proc in self.procs:  # every group told at once, then each waited for
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            with contextlib.suppress(ProcessLookupError):  # what the group left behind
-                os.killpg(proc.pid, signal.SIGKILL)
+            loopback.stop_group(proc)
             if proc.stdout is not None:
                 proc.stdout.close()
         for log in self.logs:
