@@ -47,7 +47,10 @@ FAKE_PULUMI = textwrap.dedent("""\
     state["calls"].append({"cmd": cmd, "argv": argv, "stdin": stdin})
 
     def save():
-        state_path.write_text(json.dumps(state))
+        # Whole or not at all: a test reads the file while this writes it.
+        tmp = state_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(state_path)
 
     def fail(code, message):
         save()
@@ -138,4 +141,6 @@ class FakePulumi:
     def add_stack(self, name: str, resources: int = 7) -> None:
         data = self.data
         data["stacks"][name] = {"resources": resources, "secrets": []}
-        self.state.write_text(json.dumps(data))
+        tmp = self.state.with_suffix(".test.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.state)
