@@ -234,12 +234,21 @@ class Balancer:
         script = phases.render(phase, self.settings(phase, **kwargs))
         return self.box.run(script, inner=inner)
 
+    def member(self, index: int, port: int) -> dict[str, Any]:
+        """Replica `index`'s member settings as the program renders them for a replica at
+        127.0.0.1 (its Droplet id: `port`, so each test replica has a file of its own), moved to
+        the port the test's replica listens on: every setting that names the rendered address
+        (the upstream, its line, the router's worker URL) names the test's one instead, and
+        nothing else changes, so what the deployed script derives from the address stays the
+        program's."""
+        s = self.settings("member", replica=index, private_ip="127.0.0.1", droplet_id=str(port))
+        rendered, mine = f"127.0.0.1:{catalog.REPLICA_PORT}", f"127.0.0.1:{port}"
+        assert s["NEMO_UPSTREAM"] == rendered
+        assert s["NEMO_WORKER_URL"] == router.worker_url(rendered)
+        return {k: v.replace(rendered, mine) if isinstance(v, str) else v for k, v in s.items()}
+
     def join(self, index: int, port: int, leave: bool = False) -> PhaseRun:
-        s = self.settings("member", replica=index, private_ip="127.0.0.1")
-        s["NEMO_UPSTREAM"] = f"127.0.0.1:{port}"
-        s["NEMO_UPSTREAM_LINE"] = f"to 127.0.0.1:{port}"
-        s["NEMO_UPSTREAM_FILE"] = f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-{index}-{port}.caddy"
-        s["NEMO_WORKER_URL"] = router.worker_url(f"127.0.0.1:{port}")
+        s = self.member(index, port)
         # The Command's delete runs the stored script with NEMO_ACTION=leave (entry.py).
         inner = "NEMO_ACTION=leave timeout 60 bash -s" if leave else "bash -s"
         return self.box.run(phases.render("member", s), inner=inner)
@@ -252,15 +261,7 @@ def test_the_balancer_joins_replicas_reloads_gracefully_and_drains_one_that_leav
     assert b.run("preflight").returncode == 0
     first = b.run("gateway")
     assert first.returncode == 0, first.stderr
-    # The fake systemctl returns once Caddy is started, not once it listens (Type=notify).
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            requests.get(f"{b.url}/not-a-route", timeout=5)
-            break
-        except requests.ConnectionError:
-            assert time.monotonic() < deadline, "the balancer's Caddy never listened"
-            time.sleep(0.1)
+    wait_listening(b.url)
     # No replica yet: the gate stands, and the API answers 503 until one joins.
     chat = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}]}
     assert requests.post(f"{b.url}/v1/chat/completions", json=chat, timeout=10).status_code == 401
@@ -809,13 +810,10 @@ def test_a_leave_whose_in_flight_count_cannot_be_read_waits_unless_nothing_runs(
     b.router_metrics = f"127.0.0.1:{free_port()}"  # nothing answers there
     assert b.run("preflight").returncode == 0
     port = free_port()
-    box.file(f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-1-{port}.caddy", f"to 127.0.0.1:{port}\n")
+    s = {**b.member(1, port), "NEMO_LEAVE_SECONDS": 4}
+    box.file(str(s["NEMO_UPSTREAM_FILE"]), f"{s['NEMO_UPSTREAM_LINE']}\n")
     # The router's unit runs (the fake systemctl reads its pid: this test's own, alive).
     box.file(f"/var/lib/fake-systemd/pid/{catalog.ROUTER_UNIT}", f"{os.getpid()}\n")
-    s = b.settings("member", replica=1, private_ip="127.0.0.1")
-    s.update(NEMO_UPSTREAM=f"127.0.0.1:{port}", NEMO_LEAVE_SECONDS=4,
-             NEMO_UPSTREAM_FILE=f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-1-{port}.caddy",
-             NEMO_WORKER_URL=router.worker_url(f"127.0.0.1:{port}"))  # fmt: skip
     started = time.monotonic()
     waited = box.run(phases.render("member", s), inner="NEMO_ACTION=leave timeout 60 bash -s")
     assert waited.returncode == 0, waited.stderr
