@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -177,10 +176,7 @@ def dying_replica(port: int) -> Iterator[list[str]]:
 
         def _die(self) -> None:
             seen.append(self.path)
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                       struct.pack("ii", 1, 0))  # fmt: skip
-            self.close_connection = True
-            self.connection.close()
+            loopback.reset(self)
 
         def log_message(self, *_: Any) -> None:
             pass

@@ -10,8 +10,6 @@ import contextlib
 import dataclasses
 import json
 import shutil
-import socket
-import struct
 import subprocess
 import tempfile
 import time
@@ -147,9 +145,7 @@ def cutting_replica(port: int, events: int = 3) -> Iterator[None]:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
                 time.sleep(0.05)
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.close_connection = True
-            self.connection.close()
+            loopback.reset(self)
 
         def log_message(self, *_: Any) -> None:
             pass

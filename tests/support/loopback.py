@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -127,3 +128,11 @@ def stop_group(proc: subprocess.Popen[Any], seconds: float = 10, settle: float =
     time.sleep(settle)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def reset(handler: BaseHTTPRequestHandler) -> None:
+    """What a process killed mid-request does to its connection: a TCP reset (SO_LINGER 0), no
+    answer and no clean close."""
+    handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    handler.close_connection = True
+    handler.connection.close()
