@@ -9,7 +9,8 @@ only at deploy time: the secrets (placeholders), the Droplet's address (203.0.11
 gateway's certificate is for unless the stack names a domain), for reboot-wait, the boot id
 before the reboot, and, with a cache, that the Droplet's region sells Volumes. With replicas the
 phases are replica 0's (its private address 10.110.0.2, the others' after it), and with the
-Caddy balancer its Droplet's phases follow as balancer-*.sh (replica 0 joining).
+Caddy balancer its Droplet's phases follow as balancer-*.sh (replica 0 joining; the front's own
+private address, where the cache-aware router asks the replicas' render route, 10.110.0.20).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HOST_PLACEHOLDER_IP = "203.0.113.10"
 # With replicas: their private addresses, in order, and the balancer's Reserved IP.
 PRIVATE_PLACEHOLDER_IPS = tuple(f"10.110.0.{2 + i}" for i in range(8))
+# The Caddy front's private address: a replica's gateway admits the render route from it alone
+# when the front runs the cache-aware router (balancer.routing).
+FRONT_PRIVATE_PLACEHOLDER_IP = "10.110.0.20"
 RESERVED_PLACEHOLDER_IP = "203.0.113.201"
 PLACEHOLDER_DROPLET_ID = "424242"
 
@@ -75,7 +79,7 @@ def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str
         "dns_record": "",
         "private_ip": PRIVATE_PLACEHOLDER_IPS[0] if cfg.pooled else "",
         "metrics_reader": "",
-        "render_client": "",
+        "render_client": FRONT_PRIVATE_PLACEHOLDER_IP if cfg.routing == "cache-aware" else "",
         # Each other replica: its Droplet id (a number, as autodown.py requires) and address.
         "peers": [
             autodown.Peer(f"{PLACEHOLDER_DROPLET_ID}{i}", PRIVATE_PLACEHOLDER_IPS[i])
