@@ -7,10 +7,11 @@ build the components, export what a user needs.
 import pulumi
 import pulumi_random as random
 
-from components.cloud import dns, endpoint, outputs, stack_config
+from components.cloud import dns, endpoint, outputs, scale, stack_config
 from components.cloud.site import plan_site
 
-cfg = stack_config.load()
+# With autoscale, the count is the cloud's (or a scale step's), within autoscale.min and max.
+cfg, count = scale.resolve(stack_config.load())
 dns.check_zone(cfg)
 # Where it goes, what it keeps, what the entry costs: refused here before anything is created.
 site = plan_site(cfg)
@@ -21,4 +22,4 @@ api_key: pulumi.Output[str] = pulumi.Output.secret(
 )
 
 built = endpoint.build(cfg, site.placement, site.cache_plans, site.live, api_key)
-outputs.export(cfg, site, built, api_key)
+outputs.export(cfg, site, built, api_key, count)

@@ -78,7 +78,13 @@ def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str
         "reboot_result": {"rebooting": True, "boot_id": "<boot id before the reboot>"},
         "dns_record": "",
         "private_ip": PRIVATE_PLACEHOLDER_IPS[0] if cfg.pooled else "",
-        "metrics_reader": "",
+        # Replica 0 reads every replica's /metrics (autodown), and with autoscale the front.
+        "metrics_reader": " ".join(
+            [PRIVATE_PLACEHOLDER_IPS[0]]
+            + ([FRONT_PRIVATE_PLACEHOLDER_IP] if cfg.autoscale.enabled else [])
+        )
+        if cfg.pooled
+        else "",
         "render_client": FRONT_PRIVATE_PLACEHOLDER_IP if cfg.routing == "cache-aware" else "",
         # Each other replica: its Droplet id (a number, as autodown.py requires) and address.
         "peers": [

@@ -88,7 +88,8 @@ class Inputs:
     cache_device: str = ""
     # With replicas: which one (None: a lone Droplet), its private address, the other
     # replicas (autodown.Peer: Droplet id, private address), and replica 0's private address,
-    # the only source a replica's gateway lets read vLLM's /metrics.
+    # the only source a replica's gateway lets read vLLM's /metrics (with autoscale the front's too,
+    # space-separated).
     replica: int | None = None
     private_ip: str = ""
     peers: Sequence[Sequence[str]] = ()
