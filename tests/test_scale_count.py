@@ -15,6 +15,7 @@ from pulumi_harness import ROOT, Run, offer, run_program
 from test_droplet import DROPLET, dev
 from test_entry import live_set, of
 
+from components import validate
 from components.cloud import scale
 from components.spec import catalog, config
 from components.spec.config import ConfigError
@@ -240,3 +241,19 @@ def test_a_replicas_capacity_is_vllms_own_default_unless_set() -> None:
     del offers
     raw = {**scaled(), "droplet": {"size": "gpu-h100x1-80gb"}, "vllm": {"maxNumSeqs": 64}}
     assert config.parse(raw, "dev", frozenset({"wake"})).replica_capacity == 64
+
+
+def test_validate_refuses_a_ceiling_the_policy_pack_would_refuse_mid_step(tmp_path: Path) -> None:
+    """5 x H100 lists at $16.95/h, over the default stack-within-budget ($16/h): a step out to
+    5 would fail in the pipeline. 4 lists at $13.56/h and passes; the super stack's own entry
+    ($24/h) lets 5 through."""
+    h100 = {**scaled(), "droplet": {"size": "gpu-h100x1-80gb"}}
+    five = config.parse({**h100, "autoscale": {"max": 5}}, "dev", frozenset({"wake"}))
+    [problem] = validate.autoscale_budget_problems(five)
+    assert problem.startswith("autoscale.max: 5 x gpu-h100x1-80gb lists at $16.95/h, over the "
+                              "policy pack's stack-within-budget ($16/h for dev)")  # fmt: skip
+    four = config.parse({**h100, "autoscale": {"max": 4}}, "dev", frozenset({"wake"}))
+    assert validate.autoscale_budget_problems(four) == []
+    on_super = config.parse({**h100, "autoscale": {"max": 5}}, "super", frozenset({"wake"}))
+    assert validate.autoscale_budget_problems(on_super) == []
+    assert validate.autoscale_budget_problems(five, tmp_path / "none.json") == []
