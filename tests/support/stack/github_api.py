@@ -317,7 +317,7 @@ class GitHub:
             "status": "pending" if busy else "waiting" if self.reviewers else "in_progress",
             "conclusion": None, "run_attempt": 1, "created_at": _now(), "updated_at": _now(),
             "html_url": f"https://github.com/{self.repo}/actions/runs/{9000 + number}",
-            "_group": group,
+            "_group": group, "_inputs": dict(inputs),
         }  # fmt: skip
         run["_jobs"] = [self._job(run, i, name, steps)
                         for i, (name, steps) in enumerate(deploy_jobs())]  # fmt: skip

@@ -11,6 +11,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,72 @@ class Emulation:
             }
             self.stacks[name] = Stack(name, providers, self.account)
         return self.stacks[name]
+
+
+@dataclass
+class PipelineRun:
+    """One run of the deploy workflow as the emulation carried it out."""
+
+    run_id: int
+    inputs: dict[str, Any]
+    started: float
+    ended: float
+    conclusion: str
+    replicas: int  # GPU Droplets alive after it
+
+
+class Pipeline:
+    """The user's deploy workflow (deploy.yml) for one stack, run by the test's own thread (the
+    program's runtime is not run from two threads): each run GitHub started (a wake's or an
+    autoscale step's dispatch, in its concurrency group's order) is a refresh, then an up with
+    the dispatch's `replicas` input as NEMOTRON_REPLICAS, as the deploy job hands it over; the
+    run then ends `success`, or `failure` with the up's error in its log."""
+
+    def __init__(self, emu: Emulation, stack: Stack, config: dict[str, Any],
+                 secrets: dict[str, str]) -> None:  # fmt: skip
+        self.emu, self.stack, self.config, self.secrets = emu, stack, config, secrets
+        self.done: list[PipelineRun] = []
+        self.results: list[Result] = []
+        self.seen: set[int] = set()
+
+    def started_run(self) -> dict[str, Any] | None:
+        """The oldest run GitHub has started and this pipeline has not carried out."""
+        gh = self.emu.github
+        with gh.lock:
+            for run in gh.runs:
+                if run["status"] == "in_progress" and run["id"] not in self.seen:
+                    return dict(run)
+        return None
+
+    def carry_out(self, run: dict[str, Any]) -> PipelineRun:
+        self.seen.add(run["id"])
+        inputs = dict(run["_inputs"])
+        started = time.time()
+        self.results.append(self.stack.refresh())
+        env = {"NEMOTRON_REPLICAS": str(inputs.get("replicas", ""))}
+        result = self.stack.up(self.config, secrets=self.secrets, env=env)
+        self.results.append(result)
+        conclusion = "success" if result.error is None else "failure"
+        log = [] if result.error is None else str(result.error).splitlines()
+        self.emu.github.finish_run(conclusion, run_id=run["id"], log=log)
+        alive = sum(1 for m in self.emu.account.machines.values() if m.size.startswith("gpu-"))
+        done = PipelineRun(run["id"], inputs, started, time.time(), conclusion, alive)
+        self.done.append(done)
+        return done
+
+    def serve(self, until: Any, timeout: float, tick: float = 0.5) -> bool:
+        """Carry out each run as GitHub starts it until `until()` is true (True) or `timeout`
+        seconds pass (False)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if until():
+                return True
+            run = self.started_run()
+            if run is not None:
+                self.carry_out(run)
+                continue
+            time.sleep(tick)
+        return bool(until())
 
 
 @contextlib.contextmanager
