@@ -35,9 +35,13 @@ def configs() -> dict[str, config.StackConfig]:
     dev = stack_config("dev")
     return {
         "lone": config.parse(dev, "dev"),
-        # The router on: every input a row names is read (the replicas' render_client).
+        # The router, the waker and autoscale on: every input a row names is read (the
+        # replicas' render_client, the waker's key and the replica's price).
         "caddy": config.parse(
-            {**dev, "replicas": 2, "balancer": {"routing": "cache-aware"}}, "dev"
+            {**dev, "balancer": {"routing": "cache-aware"}, "autoscale": {"min": 2, "max": 3},
+             "wake": {"enabled": True, "githubRepo": "me/llm", "token": "github_pat_x"}},
+            "dev",
+            frozenset({"wake"}),
         ),
     }
 
@@ -88,6 +92,7 @@ def reads_what_it_names(phase: phases.Phase, table: str, cfg: config.StackConfig
         "metrics_reader": "10.110.0.44",
         "render_client": "10.110.0.45",
         "droplet_id": "4245",
+        "price_hourly": 3.39,
     }
     replica = 0 if cfg.pooled and table == "bootstrap" else None
     shape = "a replica" if replica is not None else "a lone Droplet"

@@ -171,7 +171,13 @@ class _Set:
         if use_caddy:
             self.caddy = entry.CaddyEntry(
                 "balancer",
-                entry.CaddyEntryArgs(cfg, self.placement.region, self.api_key, key_from=gpu),
+                entry.CaddyEntryArgs(
+                    cfg,
+                    self.placement.region,
+                    self.api_key,
+                    key_from=gpu,
+                    gpu_price_hourly=self.placement.price_hourly,
+                ),
             )
         # With a DigitalOcean DNS zone the name comes from its record, so the gateway (whose
         # certificate the CA checks against that name) waits until the record exists. With
