@@ -539,6 +539,43 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
         assert not box.file(path).exists(), path
 
 
+def test_with_autoscale_the_waker_reads_the_replicas_with_the_key_as_a_credential_alone(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """Autoscale on: the wake phase writes the API key root-only beside the token, the unit
+    loads it as a second credential (the waker reads the replicas' /metrics with it), and it is
+    in no setting file, no unit, no output and no log line. Autoscale off again (wake still on):
+    the key file goes, the token stays."""
+    b = Balancer(box, downloads)
+    assert b.run("preflight").returncode == 0
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "https": False}
+    raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": WAKE_TOKEN}
+    woken = dict(raw)
+    raw["autoscale"] = {"min": 1, "max": 3}
+    b.cfg = config.parse(raw, "dev", frozenset({"wake"}))
+    on = b.run("wake", price_hourly=3.39)
+    assert on.returncode == 0, on.stderr
+    key = box.file(wake.API_KEY_FILE)
+    assert key.read_text().strip() == API_KEY and oct(key.stat().st_mode & 0o777) == "0o600"
+    unit = box.file(f"/etc/systemd/system/{wake.UNIT}").read_text()
+    assert f"LoadCredential=apikey:{wake.API_KEY_FILE}" in unit
+    assert f"LoadCredential=token:{wake.TOKEN_FILE}" in unit
+    env = box.file(wake.ENV_FILE).read_text()
+    assert "SCALE_MAX=3" in env and "SCALE_REPLICA_PRICE_HOURLY=3.39" in env, env
+    # The running waker read its key from its credentials (else it logs autoscale_off).
+    journal = box.file("/var/log/fake-nemotron-wake.log").read_text()
+    assert '"event": "autoscale_off"' not in journal, journal
+    for text in (unit, env, on.stdout, on.stderr, journal):
+        assert API_KEY not in text and WAKE_TOKEN not in text
+    b.cfg = config.parse(woken, "dev", frozenset({"wake"}))
+    plain = b.run("wake", price_hourly=3.39)
+    assert plain.returncode == 0 and plain.result["changed"] is True, plain.stderr
+    assert not key.exists(), "the key goes with autoscale"
+    assert box.file(wake.TOKEN_FILE).exists()
+    assert "LoadCredential=apikey" not in box.file(f"/etc/systemd/system/{wake.UNIT}").read_text()
+
+
 # ---- the front's cache-aware router ---------------------------------------------------------
 
 
