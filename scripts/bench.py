@@ -8,11 +8,14 @@
 Closed loop (`--concurrency N`): N streamed chat completions stay in flight until `--requests`
 have finished. Open loop (`--request-rate R`): requests start at R per second whatever the
 server's pace, Poisson arrivals by default (`--burstiness`), optionally capped at
-`--max-concurrency` in flight. Each level reports TTFT, inter-token latency (ITL), time per output
-token (TPOT) and end-to-end latency (mean, std, min, max and `--percentiles`, in ms), requests/s,
-token throughput and, with `--slo`, goodput: the requests/s that met every bound. Against a set
-of replicas (a stack with `replicas` >= 2, or `--replicas N`) each level also shows output
-tokens/s per replica: flat as the set grows means the replicas, not the balancer, set the pace.
+`--max-concurrency` in flight. A trace (`--trace FILE`, JSONL lines {"at": seconds,
+"prompt_tokens": N, "max_tokens": M}: scripts/bench_workload.py) is one open-loop level that
+starts each request at its line's time with its lengths. Each level reports TTFT, inter-token
+latency (ITL), time per output token (TPOT) and end-to-end latency (mean, std, min, max and
+`--percentiles`, in ms), requests/s, token throughput and, with `--slo`, goodput: the
+requests/s that met every bound. Against a set of replicas (a stack with `replicas` >= 2, or
+`--replicas N`) each level also shows output tokens/s per replica: flat as the set grows means
+the replicas, not the balancer, set the pace.
 
 A chunk counts as a token when it carries text, reasoning (Nemotron streams its reasoning first)
 or a tool-call delta. Token counts come from the server's usage chunk
@@ -39,7 +42,7 @@ import aiohttp
 import bench_stats as stats
 import target as target_mod
 from bench_report import compare, plot, table, write_results
-from bench_workload import Workload, WorkloadError, load_dataset, synthetic_prompt
+from bench_workload import Workload, WorkloadError, load_dataset, load_trace, synthetic_prompt
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -385,7 +388,7 @@ def level_plan(args: argparse.Namespace, workload: Workload, model: str, level_i
         request["messages"] = [*history, *request["messages"]]
         return request
 
-    count = None if args.duration else args.requests
+    count = len(workload.trace) if workload.trace else None if args.duration else args.requests
     return Plan(body, count, args.duration, args.max_error_rate, args.turns)
 
 
@@ -427,7 +430,7 @@ async def bench(
         for i in range(args.warmup):
             body = request_body(model, synthetic_prompt(-1 - i, 16, args.seed), 8, False)
             await one_request(session, target, body, args.timeout)
-        open_loop = args.request_rate is not None
+        open_loop = args.request_rate is not None or bool(workload.trace)
         reports: list[dict[str, Any]] = []
         with Progress(
             TextColumn("{task.description}"),
@@ -441,6 +444,8 @@ async def bench(
             async def run(level_index: int, value: float) -> dict[str, Any]:
                 plan = level_plan(args, workload, model, level_index)
                 name = f"rate {value:g}/s" if open_loop else f"concurrency {value:g}"
+                if workload.trace:
+                    name = f"trace ({len(workload.trace)} requests)"
                 total = None if plan.count is None else plan.count * plan.turns
                 task = progress.add_task(name, total=total)
 
@@ -448,7 +453,10 @@ async def bench(
                     progress.advance(task)
 
                 runner = Runner(session, target, plan, args.timeout, advance)
-                if open_loop:
+                if workload.trace:
+                    arrivals = iter([e.at for e in workload.trace])
+                    level = await run_open(runner, value, arrivals, args.max_concurrency)
+                elif open_loop:
                     arrivals = stats.arrivals(value, args.burstiness, args.seed + level_index)
                     level = await run_open(runner, value, arrivals, args.max_concurrency)
                 else:
@@ -471,10 +479,19 @@ async def bench(
                     search.record(rate, report["slo_attainment_pct"])
                 knee.update(search.result())
             else:
-                for level_index, value in enumerate(args.request_rate or args.concurrency):
+                levels = [trace_rate(workload)] if workload.trace else None
+                for level_index, value in enumerate(
+                    levels or args.request_rate or args.concurrency
+                ):
                     if (await run(level_index, value))["aborted"]:
                         break  # a broken server: no later level would say more
         return model, reports
+
+
+def trace_rate(workload: Workload) -> float:
+    """A trace's mean requests/s (its level's request_rate): its requests over its span."""
+    span = workload.trace[-1].at - workload.trace[0].at
+    return len(workload.trace) / span if span else math.inf
 
 
 def _levels(text: str) -> list[int]:
@@ -521,6 +538,12 @@ def _load_arguments(parser: argparse.ArgumentParser) -> None:
         "--request-rate",
         type=_checked(stats.parse_rates),
         help="open loop: requests/s per level, e.g. 2,5,10 (inf: all at once)",
+    )
+    load.add_argument(
+        "--trace",
+        help="open loop, one level: each request at its time with its lengths, from a JSONL "
+        'file of {"at": seconds, "prompt_tokens": N, "max_tokens": M} (scripts/'
+        "bench_workload.py); --requests and the length flags are then unused",
     )
     parser.add_argument(
         "--burstiness",
@@ -655,7 +678,7 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse contradictory or out-of-range settings before any request is sent."""
     rates = args.request_rate or []
-    closed = not rates
+    closed = not rates and not args.trace
     finite = math.isfinite
     rules = (
         (
@@ -709,6 +732,16 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             "--find-knee starts from one finite rate: --request-rate 5",
         ),
         (not 0 < args.slo_target <= 100, "--slo-target is a share of requests, in (0, 100]"),
+        (
+            bool(args.trace)
+            and (
+                args.turns > 1
+                or bool(args.dataset or args.duration)
+                or bool(args.find_knee or args.range_ratio)
+            ),
+            "--trace says when each request starts and its lengths: not with --dataset, "
+            "--duration, --find-knee, --turns or --range-ratio",
+        ),
     )
     for broken, message in rules:
         if broken:
@@ -727,10 +760,17 @@ def main(argv: list[str] | None = None) -> int:
     check(parser, args)
     try:
         dataset = tuple(load_dataset(args.dataset)) if args.dataset else ()
+        trace = tuple(load_trace(args.trace)) if args.trace else ()
     except WorkloadError as err:
         parser.error(str(err))
     workload = Workload(
-        args.input_tokens, args.max_tokens, args.seed, args.range_ratio, args.shared_prefix, dataset
+        args.input_tokens,
+        args.max_tokens,
+        args.seed,
+        args.range_ratio,
+        args.shared_prefix,
+        dataset,
+        trace,
     )
     target = target_mod.resolve(args)
     console = Console(stderr=True)

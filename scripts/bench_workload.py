@@ -1,6 +1,17 @@
 """What bench.py sends: synthetic prompts (lengths fixed or spread by a range ratio, optionally
 behind a shared prefix to measure prefix caching on purpose), or prompts and answer lengths from
-a dataset of conversations (ShareGPT or OpenAI messages, JSON or JSONL). Standard library only.
+a dataset of conversations (ShareGPT or OpenAI messages, JSON or JSONL), or a trace that says
+when each request starts and how long it is. Standard library only.
+
+A trace (bench.py --trace FILE) is JSONL, one request a line, in the order they start:
+
+    {"at": 0.0, "prompt_tokens": 512, "max_tokens": 128}
+    {"at": 0.35, "prompt_tokens": 64, "max_tokens": 256}
+
+`at`: seconds from the run's start (a number >= 0, never less than the line before's);
+`prompt_tokens`: the synthetic prompt's length (an integer >= 1, words as below); `max_tokens`:
+the answer's (an integer >= 1). No other key; blank lines are skipped. Each request's prompt is
+its own (its index first), after `--shared-prefix` words when given.
 
 There is no tokenizer here: a synthetic prompt of N short common words is close to N tokens for
 the usual BPE vocabularies (the server's usage says exactly), and a dataset answer of W words is
@@ -32,6 +43,74 @@ MIN_TOKENS = 4
 
 class WorkloadError(ValueError):
     """A dataset that cannot be used; the message names the file and the accepted form."""
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    """One line of a trace: when the request starts (seconds from the run's start) and its
+    prompt's and answer's lengths in tokens."""
+
+    at: float
+    prompt_tokens: int
+    max_tokens: int
+
+
+TRACE_FORM = (
+    'one JSON object a line: {"at": seconds >= 0, not decreasing, "prompt_tokens": integer >= 1, '
+    '"max_tokens": integer >= 1}'
+)
+
+
+def _trace_entry(line: str, previous: float) -> TraceEntry:
+    """One line of a trace, or ValueError saying what is wrong with it."""
+    try:
+        entry = json.loads(line)
+    except ValueError as err:
+        raise ValueError(f"not JSON ({err.args[0]})") from None
+    if not isinstance(entry, dict):
+        raise ValueError("not a JSON object")
+    keys = {"at", "prompt_tokens", "max_tokens"}
+    if set(entry) != keys:
+        missing, extra = sorted(keys - set(entry)), sorted(set(entry) - keys)
+        raise ValueError("; ".join([f"missing {missing}"] * bool(missing)
+                                   + [f"unknown {extra}"] * bool(extra)))  # fmt: skip
+    at = entry["at"]
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at) or at < 0:
+        raise ValueError(f"at={at!r}: a number of seconds >= 0")
+    if at < previous:
+        raise ValueError(f"at={at!r} is before the line above's ({previous!r})")
+    for key in ("prompt_tokens", "max_tokens"):
+        value = entry[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}={value!r}: an integer >= 1")
+    return TraceEntry(float(at), entry["prompt_tokens"], entry["max_tokens"])
+
+
+def load_trace(path: str) -> list[TraceEntry]:
+    """A trace file (the module's docstring): its requests in order; WorkloadError naming the
+    file and the first bad line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise WorkloadError(f"--trace {path}: cannot read it ({err})") from None
+    entries: list[TraceEntry] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(_trace_entry(line, entries[-1].at if entries else 0.0))
+        except ValueError as err:
+            raise WorkloadError(f"--trace {path}: line {number}: {err}; {TRACE_FORM}") from None
+    if not entries:
+        raise WorkloadError(f"--trace {path}: no request in it; {TRACE_FORM}")
+    return entries
+
+
+def write_trace(path: str | Path, entries: list[TraceEntry]) -> None:
+    """`entries` as a trace file that load_trace reads back."""
+    lines = (json.dumps({"at": round(e.at, 6), "prompt_tokens": e.prompt_tokens,
+                         "max_tokens": e.max_tokens}) for e in entries)  # fmt: skip
+    Path(path).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -125,6 +204,7 @@ class Workload:
     range_ratio: float = 0.0
     shared_prefix: int = 0  # words every prompt starts with
     dataset: tuple[Sample, ...] = ()
+    trace: tuple[TraceEntry, ...] = ()  # --trace: request i is line i's
 
     DEFAULT_MAX_TOKENS = 128
 
@@ -143,6 +223,10 @@ class Workload:
         return perm
 
     def sample(self, index: int) -> Sample:
+        if self.trace:
+            entry = self.trace[index]
+            prompt = synthetic_prompt(index, entry.prompt_tokens, self.seed, self.prefix)
+            return Sample(prompt, entry.max_tokens)
         if self.dataset:
             chosen = self.dataset[self.order[index % len(self.dataset)]]
             if self.max_tokens is not None:

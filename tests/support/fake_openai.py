@@ -31,7 +31,16 @@ them (the same id for the same word on every replica), as vLLM's GenerateRequest
 answers it 403 unless `vllm serve --enable-scale-out` (scale_out/factories.py
 register_scale_out_api_routers); so does this fake unless `--scale-out`. vllm-router's
 cache_aware policy keys its prefix tree on these ids.
-`--capacity N` serves at most N requests at once (the rest wait, as in a full engine).
+`--capacity N` serves at most N streams at once (the rest wait, as in a full engine), and the
+running gauge counts the waiting ones too (the fake as it was before a queue was modelled).
+`--max-num-seqs N` (vLLM's `--max-num-seqs`; default 0: no limit) is vLLM's scheduler queue: at
+most N requests, streamed or not, run at once, the others wait in arrival order (FIFO, as
+vLLM's default scheduling policy); `vllm:num_requests_running` then counts the running ones,
+`vllm:num_requests_waiting` the waiting ones, and a request's wait is part of its time to the
+first token (nothing is sent before it runs). `vllm:kv_cache_usage_perc` (a fraction, 0 to 1,
+as vLLM 0.33's) is the share of a `--kv-cache-tokens` budget the running requests hold: each its
+prompt's tokens from when it starts to run, and one more per token generated, until it ends
+(default 0: no budget, the gauge reads 0.0).
 `--stuck-requests N` adds N to the running gauge for good, as vLLM's gauges can stay up after
 requests are aborted (vllm-project/vllm#22545); the token counters move only with real work
 (generation per streamed token, prompt tokens when a request's first token comes out, as vLLM
@@ -104,6 +113,55 @@ class PrefixCache:
         return hit * self.block_tokens
 
 
+class SeqGate:
+    """vLLM's scheduler admitting requests (`--max-num-seqs`): at most `limit` run at once, the
+    others wait in arrival order; a slot that frees goes to the oldest waiting request. A
+    request whose client went away while it waited leaves the queue (vLLM aborts it: aiohttp
+    does not cancel a handler whose client hung up, so `gone` is asked every 50 ms); one
+    cancelled just after it was handed a slot gives the slot on."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self.queue: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    async def acquire(self, gone: Callable[[], bool]) -> bool:
+        """Wait for a slot: True once it runs, False if `gone` said its client left first."""
+        if self.running < self.limit and not self.queue:
+            self.running += 1
+            return True
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.queue.append(turn)
+        try:
+            while not turn.done():
+                await asyncio.wait([turn], timeout=0.05)
+                if not turn.done() and gone():
+                    self.queue.remove(turn)
+                    turn.cancel()
+                    return False
+            return True
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release()  # handed a slot it will not use
+            else:
+                with contextlib.suppress(ValueError):
+                    self.queue.remove(turn)
+            raise
+
+    def release(self) -> None:
+        """A running request ended: its slot goes to the oldest waiting one, else is free."""
+        while self.queue:
+            turn = self.queue.popleft()
+            if not turn.done():
+                turn.set_result(None)  # the slot changes hands: `running` stays
+                return
+        self.running -= 1
+
+
 class FakeServer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -124,6 +182,8 @@ class FakeServer:
         self.prefill_slots = asyncio.Semaphore(args.prefill_slots) if args.prefill_slots else None
         self.renders = 0
         self.render_auth: list[str | None] = []
+        self.seqs = SeqGate(args.max_num_seqs) if args.max_num_seqs else None
+        self.kv_used = 0  # tokens the running requests hold (--kv-cache-tokens)
 
     # ---- helpers ----------------------------------------------------------------------------
     def authorized(self, request: web.Request) -> bool:
@@ -191,6 +251,20 @@ class FakeServer:
         extra = self.args.decode_slowdown_per_stream * max(self.decoding - 1, 0)
         return float(self.args.itl * (1 + extra))
 
+    def hold(self, body: dict[str, Any], tokens: int) -> None:
+        """A running request holds `tokens` more of the KV cache (--kv-cache-tokens)."""
+        body["_kv"] = body.get("_kv", 0) + tokens
+        self.kv_used += tokens
+
+    def free(self, body: dict[str, Any]) -> None:
+        """A request ended: what it held of the KV cache is free again."""
+        self.kv_used -= body.pop("_kv", 0)
+
+    def kv_usage(self) -> float:
+        """vLLM's vllm:kv_cache_usage_perc: a fraction, 0 to 1."""
+        budget = self.args.kv_cache_tokens
+        return min(self.kv_used / budget, 1.0) if budget else 0.0
+
     def completion_tokens(self, body: dict[str, Any]) -> int:
         return min(int(body.get("max_tokens") or self.args.tokens), self.args.tokens)
 
@@ -220,13 +294,17 @@ class FakeServer:
     async def metrics(self, _: web.Request) -> web.Response:
         """vLLM's Prometheus page, the samples autodown and a drain read (open, as vLLM's is)."""
         labels = f'engine="0",model_name="{self.args.model}"'
+        running = self.in_flight if self.seqs is None else self.seqs.running
+        waiting = 0 if self.seqs is None else self.seqs.waiting
         return web.Response(
             text=(
                 "# TYPE vllm:num_requests_running gauge\n"
                 f"vllm:num_requests_running{{{labels}}} "
-                f"{float(self.in_flight + self.args.stuck_requests)}\n"
+                f"{float(running + self.args.stuck_requests)}\n"
                 "# TYPE vllm:num_requests_waiting gauge\n"
-                f"vllm:num_requests_waiting{{{labels}}} 0.0\n"
+                f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}\n"
+                "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                f"vllm:kv_cache_usage_perc{{{labels}}} {self.kv_usage()}\n"
                 "# TYPE vllm:request_success_total counter\n"
                 f'vllm:request_success_total{{{labels},finished_reason="stop"}} '
                 f"{float(self.finished)}\n"
@@ -296,7 +374,16 @@ class FakeServer:
             await asyncio.sleep(3600)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        admitted = False
         try:
+            if self.seqs is not None:
+                # Waits its turn: part of its time to the first token.
+                admitted = await self.seqs.acquire(
+                    lambda: request.transport is None or request.transport.is_closing()
+                )
+                if not admitted:
+                    return web.Response(status=499)  # nobody is listening any more
+            self.hold(body, self.prompt_tokens(body))
             slow = bool(self.args.slow_every and number % self.args.slow_every == 0)
             ttft = (self.args.slow_ttft if slow else self.args.ttft) + self.prefill(body)
             if body.get("stream") and self.slots is not None:
@@ -312,6 +399,10 @@ class FakeServer:
             return answer
         finally:
             self.in_flight -= 1
+            self.free(body)
+            if admitted:
+                assert self.seqs is not None
+                self.seqs.release()
 
     # ---- what the parsers make of the model's text ------------------------------------------
     def thinks(self, body: dict[str, Any]) -> bool:
@@ -381,11 +472,13 @@ class FakeServer:
     async def complete(self, body: dict[str, Any], ttft: float) -> web.Response:
         n = self.completion_tokens(body)
         await self.first_token(body, ttft)
+        self.hold(body, 1)
         self.decoding += 1
         try:
-            if self.args.decode_slowdown_per_stream:
+            if self.args.decode_slowdown_per_stream or self.args.kv_cache_tokens:
                 for _ in range(n - 1):
                     await asyncio.sleep(self.itl())
+                    self.hold(body, 1)
             else:
                 await asyncio.sleep(self.args.itl * (n - 1))
         finally:
@@ -517,15 +610,18 @@ class FakeServer:
                 if i:
                     await asyncio.sleep(self.itl())
                 self.generated += 1
+                self.hold(body, 1)
                 await response.write(chunk(d, finish=finish if i == len(deltas) - 1 else None))
         elif self.args.mode == "one-chunk":
             self.generated += n
+            self.hold(body, n)
             await response.write(chunk({"content": " tok" * n}, finish="length"))
         else:
             for i in range(n):
                 if i:
                     await asyncio.sleep(self.itl())
                 self.generated += 1
+                self.hold(body, 1)
                 await response.write(
                     chunk(self.delta(i, n), finish="length" if i == n - 1 else None)
                 )
@@ -559,6 +655,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-every", type=int, default=0)
     p.add_argument("--capacity", type=int, default=0)
     p.add_argument("--stuck-requests", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=0,
+                   help="requests that run at once, the others waiting in order (0: no limit)")  # fmt: skip
+    p.add_argument("--kv-cache-tokens", type=int, default=0,
+                   help="the KV cache's size in tokens, for vllm:kv_cache_usage_perc (0: reads 0)")  # fmt: skip
     p.add_argument("--slow-ttft", type=float, default=1.0)
     p.add_argument("--thinking", choices=["off", "parsed", "raw"], default="off")
     # Sent back as X-Upstream on every chat answer: which replica served it (balancer tests).
