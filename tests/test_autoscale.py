@@ -369,6 +369,33 @@ def test_a_stale_replica_blocks_both_ways_and_each_reason_is_logged_once(
     assert s.scale()["last_decision"]["code"] == "stale"
 
 
+def test_a_replica_that_dies_mid_scale_in_ends_the_step_and_leaves_a_stable_count(
+    scaler_factory: Callable[..., Scaler],
+) -> None:
+    """Three replicas, idle with room: a step in asks for 2. While its run goes, replica 1 dies
+    (its gateway refuses connections; its upstream file stays: nothing removed it). The run
+    deletes replica 2 and the pool is 2: the step is done. Then every sample is stale (replica
+    1 cannot be read, which counts as busy): no step either way, the reason logged once, and
+    nothing dispatched again however long it lasts."""
+    s = scaler_factory(replicas_n=3, SCALE_COOLDOWN_MINUTES="1")
+    s.set(running=1)
+    s.github.wait_dispatches(1)
+    assert s.github.dispatches[0]["inputs"]["replicas"] == "2"
+    s.replicas["r1"].stop()
+    s.github.finish_run("success")
+    (s.upstreams / "r2.caddy").unlink()
+    s.until(lambda: s.scale()["step"]["status"] == "done")
+    s.until(lambda: s.events("scale_stale"))
+    s.set(waiting=9)  # the others queue: still no step on a pool that cannot be read whole
+    time.sleep(3)
+    assert len(s.github.dispatches) == 1, "a stable count, never a loop"
+    port = s.replicas["r1"].port
+    assert [line["why"] for line in s.events("scale_stale")] == [
+        f"127.0.0.1:{port}: /metrics could not be read (ClientConnectorError)"]  # fmt: skip
+    scale = s.scale()
+    assert (scale["current"], scale["last_decision"]["code"]) == (2, "stale"), scale
+
+
 def test_a_full_cache_with_nothing_waiting_is_said_and_not_stepped_on(
     scaler_factory: Callable[..., Scaler],
 ) -> None:
