@@ -46,7 +46,7 @@ pytestmark = [
 
 
 def client(
-    emu: Emulation, tool: str, outputs: dict[str, object], *args: str
+    emu: Emulation, tool: str, outputs: dict[str, object], *args: str, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """One of the user's tools, run from the internet (the world's client address) against the
     endpoint the stack outputs, trusting the CA that issued its certificate. The key travels in
@@ -80,7 +80,8 @@ def client(
             *argv,
         ]
     argv = emu.world.argv(argv)
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)  # fmt: skip
     emu.requests += 1
     if proc.returncode != 0:
         emu.failed_requests += 1
@@ -951,9 +952,9 @@ def test_autoscale_follows_an_open_loop_load_out_to_three_in_to_one_then_to_zero
         bench_json = emu.workdir / "autoscale-bench.json"
         load: list[subprocess.CompletedProcess[str]] = []
         loader = threading.Thread(target=lambda: load.append(client(
-            emu, "bench.py", first.outputs, "--request-rate", "1,10,1", "--duration", "150",
+            emu, "bench.py", first.outputs, "--request-rate", "1,10,1", "--duration", "120",
             "--input-tokens", "32", "--max-tokens", "16", "--warmup", "0", "--no-progress",
-            "--json", str(bench_json),
+            "--json", str(bench_json), timeout=1200,
         )))  # fmt: skip
         loader.start()
         peak = [1]
