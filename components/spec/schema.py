@@ -664,9 +664,11 @@ class WakeConfig(_Section):
     trigger: Literal["github", "webhook"] = Field(
         "github",
         description="`github`: GitHub Actions' workflow_dispatch of `githubWorkflow` with the "
-        "inputs stack, command: up and refresh: true (a fine-grained token with Actions: read "
-        "and write on `githubRepo` alone). `webhook`: a POST to `webhookUrl` with the token in "
-        "the header `webhookHeader`, for any other CI.",
+        "inputs stack, command: up and refresh: true, and with autoscale replicas (a "
+        "fine-grained token with Actions: read and write on `githubRepo` alone). `webhook`: a "
+        "POST to `webhookUrl` with the token in the header `webhookHeader` and a JSON body "
+        "`{stack, event: wake|scale, replicas}`, for any other CI (pass `replicas` to the "
+        "program as NEMOTRON_REPLICAS).",
     )
     github_repo: str | None = Field(
         None, description="`github`: the repository whose workflow deploys: `owner/name`."
