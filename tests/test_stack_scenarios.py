@@ -992,10 +992,13 @@ def test_autoscale_follows_an_open_loop_load_out_to_three_in_to_one_then_to_zero
         while time.time() < deadline and gpu_machines(emu):
             time.sleep(0.5)
         assert gpu_machines(emu) == [], fired.stdout
-        time.sleep(15)  # the front's looks: asleep
+        # The front's looks find no replica (3 over 10 s, each up to 4 s when the address no
+        # longer answers): asleep, and nothing asked.
+        deadline = time.time() + 90
+        while "mode: asleep" not in (slept := client(emu, "wake.py", first.outputs)).stdout:
+            assert time.time() < deadline, slept.stdout + slept.stderr
+            time.sleep(2)
         assert len(emu.github.dispatches) == len(pipeline.done), "asleep, nothing is asked"
-        slept = client(emu, "wake.py", first.outputs)
-        assert "mode: asleep" in slept.stdout, slept.stdout + slept.stderr
         lines = [f"  level {lv.get('request_rate', i)}: "
                  f"{lv['requests']} requests, {lv['errors']} failed, TTFT p50/p95 "
                  f"{lv['ttft_ms'].get('p50')}/{lv['ttft_ms'].get('p95')} ms"
