@@ -75,6 +75,19 @@ def test_vllms_page_is_read_summed_over_engines_the_kv_cache_its_fullest() -> No
     assert W.parse_metrics("# nothing of vLLM's\nhttp_requests_total 3\n") is None
 
 
+def test_a_value_that_is_not_a_finite_count_is_no_reading() -> None:
+    """NaN, +Inf and negative values are dropped: a page with no usable queue gauge is stale,
+    never an endless queue that would step out."""
+    page = "\n".join(["vllm:num_requests_waiting{engine=\"0\"} +Inf",
+                      "vllm:num_requests_waiting{engine=\"1\"} NaN",
+                      "vllm:num_requests_running{engine=\"0\"} -3",
+                      "vllm:kv_cache_usage_perc{engine=\"0\"} Inf"])  # fmt: skip
+    assert W.parse_metrics(page) is None
+    mixed = page + '\nvllm:num_requests_waiting{engine="2"} 4\nvllm:num_requests_running 1'
+    reading = W.parse_metrics(mixed)
+    assert (reading.waiting, reading.running, reading.kv) == (4.0, 1.0, 0.0)
+
+
 def test_a_sustained_queue_steps_out_and_a_burst_shorter_than_the_window_buys_nothing() -> None:
     burst = samples(2, 0.6, waiting=8)
     assert W.decide(burst, POLICY).want is None, "0.6 s of queue against a 1 s window"

@@ -38,8 +38,12 @@ def configs() -> dict[str, config.StackConfig]:
         # The router, the waker and autoscale on: every input a row names is read (the
         # replicas' render_client, the waker's key and the replica's price).
         "caddy": config.parse(
-            {**dev, "balancer": {"routing": "cache-aware"}, "autoscale": {"min": 2, "max": 3},
-             "wake": {"enabled": True, "githubRepo": "me/llm", "token": "github_pat_x"}},
+            {
+                **dev,
+                "balancer": {"routing": "cache-aware"},
+                "autoscale": {"min": 2, "max": 3},
+                "wake": {"enabled": True, "githubRepo": "me/llm", "token": "github_pat_x"},
+            },
             "dev",
             frozenset({"wake"}),
         ),

@@ -304,7 +304,8 @@ class Reading:
 
 def parse_metrics(text: str) -> Reading | None:
     """The four series out of Prometheus' text format; None without the queue's gauges (not
-    a vLLM page, or one started with --disable-log-stats)."""
+    a vLLM page, or one started with --disable-log-stats). A value that is not a finite count
+    (NaN, +Inf, negative) is no reading: a counter or gauge of vLLM's is never one."""
     found: dict[str, list[float]] = {}
     for line in text.splitlines():
         match = METRIC_LINE.match(line)
@@ -314,7 +315,7 @@ def parse_metrics(text: str) -> Reading | None:
             value = float(match[2])
         except ValueError:
             continue
-        if not math.isnan(value):
+        if math.isfinite(value) and value >= 0:
             found.setdefault(match[1], []).append(value)
     if WAITING not in found or RUNNING not in found:
         return None
