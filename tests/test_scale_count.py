@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from pulumi_harness import ROOT, Run, offer, run_program
+from pulumi_harness import ROOT, VOLUME, Run, existing_volume, offer, run_program
 from test_droplet import DROPLET, dev
 from test_entry import live_set, of
 
@@ -257,3 +257,20 @@ def test_validate_refuses_a_ceiling_the_policy_pack_would_refuse_mid_step(tmp_pa
     on_super = config.parse({**h100, "autoscale": {"max": 5}}, "super", frozenset({"wake"}))
     assert validate.autoscale_budget_problems(on_super) == []
     assert validate.autoscale_budget_problems(five, tmp_path / "none.json") == []
+
+
+def test_a_step_out_adopts_the_volume_a_step_in_kept_so_it_starts_warm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With cache.keepOnDestroy each replica's Volume outlives its Droplet (retained on
+    delete, a step in included), and the step out that brings replica 2 back adopts its
+    Volume, with the weights and envs on it: a warm start."""
+    raw = {**scaled(), "cache": {"sizeGb": 60, "keepOnDestroy": True}}
+    raw["droplet"] = {**raw["droplet"], "regions": ["tor1"]}
+    kept = existing_volume(name="nemotron-dev-2-cache", region="tor1", size=60, volume_id="vol-r2")
+    result = run(raw, monkeypatch, asked="3", droplets=live_set(2), volumes=[kept])
+    assert result.error is None, result.error
+    volumes = of(result, VOLUME)
+    assert sorted(volumes) == ["cache", "cache-1", "cache-2"]
+    assert volumes["cache-2"].import_id == "vol-r2", "the kept Volume is adopted, warm"
+    assert all(v.retain_on_delete for v in volumes.values()), "a step in keeps each one"
