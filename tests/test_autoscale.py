@@ -546,3 +546,121 @@ def test_the_program_renders_the_settings_the_waker_reads() -> None:
     assert f"LoadCredential=apikey:{wake.API_KEY_FILE}" in unit
     assert "Environment=WAKE_API_KEY_FILE=%d/apikey" in unit
     assert "apikey" not in wake.unit_text(), "without autoscale the unit is as it was"
+
+
+# ---- hostile inputs, in process ------------------------------------------------------------------
+
+
+def in_process(tmp_path: Path, **env: str) -> Any:
+    """A Waker with autoscale on, its state file and upstream folder in tmp_path (no server)."""
+    key = tmp_path / "apikey"
+    key.write_text(API_KEY + "\n")
+    ups = tmp_path / "ups"
+    ups.mkdir(exist_ok=True)
+    settings = W.Settings.from_env({
+        "WAKE_UPSTREAMS_DIR": str(ups), "WAKE_HOLD_FILE": str(tmp_path / "hold"),
+        "WAKE_STACK": "dev", "WAKE_API_KEY_FILE": str(key), "WAKE_GITHUB_REPO": "me/llm",
+        "WAKE_STATE_FILE": str(tmp_path / "state.json"), "WAKE_GITHUB_API": "http://127.0.0.1:9",
+        **SCALE, **env})  # fmt: skip
+    return W.Waker(settings)
+
+
+class RawReplica:
+    """A gateway that answers /health 200 and /metrics with `body`, written in pieces of
+    `piece` bytes `pause` seconds apart (as a page larger than a TCP window arrives)."""
+
+    def __init__(self, body: bytes, piece: int = 1 << 30, pause: float = 0.0) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.body, self.piece, self.pause = body, piece, pause
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.one, args=(conn,), daemon=True).start()
+
+    def one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                while True:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        got = conn.recv(65536)
+                        if not got:
+                            return
+                        head += got
+                    if head.startswith(b"GET /health "):
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                        continue
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                                 b"Content-Length: %d\r\n\r\n" % len(self.body))  # fmt: skip
+                    for i in range(0, len(self.body), self.piece):
+                        conn.sendall(self.body[i : i + self.piece])
+                        time.sleep(self.pause)
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+def read_one(waker: Any, port: int) -> tuple[Any, str]:
+    async def go() -> tuple[Any, str]:
+        from aiohttp import ClientSession
+
+        async with ClientSession(auto_decompress=False) as session:
+            result: tuple[Any, str] = await waker.read_replica(session, ("127.0.0.1", port))
+            return result
+
+    import asyncio
+
+    return asyncio.run(go())
+
+
+FILLER = "".join(f'vllm:generation_tokens_total{{engine="0",n="{i}"}} {i}\n'
+                 for i in range(3000)).encode()  # fmt: skip
+
+
+def test_a_page_that_arrives_in_pieces_is_read_whole(tmp_path: Path) -> None:
+    """vLLM's page is tens of kB: it arrives over several reads. The sample is the whole page's
+    (engine 1's gauges after the filler count), not what the first read happened to hold."""
+    body = (b'vllm:num_requests_waiting{engine="0"} 1\nvllm:num_requests_running{engine="0"} 2\n'
+            + FILLER + b'vllm:num_requests_waiting{engine="1"} 5\n'
+            b'vllm:num_requests_running{engine="1"} 7\n')  # fmt: skip
+    replica = RawReplica(body, piece=16384, pause=0.05)
+    try:
+        reading, why = read_one(in_process(tmp_path), replica.port)
+    finally:
+        replica.stop()
+    assert why == "" and (reading.waiting, reading.running) == (6, 9), (reading, why)
+
+
+def test_a_page_larger_than_the_limit_is_stale_not_a_partial_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page cut at METRICS_LIMIT would count some engines and not others (fewer running: a
+    step in on a busy set): it is stale instead."""
+    monkeypatch.setattr(W, "METRICS_LIMIT", 20_000)
+    body = (b'vllm:num_requests_waiting{engine="0"} 0\nvllm:num_requests_running{engine="0"} 1\n'
+            + FILLER + b'vllm:num_requests_running{engine="1"} 90\n')  # fmt: skip
+    replica = RawReplica(body)
+    try:
+        reading, why = read_one(in_process(tmp_path), replica.port)
+    finally:
+        replica.stop()
+    assert reading is None and "/metrics is larger than" in why, (reading, why)
+
+
+def test_a_page_that_trickles_is_stale_within_the_look_timeout(tmp_path: Path) -> None:
+    replica = RawReplica(b"vllm:num_requests_waiting 1\n" * 200, piece=1, pause=0.05)
+    began = time.monotonic()
+    try:
+        reading, why = read_one(in_process(tmp_path), replica.port)
+    finally:
+        replica.stop()
+    assert reading is None and "could not be read" in why, (reading, why)
+    assert time.monotonic() - began < W.LOOK_TIMEOUT + 1.5

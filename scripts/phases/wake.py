@@ -1377,7 +1377,15 @@ class Waker:
                                    timeout=timeout) as resp:  # fmt: skip
                 if resp.status != 200:
                     return None, f"{name}: /metrics answered HTTP {resp.status}"
-                text = (await resp.content.read(METRICS_LIMIT)).decode("utf-8", "replace")
+                # read(n) answers what has arrived, up to n: a page is read to its end (within
+                # the total timeout). One cut at the limit would count some engines and not
+                # others, so a page over it is stale, not a smaller count.
+                page = bytearray()
+                while chunk := await resp.content.read(METRICS_LIMIT + 1 - len(page)):
+                    page += chunk
+                    if len(page) > METRICS_LIMIT:
+                        return None, f"{name}: /metrics is larger than {METRICS_LIMIT} bytes"
+                text = page.decode("utf-8", "replace")
         except (ClientError, OSError, TimeoutError) as err:
             return None, f"{name}: /metrics could not be read ({type(err).__name__})"
         reading = parse_metrics(text)
