@@ -664,3 +664,101 @@ def test_a_page_that_trickles_is_stale_within_the_look_timeout(tmp_path: Path) -
         replica.stop()
     assert reading is None and "could not be read" in why, (reading, why)
     assert time.monotonic() - began < W.LOOK_TIMEOUT + 1.5
+
+
+def loaded(tmp_path: Path, state: Any, now: float = 1_000_000.0, **env: str) -> Any:
+    waker = in_process(tmp_path, **env)
+    waker.clock = lambda: now
+    (tmp_path / "state.json").write_text(state if isinstance(state, str) else json.dumps(state))
+    waker.load()
+    return waker
+
+
+def tick(waker: Any) -> None:
+    """One scale_tick with no replica to read (the pool's files as they are)."""
+    import asyncio
+
+    from aiohttp import ClientSession
+
+    async def go() -> None:
+        async with ClientSession() as session:
+            await waker.scale_tick(session)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("step", [
+    {"status": "following", "wanted": 3},  # no _t
+    {"status": "following", "wanted": 3, "_t": "soon", "pool": "two"},
+    {"status": "failed", "wanted": 3, "_t": 1.0, "_end": "later"},
+    {"status": "following", "wanted": "3", "_t": None, "events": "x"},
+])  # fmt: skip
+def test_a_step_with_fields_of_the_wrong_type_does_not_wedge_autoscale(
+    tmp_path: Path, step: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose times or counts do not parse is repaired at load: under way, it ends at
+    wake.deadlineMinutes from now; ended, its cooldown runs from now. Never an exception at
+    every sample, for ever."""
+    failed: list[str] = []
+    monkeypatch.setattr(W, "log", lambda event, **f: failed.append(event))
+    now = 1_000_000.0
+    waker = loaded(tmp_path, {"wakes": [], "timeline": {}, "autoscale": {"steps": [step]}}, now)
+    tick(waker)
+    waker.clock = lambda: now + 46 * 60  # past wake.deadlineMinutes (45) and any cooldown
+    waker.mode = "awake"
+    tick(waker)
+    d = W.Decision("out", 3, "test", {})
+    refusal = __import__("asyncio").run(waker.step_refusal(d, 2, now + 46 * 60 + 600))
+    assert "scale_tick_failed" not in failed and "state_reset" not in failed, failed
+    assert waker.current_step() is None, waker.steps
+    assert refusal is None or refusal[0] == "update_running", refusal
+
+
+def test_a_step_that_is_not_an_object_is_dropped_and_the_rest_of_the_state_kept(
+    tmp_path: Path,
+) -> None:
+    now = 1_000_000.0
+    state = {"wakes": [now - 60], "timeline": {}, "failed_at": now - 30, "reason": "r",
+             "autoscale": {"steps": ["x", 5, None, {"status": "done", "wanted": 2, "_t": now - 99,
+                                                     "_end": now - 90}],
+                           "points": [[now - 100, 2]], "last_decision": "oops"}}  # fmt: skip
+    waker = loaded(tmp_path, state, now)
+    assert waker.failed_at == now - 30, "the wake's cooldown survives a bad step"
+    assert [s["wanted"] for s in waker.steps] == [2]
+    assert waker.points == [(now - 100, 2)]
+    assert waker.last_decision is None
+
+
+def test_the_count_history_is_bounded_and_ignores_points_from_the_future(tmp_path: Path) -> None:
+    """A state file with a huge history (or one written while the clock ran ahead) keeps the
+    last day's points only, the one before the day's start saying its count: the list cannot
+    grow for ever, and pruning it is not quadratic."""
+    now = 10 * W.DAY
+    points = [[now - 3 * W.DAY + i, i % 2 + 1] for i in range(50_000)]
+    points += [[now - 3600, 3], [now + 7 * W.DAY, 1], [float("nan"), 2]]
+    waker = loaded(tmp_path, {"autoscale": {"points": points}}, now)
+    began = (now - 3 * W.DAY + 49_999, 2)  # the count the day began with
+    assert waker.points == [began, (now - 3600, 3)], waker.points[:5]
+    assert W.replica_hours(waker.points, now) == pytest.approx(23 * 2 + 3)
+    # The clock jumps back an hour: the points after it are dropped, not kept ahead of it.
+    waker.count_point(now, 2)
+    waker.count_point(now - 3600 + 60, 1)
+    assert waker.points == [began, (now - 3600, 3), (now - 3600 + 60, 1)], waker.points
+
+
+def test_a_step_dated_in_the_future_ends_at_its_deadline_from_now(tmp_path: Path) -> None:
+    """A step saved while the clock ran ahead (a front booted before NTP) would wait out its
+    deadline and its cooldown from that future: its times are taken as now at most."""
+    now = 1_000_000.0
+    ahead = now + 3650 * W.DAY
+    state = {"autoscale": {"steps": [{"status": "following", "wanted": 3, "from": 2, "pool": 2,
+                                      "run": "success", "_t": ahead, "_end": None}]}}  # fmt: skip
+    waker = loaded(tmp_path, state, now)
+    waker.step_progress(waker.current_step(), 2, now + 46 * 60)
+    assert waker.steps[-1]["status"] == "failed", waker.steps[-1]
+    ended = {"autoscale": {"steps": [{"status": "done", "wanted": 3, "_t": ahead,
+                                      "_end": ahead}]}}  # fmt: skip
+    waker = loaded(tmp_path, ended, now)
+    d = W.Decision("out", 3, "test", {})
+    refusal = __import__("asyncio").run(waker.step_refusal(d, 2, now + 6 * 60))
+    assert refusal is None or refusal[0] != "cooldown", refusal

@@ -67,6 +67,7 @@ SCALE_IN_UTILIZATION, SCALE_REPLICA_CAPACITY, SCALE_COOLDOWN_MINUTES, SCALE_DAIL
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import http.client
 import inspect
@@ -485,6 +486,67 @@ def _decide_in(quiet: list[Sample], n: int, p: ScalePolicy, signals: dict[str, A
     return Decision("steady", None, f"{peaks}: one fewer would be too full", signals)
 
 
+def day_of(points: list[tuple[float, int]], now: float) -> list[tuple[float, int]]:
+    """The points (in time order) of the last day, and the last one before the day's start,
+    which says the count the day began with."""
+    start = bisect.bisect_right([at for at, _ in points], now - DAY)
+    return points[max(start - 1, 0) :]
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def points_loaded(raw: Any, now: float) -> list[tuple[float, int]]:
+    """The count history from a state file, whatever it holds: pairs of a finite time no later
+    than now and a count, in time order, the last day's."""
+    points = []
+    for item in raw if isinstance(raw, list) else []:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            at, count = _finite(item[0]), _finite(item[1])
+            if at is not None and at <= now and count is not None and count >= 0:
+                points.append((at, int(count)))
+    points.sort(key=lambda pt: pt[0])
+    return day_of(points, now)
+
+
+STEP_STATUSES = ("dispatching", "following", "done", "failed")
+
+
+def steps_loaded(raw: Any, now: float) -> list[dict[str, Any]]:
+    """The steps from a state file, whatever it holds: objects only, their counts whole numbers,
+    their times finite and no later than now (one under way without a readable start ends at
+    wake.deadlineMinutes from now; one ended without a readable end cools down from now)."""
+    steps = []
+    for item in raw[-STEPS_KEPT:] if isinstance(raw, list) else []:
+        if not isinstance(item, dict):
+            continue
+        step = dict(item)
+        if step.get("status") not in STEP_STATUSES:
+            step["status"] = "failed"
+        for key in ("wanted", "from", "pool"):
+            number = _finite(step.get(key))
+            step[key] = int(number) if number is not None else None
+        run_id = _finite(step.get("run_id"))
+        step["run_id"] = int(run_id) if run_id is not None else None
+        started = _finite(step.get("_t"))
+        step["_t"] = min(started, now) if started is not None else now
+        if step["status"] in ("done", "failed"):
+            ended = _finite(step.get("_end"))
+            step["_end"] = min(ended, now) if ended is not None else now
+        else:
+            step["_end"] = None
+        events = step.get("events")
+        step["events"] = [e for e in events if isinstance(e, list)][-50:] \
+            if isinstance(events, list) else []  # fmt: skip
+        steps.append(step)
+    return steps
+
+
 def replica_hours(points: list[tuple[float, int]], now: float) -> float:
     """Replica-hours of the last 24 h from the pool's (time, count) change points."""
     start, total = now - DAY, 0.0
@@ -625,15 +687,17 @@ class Waker:
             now = self.clock()
             self.wakes = [float(t) for t in data.get("wakes", []) if now - float(t) < DAY]
             self.timeline = dict(data.get("timeline") or {})
-            scaled = data.get("autoscale") or {}
-            self.steps = [dict(s) for s in scaled.get("steps") or []][-STEPS_KEPT:]
-            self.points = [(float(a), int(c)) for a, c in scaled.get("points") or []]
-            self.last_decision = scaled.get("last_decision")
-            self.last_refusal = scaled.get("last_refusal")
+            scaled = data.get("autoscale")
+            scaled = scaled if isinstance(scaled, dict) else {}
+            self.steps = steps_loaded(scaled.get("steps"), now)
+            self.points = points_loaded(scaled.get("points"), now)
+            decided, refused = scaled.get("last_decision"), scaled.get("last_refusal")
+            self.last_decision = decided if isinstance(decided, dict) else None
+            self.last_refusal = refused if isinstance(refused, dict) else None
             if data.get("failed_at") and now - float(data["failed_at"]) < self.cooldown():
                 self.failed_at, self.reason = float(data["failed_at"]), str(data.get("reason"))
             self.resume(now)
-        except (OSError, ValueError, TypeError, AttributeError):
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError):
             log("state_reset", why="the state file did not parse")
 
     def resume(self, now: float) -> None:
@@ -1251,12 +1315,14 @@ class Waker:
         self.save()
 
     def count_point(self, now: float, count: int) -> None:
-        """The pool's count as it changes, kept for a day (the budget's replica-hours)."""
+        """The pool's count as it changes, kept for a day (the budget's replica-hours). Points
+        after `now` (the clock went back) are dropped: the history stays in time order, and a
+        point ahead of the clock cannot hold the day's pruning back."""
+        if self.points and self.points[-1][0] > now:
+            self.points = [pt for pt in self.points if pt[0] <= now]
         if not self.points or self.points[-1][1] != count:
             self.points.append((now, count))
-            # The last point before the day's start says the count the day began with.
-            while len(self.points) > 1 and self.points[1][0] <= now - DAY:
-                self.points.pop(0)
+            self.points = day_of(self.points, now)
             self.save()
 
     def budget(self, now: float) -> dict[str, Any] | None:
@@ -1400,6 +1466,7 @@ class Waker:
         assert p is not None and d.want is not None
         last = self.steps[-1] if self.steps else None
         if last is not None and last.get("_end") is not None:
+            last["_end"] = min(float(last["_end"]), now)  # the clock went back: from now at most
             left = float(last["_end"]) + p.cooldown_minutes * 60 - now
             if left > 0:
                 ago = int(now - float(last["_end"]))
@@ -1496,6 +1563,7 @@ class Waker:
             what = "replica_joined" if n > int(step.get("pool") or 0) else "replica_left"
             step["pool"] = n
             self.step_event(step, what, pool=n)
+        step["_t"] = min(float(step["_t"]), now)  # the clock went back: from now at most
         ran = step.get("run") == "success" or self.s.trigger != "github"
         if step.get("status") == "following" and ran and n == step.get("wanted"):
             self.end_step(step, "done", None)
