@@ -762,3 +762,43 @@ def test_a_step_dated_in_the_future_ends_at_its_deadline_from_now(tmp_path: Path
     d = W.Decision("out", 3, "test", {})
     refusal = __import__("asyncio").run(waker.step_refusal(d, 2, now + 6 * 60))
     assert refusal is None or refusal[0] != "cooldown", refusal
+
+
+def test_github_answering_garbage_is_no_answer_never_a_dead_follow(tmp_path: Path) -> None:
+    """A runs list that is not GitHub's shape (a number, strings, an id that is no number, not
+    an object) is as if GitHub had not answered: the update check says one may run, and the
+    step's follow goes on to the next look instead of dying with its task."""
+    import asyncio
+
+    waker = in_process(tmp_path, WAKE_RUN_POLL_SECONDS="0")
+    made = "2026-01-01T00:00:00Z"
+    ours = {"id": 9001, "display_title": "deploy dev up", "created_at": made,
+            "status": "completed", "conclusion": "success"}  # fmt: skip
+    answers = iter([
+        (200, {"workflow_runs": 5}),  # recent_runs
+        (200, {"workflow_runs": 5}), (200, {"workflow_runs": ["x", 7]}), (200, "garbage"),
+        (200, {"workflow_runs": [{**ours, "id": "abc"}]}),
+        (200, {"workflow_runs": [{**ours, "created_at": 17}]}),
+        (200, {"workflow_runs": [ours]}),
+    ])  # fmt: skip
+    waker._request = lambda *_: next(answers)
+    assert waker.recent_runs() is None
+    found: list[int] = []
+    ended = asyncio.run(waker.follow_run(0.0, None, lambda: True, found.append, lambda _: None))
+    assert ended == (True, "") and found == [9001], (ended, found)
+
+
+def test_another_stack_whose_name_starts_alike_is_not_an_update_of_this_one(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    waker = in_process(tmp_path)
+    runs = [{"id": 1, "display_title": "deploy dev2 up", "status": "in_progress"},
+            {"id": 2, "display_title": "deploy development up", "status": "queued"},
+            {"id": 3, "display_title": "deploy dev", "status": "queued"}]  # fmt: skip
+    waker._request = lambda *_: (200, {"workflow_runs": runs})
+    assert asyncio.run(waker.update_under_way(0.0)) == ""
+    waker.update_seen = None
+    runs.append({"id": 4, "display_title": "deploy dev up", "status": "waiting"})
+    assert asyncio.run(waker.update_under_way(0.0)) == "4"

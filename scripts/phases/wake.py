@@ -1029,11 +1029,10 @@ class Waker:
             f"workflows/{self.s.github_workflow}/runs?event=workflow_dispatch&per_page=20"
         )
         status, body = self._request("GET", url, None, self._github_headers())
-        if status != 200 or not isinstance(body, dict):
-            return None
-        for run in body.get("workflow_runs") or []:
+        for run in _runs_of(status, body) or []:
             created = _epoch(run.get("created_at"))
-            if created is not None and created >= started - 5 and self._title_matches(run):
+            if created is not None and created >= started - 5 and self._title_matches(run) \
+                    and _run_id(run) is not None:  # fmt: skip
                 return dict(run)
         return None
 
@@ -1044,9 +1043,7 @@ class Waker:
             status, body = self._request("GET", url, None, self._github_headers())
         except PipelineError:
             return None
-        if status != 200 or not isinstance(body, dict):
-            return None
-        return [r for r in body.get("workflow_runs") or [] if isinstance(r, dict)]
+        return _runs_of(status, body)
 
     def replaced_by(self, ours: dict[str, Any]) -> str:
         """The run that took a cancelled run's place in deploy.yml's concurrency group (GitHub
@@ -1106,7 +1103,7 @@ class Waker:
                     listed = await asyncio.to_thread(self.find_run, started)
                     if listed is None:
                         continue
-                    run, run_id = listed, int(listed.get("id") or 0) or None
+                    run, run_id = listed, _run_id(listed)
                     if run_id is not None:
                         found(run_id)
             except PipelineError:
@@ -1613,6 +1610,21 @@ async def _connects(host: str, port: int) -> bool:
         return False
     writer.close()
     return True
+
+
+def _runs_of(status: int, body: Any) -> list[dict[str, Any]] | None:
+    """The runs of actions/list-workflow-runs' answer; None when it is not that (an error, or
+    a body of another shape: as if GitHub had not answered)."""
+    runs = body.get("workflow_runs") if status == 200 and isinstance(body, dict) else None
+    if not isinstance(runs, list):
+        return None
+    return [run for run in runs if isinstance(run, dict)]
+
+
+def _run_id(run: dict[str, Any]) -> int | None:
+    """A run's id when it is one (a positive whole number)."""
+    value = run.get("id")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _epoch(text: Any) -> float | None:
