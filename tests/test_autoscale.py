@@ -802,3 +802,33 @@ def test_another_stack_whose_name_starts_alike_is_not_an_update_of_this_one(
     waker.update_seen = None
     runs.append({"id": 4, "display_title": "deploy dev up", "status": "waiting"})
     assert asyncio.run(waker.update_under_way(0.0)) == "4"
+
+
+def test_a_series_repeated_on_a_page_counts_once_and_lookalike_names_never() -> None:
+    """Prometheus' format allows one sample per series: a repeated label set (a page served
+    twice over, a buggy exporter) is the same series, its last value, not twice the queue.
+    Timestamps and exemplars after the value, and names that merely start like ours, change
+    nothing."""
+    page = "\n".join([
+        'vllm:num_requests_waiting{engine="0"} 4',
+        'vllm:num_requests_waiting{engine="0"} 4',
+        'vllm:num_requests_waiting{engine="1"} 1 1700000000000',
+        'vllm:num_requests_running{engine="0"} 2',
+        'vllm:num_requests_running{engine="0"} 3',
+        'vllm:request_success_total{engine="0",finished_reason="stop"} 10 # {trace_id="a"} 1.0',
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 99',
+        'vllm:num_requests_waiting:sum 50',
+        'vllm:num_requests_running_total 70',
+    ])  # fmt: skip
+    assert W.parse_metrics(page) == W.Reading(waiting=5, running=3, kv=0, finished=10)
+
+
+def test_an_upstream_listed_twice_is_one_replica(tmp_path: Path) -> None:
+    """Two files naming the same address (a file left behind, an address reused) are one
+    replica: the pool's count, the sample and the step's `from` agree."""
+    waker = in_process(tmp_path)
+    ups = tmp_path / "ups"
+    (ups / "r0.caddy").write_text("to 10.0.0.2:8080\n")
+    (ups / "r1.caddy").write_text("to 10.0.0.3:8080\n")
+    (ups / "old.caddy").write_text("to 10.0.0.3:8080\n")
+    assert sorted(waker.upstreams()) == [("10.0.0.2", 8080), ("10.0.0.3", 8080)]

@@ -231,7 +231,7 @@ WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USE = "vllm:kv_cache_usage_perc"
 FINISHED = "vllm:request_success_total"
-METRIC_LINE = re.compile(r'^(vllm:[A-Za-z0-9_:]+)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
+METRIC_LINE = re.compile(r'^(vllm:[A-Za-z0-9_:]+)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
 METRICS_LIMIT = 4_000_000  # bytes of one /metrics page read
 KV_FULL = 0.95  # a cache this full with nothing waiting: the signals disagree
 STEPS_KEPT = 20
@@ -307,24 +307,26 @@ def parse_metrics(text: str) -> Reading | None:
     """The four series out of Prometheus' text format; None without the queue's gauges (not
     a vLLM page, or one started with --disable-log-stats). A value that is not a finite count
     (NaN, +Inf, negative) is no reading: a counter or gauge of vLLM's is never one."""
-    found: dict[str, list[float]] = {}
+    # Each series (name and label set) once: the format allows one sample per series, so a
+    # repeated one is the same series again (its last value), never counted twice.
+    found: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         match = METRIC_LINE.match(line)
         if not match or match[1] not in (WAITING, RUNNING, KV_USE, FINISHED):
             continue
         try:
-            value = float(match[2])
+            value = float(match[3])
         except ValueError:
             continue
         if math.isfinite(value) and value >= 0:
-            found.setdefault(match[1], []).append(value)
+            found.setdefault(match[1], {})[match[2] or ""] = value
     if WAITING not in found or RUNNING not in found:
         return None
     return Reading(
-        waiting=sum(found[WAITING]),
-        running=sum(found[RUNNING]),
-        kv=max(found.get(KV_USE, [0.0])),
-        finished=sum(found.get(FINISHED, [0.0])),
+        waiting=sum(found[WAITING].values()),
+        running=sum(found[RUNNING].values()),
+        kv=max(found.get(KV_USE, {"": 0.0}).values()),
+        finished=sum(found.get(FINISHED, {}).values()),
     )
 
 
@@ -1201,7 +1203,9 @@ class Waker:
                     found.append((host.strip("[]"), int(port)))
             except OSError:
                 continue
-        return found
+        # An address in two files (one left behind, an address reused) is one replica: the
+        # pool's count, a sample's and a step's `from` must agree.
+        return list(dict.fromkeys(found))
 
     async def look(self, session: ClientSession) -> None:
         """One look at every replica and the mode that follows. `checked_at` is when it began
