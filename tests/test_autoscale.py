@@ -832,3 +832,15 @@ def test_an_upstream_listed_twice_is_one_replica(tmp_path: Path) -> None:
     (ups / "r1.caddy").write_text("to 10.0.0.3:8080\n")
     (ups / "old.caddy").write_text("to 10.0.0.3:8080\n")
     assert sorted(waker.upstreams()) == [("10.0.0.2", 8080), ("10.0.0.3", 8080)]
+
+
+def test_a_pool_outside_the_bounds_steps_to_a_count_the_program_keeps() -> None:
+    """autoscale.max lowered (or min raised) under a live set: the pool is outside the bounds
+    until the next run moves it. A step asks for a count within them (the program would keep
+    any other within them, and a step waiting for a count it can never reach fails at its
+    deadline)."""
+    idle = W.decide(samples(5, 2.2, running=1), POLICY)
+    assert (idle.code, idle.want) == ("in", 3), idle
+    high = W.ScalePolicy(**{**POLICY.__dict__, "min": 3, "max": 5})
+    queued = W.decide(samples(1, 1.2, waiting=8), high)
+    assert (queued.code, queued.want) == ("out", 3), queued

@@ -467,7 +467,8 @@ def _decide_out(out: list[Sample], n: int, p: ScalePolicy, signals: dict[str, An
     if q["kv_mean"] < KV_FULL:
         why += (f"; KV cache {q['kv_mean']:.0%} used: the queue decides (a prefill-heavy "
                 "queue waits with the cache low)")  # fmt: skip
-    return Decision("out", n + 1, why, signals)
+    # Below a raised min the program makes the floor whatever is asked: ask for it.
+    return Decision("out", max(n + 1, p.floor), why, signals)
 
 
 def _decide_in(quiet: list[Sample], n: int, p: ScalePolicy, signals: dict[str, Any]) -> Decision:
@@ -477,13 +478,15 @@ def _decide_in(quiet: list[Sample], n: int, p: ScalePolicy, signals: dict[str, A
                         f"max(autoscale.min, 1) = {p.floor})", signals)  # fmt: skip
     peak_running = max(s.running for s in quiet)
     peak_kv = max(s.kv_sum for s in quiet)
-    room_running = (n - 1) * p.capacity * p.in_utilization
-    room_kv = (n - 1) * p.in_utilization
+    # Above a lowered max the program keeps max whatever is asked: ask for it.
+    fewer = min(n - 1, p.max)
+    room_running = fewer * p.capacity * p.in_utilization
+    room_kv = fewer * p.in_utilization
     signals |= {"peak_running": peak_running, "peak_kv_sum": round(peak_kv, 3)}
     peaks = (f"peak {peak_running:g} running (room {room_running:g}) and KV {peak_kv:.2f} "
              f"(room {room_kv:.2f}) over {p.in_window:g} s with nothing waiting")  # fmt: skip
     if peak_running <= room_running and peak_kv <= room_kv:
-        return Decision("in", n - 1, f"{peaks}: {n - 1} carry it within "
+        return Decision("in", fewer, f"{peaks}: {fewer} carry it within "
                         f"autoscale.inUtilization ({p.in_utilization:g})", signals)  # fmt: skip
     return Decision("steady", None, f"{peaks}: one fewer would be too full", signals)
 
