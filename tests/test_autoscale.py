@@ -844,3 +844,22 @@ def test_a_pool_outside_the_bounds_steps_to_a_count_the_program_keeps() -> None:
     high = W.ScalePolicy(**{**POLICY.__dict__, "min": 3, "max": 5})
     queued = W.decide(samples(1, 1.2, waiting=8), high)
     assert (queued.code, queued.want) == ("out", 3), queued
+
+
+@pytest.mark.parametrize("wake_part", [
+    {"wakes": ["soon", None, 999_990.0]},
+    {"wakes": 5},
+    {"timeline": "x", "wakes": [999_990.0]},
+    {"failed_at": "x", "wakes": [999_990.0]},
+])  # fmt: skip
+def test_a_bad_wake_field_keeps_the_step_under_way(
+    tmp_path: Path, wake_part: dict[str, Any]
+) -> None:
+    """A field of the wake's that does not parse loses that field, not the step under way: a
+    step forgotten is a second one dispatched beside it (through a webhook nothing shows the
+    first one's run)."""
+    now = 1_000_000.0
+    step = {"status": "following", "wanted": 3, "from": 2, "pool": 2, "_t": now - 60}
+    waker = loaded(tmp_path, {"autoscale": {"steps": [step]}, **wake_part}, now)
+    assert waker.current_step() is not None, waker.steps
+    assert waker.wakes == ([999_990.0] if wake_part["wakes"] != 5 else [])

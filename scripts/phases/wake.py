@@ -689,21 +689,30 @@ class Waker:
             return
         try:
             data = json.loads(self.s.state_file.read_text())
-            now = self.clock()
-            self.wakes = [float(t) for t in data.get("wakes", []) if now - float(t) < DAY]
-            self.timeline = dict(data.get("timeline") or {})
-            scaled = data.get("autoscale")
-            scaled = scaled if isinstance(scaled, dict) else {}
-            self.steps = steps_loaded(scaled.get("steps"), now)
-            self.points = points_loaded(scaled.get("points"), now)
-            decided, refused = scaled.get("last_decision"), scaled.get("last_refusal")
-            self.last_decision = decided if isinstance(decided, dict) else None
-            self.last_refusal = refused if isinstance(refused, dict) else None
-            if data.get("failed_at") and now - float(data["failed_at"]) < self.cooldown():
-                self.failed_at, self.reason = float(data["failed_at"]), str(data.get("reason"))
-            self.resume(now)
-        except (OSError, ValueError, TypeError, AttributeError, RecursionError):
+        except (OSError, ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict):
             log("state_reset", why="the state file did not parse")
+            return
+        # Field by field: one that does not parse is lost alone (a step forgotten would be a
+        # second one dispatched beside it; the wakes forgotten, the day's budget reset).
+        now = self.clock()
+        wakes = data.get("wakes")
+        self.wakes = [t for t in map(_finite, wakes if isinstance(wakes, list) else [])
+                      if t is not None and now - t < DAY]  # fmt: skip
+        timeline = data.get("timeline")
+        self.timeline = dict(timeline) if isinstance(timeline, dict) else {}
+        scaled = data.get("autoscale")
+        scaled = scaled if isinstance(scaled, dict) else {}
+        self.steps = steps_loaded(scaled.get("steps"), now)
+        self.points = points_loaded(scaled.get("points"), now)
+        decided, refused = scaled.get("last_decision"), scaled.get("last_refusal")
+        self.last_decision = decided if isinstance(decided, dict) else None
+        self.last_refusal = refused if isinstance(refused, dict) else None
+        failed_at = _finite(data.get("failed_at"))
+        if failed_at and now - failed_at < self.cooldown():
+            self.failed_at, self.reason = failed_at, str(data.get("reason"))
+        self.resume(now)
 
     def resume(self, now: float) -> None:
         """A wake whose pipeline had started, or was being started, when this service stopped (a
