@@ -6,6 +6,7 @@ so each decision is deterministic. Small windows (sample 0.2 s, out 1 s, in 2 s)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import loopback
 import pytest
 import requests
 import script_module
+from aiohttp import ClientSession
 from pulumi_harness import stack_config
 from stack import github_api
 from test_wake import API_KEY, CHAT, DISPATCH, KEYED, TOKEN, WAKE, FakeGitHub, in_background
@@ -610,13 +612,9 @@ class RawReplica:
 
 def read_one(waker: Any, port: int) -> tuple[Any, str]:
     async def go() -> tuple[Any, str]:
-        from aiohttp import ClientSession
-
         async with ClientSession(auto_decompress=False) as session:
             result: tuple[Any, str] = await waker.read_replica(session, ("127.0.0.1", port))
             return result
-
-    import asyncio
 
     return asyncio.run(go())
 
@@ -676,9 +674,6 @@ def loaded(tmp_path: Path, state: Any, now: float = 1_000_000.0, **env: str) -> 
 
 def tick(waker: Any) -> None:
     """One scale_tick with no replica to read (the pool's files as they are)."""
-    import asyncio
-
-    from aiohttp import ClientSession
 
     async def go() -> None:
         async with ClientSession() as session:
@@ -708,7 +703,7 @@ def test_a_step_with_fields_of_the_wrong_type_does_not_wedge_autoscale(
     waker.mode = "awake"
     tick(waker)
     d = W.Decision("out", 3, "test", {})
-    refusal = __import__("asyncio").run(waker.step_refusal(d, 2, now + 46 * 60 + 600))
+    refusal = asyncio.run(waker.step_refusal(d, 2, now + 46 * 60 + 600))
     assert "scale_tick_failed" not in failed and "state_reset" not in failed, failed
     assert waker.current_step() is None, waker.steps
     assert refusal is None or refusal[0] == "update_running", refusal
@@ -760,7 +755,7 @@ def test_a_step_dated_in_the_future_ends_at_its_deadline_from_now(tmp_path: Path
                                       "_end": ahead}]}}  # fmt: skip
     waker = loaded(tmp_path, ended, now)
     d = W.Decision("out", 3, "test", {})
-    refusal = __import__("asyncio").run(waker.step_refusal(d, 2, now + 6 * 60))
+    refusal = asyncio.run(waker.step_refusal(d, 2, now + 6 * 60))
     assert refusal is None or refusal[0] != "cooldown", refusal
 
 
@@ -768,8 +763,6 @@ def test_github_answering_garbage_is_no_answer_never_a_dead_follow(tmp_path: Pat
     """A runs list that is not GitHub's shape (a number, strings, an id that is no number, not
     an object) is as if GitHub had not answered: the update check says one may run, and the
     step's follow goes on to the next look instead of dying with its task."""
-    import asyncio
-
     waker = in_process(tmp_path, WAKE_RUN_POLL_SECONDS="0")
     made = "2026-01-01T00:00:00Z"
     ours = {"id": 9001, "display_title": "deploy dev up", "created_at": made,
@@ -791,8 +784,6 @@ def test_github_answering_garbage_is_no_answer_never_a_dead_follow(tmp_path: Pat
 def test_another_stack_whose_name_starts_alike_is_not_an_update_of_this_one(
     tmp_path: Path,
 ) -> None:
-    import asyncio
-
     waker = in_process(tmp_path)
     runs = [{"id": 1, "display_title": "deploy dev2 up", "status": "in_progress"},
             {"id": 2, "display_title": "deploy development up", "status": "queued"},

@@ -77,7 +77,7 @@ def test_the_count_is_the_steps_or_the_clouds_within_the_bounds(
 
 
 @pytest.mark.parametrize("asked", ["three", "-1", "2.5", "1e3", "3; rm -rf /", "9999",
-                                   "\uff13", "\u0663", "\u00b2", "+3", "0x3", "3\x00"])
+                                   "\uff13", "\u0663", "\u00b2", "+3", "0x3", "3\x00"])  # fmt: skip
 def test_an_input_that_is_not_a_count_is_refused_naming_it(asked: str) -> None:
     with pytest.raises(ConfigError) as err:
         scale.decide(AutoscaleConfig(min=1, max=3), 1, asked)
