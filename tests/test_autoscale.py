@@ -6,6 +6,7 @@ so each decision is deterministic. Small windows (sample 0.2 s, out 1 s, in 2 s)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import loopback
 import pytest
 import requests
 import script_module
+from aiohttp import ClientSession
 from pulumi_harness import stack_config
 from stack import github_api
 from test_wake import API_KEY, CHAT, DISPATCH, KEYED, TOKEN, WAKE, FakeGitHub, in_background
@@ -546,3 +548,309 @@ def test_the_program_renders_the_settings_the_waker_reads() -> None:
     assert f"LoadCredential=apikey:{wake.API_KEY_FILE}" in unit
     assert "Environment=WAKE_API_KEY_FILE=%d/apikey" in unit
     assert "apikey" not in wake.unit_text(), "without autoscale the unit is as it was"
+
+
+# ---- hostile inputs, in process ------------------------------------------------------------------
+
+
+def in_process(tmp_path: Path, **env: str) -> Any:
+    """A Waker with autoscale on, its state file and upstream folder in tmp_path (no server)."""
+    key = tmp_path / "apikey"
+    key.write_text(API_KEY + "\n")
+    ups = tmp_path / "ups"
+    ups.mkdir(exist_ok=True)
+    settings = W.Settings.from_env({
+        "WAKE_UPSTREAMS_DIR": str(ups), "WAKE_HOLD_FILE": str(tmp_path / "hold"),
+        "WAKE_STACK": "dev", "WAKE_API_KEY_FILE": str(key), "WAKE_GITHUB_REPO": "me/llm",
+        "WAKE_STATE_FILE": str(tmp_path / "state.json"), "WAKE_GITHUB_API": "http://127.0.0.1:9",
+        **SCALE, **env})  # fmt: skip
+    return W.Waker(settings)
+
+
+class RawReplica:
+    """A gateway that answers /health 200 and /metrics with `body`, written in pieces of
+    `piece` bytes `pause` seconds apart (as a page larger than a TCP window arrives)."""
+
+    def __init__(self, body: bytes, piece: int = 1 << 30, pause: float = 0.0) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.body, self.piece, self.pause = body, piece, pause
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.one, args=(conn,), daemon=True).start()
+
+    def one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                while True:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        got = conn.recv(65536)
+                        if not got:
+                            return
+                        head += got
+                    if head.startswith(b"GET /health "):
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                        continue
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                                 b"Content-Length: %d\r\n\r\n" % len(self.body))  # fmt: skip
+                    for i in range(0, len(self.body), self.piece):
+                        conn.sendall(self.body[i : i + self.piece])
+                        time.sleep(self.pause)
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+def read_one(waker: Any, port: int) -> tuple[Any, str]:
+    async def go() -> tuple[Any, str]:
+        async with ClientSession(auto_decompress=False) as session:
+            result: tuple[Any, str] = await waker.read_replica(session, ("127.0.0.1", port))
+            return result
+
+    return asyncio.run(go())
+
+
+FILLER = "".join(f'vllm:generation_tokens_total{{engine="0",n="{i}"}} {i}\n'
+                 for i in range(3000)).encode()  # fmt: skip
+
+
+def test_a_page_that_arrives_in_pieces_is_read_whole(tmp_path: Path) -> None:
+    """vLLM's page is tens of kB: it arrives over several reads. The sample is the whole page's
+    (engine 1's gauges after the filler count), not what the first read happened to hold."""
+    body = (b'vllm:num_requests_waiting{engine="0"} 1\nvllm:num_requests_running{engine="0"} 2\n'
+            + FILLER + b'vllm:num_requests_waiting{engine="1"} 5\n'
+            b'vllm:num_requests_running{engine="1"} 7\n')  # fmt: skip
+    replica = RawReplica(body, piece=16384, pause=0.05)
+    try:
+        reading, why = read_one(in_process(tmp_path), replica.port)
+    finally:
+        replica.stop()
+    assert why == "" and (reading.waiting, reading.running) == (6, 9), (reading, why)
+
+
+def test_a_page_larger_than_the_limit_is_stale_not_a_partial_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page cut at METRICS_LIMIT would count some engines and not others (fewer running: a
+    step in on a busy set): it is stale instead."""
+    monkeypatch.setattr(W, "METRICS_LIMIT", 20_000)
+    body = (b'vllm:num_requests_waiting{engine="0"} 0\nvllm:num_requests_running{engine="0"} 1\n'
+            + FILLER + b'vllm:num_requests_running{engine="1"} 90\n')  # fmt: skip
+    replica = RawReplica(body)
+    try:
+        reading, why = read_one(in_process(tmp_path), replica.port)
+    finally:
+        replica.stop()
+    assert reading is None and "/metrics is larger than" in why, (reading, why)
+
+
+def test_a_page_that_trickles_is_stale_within_the_look_timeout(tmp_path: Path) -> None:
+    replica = RawReplica(b"vllm:num_requests_waiting 1\n" * 200, piece=1, pause=0.05)
+    began = time.monotonic()
+    try:
+        reading, why = read_one(in_process(tmp_path), replica.port)
+    finally:
+        replica.stop()
+    assert reading is None and "could not be read" in why, (reading, why)
+    assert time.monotonic() - began < W.LOOK_TIMEOUT + 1.5
+
+
+def loaded(tmp_path: Path, state: Any, now: float = 1_000_000.0, **env: str) -> Any:
+    waker = in_process(tmp_path, **env)
+    waker.clock = lambda: now
+    (tmp_path / "state.json").write_text(state if isinstance(state, str) else json.dumps(state))
+    waker.load()
+    return waker
+
+
+def tick(waker: Any) -> None:
+    """One scale_tick with no replica to read (the pool's files as they are)."""
+
+    async def go() -> None:
+        async with ClientSession() as session:
+            await waker.scale_tick(session)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("step", [
+    {"status": "following", "wanted": 3},  # no _t
+    {"status": "following", "wanted": 3, "_t": "soon", "pool": "two"},
+    {"status": "failed", "wanted": 3, "_t": 1.0, "_end": "later"},
+    {"status": "following", "wanted": "3", "_t": None, "events": "x"},
+])  # fmt: skip
+def test_a_step_with_fields_of_the_wrong_type_does_not_wedge_autoscale(
+    tmp_path: Path, step: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose times or counts do not parse is repaired at load: under way, it ends at
+    wake.deadlineMinutes from now; ended, its cooldown runs from now. Never an exception at
+    every sample, for ever."""
+    failed: list[str] = []
+    monkeypatch.setattr(W, "log", lambda event, **f: failed.append(event))
+    now = 1_000_000.0
+    waker = loaded(tmp_path, {"wakes": [], "timeline": {}, "autoscale": {"steps": [step]}}, now)
+    tick(waker)
+    waker.clock = lambda: now + 46 * 60  # past wake.deadlineMinutes (45) and any cooldown
+    waker.mode = "awake"
+    tick(waker)
+    d = W.Decision("out", 3, "test", {})
+    refusal = asyncio.run(waker.step_refusal(d, 2, now + 46 * 60 + 600))
+    assert "scale_tick_failed" not in failed and "state_reset" not in failed, failed
+    assert waker.current_step() is None, waker.steps
+    assert refusal is None or refusal[0] == "update_running", refusal
+
+
+def test_a_step_that_is_not_an_object_is_dropped_and_the_rest_of_the_state_kept(
+    tmp_path: Path,
+) -> None:
+    now = 1_000_000.0
+    state = {"wakes": [now - 60], "timeline": {}, "failed_at": now - 30, "reason": "r",
+             "autoscale": {"steps": ["x", 5, None, {"status": "done", "wanted": 2, "_t": now - 99,
+                                                     "_end": now - 90}],
+                           "points": [[now - 100, 2]], "last_decision": "oops"}}  # fmt: skip
+    waker = loaded(tmp_path, state, now)
+    assert waker.failed_at == now - 30, "the wake's cooldown survives a bad step"
+    assert [s["wanted"] for s in waker.steps] == [2]
+    assert waker.points == [(now - 100, 2)]
+    assert waker.last_decision is None
+
+
+def test_the_count_history_is_bounded_and_ignores_points_from_the_future(tmp_path: Path) -> None:
+    """A state file with a huge history (or one written while the clock ran ahead) keeps the
+    last day's points only, the one before the day's start saying its count: the list cannot
+    grow for ever, and pruning it is not quadratic."""
+    now = 10 * W.DAY
+    points = [[now - 3 * W.DAY + i, i % 2 + 1] for i in range(50_000)]
+    points += [[now - 3600, 3], [now + 7 * W.DAY, 1], [float("nan"), 2]]
+    waker = loaded(tmp_path, {"autoscale": {"points": points}}, now)
+    began = (now - 3 * W.DAY + 49_999, 2)  # the count the day began with
+    assert waker.points == [began, (now - 3600, 3)], waker.points[:5]
+    assert W.replica_hours(waker.points, now) == pytest.approx(23 * 2 + 3)
+    # The clock jumps back an hour: the points after it are dropped, not kept ahead of it.
+    waker.count_point(now, 2)
+    waker.count_point(now - 3600 + 60, 1)
+    assert waker.points == [began, (now - 3600, 3), (now - 3600 + 60, 1)], waker.points
+
+
+def test_a_step_dated_in_the_future_ends_at_its_deadline_from_now(tmp_path: Path) -> None:
+    """A step saved while the clock ran ahead (a front booted before NTP) would wait out its
+    deadline and its cooldown from that future: its times are taken as now at most."""
+    now = 1_000_000.0
+    ahead = now + 3650 * W.DAY
+    state = {"autoscale": {"steps": [{"status": "following", "wanted": 3, "from": 2, "pool": 2,
+                                      "run": "success", "_t": ahead, "_end": None}]}}  # fmt: skip
+    waker = loaded(tmp_path, state, now)
+    waker.step_progress(waker.current_step(), 2, now + 46 * 60)
+    assert waker.steps[-1]["status"] == "failed", waker.steps[-1]
+    ended = {"autoscale": {"steps": [{"status": "done", "wanted": 3, "_t": ahead,
+                                      "_end": ahead}]}}  # fmt: skip
+    waker = loaded(tmp_path, ended, now)
+    d = W.Decision("out", 3, "test", {})
+    refusal = asyncio.run(waker.step_refusal(d, 2, now + 6 * 60))
+    assert refusal is None or refusal[0] != "cooldown", refusal
+
+
+def test_github_answering_garbage_is_no_answer_never_a_dead_follow(tmp_path: Path) -> None:
+    """A runs list that is not GitHub's shape (a number, strings, an id that is no number, not
+    an object) is as if GitHub had not answered: the update check says one may run, and the
+    step's follow goes on to the next look instead of dying with its task."""
+    waker = in_process(tmp_path, WAKE_RUN_POLL_SECONDS="0")
+    made = "2026-01-01T00:00:00Z"
+    ours = {"id": 9001, "display_title": "deploy dev up", "created_at": made,
+            "status": "completed", "conclusion": "success"}  # fmt: skip
+    answers = iter([
+        (200, {"workflow_runs": 5}),  # recent_runs
+        (200, {"workflow_runs": 5}), (200, {"workflow_runs": ["x", 7]}), (200, "garbage"),
+        (200, {"workflow_runs": [{**ours, "id": "abc"}]}),
+        (200, {"workflow_runs": [{**ours, "created_at": 17}]}),
+        (200, {"workflow_runs": [ours]}),
+    ])  # fmt: skip
+    waker._request = lambda *_: next(answers)
+    assert waker.recent_runs() is None
+    found: list[int] = []
+    ended = asyncio.run(waker.follow_run(0.0, None, lambda: True, found.append, lambda _: None))
+    assert ended == (True, "") and found == [9001], (ended, found)
+
+
+def test_another_stack_whose_name_starts_alike_is_not_an_update_of_this_one(
+    tmp_path: Path,
+) -> None:
+    waker = in_process(tmp_path)
+    runs = [{"id": 1, "display_title": "deploy dev2 up", "status": "in_progress"},
+            {"id": 2, "display_title": "deploy development up", "status": "queued"},
+            {"id": 3, "display_title": "deploy dev", "status": "queued"}]  # fmt: skip
+    waker._request = lambda *_: (200, {"workflow_runs": runs})
+    assert asyncio.run(waker.update_under_way(0.0)) == ""
+    waker.update_seen = None
+    runs.append({"id": 4, "display_title": "deploy dev up", "status": "waiting"})
+    assert asyncio.run(waker.update_under_way(0.0)) == "4"
+
+
+def test_a_series_repeated_on_a_page_counts_once_and_lookalike_names_never() -> None:
+    """Prometheus' format allows one sample per series: a repeated label set (a page served
+    twice over, a buggy exporter) is the same series, its last value, not twice the queue.
+    Timestamps and exemplars after the value, and names that merely start like ours, change
+    nothing."""
+    page = "\n".join([
+        'vllm:num_requests_waiting{engine="0"} 4',
+        'vllm:num_requests_waiting{engine="0"} 4',
+        'vllm:num_requests_waiting{engine="1"} 1 1700000000000',
+        'vllm:num_requests_running{engine="0"} 2',
+        'vllm:num_requests_running{engine="0"} 3',
+        'vllm:request_success_total{engine="0",finished_reason="stop"} 10 # {trace_id="a"} 1.0',
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 99',
+        'vllm:num_requests_waiting:sum 50',
+        'vllm:num_requests_running_total 70',
+    ])  # fmt: skip
+    assert W.parse_metrics(page) == W.Reading(waiting=5, running=3, kv=0, finished=10)
+
+
+def test_an_upstream_listed_twice_is_one_replica(tmp_path: Path) -> None:
+    """Two files naming the same address (a file left behind, an address reused) are one
+    replica: the pool's count, the sample and the step's `from` agree."""
+    waker = in_process(tmp_path)
+    ups = tmp_path / "ups"
+    (ups / "r0.caddy").write_text("to 10.0.0.2:8080\n")
+    (ups / "r1.caddy").write_text("to 10.0.0.3:8080\n")
+    (ups / "old.caddy").write_text("to 10.0.0.3:8080\n")
+    assert sorted(waker.upstreams()) == [("10.0.0.2", 8080), ("10.0.0.3", 8080)]
+
+
+def test_a_pool_outside_the_bounds_steps_to_a_count_the_program_keeps() -> None:
+    """autoscale.max lowered (or min raised) under a live set: the pool is outside the bounds
+    until the next run moves it. A step asks for a count within them (the program would keep
+    any other within them, and a step waiting for a count it can never reach fails at its
+    deadline)."""
+    idle = W.decide(samples(5, 2.2, running=1), POLICY)
+    assert (idle.code, idle.want) == ("in", 3), idle
+    high = W.ScalePolicy(**{**POLICY.__dict__, "min": 3, "max": 5})
+    queued = W.decide(samples(1, 1.2, waiting=8), high)
+    assert (queued.code, queued.want) == ("out", 3), queued
+
+
+@pytest.mark.parametrize("wake_part", [
+    {"wakes": ["soon", None, 999_990.0]},
+    {"wakes": 5},
+    {"timeline": "x", "wakes": [999_990.0]},
+    {"failed_at": "x", "wakes": [999_990.0]},
+])  # fmt: skip
+def test_a_bad_wake_field_keeps_the_step_under_way(
+    tmp_path: Path, wake_part: dict[str, Any]
+) -> None:
+    """A field of the wake's that does not parse loses that field, not the step under way: a
+    step forgotten is a second one dispatched beside it (through a webhook nothing shows the
+    first one's run)."""
+    now = 1_000_000.0
+    step = {"status": "following", "wanted": 3, "from": 2, "pool": 2, "_t": now - 60}
+    waker = loaded(tmp_path, {"autoscale": {"steps": [step]}, **wake_part}, now)
+    assert waker.current_step() is not None, waker.steps
+    assert waker.wakes == ([999_990.0] if wake_part["wakes"] != 5 else [])

@@ -76,13 +76,21 @@ def test_the_count_is_the_steps_or_the_clouds_within_the_bounds(
     assert (got.replicas, got.source, got.note) == (count, source, note)
 
 
-@pytest.mark.parametrize("asked", ["three", "-1", "2.5", "1e3", "3; rm -rf /", "9999"])
+@pytest.mark.parametrize("asked", ["three", "-1", "2.5", "1e3", "3; rm -rf /", "9999",
+                                   "\uff13", "\u0663", "\u00b2", "+3", "0x3", "3\x00"])  # fmt: skip
 def test_an_input_that_is_not_a_count_is_refused_naming_it(asked: str) -> None:
     with pytest.raises(ConfigError) as err:
         scale.decide(AutoscaleConfig(min=1, max=3), 1, asked)
     [problem] = err.value.problems
     assert problem.startswith(f"{scale.ENV} (deploy.yml's `replicas` input): ")
     assert "accepted: a whole number of replicas, 1 to 3" in problem
+
+
+@pytest.mark.parametrize("asked", [" 3 ", "003", "\u00a03\u2003", "3\n"])
+def test_a_count_with_whitespace_or_leading_zeros_is_the_count(asked: str) -> None:
+    """What a CI may hand over around a count (a trailing newline, padding) is not part of it;
+    a digit of another script ("\uff13") is refused above, never read as a count."""
+    assert scale.decide(AutoscaleConfig(min=1, max=3), 1, asked).replicas == 3
 
 
 def test_a_push_keeps_the_replicas_a_step_added(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,6 +67,7 @@ SCALE_IN_UTILIZATION, SCALE_REPLICA_CAPACITY, SCALE_COOLDOWN_MINUTES, SCALE_DAIL
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import http.client
 import inspect
@@ -230,7 +231,7 @@ WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USE = "vllm:kv_cache_usage_perc"
 FINISHED = "vllm:request_success_total"
-METRIC_LINE = re.compile(r'^(vllm:[A-Za-z0-9_:]+)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
+METRIC_LINE = re.compile(r'^(vllm:[A-Za-z0-9_:]+)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
 METRICS_LIMIT = 4_000_000  # bytes of one /metrics page read
 KV_FULL = 0.95  # a cache this full with nothing waiting: the signals disagree
 STEPS_KEPT = 20
@@ -306,24 +307,26 @@ def parse_metrics(text: str) -> Reading | None:
     """The four series out of Prometheus' text format; None without the queue's gauges (not
     a vLLM page, or one started with --disable-log-stats). A value that is not a finite count
     (NaN, +Inf, negative) is no reading: a counter or gauge of vLLM's is never one."""
-    found: dict[str, list[float]] = {}
+    # Each series (name and label set) once: the format allows one sample per series, so a
+    # repeated one is the same series again (its last value), never counted twice.
+    found: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         match = METRIC_LINE.match(line)
         if not match or match[1] not in (WAITING, RUNNING, KV_USE, FINISHED):
             continue
         try:
-            value = float(match[2])
+            value = float(match[3])
         except ValueError:
             continue
         if math.isfinite(value) and value >= 0:
-            found.setdefault(match[1], []).append(value)
+            found.setdefault(match[1], {})[match[2] or ""] = value
     if WAITING not in found or RUNNING not in found:
         return None
     return Reading(
-        waiting=sum(found[WAITING]),
-        running=sum(found[RUNNING]),
-        kv=max(found.get(KV_USE, [0.0])),
-        finished=sum(found.get(FINISHED, [0.0])),
+        waiting=sum(found[WAITING].values()),
+        running=sum(found[RUNNING].values()),
+        kv=max(found.get(KV_USE, {"": 0.0}).values()),
+        finished=sum(found.get(FINISHED, {}).values()),
     )
 
 
@@ -464,7 +467,8 @@ def _decide_out(out: list[Sample], n: int, p: ScalePolicy, signals: dict[str, An
     if q["kv_mean"] < KV_FULL:
         why += (f"; KV cache {q['kv_mean']:.0%} used: the queue decides (a prefill-heavy "
                 "queue waits with the cache low)")  # fmt: skip
-    return Decision("out", n + 1, why, signals)
+    # Below a raised min the program makes the floor whatever is asked: ask for it.
+    return Decision("out", max(n + 1, p.floor), why, signals)
 
 
 def _decide_in(quiet: list[Sample], n: int, p: ScalePolicy, signals: dict[str, Any]) -> Decision:
@@ -474,15 +478,78 @@ def _decide_in(quiet: list[Sample], n: int, p: ScalePolicy, signals: dict[str, A
                         f"max(autoscale.min, 1) = {p.floor})", signals)  # fmt: skip
     peak_running = max(s.running for s in quiet)
     peak_kv = max(s.kv_sum for s in quiet)
-    room_running = (n - 1) * p.capacity * p.in_utilization
-    room_kv = (n - 1) * p.in_utilization
+    # Above a lowered max the program keeps max whatever is asked: ask for it.
+    fewer = min(n - 1, p.max)
+    room_running = fewer * p.capacity * p.in_utilization
+    room_kv = fewer * p.in_utilization
     signals |= {"peak_running": peak_running, "peak_kv_sum": round(peak_kv, 3)}
     peaks = (f"peak {peak_running:g} running (room {room_running:g}) and KV {peak_kv:.2f} "
              f"(room {room_kv:.2f}) over {p.in_window:g} s with nothing waiting")  # fmt: skip
     if peak_running <= room_running and peak_kv <= room_kv:
-        return Decision("in", n - 1, f"{peaks}: {n - 1} carry it within "
+        return Decision("in", fewer, f"{peaks}: {fewer} carry it within "
                         f"autoscale.inUtilization ({p.in_utilization:g})", signals)  # fmt: skip
     return Decision("steady", None, f"{peaks}: one fewer would be too full", signals)
+
+
+def day_of(points: list[tuple[float, int]], now: float) -> list[tuple[float, int]]:
+    """The points (in time order) of the last day, and the last one before the day's start,
+    which says the count the day began with."""
+    start = bisect.bisect_right([at for at, _ in points], now - DAY)
+    return points[max(start - 1, 0) :]
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def points_loaded(raw: Any, now: float) -> list[tuple[float, int]]:
+    """The count history from a state file, whatever it holds: pairs of a finite time no later
+    than now and a count, in time order, the last day's."""
+    points = []
+    for item in raw if isinstance(raw, list) else []:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            at, count = _finite(item[0]), _finite(item[1])
+            if at is not None and at <= now and count is not None and count >= 0:
+                points.append((at, int(count)))
+    points.sort(key=lambda pt: pt[0])
+    return day_of(points, now)
+
+
+STEP_STATUSES = ("dispatching", "following", "done", "failed")
+
+
+def steps_loaded(raw: Any, now: float) -> list[dict[str, Any]]:
+    """The steps from a state file, whatever it holds: objects only, their counts whole numbers,
+    their times finite and no later than now (one under way without a readable start ends at
+    wake.deadlineMinutes from now; one ended without a readable end cools down from now)."""
+    steps = []
+    for item in raw[-STEPS_KEPT:] if isinstance(raw, list) else []:
+        if not isinstance(item, dict):
+            continue
+        step = dict(item)
+        if step.get("status") not in STEP_STATUSES:
+            step["status"] = "failed"
+        for key in ("wanted", "from", "pool"):
+            number = _finite(step.get(key))
+            step[key] = int(number) if number is not None else None
+        run_id = _finite(step.get("run_id"))
+        step["run_id"] = int(run_id) if run_id is not None else None
+        started = _finite(step.get("_t"))
+        step["_t"] = min(started, now) if started is not None else now
+        if step["status"] in ("done", "failed"):
+            ended = _finite(step.get("_end"))
+            step["_end"] = min(ended, now) if ended is not None else now
+        else:
+            step["_end"] = None
+        events = step.get("events")
+        step["events"] = [e for e in events if isinstance(e, list)][-50:] \
+            if isinstance(events, list) else []  # fmt: skip
+        steps.append(step)
+    return steps
 
 
 def replica_hours(points: list[tuple[float, int]], now: float) -> float:
@@ -622,19 +689,30 @@ class Waker:
             return
         try:
             data = json.loads(self.s.state_file.read_text())
-            now = self.clock()
-            self.wakes = [float(t) for t in data.get("wakes", []) if now - float(t) < DAY]
-            self.timeline = dict(data.get("timeline") or {})
-            scaled = data.get("autoscale") or {}
-            self.steps = [dict(s) for s in scaled.get("steps") or []][-STEPS_KEPT:]
-            self.points = [(float(a), int(c)) for a, c in scaled.get("points") or []]
-            self.last_decision = scaled.get("last_decision")
-            self.last_refusal = scaled.get("last_refusal")
-            if data.get("failed_at") and now - float(data["failed_at"]) < self.cooldown():
-                self.failed_at, self.reason = float(data["failed_at"]), str(data.get("reason"))
-            self.resume(now)
-        except (OSError, ValueError, TypeError, AttributeError):
+        except (OSError, ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict):
             log("state_reset", why="the state file did not parse")
+            return
+        # Field by field: one that does not parse is lost alone (a step forgotten would be a
+        # second one dispatched beside it; the wakes forgotten, the day's budget reset).
+        now = self.clock()
+        wakes = data.get("wakes")
+        self.wakes = [t for t in map(_finite, wakes if isinstance(wakes, list) else [])
+                      if t is not None and now - t < DAY]  # fmt: skip
+        timeline = data.get("timeline")
+        self.timeline = dict(timeline) if isinstance(timeline, dict) else {}
+        scaled = data.get("autoscale")
+        scaled = scaled if isinstance(scaled, dict) else {}
+        self.steps = steps_loaded(scaled.get("steps"), now)
+        self.points = points_loaded(scaled.get("points"), now)
+        decided, refused = scaled.get("last_decision"), scaled.get("last_refusal")
+        self.last_decision = decided if isinstance(decided, dict) else None
+        self.last_refusal = refused if isinstance(refused, dict) else None
+        failed_at = _finite(data.get("failed_at"))
+        if failed_at and now - failed_at < self.cooldown():
+            self.failed_at, self.reason = failed_at, str(data.get("reason"))
+        self.resume(now)
 
     def resume(self, now: float) -> None:
         """A wake whose pipeline had started, or was being started, when this service stopped (a
@@ -965,11 +1043,10 @@ class Waker:
             f"workflows/{self.s.github_workflow}/runs?event=workflow_dispatch&per_page=20"
         )
         status, body = self._request("GET", url, None, self._github_headers())
-        if status != 200 or not isinstance(body, dict):
-            return None
-        for run in body.get("workflow_runs") or []:
+        for run in _runs_of(status, body) or []:
             created = _epoch(run.get("created_at"))
-            if created is not None and created >= started - 5 and self._title_matches(run):
+            if created is not None and created >= started - 5 and self._title_matches(run) \
+                    and _run_id(run) is not None:  # fmt: skip
                 return dict(run)
         return None
 
@@ -980,9 +1057,7 @@ class Waker:
             status, body = self._request("GET", url, None, self._github_headers())
         except PipelineError:
             return None
-        if status != 200 or not isinstance(body, dict):
-            return None
-        return [r for r in body.get("workflow_runs") or [] if isinstance(r, dict)]
+        return _runs_of(status, body)
 
     def replaced_by(self, ours: dict[str, Any]) -> str:
         """The run that took a cancelled run's place in deploy.yml's concurrency group (GitHub
@@ -1042,7 +1117,7 @@ class Waker:
                     listed = await asyncio.to_thread(self.find_run, started)
                     if listed is None:
                         continue
-                    run, run_id = listed, int(listed.get("id") or 0) or None
+                    run, run_id = listed, _run_id(listed)
                     if run_id is not None:
                         found(run_id)
             except PipelineError:
@@ -1140,7 +1215,9 @@ class Waker:
                     found.append((host.strip("[]"), int(port)))
             except OSError:
                 continue
-        return found
+        # An address in two files (one left behind, an address reused) is one replica: the
+        # pool's count, a sample's and a step's `from` must agree.
+        return list(dict.fromkeys(found))
 
     async def look(self, session: ClientSession) -> None:
         """One look at every replica and the mode that follows. `checked_at` is when it began
@@ -1251,12 +1328,14 @@ class Waker:
         self.save()
 
     def count_point(self, now: float, count: int) -> None:
-        """The pool's count as it changes, kept for a day (the budget's replica-hours)."""
+        """The pool's count as it changes, kept for a day (the budget's replica-hours). Points
+        after `now` (the clock went back) are dropped: the history stays in time order, and a
+        point ahead of the clock cannot hold the day's pruning back."""
+        if self.points and self.points[-1][0] > now:
+            self.points = [pt for pt in self.points if pt[0] <= now]
         if not self.points or self.points[-1][1] != count:
             self.points.append((now, count))
-            # The last point before the day's start says the count the day began with.
-            while len(self.points) > 1 and self.points[1][0] <= now - DAY:
-                self.points.pop(0)
+            self.points = day_of(self.points, now)
             self.save()
 
     def budget(self, now: float) -> dict[str, Any] | None:
@@ -1377,7 +1456,15 @@ class Waker:
                                    timeout=timeout) as resp:  # fmt: skip
                 if resp.status != 200:
                     return None, f"{name}: /metrics answered HTTP {resp.status}"
-                text = (await resp.content.read(METRICS_LIMIT)).decode("utf-8", "replace")
+                # read(n) answers what has arrived, up to n: a page is read to its end (within
+                # the total timeout). One cut at the limit would count some engines and not
+                # others, so a page over it is stale, not a smaller count.
+                page = bytearray()
+                while chunk := await resp.content.read(METRICS_LIMIT + 1 - len(page)):
+                    page += chunk
+                    if len(page) > METRICS_LIMIT:
+                        return None, f"{name}: /metrics is larger than {METRICS_LIMIT} bytes"
+                text = page.decode("utf-8", "replace")
         except (ClientError, OSError, TimeoutError) as err:
             return None, f"{name}: /metrics could not be read ({type(err).__name__})"
         reading = parse_metrics(text)
@@ -1392,6 +1479,7 @@ class Waker:
         assert p is not None and d.want is not None
         last = self.steps[-1] if self.steps else None
         if last is not None and last.get("_end") is not None:
+            last["_end"] = min(float(last["_end"]), now)  # the clock went back: from now at most
             left = float(last["_end"]) + p.cooldown_minutes * 60 - now
             if left > 0:
                 ago = int(now - float(last["_end"]))
@@ -1488,6 +1576,7 @@ class Waker:
             what = "replica_joined" if n > int(step.get("pool") or 0) else "replica_left"
             step["pool"] = n
             self.step_event(step, what, pool=n)
+        step["_t"] = min(float(step["_t"]), now)  # the clock went back: from now at most
         ran = step.get("run") == "success" or self.s.trigger != "github"
         if step.get("status") == "following" and ran and n == step.get("wanted"):
             self.end_step(step, "done", None)
@@ -1537,6 +1626,21 @@ async def _connects(host: str, port: int) -> bool:
         return False
     writer.close()
     return True
+
+
+def _runs_of(status: int, body: Any) -> list[dict[str, Any]] | None:
+    """The runs of actions/list-workflow-runs' answer; None when it is not that (an error, or
+    a body of another shape: as if GitHub had not answered)."""
+    runs = body.get("workflow_runs") if status == 200 and isinstance(body, dict) else None
+    if not isinstance(runs, list):
+        return None
+    return [run for run in runs if isinstance(run, dict)]
+
+
+def _run_id(run: dict[str, Any]) -> int | None:
+    """A run's id when it is one (a positive whole number)."""
+    value = run.get("id")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _epoch(text: Any) -> float | None:
