@@ -58,20 +58,22 @@ def decide(scale: AutoscaleConfig, live: int, asked: str | None) -> Count:
                 ]
             )
         wanted = int(text)
-        kept = min(max(wanted, floor), ceiling)
-        note = f"asked for {wanted}"
-        if kept != wanted:
-            bound = "autoscale.max" if wanted > ceiling else "autoscale.min (at least 1)"
-            note += f", kept within {bound}: {kept}"
+        kept, note = _within(
+            wanted, floor, ceiling, f"asked for {wanted}", "autoscale.min (at least 1)"
+        )
         return Count(kept, live, "asked", note)
     if live == 0:
         return Count(floor, 0, "floor", f"none alive: max(autoscale.min, 1) = {floor}")
-    kept = min(max(live, floor), ceiling)
-    note = f"{live} alive"
-    if kept != live:
-        bound = "autoscale.max" if live > ceiling else "autoscale.min"
-        note += f", kept within {bound}: {kept}"
+    kept, note = _within(live, floor, ceiling, f"{live} alive", "autoscale.min")
     return Count(kept, live, "live", note)
+
+
+def _within(count: int, floor: int, ceiling: int, note: str, floor_name: str) -> tuple[int, str]:
+    """`count` moved inside [floor, ceiling], and the note saying so when it moved."""
+    kept = min(max(count, floor), ceiling)
+    if kept != count:
+        note += f", kept within {'autoscale.max' if count > ceiling else floor_name}: {kept}"
+    return kept, note
 
 
 def live_count(cfg: StackConfig) -> int:
