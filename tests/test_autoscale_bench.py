@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import subprocess
 import sys
 import time
@@ -243,3 +244,76 @@ def test_the_trace_is_bursty_as_described_and_the_same_for_the_same_seed() -> No
 
     assert rate(0, 30) < 0.5 * capacity and rate(140, 200) < 0.5 * capacity
     assert rate(60, 120) > 2 * capacity
+
+
+def test_set_overrides_one_setting_in_real_units_scaled_as_the_defaults_and_refuses_bad_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--set NAME=VALUE (the schema's camelCase names, real units) replaces that setting alone,
+    the later of two for one name winning; at the default scale (60) windows and the cooldown
+    are divided by it, never under 4 samples (2 s), queueSeconds is a wait (not scaled) and
+    inUtilization a share. An unknown name, a value the schema refuses, a missing `=`, and an
+    in window shorter than the out window are each refused, naming what is wrong (main: exit
+    2 before anything starts)."""
+    scale, replica = autoscale_bench.Scale(), autoscale_bench.Replica()
+
+    def env(*sets: str) -> dict[str, str]:
+        e = scale.env(1, 3, replica, 3.39, autoscale_bench.policy(sets))
+        return {k.removeprefix("SCALE_"): v for k, v in e.items()}
+
+    default = env()
+    assert default == {k.removeprefix("SCALE_"): v
+                       for k, v in scale.env(1, 3, replica, 3.39).items()}  # fmt: skip
+    assert (default["QUEUE_SECONDS"], default["OUT_WINDOW_SECONDS"], default["IN_WINDOW_SECONDS"],
+            default["IN_UTILIZATION"], default["COOLDOWN_MINUTES"]) == (
+        "2", "2", "10", "0.5", f"{5 / 60:g}")  # 60 s / 60 is under 4 samples: 2  # fmt: skip
+    assert autoscale_bench.changed(autoscale_bench.policy()) == {}
+    cases = {
+        "queueSeconds=0.5": {"QUEUE_SECONDS": "0.5"},
+        "outWindowSeconds=180": {"OUT_WINDOW_SECONDS": "3"},
+        "outWindowSeconds=30": {},  # 0.5 s, under 4 samples: 2, as the default's
+        "inWindowSeconds=1200": {"IN_WINDOW_SECONDS": "20"},
+        "inUtilization=0.3": {"IN_UTILIZATION": "0.3"},
+        "cooldownMinutes=10": {"COOLDOWN_MINUTES": f"{10 / 60:g}"},
+        "cooldownMinutes=1": {"COOLDOWN_MINUTES": f"{2 / 60:g}"},  # 1 s: 4 samples, 2 s
+    }
+    for text, moved in cases.items():
+        assert env(text) == default | moved, text
+    assert env("queueSeconds=1", "outWindowSeconds=120", "queueSeconds=3") == default | {
+        "QUEUE_SECONDS": "3", "OUT_WINDOW_SECONDS": "2"}  # fmt: skip
+    assert autoscale_bench.changed(autoscale_bench.policy(["inUtilization=0.7"])) == {
+        "inUtilization": 0.7}  # fmt: skip
+    fast = autoscale_bench.Scale(create_seconds=60)  # factor 10
+    assert fast.env(1, 3, replica, 1, autoscale_bench.policy(["outWindowSeconds=180"]))[
+        "SCALE_OUT_WINDOW_SECONDS"] == "18"  # fmt: skip
+
+    refused = {
+        "max=5": "unknown setting 'max'; accepted: queueSeconds, outWindowSeconds",
+        "queue_seconds=1": "unknown setting 'queue_seconds'",
+        "queueSeconds=abc": "queueSeconds='abc'",
+        "queueSeconds=0": "queueSeconds='0': Input should be greater than 0",
+        "inUtilization=1": "inUtilization='1'",
+        "outWindowSeconds=12.5": "outWindowSeconds='12.5'",
+        "cooldownMinutes=0.5": "cooldownMinutes='0.5'",
+        "queueSeconds": "not NAME=VALUE",
+        "queueSeconds=": "not NAME=VALUE",
+        "inWindowSeconds=30": "inWindowSeconds (30) is shorter than outWindowSeconds (60)",
+    }
+    for text, said in refused.items():
+        with pytest.raises(autoscale_bench.SettingError, match=re.escape(said)):
+            autoscale_bench.policy([text])
+        with pytest.raises(SystemExit) as exited:
+            autoscale_bench.main(["--modes", "autoscale", "--set", text])
+        assert exited.value.code == 2 and said in capsys.readouterr().err, text
+
+
+def test_a_swing_is_a_step_reversing_the_one_before_within_the_in_window() -> None:
+    """Out then in 4 s after it ended, with a 10 s in window: a swing; in then out 30 s after:
+    none; two outs in a row: none."""
+    steps = [{"run": 1, "from": 1, "to": 2, "started": 10.0, "finished": 20.0},
+             {"run": 2, "from": 2, "to": 3, "started": 21.0, "finished": 31.0},
+             {"run": 3, "from": 3, "to": 2, "started": 35.0, "finished": 40.0},
+             {"run": 4, "from": 2, "to": 3, "started": 70.0, "finished": 80.0}]  # fmt: skip
+    assert autoscale_bench.swings(steps, 10) == ["run 3 (3->2) 4.0 s after run 2 (2->3)"]
+    assert autoscale_bench.swings(steps, 40) == [
+        "run 3 (3->2) 4.0 s after run 2 (2->3)", "run 4 (2->3) 30.0 s after run 3 (3->2)"]  # fmt: skip

@@ -2,7 +2,7 @@
 front, with the set scaling between 1 and 3 replicas, and with 1 and 3 replicas fixed:
 
     .venv/bin/python tests/support/autoscale_bench.py [--modes autoscale,fixed1,fixed3]
-        [--seconds S] [--create-seconds C] [--seed N]
+        [--seconds S] [--create-seconds C] [--seed N] [--set NAME=VALUE ...] [--label L]
 
 The pieces, each the project's own where it has one:
 - the front: the balancer Caddyfile with wake on (gateway.balancer_site, the pinned Caddy, an
@@ -30,15 +30,19 @@ The pieces, each the project's own where it has one:
 Time: requests run in real time (a replica's TTFT and decode are the fake's real sleeps), the
 operations are scaled down: the time scale is REAL_CREATE_SECONDS / --create-seconds (600 s of a
 real create against 10 s here: 60), and the autoscaler's windows and cooldown are its defaults
-(components/spec/schema.py AutoscaleConfig) divided by it; a trace of S seconds stands for S
+(components/spec/schema.py AutoscaleConfig) divided by it, never under 4 samples; `--set
+queueSeconds=1 --set outWindowSeconds=120` (repeatable, the schema's camelCase names, REAL
+units, checked as the schema and config.py check them) replaces one, scaled the same way
+(queueSeconds is a request's wait, which runs in real time here: not scaled); a trace of S seconds stands for S
 times the scale of real operation, and replica-hours are reported scaled back the same way
 (replica-seconds here * scale / 3600). Replica-seconds count each replica's process from its
 start (its Droplet's creation, what DigitalOcean bills from) to its kill, within the load's
 window (a replica started before the load counts from the load's start: the steady state
 before it; those alive at the end count to the load's end).
 
-Output: one JSON line per mode, then a markdown table: replica-hours, TTFT p50/p95, requests
-sent and failed, pipeline runs (steps) and the per-step timeline (the emulator's own record, and
+Output: one JSON line per mode, then a markdown table (each row named by --label, or the
+mode): replica-hours, TTFT p50/p95, requests sent and failed, pipeline runs (steps), swings (a
+step reversing the one before it within the in window) and the per-step timeline (the emulator's own record, and
 the waker's GET /nemotron/wake "autoscale" part when the waker has one). A failed request is a
 finding: each is printed. Everything listens on 127.0.0.1 in a temporary folder removed at the
 end; every process runs in a process group of its own, killed at the end.
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -78,6 +83,7 @@ from sandbox import CADDY, free_port  # noqa: E402
 from stack import github_api  # noqa: E402
 
 from components.host import gateway, wake  # noqa: E402
+from components.spec.schema import AutoscaleConfig  # noqa: E402
 
 KEY = front_bench.KEY  # a key for this loopback run alone
 MODEL = "nemotron"
@@ -89,6 +95,50 @@ BENCH = ROOT / "scripts" / "bench.py"
 # Droplet's creation, its driver and reboot, a warm start from the cache Volume (docs/cache.md
 # "Where the minutes go": 1-3 + 3-6 min + about a minute, and the runner's own).
 REAL_CREATE_SECONDS = 600.0
+# The settings --set may change (AutoscaleConfig's fields by their camelCase name); min and max
+# are the modes' own, the budget is off (no budget but max).
+TUNABLE = {"queueSeconds": "queue_seconds", "outWindowSeconds": "out_window_seconds",
+           "inWindowSeconds": "in_window_seconds", "inUtilization": "in_utilization",
+           "cooldownMinutes": "cooldown_minutes"}  # fmt: skip
+
+
+class SettingError(ValueError):
+    pass
+
+
+def policy(sets: list[str] | tuple[str, ...] = ()) -> AutoscaleConfig:
+    """The autoscaler's settings in real units: the schema's defaults, each `NAME=VALUE` of
+    `sets` (the later of two for one name wins) replacing one, checked as a stack's config is
+    (the schema's bounds and types, and config.py's inWindowSeconds >= outWindowSeconds)."""
+    given: dict[str, str] = {}
+    for text in sets:
+        name, eq, value = text.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not value:
+            raise SettingError(f"--set {text!r}: not NAME=VALUE (e.g. --set queueSeconds=1)")
+        if name not in TUNABLE:
+            raise SettingError(f"--set {text!r}: unknown setting {name!r}; accepted: "
+                               f"{', '.join(TUNABLE)}")  # fmt: skip
+        given[name] = value
+    try:
+        config = AutoscaleConfig.model_validate({"max": 3, **given})
+    except ValueError as err:  # pydantic's ValidationError: each bad field and why
+        errors = getattr(err, "errors", lambda: [])()
+        said = "; ".join(f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
+                         for e in errors) or str(err)  # fmt: skip
+        raise SettingError(f"--set: {said}") from None
+    if config.in_window_seconds < config.out_window_seconds:
+        raise SettingError(f"--set: inWindowSeconds ({config.in_window_seconds}) is shorter than "
+                           f"outWindowSeconds ({config.out_window_seconds}); a set that scales "
+                           "in faster than out swings (components/spec/config.py refuses it)")  # fmt: skip
+    return config
+
+
+def changed(config: AutoscaleConfig) -> dict[str, Any]:
+    """The settings of `config` that differ from the schema's defaults, by camelCase name."""
+    default = AutoscaleConfig(max=3)
+    return {name: getattr(config, f) for name, f in TUNABLE.items()
+            if getattr(config, f) != getattr(default, f)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -180,18 +230,27 @@ class Scale:
         """Real seconds per second here."""
         return REAL_CREATE_SECONDS / self.create_seconds
 
-    def env(self, low: int, high: int, replica: Replica, hourly_usd: float) -> dict[str, str]:
-        """The waker's SCALE_* settings: the schema's defaults (AutoscaleConfig), windows and
-        cooldown divided by the factor (at least 4 samples a window); queueSeconds is a
-        request's wait, which runs in real time here, so it is not scaled."""
-        window = lambda real: max(real / self.factor, 4 * self.sample_seconds)  # noqa: E731
+    def window(self, real_seconds: float) -> float:
+        """A window or cooldown of `real_seconds` at this scale: divided by the factor, at
+        least 4 samples (a window shorter than that would decide on one or two looks)."""
+        return max(real_seconds / self.factor, 4 * self.sample_seconds)
+
+    def env(
+        self, low: int, high: int, replica: Replica, hourly_usd: float,
+        config: AutoscaleConfig | None = None,
+    ) -> dict[str, str]:  # fmt: skip
+        """The waker's SCALE_* settings: `config`'s (the schema's defaults when None: policy()),
+        windows and cooldown divided by the factor (self.window); queueSeconds is a request's
+        wait, which runs in real time here, so it is not scaled; inUtilization is a share."""
+        a = config if config is not None else policy()
         # No SCALE_DAILY_BUDGET_USD: the schema's default, no budget but max.
-        return {"SCALE_MIN": str(low), "SCALE_MAX": str(high), "SCALE_QUEUE_SECONDS": "2",
-                "SCALE_OUT_WINDOW_SECONDS": f"{window(60):g}",
-                "SCALE_IN_WINDOW_SECONDS": f"{window(600):g}",
-                "SCALE_IN_UTILIZATION": "0.5",
+        return {"SCALE_MIN": str(low), "SCALE_MAX": str(high),
+                "SCALE_QUEUE_SECONDS": f"{a.queue_seconds:g}",
+                "SCALE_OUT_WINDOW_SECONDS": f"{self.window(a.out_window_seconds):g}",
+                "SCALE_IN_WINDOW_SECONDS": f"{self.window(a.in_window_seconds):g}",
+                "SCALE_IN_UTILIZATION": f"{a.in_utilization:g}",
                 "SCALE_REPLICA_CAPACITY": str(replica.max_num_seqs),
-                "SCALE_COOLDOWN_MINUTES": f"{5 / self.factor:g}",
+                "SCALE_COOLDOWN_MINUTES": f"{self.window(a.cooldown_minutes * 60) / 60:g}",
                 "SCALE_REPLICA_PRICE_HOURLY": f"{hourly_usd:g}",
                 "SCALE_SAMPLE_SECONDS": f"{self.sample_seconds:g}"}  # fmt: skip
 
@@ -487,12 +546,12 @@ def ms(value: float | None) -> float | None:
 
 def run_mode(
     mode: str, trace: Path, seconds: float, replica: Replica, scale: Scale, folder: Path,
-    hourly_usd: float,
+    hourly_usd: float, config: AutoscaleConfig | None = None, label: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One mode on a fresh front and pool: what bench, the pipeline and the waker saw."""
     folder.mkdir(parents=True)
     fixed = {"fixed1": 1, "fixed3": 3}.get(mode)
-    scale_env = {} if fixed else scale.env(1, 3, replica, hourly_usd)
+    scale_env = {} if fixed else scale.env(1, 3, replica, hourly_usd, config)
     github = github_api.GitHub(REPO, "deploy.yml", GITHUB_TOKEN)
     server = github_api.serve(github, socket.create_server(("127.0.0.1", 0)), None)
     try:
@@ -525,8 +584,11 @@ def run_mode(
         loopback.stop(server)
     failed = [x for x in lines if x["status"] != "ok"]
     replica_seconds = ledger.seconds(start, end)
+    in_window = float(scale_env.get("SCALE_IN_WINDOW_SECONDS") or 0)
     return {
         "mode": mode,
+        "label": label or mode,
+        "settings": None if fixed else changed(config or policy()),
         "replicas": f"{fixed} fixed" if fixed else "1-3",
         "load_seconds": round(end - start, 1),
         "replica_seconds": round(replica_seconds, 1),
@@ -544,6 +606,7 @@ def run_mode(
         "runs": len(github.dispatches),
         "dispatches": [d.get("inputs") for d in github.dispatches],
         "steps": pipeline.record,
+        "swings": swings(pipeline.record, in_window),
         "pipeline_problems": pipeline.problems,
         "waker_autoscale": status.get("autoscale"),
     }
@@ -552,6 +615,7 @@ def run_mode(
 def measure(
     modes: list[str], seconds: float, scale: Scale, seed: int, replica: Replica = Replica(),
     shape: Shape = Shape(), hourly_usd: float = 3.39, folder: Path | None = None,
+    config: AutoscaleConfig | None = None, label: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     with contextlib.ExitStack() as stack:
         if folder is None:
@@ -561,7 +625,9 @@ def measure(
         write_trace(trace, entries)
         runs = []
         for mode in modes:
-            result = run_mode(mode, trace, seconds, replica, scale, folder / mode, hourly_usd)
+            named = None if label is None else label if len(modes) == 1 else f"{label} {mode}"
+            result = run_mode(mode, trace, seconds, replica, scale, folder / mode, hourly_usd,
+                              config, named)  # fmt: skip
             print(json.dumps(result), flush=True)
             runs.append(result)
     capacity = replica.capacity(shape.prompt_tokens, shape.max_tokens)
@@ -571,8 +637,23 @@ def measure(
             "scale": {"create_seconds": scale.create_seconds, "factor": scale.factor,
                       "real_create_seconds": REAL_CREATE_SECONDS,
                       "sample_seconds": scale.sample_seconds,
-                      "env": scale.env(1, 3, replica, hourly_usd)},
+                      "settings": changed(config or policy()),
+                      "env": scale.env(1, 3, replica, hourly_usd, config)},
             "runs": runs}  # fmt: skip
+
+
+def swings(steps: list[dict[str, Any]], in_window: float) -> list[str]:
+    """Each step that reversed the one before it (out then in, or in then out) starting within
+    `in_window` seconds (the scaled SCALE_IN_WINDOW_SECONDS) of that one's end: the set swung."""
+    out = []
+    for before, step in itertools.pairwise(steps):
+        turn = (before["to"] - before["from"]) * (step["to"] - step["from"]) < 0
+        end = before.get("finished")
+        if turn and end is not None and step["started"] - end < in_window:
+            out.append(f"run {step['run']} ({step['from']}->{step['to']}) "
+                       f"{step['started'] - end:.1f} s after run {before['run']} "
+                       f"({before['from']}->{before['to']})")  # fmt: skip
+    return out
 
 
 def timeline(run: dict[str, Any]) -> str:
@@ -592,17 +673,18 @@ def table(result: dict[str, Any]) -> str:
     def cell(value: Any) -> str:
         return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
-    rows = ["| mode | replicas | replica-hours (scaled) | replica-s | TTFT p50 ms | TTFT p95 ms "
-            "| E2E p50 ms | requests | failed | runs | steps |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| label | replicas | replica-hours (scaled) | replica-s | TTFT p50 ms | TTFT p95 ms "
+            "| E2E p50 ms | requests | failed | runs | swings | steps |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["runs"]:
         if r.get("blocked"):
-            rows.append(f"| {r['mode']} | blocked: {r['blocked']} |" + " |" * 9)
+            rows.append(f"| {r.get('label', r['mode'])} | blocked: {r['blocked']} |" + " |" * 10)
             continue
         rows.append("| " + " | ".join(cell(v) for v in (
-            r["mode"], r["replicas"], r["replica_hours_scaled"], r["replica_seconds"],
-            r["ttft_p50_ms"], r["ttft_p95_ms"], r["e2e_p50_ms"], r["requests"], r["failed"],
-            r["runs"], timeline(r))) + " |")  # fmt: skip
+            r.get("label", r["mode"]), r["replicas"], r["replica_hours_scaled"],
+            r["replica_seconds"], r["ttft_p50_ms"], r["ttft_p95_ms"], r["e2e_p50_ms"],
+            r["requests"], r["failed"], r["runs"], "; ".join(r.get("swings") or []) or "none",
+            timeline(r))) + " |")  # fmt: skip
     sc = result["scale"]
     rows += ["", f"trace: {result['seconds']} s, {result['requests_in_trace']} requests, seed "
              f"{result['seed']}; one replica carries about {result['one_replica_rps']} req/s "
@@ -628,14 +710,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--create-seconds", type=float, default=Scale.create_seconds,
                         help=f"a new replica's arrival here (real: {REAL_CREATE_SECONDS:g} s)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="an autoscale setting in real units, scaled as the defaults are "
+                        f"(repeatable): {', '.join(TUNABLE)}")  # fmt: skip
+    parser.add_argument("--label", help="the row's name in the table (default: the mode)")
     args = parser.parse_args(argv)
+    try:
+        config = policy(args.set)
+    except SettingError as err:
+        parser.error(str(err))
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         parser.error(f"unknown modes: {', '.join(unknown)}; accepted: {', '.join(MODES)}")
     if args.seconds <= 0 or args.create_seconds <= 0:
         parser.error("--seconds and --create-seconds are positive")
-    result = measure(modes, args.seconds, Scale(args.create_seconds), args.seed)
+    result = measure(modes, args.seconds, Scale(args.create_seconds), args.seed, config=config,
+                     label=args.label)  # fmt: skip
     print(json.dumps(result), flush=True)
     print(table(result), flush=True)
     return 0
