@@ -954,6 +954,7 @@ def test_autoscale_follows_an_open_loop_load_out_to_three_in_to_one_then_to_zero
         loader = threading.Thread(target=lambda: load.append(client(
             emu, "bench.py", first.outputs, "--request-rate", "1,10,1", "--duration", "120",
             "--input-tokens", "32", "--max-tokens", "16", "--warmup", "0", "--no-progress",
+            "--percentiles", "50,95",
             "--json", str(bench_json), timeout=1200,
         )))  # fmt: skip
         loader.start()
@@ -1001,7 +1002,7 @@ def test_autoscale_follows_an_open_loop_load_out_to_three_in_to_one_then_to_zero
         assert len(emu.github.dispatches) == len(pipeline.done), "asleep, nothing is asked"
         lines = [f"  level {lv.get('request_rate', i)}: "
                  f"{lv['requests']} requests, {lv['errors']} failed, TTFT p50/p95 "
-                 f"{lv['ttft_ms'].get('p50')}/{lv['ttft_ms'].get('p95')} ms"
+                 f"{lv['ttft_ms']['p50']:.0f}/{lv['ttft_ms']['p95']:.0f} ms"
                  for i, lv in enumerate(levels)]  # fmt: skip
         steps = [f"  run {r.run_id}: replicas {r.inputs.get('replicas')} -> {r.replicas} alive, "
                  f"{r.ended - r.started:.0f} s" for r in pipeline.done]  # fmt: skip
