@@ -92,6 +92,9 @@ def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str
             for i in range(1, cfg.replicas)
         ],
         "droplet_id": "<droplet-id>",
+        # The front's waker: a replica's hourly price (the catalog's list price; the sizes
+        # API's at deploy time), autoscale's daily budget.
+        "price_hourly": cfg.size.list_price_usd_hour or 0.0,
     }
     return values
 

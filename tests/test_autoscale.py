@@ -6,7 +6,6 @@ so each decision is deterministic. Small windows (sample 0.2 s, out 1 s, in 2 s)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import front_bench
 import loopback
 import pytest
 import requests
@@ -616,7 +616,7 @@ def read_one(waker: Any, port: int) -> tuple[Any, str]:
             result: tuple[Any, str] = await waker.read_replica(session, ("127.0.0.1", port))
             return result
 
-    return asyncio.run(go())
+    return front_bench.run(go())
 
 
 FILLER = "".join(f'vllm:generation_tokens_total{{engine="0",n="{i}"}} {i}\n'
@@ -679,7 +679,7 @@ def tick(waker: Any) -> None:
         async with ClientSession() as session:
             await waker.scale_tick(session)
 
-    asyncio.run(go())
+    front_bench.run(go())
 
 
 @pytest.mark.parametrize("step", [
@@ -703,7 +703,7 @@ def test_a_step_with_fields_of_the_wrong_type_does_not_wedge_autoscale(
     waker.mode = "awake"
     tick(waker)
     d = W.Decision("out", 3, "test", {})
-    refusal = asyncio.run(waker.step_refusal(d, 2, now + 46 * 60 + 600))
+    refusal = front_bench.run(waker.step_refusal(d, 2, now + 46 * 60 + 600))
     assert "scale_tick_failed" not in failed and "state_reset" not in failed, failed
     assert waker.current_step() is None, waker.steps
     assert refusal is None or refusal[0] == "update_running", refusal
@@ -755,7 +755,7 @@ def test_a_step_dated_in_the_future_ends_at_its_deadline_from_now(tmp_path: Path
                                       "_end": ahead}]}}  # fmt: skip
     waker = loaded(tmp_path, ended, now)
     d = W.Decision("out", 3, "test", {})
-    refusal = asyncio.run(waker.step_refusal(d, 2, now + 6 * 60))
+    refusal = front_bench.run(waker.step_refusal(d, 2, now + 6 * 60))
     assert refusal is None or refusal[0] != "cooldown", refusal
 
 
@@ -777,7 +777,7 @@ def test_github_answering_garbage_is_no_answer_never_a_dead_follow(tmp_path: Pat
     waker._request = lambda *_: next(answers)
     assert waker.recent_runs() is None
     found: list[int] = []
-    ended = asyncio.run(waker.follow_run(0.0, None, lambda: True, found.append, lambda _: None))
+    ended = front_bench.run(waker.follow_run(0.0, None, lambda: True, found.append, lambda _: None))
     assert ended == (True, "") and found == [9001], (ended, found)
 
 
@@ -789,10 +789,10 @@ def test_another_stack_whose_name_starts_alike_is_not_an_update_of_this_one(
             {"id": 2, "display_title": "deploy development up", "status": "queued"},
             {"id": 3, "display_title": "deploy dev", "status": "queued"}]  # fmt: skip
     waker._request = lambda *_: (200, {"workflow_runs": runs})
-    assert asyncio.run(waker.update_under_way(0.0)) == ""
+    assert front_bench.run(waker.update_under_way(0.0)) == ""
     waker.update_seen = None
     runs.append({"id": 4, "display_title": "deploy dev up", "status": "waiting"})
-    assert asyncio.run(waker.update_under_way(0.0)) == "4"
+    assert front_bench.run(waker.update_under_way(0.0)) == "4"
 
 
 def test_a_series_repeated_on_a_page_counts_once_and_lookalike_names_never() -> None:

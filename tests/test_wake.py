@@ -1839,7 +1839,7 @@ def test_a_look_that_began_before_a_replica_joined_does_not_answer_a_request_aft
         await under_way
         return list(waker.healthy)
 
-    assert ("127.0.0.10", 2) in asyncio.run(scene()), "the probe's look saw the new replica"
+    assert ("127.0.0.10", 2) in front_bench.run(scene()), "the probe's look saw the new replica"
 
 
 def test_a_replica_that_just_joined_is_not_called_gone_by_the_looks_before_it(
@@ -1875,4 +1875,4 @@ def test_a_replica_that_just_joined_is_not_called_gone_by_the_looks_before_it(
         modes.append(waker.mode)
         return modes
 
-    assert asyncio.run(scene()) == ["asleep", "unready", "asleep"], "a new count, then asleep"
+    assert front_bench.run(scene()) == ["asleep", "unready", "asleep"], "a new count, then asleep"
