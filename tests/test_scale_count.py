@@ -282,3 +282,25 @@ def test_a_step_out_adopts_the_volume_a_step_in_kept_so_it_starts_warm(
     assert sorted(volumes) == ["cache", "cache-1", "cache-2"]
     assert volumes["cache-2"].import_id == "vol-r2", "the kept Volume is adopted, warm"
     assert all(v.retain_on_delete for v in volumes.values()), "a step in keeps each one"
+
+
+def commands(result: Run) -> dict[str, str]:
+    """Each remote command's inputs, as the engine would compare them."""
+    return {r.name: json.dumps(r.inputs, sort_keys=True) for r in result.registrations
+            if r.type == COMMAND}  # fmt: skip
+
+
+def test_a_step_changes_nothing_that_serves_on_the_replicas_that_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two replicas live: the step to three adds the new replica's commands (and its join on
+    the front), and of those already there changes only replica 0's autodown (the peers it
+    reads and deletes); the step back to two is the same plan as before the step out."""
+    before = commands(run(scaled(), monkeypatch, asked="2", droplets=live_set(2)))
+    out = commands(run(scaled(), monkeypatch, asked="3", droplets=live_set(2)))
+    changed = sorted(name for name in before if name in out and before[name] != out[name])
+    assert changed == ["bootstrap-autodown"], changed
+    added = {name for name in out if name not in before}
+    assert added and all("-2-" in name or name.endswith("-2") for name in added), sorted(added)
+    back = commands(run(scaled(), monkeypatch, asked="2", droplets=live_set(3)))
+    assert back == before
