@@ -14,7 +14,7 @@
 unit=/etc/systemd/system/$NEMO_WAKE_UNIT
 token=$NEMO_WAKE_TOKEN
 unset NEMO_WAKE_TOKEN
-api_key_file=${NEMO_WAKE_API_KEY_FILE:-/etc/nemotron/wake.apikey}
+api_key_file=$NEMO_WAKE_API_KEY_FILE
 api_key=${NEMO_WAKE_API_KEY:-}
 unset NEMO_WAKE_API_KEY
 
