@@ -78,6 +78,7 @@ import fake_openai  # noqa: E402
 import front_bench  # noqa: E402
 import loopback  # noqa: E402
 import router_bench  # noqa: E402
+import script_module  # noqa: E402
 from bench_workload import TraceEntry, write_trace  # noqa: E402
 from sandbox import CADDY, free_port  # noqa: E402
 from stack import github_api  # noqa: E402
@@ -312,14 +313,15 @@ class Member:
         return f"http://127.0.0.1:{self.port}"
 
 
-def gauges(url: str) -> dict[str, float]:
-    """A replica's vllm: samples by name (one engine, one model: labels dropped)."""
-    out: dict[str, float] = {}
-    for line in requests.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if line.startswith("vllm:"):
-            name = line.partition("{")[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+# The waker's own reading of a vLLM metrics page (scripts/phases/wake.py parse_metrics): the
+# drain below waits on the same numbers the autoscaler decides on.
+WAKER = script_module.load(front_bench.WAKER, "wake_for_autoscale_bench")
+
+
+def in_flight(url: str) -> float | None:
+    """A replica's requests running and waiting, as the waker reads them (None: no reading)."""
+    reading = WAKER.parse_metrics(requests.get(f"{url}/metrics", timeout=5).text)
+    return None if reading is None else float(reading.running + reading.waiting)
 
 
 @dataclass
@@ -392,8 +394,7 @@ class Pipeline:
         end = time.monotonic() + drain_seconds
         while time.monotonic() < end:
             with contextlib.suppress(requests.RequestException):
-                seen = gauges(member.url)
-                if not seen["vllm:num_requests_running"] + seen["vllm:num_requests_waiting"]:
+                if in_flight(member.url) == 0:
                     break
             time.sleep(0.1)
         else:
