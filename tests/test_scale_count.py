@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from pulumi_harness import ROOT, VOLUME, Run, existing_volume, offer, run_program
+from pulumi_harness import ROOT, VOLUME, Run, existing_volume, run_program
 from test_droplet import DROPLET, dev
 from test_entry import live_set, of
 
@@ -176,7 +176,7 @@ def test_the_front_reads_every_replicas_metrics_with_autoscale(
         assert len(gateways) == 2
         for reg in gateways:
             line = next(x for x in reg.inputs["stdin"].splitlines() if "@metrics_reader" in x)
-            assert line.split("remote_ip", 1)[1].split().__len__() == readers, line
+            assert len(line.split("remote_ip", 1)[1].split()) == readers, line
 
 
 def test_routing_follows_the_most_the_set_may_have_not_this_runs_count() -> None:
@@ -245,8 +245,6 @@ def test_a_replicas_capacity_is_vllms_own_default_unless_set() -> None:
     for slug, seqs in (("gpu-4000adax1-20gb", 256), ("gpu-l40sx1-48gb", 256),
                        ("gpu-h100x1-80gb", 1024), ("gpu-h200x1-141gb", 1024)):  # fmt: skip
         assert catalog.default_max_num_seqs(catalog.SIZES[slug]) == seqs
-    offers = {"gpu-h100x1-80gb": offer("gpu-h100x1-80gb", ["tor1"], 3.39)}
-    del offers
     raw = {**scaled(), "droplet": {"size": "gpu-h100x1-80gb"}, "vllm": {"maxNumSeqs": 64}}
     assert config.parse(raw, "dev", frozenset({"wake"})).replica_capacity == 64
 
