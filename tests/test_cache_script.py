@@ -147,6 +147,37 @@ def test_a_new_volume_is_formatted_once_mounted_and_bound_where_the_phases_look(
     assert f"RequiresMountsFor={catalog.CONDA_PREFIX} {catalog.HF_HOME}" in cached_unit
 
 
+def test_the_units_compile_caches_are_on_the_volume_the_cache_phase_binds(
+    tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
+) -> None:
+    """What a start compiles (torch.compile's artifacts, the Triton kernels and their autotune
+    results, the Mamba2 warm-up's among them) goes where the unit says, and that is on the
+    Volume: a kernel written there by one Droplet is the next one's. TRITON_CACHE_DIR unset
+    let a cold start put the Mamba2 kernels where the next start did not look."""
+    box = droplet(tmp_path, droplets, volume)
+    p = with_cache(box, downloads, volume)
+    p.ok("cache")
+    unit = p.settings("service", cache_device=str(volume))["NEMO_UNIT_TEXT"]
+    env = dict(
+        line.removeprefix("Environment=").split("=", 1)
+        for line in unit.splitlines()
+        if line.startswith("Environment=")
+    )
+    assert env.get("TRITON_CACHE_AUTOTUNING") == "1", unit
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
+        assert name in env, f"{name} not in the unit:\n{unit}"
+        path = env[name]
+        binds = [(f, t) for f, t in catalog.CACHE_BINDS if path.startswith(t + "/")]
+        assert binds, f"{name}={path} is under none of the cache's binds"
+        folder, target = binds[0]
+        wrote = box.run(f"mkdir -p {path} && echo kernel > {path}/probe\n")
+        assert wrote.returncode == 0, wrote.stderr
+        on_volume = Path(f"{volume}.fs") / folder / path.removeprefix(target + "/") / "probe"
+        assert on_volume.read_text() == "kernel\n", name
+        # The unit waits for that bind before it starts.
+        assert target in unit.split("RequiresMountsFor=", 1)[1].splitlines()[0].split()
+
+
 def test_a_recreated_droplet_on_a_warm_cache_skips_every_download(
     tmp_path: Path, downloads: Downloads, volume: Path, droplets: list[Sandbox]
 ) -> None:

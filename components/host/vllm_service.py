@@ -136,6 +136,28 @@ def serve_args(cfg: StackConfig) -> list[str]:
     return args + list(cfg.vllm.extra_args)
 
 
+def compile_cache_env() -> dict[str, str]:
+    """Where vLLM and Triton keep what a start compiles, set by the unit so that every start
+    reads and writes the same folders (on the cache Volume when there is one: catalog.CACHE_BINDS).
+
+    - VLLM_CACHE_ROOT: torch.compile's artifacts (vLLM's default, ~/.cache/vllm, made explicit).
+    - TRITON_CACHE_DIR: every Triton kernel, the Mamba2 SSD kernels' included. Unset, the
+      process's Triton cache moves: torch's Inductor sets the variable (to its own
+      inductor_cache/triton/0) when it compiles a graph, and not when it loads one from vLLM's
+      compile cache (torch/_inductor/runtime/triton_heuristics.py: CachingAutotuner.__init__
+      sets it, __setstate__ does not), so the kernels a cold start built are not where the
+      next start looks, and its Mamba2 warm-up compiles and autotunes them all again.
+    - TRITON_CACHE_AUTOTUNING=1: Triton keeps each autotuned kernel's timings beside it and
+      reads them back instead of benchmarking every config again. vLLM sets it itself (0.26
+      and 0.33: env_override.py, setdefault); said here so that a release that stops doing so
+      does not silently bring the benchmarks back."""
+    return {
+        "VLLM_CACHE_ROOT": catalog.VLLM_CACHE_ROOT,
+        "TRITON_CACHE_DIR": catalog.TRITON_CACHE_DIR,
+        "TRITON_CACHE_AUTOTUNING": "1",
+    }
+
+
 def unit_text(cfg: StackConfig, cached: bool = False) -> str:
     """The unit. `cached`: vLLM, the weights and its compile caches are on the cache Volume,
     bound from fstab with nofail, so the unit waits for those mounts (and does not start from
@@ -143,6 +165,7 @@ def unit_text(cfg: StackConfig, cached: bool = False) -> str:
     exec_start = " ".join(systemd_quote(a) for a in [f"{env_path(cfg)}/bin/vllm", *serve_args(cfg)])
     mounts = " ".join(path for _, path in catalog.CACHE_BINDS)
     requires_mounts = f"RequiresMountsFor={mounts}\n" if cached else ""
+    caches = "\n".join(f"Environment={k}={v}" for k, v in compile_cache_env().items())
     return f"""[Unit]
 Description=vLLM OpenAI-compatible server for {cfg.model.id} (nemotron-droplet)
 After=network-online.target
@@ -156,6 +179,8 @@ WorkingDirectory=/var/lib/{catalog.VLLM_USER}
 # Secrets and settings live in a root-only file, never on this command line.
 EnvironmentFile={catalog.VLLM_ENV_FILE}
 Environment=PATH={service_path(cfg)}
+# The compile caches, in one place for every start (compile_cache_env says why).
+{caches}
 {catalog.METADATA_DENY}
 ExecStart={exec_start}
 Restart=on-failure

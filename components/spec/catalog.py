@@ -115,6 +115,15 @@ CACHE_BINDS = (
     ("vllm-home-cache", f"/var/lib/{VLLM_USER}/.cache"),
     ("triton", f"/var/lib/{VLLM_USER}/.triton"),
 )
+# Where the service tells vLLM and Triton to keep their compile caches, inside the binds above so
+# that they live on the Volume. vLLM's own default (~/.cache/vllm) is the same place, said
+# explicitly. Triton's must be explicit: left unset, torch.compile's Inductor sets it for the
+# rest of the process (to its inductor_cache/triton/0) only when it compiles, not when it loads
+# vLLM's compile cache, so a cold start leaves the Mamba2 SSD kernels and their autotune results
+# where the next start does not look, and the first warm start compiles them again (docs/cache.md,
+# "The Mamba2 warm-up"; docs/facts.md).
+VLLM_CACHE_ROOT = f"/var/lib/{VLLM_USER}/.cache/vllm"
+TRITON_CACHE_DIR = f"/var/lib/{VLLM_USER}/.triton/cache"
 # The compile caches and the conda base beside the weights and the vLLM env, with headroom.
 CACHE_OVERHEAD_GB = 10
 
