@@ -13,8 +13,10 @@ bring the endpoint sooner. Each phase's share is of the whole bootstrap's wall t
 that did not run on the last `pulumi up` keeps the times of the run that last ran it.
 
 With `--journal` (vLLM's journal, as logs.py prints it) it also splits vLLM's start into what
-its own log lines time: weights, model load, torch.compile and whether its cache hit, CUDA
-graph capture, the engine's init (vllm_startup.py).
+its own log lines time: weights, model load, torch.compile and whether its cache hit, the
+profiling run and the Mamba2 kernels' warm-up in it, CUDA graph capture, the engine's init, and
+every phase from launch to serving by the log's own clock, naming a line it lacks
+(vllm_startup.py).
 """
 
 from __future__ import annotations

@@ -91,6 +91,27 @@ def test_each_part_of_a_start_is_read_from_the_pinned_vllms_own_lines() -> None:
         "graph_capture_s": 12.0,
         "init_engine_s": 48.2,
         "compile_cache": "miss",
+        # Not in this start's lines: the lines that time a hybrid model's start.
+        "profile_run_s": None,
+        "compile_and_profile_s": None,
+        "kv_cache_gib": None,
+        "kv_tokens": None,
+        "mamba_warmup_s": None,
+        # Every line at one second: phases of 0 s, and the lines it lacks named.
+        "timeline": [
+            ("API server: imports, config, the engine's process", 0.0),
+            ("model load (weights included)", 0.0),
+            ("torch.compile (Dynamo, Inductor or its cache)", 0.0),
+            ("CUDA graph capture", 0.0),
+            ("rest of the engine's warm-up", 0.0),
+        ],
+        "missing": [
+            "engine process: device and workers",
+            "profiling run",
+            "memory profiling",
+            "KV cache sized",
+        ],
+        "reached": "rest of the engine's warm-up",
     }
 
 
@@ -139,3 +160,109 @@ def test_timeline_prints_the_start_beside_the_phases(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert missing.returncode == 2 and "--journal" in missing.stderr
+
+
+# A cold start of the prod flags' nano30b geometry on an H100 (vLLM 0.26.0, ../shared/gpu's kit,
+# 2026-12-05): the seconds from each marking line to the next, as the logger timed them.
+COLD_NANO30B = (
+    ("API server: imports, config, the engine's process", 44),
+    ("engine process: device and workers", 21),
+    ("model load (weights included)", 3),
+    ("torch.compile (Dynamo, Inductor or its cache)", 17),
+    ("profiling run up to the Mamba2 warm-up", 1),
+    ("Mamba2 SSD kernel warm-up (Triton compile, autotune)", 97),
+    ("memory profiling", 1),
+    ("KV cache sized", 1),
+    ("CUDA graph capture", 15),
+    ("rest of the engine's warm-up", 17),
+    ("API server: routes, ready to serve", 3),
+)
+
+
+def timed_start(gaps: tuple[tuple[str, int], ...] = COLD_NANO30B, drop: str = "") -> str:
+    """One start in the pinned vLLM's words with the logger's times: each line `gaps[i]` seconds
+    after the one before (`drop`: leave out the line that contains it)."""
+    runner = "v1/worker/gpu_model_runner.py"
+    monitor = "compilation/monitor.py"
+    seconds = dict(gaps)
+    lines = [
+        ("APIServer", fmt("entrypoints/common/startup.py", "non-default args") % "{...}"),
+        ("EngineCore", fmt("v1/engine/core.py", "Initializing a V1 LLM engine") % ("0.33.0", "")),
+        ("EngineCore", fmt(runner, "Starting to load model") % "/models/nano30b"),
+        ("EngineCore", fmt(runner, "Model loading took") % ("58.95", 2.6)),
+        ("EngineCore", fmt(monitor, "torch.compile took") % ("", 16.3)),
+        ("EngineCore", fmt("model_executor/layers/mamba/mamba_mixer2.py", "Warming up Mamba2")),
+        ("EngineCore", fmt(monitor, "Initial profiling/warmup run took") % ("", 98.4)),
+        ("EngineCore", fmt("v1/worker/gpu_worker.py", "Available KV cache memory") % "12.13"),
+        (
+            "EngineCore",
+            fmt("v1/core/kv_cache_utils.py", "KV cache size: ")
+            % ("GPU", "3,695,502", "131,072", 28.19),
+        ),
+        ("EngineCore", fmt(runner, "Graph capturing finished") % (15, 0.62)),
+        (
+            "EngineCore",
+            fmt("v1/engine/core.py", "took %.2f s (compilation: %.2f s)") % (149.2, 16.3),
+        ),
+        (
+            "APIServer",
+            fmt("entrypoints/launchers/api_server/entry.py", "Starting vLLM server on")
+            % "http://127.0.0.1:8000",
+        ),
+    ]
+    # The seconds before each line after the first: the phase that ends at it.
+    befores = [0, *seconds.values()]
+    clock, out = 17 * 3600 + 59 * 60, []
+    for (process, message), before in zip(lines, befores, strict=True):
+        clock += before
+        if drop and drop in message:
+            continue
+        hms = f"{clock // 3600:02d}:{clock // 60 % 60:02d}:{clock % 60:02d}"
+        out.append(f"({process} pid=4300) INFO 12-05 {hms} [x.py:1] {message}")
+    return "\n".join(out)
+
+
+def test_every_phase_of_a_start_is_timed_from_the_logs_own_clock() -> None:
+    """launch to serving is the sum of its phases, the Mamba2 warm-up one of them: vLLM logs
+    only its beginning, and the profiling run's line ends it."""
+    parts = vllm_startup.parse(timed_start())
+    assert parts["timeline"] == [(name, float(s)) for name, s in COLD_NANO30B]
+    assert parts["missing"] == [] and parts["reached"] == COLD_NANO30B[-1][0]
+    assert parts["mamba_warmup_s"] == 97.0 and parts["profile_run_s"] == 98.4
+    assert parts["kv_cache_gib"] == 12.13 and parts["kv_tokens"] == 3_695_502
+    report = vllm_startup.report(parts)
+    assert re.search(r"Mamba2 SSD kernel warm-up \(Triton compile, autotune\) +97 s$", report, re.M)
+    assert re.search(r"launch to the last line +220 s$", report, re.M), report
+    assert re.search(r"KV cache +12\.13 GiB \(3,695,502 tokens\)$", report, re.M), report
+    # compile 16.3 + profiling run 98.4 + graphs 15 of 149.2: 19.5 s in no timed line.
+    assert re.search(r"engine init in no timed line +19\.5 s", report), report
+
+
+def test_a_start_missing_a_line_says_which_and_where_its_time_went() -> None:
+    parts = vllm_startup.parse(timed_start(drop="Model loading took"))
+    assert parts["missing"] == ["model load (weights included)"]
+    names = [name for name, _ in parts["timeline"]]
+    assert "model load (weights included)" not in names
+    # Its 3 s are in the phase after it: still 220 s from launch to serving.
+    assert sum(s for _, s in parts["timeline"]) == 220
+    report = vllm_startup.report(parts)
+    assert (
+        "no line for 'model load (weights included)': its time is in the phase after it" in report
+    )
+
+
+def test_a_log_cut_in_the_mamba2_warm_up_says_it_never_ended() -> None:
+    text = timed_start()
+    cut = text[: text.index("Initial profiling/warmup run took")].rsplit("\n", 1)[0]
+    parts = vllm_startup.parse(cut)
+    assert parts["mamba_warmup_s"] is None and parts["reached"] == vllm_startup.MAMBA_MARK
+    assert "the Mamba2 warm-up began and has no end in this log" in vllm_startup.report(parts)
+
+
+def test_a_warm_start_whose_triton_cache_hit_shows_a_short_warm_up() -> None:
+    """The same start with Triton's kernels and autotune results found: 2 s of warm-up (the
+    kit's fast starts), every other phase as it was."""
+    warm = tuple((n, 2 if n.startswith("Mamba2") else s) for n, s in COLD_NANO30B)
+    parts = vllm_startup.parse(timed_start(warm))
+    assert parts["mamba_warmup_s"] == 2.0
+    assert sum(s for _, s in parts["timeline"]) == 220 - 95
