@@ -35,13 +35,14 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 import aiohttp
 import bench_stats as stats
 import target as target_mod
 from bench_report import compare, plot, table, write_results
+from bench_sizing import METHODS, Sizing, SizingError, size, tokenize_counter, usage_counter
 from bench_workload import Workload, WorkloadError, load_dataset, load_trace, synthetic_prompt
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -430,6 +431,7 @@ async def bench(
         for i in range(args.warmup):
             body = request_body(model, synthetic_prompt(-1 - i, 16, args.seed), 8, False)
             await one_request(session, target, body, args.timeout)
+        workload, sizing = await size_prompts(session, target, model, workload, args)
         open_loop = args.request_rate is not None or bool(workload.trace)
         reports: list[dict[str, Any]] = []
         with Progress(
@@ -464,6 +466,8 @@ async def bench(
                 report = level.report(
                     args.percentiles, args.slo, args.warmup_seconds, args.cooldown_seconds
                 )
+                if sizing is not None:
+                    report["prompt_sizing"] = sizing.as_dict()
                 reports.append(report)
                 if requests_out is not None:
                     for record in sorted(level.records, key=lambda r: r.index):
@@ -486,6 +490,35 @@ async def bench(
                     if (await run(level_index, value))["aborted"]:
                         break  # a broken server: no later level would say more
         return model, reports
+
+
+async def size_prompts(
+    session: aiohttp.ClientSession,
+    target: target_mod.Target,
+    model: str,
+    workload: Workload,
+    args: argparse.Namespace,
+) -> tuple[Workload, Sizing | None]:
+    """The workload with its synthetic prompts sized in the server's tokens (bench_sizing.py),
+    and how; a dataset's prompts are its own (None)."""
+    if workload.dataset:
+        return workload, None
+    tokens = workload.trace[0].prompt_tokens if workload.trace else workload.input_tokens
+
+    async def ask(text: str) -> int | None:
+        record = await one_request(
+            session, target, request_body(model, text, 1, False), args.timeout
+        )
+        return record.prompt_tokens if record.ok and record.counted_by == "server" else None
+
+    sizing = await size(
+        args.prompt_sizing,
+        tokens,
+        args.seed,
+        tokenize_counter(session, target, model),
+        usage_counter(ask),
+    )
+    return replace(workload, words_per_token=sizing.words_per_token), sizing
 
 
 def trace_rate(workload: Workload) -> float:
@@ -589,7 +622,17 @@ def _load_arguments(parser: argparse.ArgumentParser) -> None:
 def _workload_arguments(parser: argparse.ArgumentParser) -> None:
     """What is sent: prompt and answer lengths, shared prefixes, a dataset."""
     parser.add_argument(
-        "--input-tokens", type=int, default=512, help="about this many prompt tokens"
+        "--input-tokens",
+        type=int,
+        default=512,
+        help="prompt tokens of each synthetic prompt, in the server's tokens (--prompt-sizing)",
+    )
+    parser.add_argument(
+        "--prompt-sizing",
+        choices=METHODS,
+        default="auto",
+        help="how synthetic prompts are sized in tokens: the server's /tokenize, its usage, or "
+        "a word as a token; auto: the first that answers (bench_sizing.py)",
     )
     parser.add_argument(
         "--max-tokens",
@@ -779,6 +822,9 @@ def main(argv: list[str] | None = None) -> int:
     knee: dict[str, Any] = {}
     try:
         model, reports = asyncio.run(bench(args, target, console, requests_out, knee, workload))
+    except SizingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     finally:
         if requests_out is not None:
             requests_out.close()
@@ -788,6 +834,9 @@ def main(argv: list[str] | None = None) -> int:
         report["output_tokens_per_s_per_replica"] = report["output_tokens_per_s"] / replicas
     # Wide enough for the table when stdout is a file or a CI log.
     out = Console(width=None if sys.stdout.isatty() else 160)
+    sized = next((r["prompt_sizing"] for r in reports if r.get("prompt_sizing")), None)
+    if sized is not None:
+        out.print(Sizing.from_dict(sized).line())
     out.print(table(reports, args.percentiles))
     if args.find_knee:
         held, failed = knee["request_rate"], knee["first_failing_rate"]

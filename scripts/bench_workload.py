@@ -14,8 +14,9 @@ the answer's (an integer >= 1). No other key; blank lines are skipped. Each requ
 its own (its index first), after `--shared-prefix` words when given.
 
 There is no tokenizer here: a synthetic prompt of N short common words is close to N tokens for
-the usual BPE vocabularies (the server's usage says exactly), and a dataset answer of W words is
-taken as ceil(W * 4 / 3) tokens, the usual English ratio.
+the usual BPE vocabularies, and bench.py scales it by the words a token the server's own
+tokenizer measured (bench_sizing.py: `words_per_token`) so that N means N tokens on any model;
+a dataset answer of W words is taken as ceil(W * 4 / 3) tokens, the usual English ratio.
 """
 
 from __future__ import annotations
@@ -205,6 +206,9 @@ class Workload:
     shared_prefix: int = 0  # words every prompt starts with
     dataset: tuple[Sample, ...] = ()
     trace: tuple[TraceEntry, ...] = ()  # --trace: request i is line i's
+    # Synthetic words per token of the server's tokenizer (bench_sizing.py measures it): a
+    # prompt of N tokens is N times this many words. 1.0: a word taken as a token.
+    words_per_token: float = 1.0
 
     DEFAULT_MAX_TOKENS = 128
 
@@ -225,7 +229,9 @@ class Workload:
     def sample(self, index: int) -> Sample:
         if self.trace:
             entry = self.trace[index]
-            prompt = synthetic_prompt(index, entry.prompt_tokens, self.seed, self.prefix)
+            prompt = synthetic_prompt(
+                index, self.words(entry.prompt_tokens), self.seed, self.prefix
+            )
             return Sample(prompt, entry.max_tokens)
         if self.dataset:
             chosen = self.dataset[self.order[index % len(self.dataset)]]
@@ -235,4 +241,8 @@ class Workload:
         rng = random.Random(self.seed * 7_919 + index)  # noqa: S311
         words = spread(self.input_tokens, self.range_ratio, rng)
         out = spread(self.max_tokens or self.DEFAULT_MAX_TOKENS, self.range_ratio, rng)
-        return Sample(synthetic_prompt(index, words, self.seed, self.prefix), out)
+        return Sample(synthetic_prompt(index, self.words(words), self.seed, self.prefix), out)
+
+    def words(self, tokens: int) -> int:
+        """The synthetic words that make about `tokens` of the server's tokens."""
+        return max(1, round(tokens * self.words_per_token))

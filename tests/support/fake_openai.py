@@ -184,6 +184,7 @@ class FakeServer:
         self.render_auth: list[str | None] = []
         self.seqs = SeqGate(args.max_num_seqs) if args.max_num_seqs else None
         self.kv_used = 0  # tokens the running requests hold (--kv-cache-tokens)
+        self.tokenize_requests = 0  # POST /tokenize (--tokenize)
 
     # ---- helpers ----------------------------------------------------------------------------
     def authorized(self, request: web.Request) -> bool:
@@ -203,7 +204,27 @@ class FakeServer:
         )
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
-        return max(len(self.prompt_words(body)), 1)
+        if not self.args.chars_per_token:
+            return max(len(self.prompt_words(body)), 1)
+        text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        return self.text_tokens(text) + self.args.template_tokens
+
+    def text_tokens(self, text: str) -> int:
+        """`--chars-per-token C`: a tokenizer whose tokens are C characters of a word (a word
+        of 5 letters is 3 tokens at C = 2), unlike bench's one token a word; 0: one a word."""
+        c = self.args.chars_per_token
+        words = text.split()
+        return sum(-(-len(w) // c) for w in words) if c else len(words)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """`--tokenize`: vLLM's POST /tokenize (entrypoints/serve/tokenize/api_router.py) for a
+        `prompt`: its count, without special tokens as asked (`add_special_tokens: false`)."""
+        if not self.authorized(request):
+            return self.unauthorized()
+        body = await request.json()
+        self.tokenize_requests += 1
+        count = self.text_tokens(str(body.get("prompt", "")))
+        return web.json_response({"count": count, "max_model_len": 131072, "tokens": [0] * count})
 
     @staticmethod
     def prompt_words(body: dict[str, Any]) -> list[str]:
@@ -353,6 +374,7 @@ class FakeServer:
                 # POST /v1/chat/completions/render: how many, and the Authorization of each.
                 "renders": self.renders,
                 "render_auth": self.render_auth,
+                "tokenize_requests": self.tokenize_requests,
             }
         )
 
@@ -638,6 +660,8 @@ def build_app(args: argparse.Namespace) -> web.Application:
     app.router.add_get("/health", server.health)
     app.router.add_get("/_stats", server.stats)
     app.router.add_get("/metrics", server.metrics)
+    if args.tokenize:
+        app.router.add_post("/tokenize", server.tokenize)
     return app
 
 
@@ -660,6 +684,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-tokens", type=int, default=0,
                    help="the KV cache's size in tokens, for vllm:kv_cache_usage_perc (0: reads 0)")  # fmt: skip
     p.add_argument("--slow-ttft", type=float, default=1.0)
+    p.add_argument("--chars-per-token", type=int, default=0,
+                   help="count prompt tokens as this many characters of a word (0: one a word)")  # fmt: skip
+    p.add_argument("--template-tokens", type=int, default=0,
+                   help="tokens the chat template adds to every prompt's usage")  # fmt: skip
+    p.add_argument("--tokenize", action="store_true", help="serve vLLM's POST /tokenize")
     p.add_argument("--thinking", choices=["off", "parsed", "raw"], default="off")
     # Sent back as X-Upstream on every chat answer: which replica served it (balancer tests).
     p.add_argument("--name", default="")
