@@ -891,7 +891,7 @@ def test_a_comment_is_no_deploy_and_a_changed_command_runs_its_phase_and_those_a
         again = stack.up(stack_config("dev"))
         results.append(again)
         assert again.error is None, again.error
-        assert [(s.op, s.urn) for s in again.steps if s.op != "same"] == [], "no deploy"
+        assert [(s.op, s.urn, s.changed) for s in again.steps if s.op != "same"] == [], "no deploy"
         gateway_sh = scripts / "gateway.sh"
         text = gateway_sh.read_text()
         step = 'step user "system user'

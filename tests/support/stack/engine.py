@@ -116,6 +116,7 @@ class Step:
     type: str
     started: float
     seconds: float
+    changed: tuple[str, ...] = ()  # an update's or replace's inputs that changed: why it ran
 
 
 class StepError(Exception):
@@ -221,7 +222,7 @@ class Engine(pulumi_mocks.MockMonitor):
                 self._replace(provider, old, new)
             elif changed:
                 new.id = old.id
-                self._run("update", new, lambda: self._update(provider, old, new))
+                self._run("update", new, lambda: self._update(provider, old, new), changed)
             else:
                 new.id, new.outputs = old.id, old.outputs
                 self._record("same", new, time.time(), 0.0)
@@ -293,7 +294,9 @@ class Engine(pulumi_mocks.MockMonitor):
                 self._run("delete", old, lambda o=old: self.provider(o.type).delete(o))  # type: ignore[misc]
         self.replaced.clear()
 
-    def _run(self, op: str, res: Resource, action: Callable[[], None]) -> None:
+    def _run(
+        self, op: str, res: Resource, action: Callable[[], None], changed: Iterable[str] = ()
+    ) -> None:
         started = time.time()
         try:
             action()
@@ -301,11 +304,18 @@ class Engine(pulumi_mocks.MockMonitor):
             raise
         except Exception as err:
             raise StepError(op, res, err) from err
-        self._record(op, res, started, time.time() - started)
+        self._record(op, res, started, time.time() - started, changed)
 
-    def _record(self, op: str, res: Resource, started: float, seconds: float) -> None:
+    def _record(
+        self,
+        op: str,
+        res: Resource,
+        started: float,
+        seconds: float,
+        changed: Iterable[str] = (),
+    ) -> None:
         with self.lock:
-            self.steps.append(Step(op, res.urn, res.type, started, seconds))
+            self.steps.append(Step(op, res.urn, res.type, started, seconds, tuple(sorted(changed))))
 
 
 def delete_order(resources: Iterable[Resource]) -> list[Resource]:
