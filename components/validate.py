@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import requests
-import yaml
 
 from . import render
 from .host import autodown, vllm_service
@@ -51,13 +50,10 @@ def file_problems(
         there = sorted(p.stem.removeprefix("Pulumi.") for p in stacks.glob("Pulumi.*.yaml"))
         return [f"no stack file {path} (stacks there: {', '.join(there) or 'none'})"], None
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        # Where and what, not PyYAML's quote of the line (a value there may be a secret).
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return [f"{path}: not YAML{where}: {getattr(err, 'problem', None) or 'unreadable'}"], None
-    keys = list((data.get("config") or {}).keys()) if isinstance(data, dict) else []
+        data = config.read_stack_file(path)
+    except config.ConfigError as err:
+        return err.problems, None
+    keys = list((data.get("config") or {}).keys())
     where = str(path)
     problems = [f"{where}: {p}" for p in config.namespace_problems(keys, where="it")]
     if problems:

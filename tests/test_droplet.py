@@ -324,7 +324,10 @@ REJECTED = [
         "droplet.image: 'windows-11' is not a known image; accepted:",
     ),
     ({"droplet": {"regions": []}}, "droplet.regions: the list is empty"),
-    ({"droplet": {"regions": ["Toronto"]}}, "droplet.regions: ['Toronto'] are not region slugs"),
+    (
+        {"droplet": {"regions": ["Toronto"]}},
+        "droplet.regions: 'Toronto' is not a DigitalOcean region;",
+    ),
     ({"droplet": {"tags": ["has space"]}}, "droplet.tags: ['has space']: tags accept"),
     (
         {"droplet": {"tags": ["nemotron-droplet-lease-minutes:1", "stack:prod"]}},
