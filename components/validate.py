@@ -33,7 +33,7 @@ import requests
 
 from . import render
 from .host import autodown, vllm_service
-from .spec import config, transport
+from .spec import bill, config, transport
 from .spec.schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,6 +277,17 @@ def github_problems(cfg: StackConfig, token: str, api_url: str = GITHUB_API_URL)
     return []
 
 
+def unstopped_bill(cfg: StackConfig) -> str:
+    """`pulumi up`'s warning when nothing stops the bill (spec/bill.py, the same words), at the
+    catalog's list price: `pulumi up` reads the live one, and a Caddy balancer's, from the API."""
+    price = cfg.size.list_price_usd_hour
+    caddy = cfg.pooled and cfg.balancer_kind == "caddy"
+    which = " (list price" + (", plus the balancer Droplet's)" if caddy else ")")
+    if price is None:
+        which = f" (the catalog lists no price for {cfg.droplet.size}; DigitalOcean's applies)"
+    return bill.bill_warning(cfg, bill.set_hourly_price(cfg, price or 0.0), which)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -319,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(cfg.droplet.regions)} that offers it, serving {cfg.model.id}; "
         f"the cloud: {cloud}"
     )
+    if unstopped := unstopped_bill(cfg):
+        print(f"{args.stack}: {unstopped}")
     if cfg.autodown.enabled:
         # No read-only call tells a token's scopes; a delete is the only test of droplet:delete.
         print(

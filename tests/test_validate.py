@@ -20,7 +20,8 @@ from stack import github_api
 from stack.do_api import Account, DigitalOceanAPI, Size
 
 from components import render
-from components.spec.config import ConfigError
+from components.cloud import outputs
+from components.spec.config import ConfigError, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "dop_v1_VALIDATEtestTOKEN00000000000000000000"
@@ -441,3 +442,30 @@ def test_a_yaml_error_points_at_its_file_line_and_column(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as err:
         render.stack_raw("indent", tmp_path)
     assert err.value.problems == [run.stderr.split("error: ", 1)[1].splitlines()[0]]
+
+
+# ---- ok, and still billing: the words `pulumi up` warns with, from the same code ----------------
+
+
+def test_ok_says_when_nothing_will_stop_the_bill(tmp_path: Path) -> None:
+    """dev without its autodown token only logs, prod has no autodown: both are valid, and both
+    bill until `pulumi destroy`. validate says so as `pulumi up` does (outputs.bill_warning,
+    test_droplet.py's test_pulumi_up_says_when_nothing_will_stop_the_bill), at the list price;
+    a dev stack whose rule has its token deletes the Droplet, and nothing is said."""
+    for stack, price, why in (
+        ("dev", 0.76, "autodown only logs"),
+        ("prod", 3.39, "autodown is off"),
+    ):
+        run = validate("--stack", stack)
+        assert run.returncode == 0, run.stderr
+        raw, secret = render.stack_raw(stack)
+        expected = outputs.bill_warning(parse(raw, stack, secret), price, " (list price)")
+        assert why in expected and f"${price:.2f}/hour (list price) until `pulumi" in expected
+        assert f"{stack}: {expected}" in run.stdout.splitlines(), run.stdout
+    config = shipped("dev")
+    config["nemotron-droplet:autodown"] = {**config["nemotron-droplet:autodown"],
+                                           "token": {"secure": "v1:AAAAsecret"}}  # fmt: skip
+    stack_file(tmp_path, "deletes", config)
+    run = validate("--stack", "deletes", stacks=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "nothing will stop the bill" not in run.stdout
