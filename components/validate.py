@@ -2,7 +2,8 @@
 field.
 
     python -m components.validate --stack dev
-    DIGITALOCEAN_TOKEN=dop_v1_... python -m components.validate --stack prod   # and the cloud
+    read -rs DIGITALOCEAN_TOKEN && export DIGITALOCEAN_TOKEN   # paste it: no echo, no history
+    python -m components.validate --stack prod                 # and the cloud
 
 Offline it reads `stacks/Pulumi.<stack>.yaml` and checks what `pulumi up` checks first: that its
 keys are under this project's namespace, and every field of every section, together (the

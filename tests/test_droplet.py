@@ -585,7 +585,8 @@ def test_hf_token_in_plain_text_is_refused() -> None:
     run = run_program(dev(hfToken=HF_TOKEN))
     assert isinstance(run.error, ConfigError)
     assert run.error.problems == [
-        "hfToken: stored in plain text; set it as a secret: pulumi config set --secret hfToken <value>"
+        "hfToken: stored in plain text; set it as a secret: `pulumi config set --secret hfToken`"
+        " (no value after it: Pulumi asks for it without echo, or reads it from a file: `... < FILE`)"
     ]
     assert HF_TOKEN not in str(run.error)
 
@@ -594,7 +595,8 @@ def test_api_key_in_plain_text_is_refused() -> None:
     run = run_program(dev(apiKey=GIVEN_API_KEY))
     assert isinstance(run.error, ConfigError)
     assert run.error.problems == [
-        "apiKey: stored in plain text; set it as a secret: pulumi config set --secret apiKey <value>"
+        "apiKey: stored in plain text; set it as a secret: `pulumi config set --secret apiKey`"
+        " (no value after it: Pulumi asks for it without echo, or reads it from a file: `... < FILE`)"
     ]
 
 

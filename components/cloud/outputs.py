@@ -12,7 +12,7 @@ import pulumi
 from ..host import balancer, gateway, wake
 from ..spec import catalog
 from ..spec.bill import balancer_hourly_price, bill_warning, set_hourly_price
-from ..spec.schema import StackConfig
+from ..spec.schema import StackConfig, set_secret
 from . import cache
 from .droplet import REPLACEMENT_NOTE, ssh_command
 from .endpoint import Endpoint
@@ -77,7 +77,7 @@ def export(
     if cfg.autodown.enabled and cfg.autodown.token is None:
         pulumi.log.warn(
             "autodown runs as a dry run (logs only) until it has a token that may delete "
-            "Droplets: pulumi config set --secret --path autodown.token dop_v1_..."
+            f"Droplets: {set_secret('autodown.token')}"
         )
     unstopped = bill_warning(cfg, hourly)
     if unstopped:

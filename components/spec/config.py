@@ -35,6 +35,7 @@ from .schema import (
     _Section,
     is_pooled,
     resolved_balancer_kind,
+    set_secret,
 )
 
 __all__ = ["NAMESPACE", "SECTIONS", "ConfigError", "StackConfig", "parse"]
@@ -439,9 +440,8 @@ def _wake_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
         )
     if wake.token is None:
         problems.append(
-            "wake.token: the pipeline's token is unset: pulumi config set --secret --path "
-            "wake.token <a fine-grained GitHub token (Actions: read and write) or the webhook's "
-            "secret>"
+            f"wake.token: the pipeline's token is unset: {set_secret('wake.token')}, a "
+            "fine-grained GitHub token (Actions: read and write) or the webhook's secret"
         )
     if wake.trigger == "github" and not wake.github_repo:
         problems.append(
@@ -560,14 +560,11 @@ def parse(
         if isinstance(value, Mapping) and "token" in value and section not in secret_keys:
             problems.append(
                 f"{section}.token: stored in plain text; set it as a secret: "
-                f"pulumi config set --secret --path {section}.token <value>"
+                f"{set_secret(f'{section}.token')}"
             )
     for key in SECRET_KEYS:
         if key in raw and key not in secret_keys:
-            problems.append(
-                f"{key}: stored in plain text; set it as a secret: "
-                f"pulumi config set --secret {key} <value>"
-            )
+            problems.append(f"{key}: stored in plain text; set it as a secret: {set_secret(key)}")
 
     parsed: dict[str, Any] = {}
     bad: set[str] = set()

@@ -22,6 +22,19 @@ from . import catalog, cidrs
 NAMESPACE = catalog.PROJECT
 LOCKS_DIR = Path(__file__).resolve().parents[2] / catalog.LOCKS_PATH
 
+
+def set_secret(key: str) -> str:
+    """How to set a secret key, its value off the command line (shell history, `ps`): with no
+    value after the key, `pulumi config set` reads it from standard input, or asks for it
+    without echo on a terminal (pulumi/pulumi pkg/cmd/pulumi/config/config.go, configSetCmd.Run;
+    docs/facts.md)."""
+    path = " --path" if "." in key else ""
+    return (
+        f"`pulumi config set --secret{path} {key}` (no value after it: Pulumi asks for it "
+        "without echo, or reads it from a file: `... < FILE`)"
+    )
+
+
 _TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
 RESERVED_TAG_PREFIXES = (f"{catalog.PROJECT}-", "stack:")
 _FINGERPRINT = re.compile(r"^([0-9a-f]{2}:){15}[0-9a-f]{2}$")
@@ -95,7 +108,10 @@ class DropletConfig(_Section):
         default_factory=lambda: ["tor1", "nyc2", "ams3"],
         description="Region preference list for a new Droplet: the first one where DigitalOcean "
         "offers the size at deploy time is used. An existing Droplet of the same size stays in "
-        "its region, whatever availability says later.",
+        "its region, whatever availability says later. A slug that is not a DigitalOcean "
+        "region is refused before anything is created; GPU Droplets have been sold in "
+        + ", ".join(catalog.GPU_REGIONS)
+        + ".",
     )
     image: str | None = Field(
         None,
@@ -553,8 +569,8 @@ class AutodownConfig(_Section):
     token: SecretStr | None = Field(
         None,
         description="DigitalOcean token that may delete Droplets, set as a secret: "
-        "`pulumi config set --secret --path autodown.token dop_v1_...`. Unset while a rule is "
-        "on: the rule runs as a dry run (logs only) and `pulumi up` warns.",
+        f"{set_secret('autodown.token')}. Unset while a rule is on: the rule runs as a dry run "
+        "(logs only) and `pulumi up` warns.",
     )
     dry_run: bool = Field(False, description="Log what the rule would do; delete nothing.")
 
@@ -696,9 +712,8 @@ class WakeConfig(_Section):
     )
     token: SecretStr | None = Field(
         None,
-        description="The pipeline's token, set as a secret: `pulumi config set --secret --path "
-        "wake.token ...`. It lives in Pulumi's secrets and a root-only file on the front, never "
-        "in a log line.",
+        description=f"The pipeline's token, set as a secret: {set_secret('wake.token')}. It "
+        "lives in Pulumi's secrets and a root-only file on the front, never in a log line.",
     )
     hold_seconds: int = Field(
         540,
