@@ -20,8 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .host import autodown, gateway, phase_settings, phases
 from .spec import config, volume
 from .spec.schema import StackConfig
@@ -43,7 +41,7 @@ def stack_raw(stack: str, stacks: Path = ROOT / "stacks") -> tuple[dict[str, Any
     path = stacks / f"Pulumi.{stack}.yaml"
     if not path.exists():
         raise SystemExit(f"error: no stack file {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = config.read_stack_file(path)
     prefix = f"{config.NAMESPACE}:"
     raw: dict[str, Any] = {}
     secret: set[str] = set()

@@ -2,7 +2,8 @@
 field.
 
     python -m components.validate --stack dev
-    DIGITALOCEAN_TOKEN=dop_v1_... python -m components.validate --stack prod   # and the cloud
+    read -rs DIGITALOCEAN_TOKEN && export DIGITALOCEAN_TOKEN   # paste it: no echo, no history
+    python -m components.validate --stack prod                 # and the cloud
 
 Offline it reads `stacks/Pulumi.<stack>.yaml` and checks what `pulumi up` checks first: that its
 keys are under this project's namespace, and every field of every section, together (the
@@ -30,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import requests
-import yaml
 
 from . import render
 from .host import autodown, vllm_service
-from .spec import config, transport
+from .spec import bill, config, transport
 from .spec.schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,13 +51,10 @@ def file_problems(
         there = sorted(p.stem.removeprefix("Pulumi.") for p in stacks.glob("Pulumi.*.yaml"))
         return [f"no stack file {path} (stacks there: {', '.join(there) or 'none'})"], None
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        # Where and what, not PyYAML's quote of the line (a value there may be a secret).
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return [f"{path}: not YAML{where}: {getattr(err, 'problem', None) or 'unreadable'}"], None
-    keys = list((data.get("config") or {}).keys()) if isinstance(data, dict) else []
+        data = config.read_stack_file(path)
+    except config.ConfigError as err:
+        return err.problems, None
+    keys = list((data.get("config") or {}).keys())
     where = str(path)
     problems = [f"{where}: {p}" for p in config.namespace_problems(keys, where="it")]
     if problems:
@@ -281,6 +278,17 @@ def github_problems(cfg: StackConfig, token: str, api_url: str = GITHUB_API_URL)
     return []
 
 
+def unstopped_bill(cfg: StackConfig) -> str:
+    """`pulumi up`'s warning when nothing stops the bill (spec/bill.py, the same words), at the
+    catalog's list price: `pulumi up` reads the live one, and a Caddy balancer's, from the API."""
+    price = cfg.size.list_price_usd_hour
+    caddy = cfg.pooled and cfg.balancer_kind == "caddy"
+    which = " (list price" + (", plus the balancer Droplet's)" if caddy else ")")
+    if price is None:
+        which = f" (the catalog lists no price for {cfg.droplet.size}; DigitalOcean's applies)"
+    return bill.bill_warning(cfg, bill.set_hourly_price(cfg, price or 0.0), which)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -323,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(cfg.droplet.regions)} that offers it, serving {cfg.model.id}; "
         f"the cloud: {cloud}"
     )
+    if unstopped := unstopped_bill(cfg):
+        print(f"{args.stack}: {unstopped}")
     if cfg.autodown.enabled:
         # No read-only call tells a token's scopes; a delete is the only test of droplet:delete.
         print(

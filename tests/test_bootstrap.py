@@ -353,7 +353,7 @@ def test_autodown_token_in_plain_text_is_refused() -> None:
     assert run.error is not None
     assert run.error.problems == [  # type: ignore[attr-defined]
         "autodown.token: stored in plain text; set it as a secret: "
-        "pulumi config set --secret --path autodown.token <value>"
+        "`pulumi config set --secret --path autodown.token` (no value after it: Pulumi asks for it without echo, or reads it from a file: `... < FILE`)"
     ]
     assert AUTODOWN_TOKEN not in str(run.error)
 

@@ -121,3 +121,97 @@ def test_every_relative_link_in_the_docs_reaches_a_file_and_a_heading() -> None:
                 if anchor not in {_slug(h) for h in headings}:
                     broken.append(f"{page.name}: {target} (no heading)")
     assert not broken, broken
+
+
+# ---- secrets stay off command lines (shell history, the process list) ----------------------------
+# `pulumi config set --secret KEY` with no value reads it from standard input, or asks for it
+# without echo on a terminal (pulumi/pulumi pkg/cmd/pulumi/config/config.go, configSetCmd.Run;
+# docs/facts.md). So every example, and every command a refusal prints, leaves the value out.
+SECRET_NAMES = r"[A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSPHRASE|PASSWORD)"
+SECRET_KEYS = re.compile(r"^(?:hfToken|apiKey|[\w.]*\.token)$")
+# NAME=value where the value is typed, not read: `$(...)` or `$VAR` keep it out of history
+# (`{...}` is a template the program fills into a root-only file, not a command line).
+ASSIGNED = re.compile(rf"\b({SECRET_NAMES})=(?![\"']?[${{])(\S+)")
+# A secret in a flag or a header: --api-key sk-..., -H "Authorization: Bearer sk-...".
+FLAGGED = re.compile(
+    r"(--(?:api-key|token|hf-token|password)[ =]|-H ['\"]Authorization: Bearer )"
+    r"(?![\"']?\$)(?![a-z]+(?:[\s`'\",)]|$))([^\s`'\",)]+)"  # a plain word after it is prose
+)
+CONFIG_SET = re.compile(r"pulumi config set\b([^`\n|#;&)]*)")
+VALUED_FLAGS = {"--stack", "-s", "--type", "--config-file"}
+
+
+def _config_set_value(args: str) -> str | None:
+    """The value a `pulumi config set` line types for a secret key, or None (read from stdin)."""
+    words, secret, positional = args.split(), False, []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "<" or word.startswith(("<<", "<(", "(")):
+            break  # redirected from a file (not on the command line), or prose after it
+        if word in VALUED_FLAGS:
+            i += 2
+            continue
+        if word.startswith("-"):
+            secret = secret or word == "--secret"
+        else:
+            positional.append(word.strip("'\""))
+        i += 1
+    if len(positional) < 2:
+        return None
+    key = positional[0].split(":")[-1]
+    return positional[1] if secret or SECRET_KEYS.match(key) else None
+
+
+def secrets_on_command_lines(text: str) -> list[str]:
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        hits = [m.group(0) for m in ASSIGNED.finditer(line)]
+        hits += [m.group(0) for m in FLAGGED.finditer(line)]
+        hits += [f"pulumi config set{m.group(1)}" for m in CONFIG_SET.finditer(line)
+                 if _config_set_value(m.group(1)) is not None]  # fmt: skip
+        found += [f"{number}: {hit.strip()}" for hit in hits]
+    return found
+
+
+def test_the_secret_check_finds_what_it_is_for() -> None:
+    """The detector itself, on lines it must flag and lines it must pass."""
+    flagged = [
+        "export DIGITALOCEAN_TOKEN=dop_v1_abc",
+        "DIGITALOCEAN_TOKEN=dop_v1_... python -m components.validate --stack prod",
+        "export PULUMI_CONFIG_PASSPHRASE=...",
+        "pulumi config set --secret hfToken hf_...",
+        "pulumi config set --stack dev --secret --path autodown.token dop_v1_...",
+        "`pulumi config set --secret --path wake.token <a GitHub token>`",
+        "pulumi config set apiKey sk-abc",
+        "python scripts/smoke.py --api-key sk-abc",
+        "curl -H 'Authorization: Bearer sk-abc' https://x/v1/models",
+    ]
+    passed = [
+        "pulumi config set --secret hfToken < ~/.secrets/hf-token",
+        "pulumi config set --stack dev --secret --path autodown.token",
+        "pulumi config set --path access.acmeEmail you@example.com",
+        "export OPENAI_API_KEY=$(pulumi stack output apiKey --show-secrets)",
+        "GITHUB_TOKEN=$(gh auth token) python3 scripts/ci/lease.py --status",
+        'curl -H "Authorization: Bearer $OPENAI_API_KEY" "$OPENAI_BASE_URL/models"',
+        "read -rs DIGITALOCEAN_TOKEN && export DIGITALOCEAN_TOKEN",
+        "flags (`--endpoint`, `--api-key`, `--stack`)",
+        "vLLM's --api-key guards only some routes",
+        'f"VLLM_API_KEY={api_key}"',
+        "pulumi config set --secret hfToken   (only for gated models)",
+        "send it as `Authorization: Bearer <apiKey>`",
+    ]
+    assert [line for line in flagged if not secrets_on_command_lines(line)] == []
+    assert [line for line in passed if secrets_on_command_lines(line)] == []
+
+
+def test_no_example_puts_a_secret_on_a_command_line() -> None:
+    """The README, docs/, the stack files' comments and the commands the program's refusals and
+    warnings print: a token, key or passphrase is read from a file or standard input, never
+    typed after the command (it would stay in shell history and show in `ps`)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages += sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+    pages += sorted((ROOT / "components").rglob("*.py"))
+    found = [f"{page.relative_to(ROOT)}:{hit}" for page in pages
+             for hit in secrets_on_command_lines(page.read_text())]  # fmt: skip
+    assert found == [], "\n".join(found)

@@ -324,7 +324,10 @@ REJECTED = [
         "droplet.image: 'windows-11' is not a known image; accepted:",
     ),
     ({"droplet": {"regions": []}}, "droplet.regions: the list is empty"),
-    ({"droplet": {"regions": ["Toronto"]}}, "droplet.regions: ['Toronto'] are not region slugs"),
+    (
+        {"droplet": {"regions": ["Toronto"]}},
+        "droplet.regions: 'Toronto' is not a DigitalOcean region;",
+    ),
     ({"droplet": {"tags": ["has space"]}}, "droplet.tags: ['has space']: tags accept"),
     (
         {"droplet": {"tags": ["nemotron-droplet-lease-minutes:1", "stack:prod"]}},
@@ -582,7 +585,8 @@ def test_hf_token_in_plain_text_is_refused() -> None:
     run = run_program(dev(hfToken=HF_TOKEN))
     assert isinstance(run.error, ConfigError)
     assert run.error.problems == [
-        "hfToken: stored in plain text; set it as a secret: pulumi config set --secret hfToken <value>"
+        "hfToken: stored in plain text; set it as a secret: `pulumi config set --secret hfToken`"
+        " (no value after it: Pulumi asks for it without echo, or reads it from a file: `... < FILE`)"
     ]
     assert HF_TOKEN not in str(run.error)
 
@@ -591,7 +595,8 @@ def test_api_key_in_plain_text_is_refused() -> None:
     run = run_program(dev(apiKey=GIVEN_API_KEY))
     assert isinstance(run.error, ConfigError)
     assert run.error.problems == [
-        "apiKey: stored in plain text; set it as a secret: pulumi config set --secret apiKey <value>"
+        "apiKey: stored in plain text; set it as a secret: `pulumi config set --secret apiKey`"
+        " (no value after it: Pulumi asks for it without echo, or reads it from a file: `... < FILE`)"
     ]
 
 

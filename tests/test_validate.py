@@ -15,8 +15,13 @@ from typing import Any
 import loopback
 import pytest
 import yaml
+from pulumi_harness import run_program
 from stack import github_api
 from stack.do_api import Account, DigitalOceanAPI, Size
+
+from components import render
+from components.cloud import outputs
+from components.spec.config import ConfigError, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "dop_v1_VALIDATEtestTOKEN00000000000000000000"
@@ -287,7 +292,7 @@ def test_the_token_goes_only_over_https(tmp_path: Path) -> None:
 def test_a_stack_file_that_is_not_yaml_says_where_and_quotes_nothing(tmp_path: Path) -> None:
     (tmp_path / "Pulumi.broken.yaml").write_text("config:\n  apiKey: sk-do-not-echo-me: [\n")
     run = validate("--stack", "broken", stacks=tmp_path)
-    assert run.returncode == 2 and "not YAML at line 2" in run.stderr, run.stderr
+    assert run.returncode == 2 and "Pulumi.broken.yaml:2:" in run.stderr, run.stderr
     assert "sk-do-not-echo-me" not in run.stderr
 
 
@@ -336,3 +341,131 @@ def test_with_a_github_token_the_wake_branch_must_exist(tmp_path: Path) -> None:
         assert WAKE_TOKEN not in bad.stdout + bad.stderr + good.stdout + good.stderr
     finally:
         loopback.stop(server)
+
+
+# ---- the config check's gaps: each through validate and through the program's loading ----------
+# `pulumi up` hands the program the stack file's values JSON-encoded (what run_program does);
+# validate reads the file itself. Both call config.parse, and both must say the same thing.
+
+
+def _both(tmp_path: Path, override: dict[str, Any]) -> tuple[str, list[str]]:
+    """validate's stderr and the program's problems for the dev stack with `override`."""
+    config = {key.split(":", 1)[1]: value for key, value in shipped("dev").items()}
+    for section, fields in override.items():
+        config[section] = {**config.get(section, {}), **fields}
+    stack_file(tmp_path, "gap", {f"nemotron-droplet:{k}": v for k, v in config.items()})
+    run = validate("--stack", "gap", stacks=tmp_path)
+    program = run_program(config)
+    problems = list(getattr(program.error, "problems", []))
+    return (run.stderr if run.returncode == 2 else ""), problems
+
+
+GAPS = [
+    (
+        {"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF61"}},
+        "model.id: nvidia/NVIDIA-Nemotron-3-Nano-4B-BF61 is not in the catalog; did you mean "
+        "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16?",
+    ),
+    (
+        {"droplet": {"regions": ["tor1", "nyc4"]}},
+        "droplet.regions: 'nyc4' is not a DigitalOcean region (did you mean nyc2?)",
+    ),
+    (
+        {"droplet": {"regions": ["tor", "nyc2"]}},
+        "droplet.regions: 'tor' is not a DigitalOcean region (did you mean tor1?)",
+    ),
+    (
+        {"vllm": {"version": 0.33}},
+        "vllm.version: 0.33 is a number here, and this field takes text: write it quoted: '0.33'",
+    ),
+    (
+        {"bootstrap": {"driver": {"branch": 580}}},
+        "bootstrap.driver.branch: 580 is a number here, and this field takes text: write it "
+        "quoted: '580'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), GAPS, ids=[m.split(":")[0] for _, m in GAPS])
+def test_each_gap_is_refused_alike_by_validate_and_the_program(
+    tmp_path: Path, override: dict[str, Any], message: str
+) -> None:
+    said, problems = _both(tmp_path, override)
+    assert message in said, said
+    assert any(p.startswith(message) for p in problems), problems
+
+
+def test_an_unquoted_version_says_yaml_drops_its_trailing_zero(tmp_path: Path) -> None:
+    """`version: 0.30` is the float 0.3 by the time anyone reads it (YAML, then Pulumi's JSON):
+    the message says a digit may be lost, so the user writes back what they meant."""
+    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    assert 'version: "0.33.0"' in text
+    (tmp_path / "Pulumi.zero.yaml").write_text(text.replace('version: "0.33.0"', "version: 0.30"))
+    run = validate("--stack", "zero", stacks=tmp_path)
+    assert run.returncode == 2
+    assert "vllm.version: 0.3 is a number here" in run.stderr, run.stderr
+    assert "0.30 reads as 0.3" in run.stderr, run.stderr
+
+
+def test_a_cidr_errors_own_examples_are_accepted(tmp_path: Path) -> None:
+    """The message for a malformed CIDR shows what to write: each example must pass the very
+    check that printed it (a documentation range there would be refused next)."""
+    said, problems = _both(tmp_path, {"access": {"apiCidrs": ["10.0.0.300/24"]}})
+    (message,) = [p for p in problems if p.startswith("access.apiCidrs:")]
+    assert message in said
+    examples = message.split("such as ", 1)[1].split(";")[0].replace(" and ", ", ")
+    cidrs = [c.strip(" .`") for c in examples.split(",") if c.strip(" .`")]
+    assert len(cidrs) >= 3, message
+    said, problems = _both(tmp_path / "empty", {"access": {"sshCidrs": []}})
+    (empty,) = [p for p in problems if p.startswith("access.sshCidrs:")]
+    assert empty in said
+    cidrs.append(empty.split("e.g. ", 1)[1].split(")")[0])
+    for i, cidr in enumerate(cidrs):
+        ok, problems = _both(
+            tmp_path / str(i), {"access": {"apiCidrs": [cidr], "sshCidrs": [cidr]}}
+        )
+        assert ok == "" and problems == [], (cidr, ok, problems)
+
+
+def test_a_yaml_error_points_at_its_file_line_and_column(tmp_path: Path) -> None:
+    """file:line:column, as compilers say it (editors jump there); the same from render, the
+    other reader of stack files."""
+    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == "monitoring: true")
+    lines[at] = "   monitoring: true"  # one space short of its siblings
+    path = tmp_path / "Pulumi.indent.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    run = validate("--stack", "indent", stacks=tmp_path)
+    assert run.returncode == 2
+    assert f"error: {path}:{at + 1}:4: not YAML: " in run.stderr, run.stderr
+    with pytest.raises(ConfigError) as err:
+        render.stack_raw("indent", tmp_path)
+    assert err.value.problems == [run.stderr.split("error: ", 1)[1].splitlines()[0]]
+
+
+# ---- ok, and still billing: the words `pulumi up` warns with, from the same code ----------------
+
+
+def test_ok_says_when_nothing_will_stop_the_bill(tmp_path: Path) -> None:
+    """dev without its autodown token only logs, prod has no autodown: both are valid, and both
+    bill until `pulumi destroy`. validate says so as `pulumi up` does (outputs.bill_warning,
+    test_droplet.py's test_pulumi_up_says_when_nothing_will_stop_the_bill), at the list price;
+    a dev stack whose rule has its token deletes the Droplet, and nothing is said."""
+    for stack, price, why in (
+        ("dev", 0.76, "autodown only logs"),
+        ("prod", 3.39, "autodown is off"),
+    ):
+        run = validate("--stack", stack)
+        assert run.returncode == 0, run.stderr
+        raw, secret = render.stack_raw(stack)
+        expected = outputs.bill_warning(parse(raw, stack, secret), price, " (list price)")
+        assert why in expected and f"${price:.2f}/hour (list price) until `pulumi" in expected
+        assert f"{stack}: {expected}" in run.stdout.splitlines(), run.stdout
+    config = shipped("dev")
+    config["nemotron-droplet:autodown"] = {**config["nemotron-droplet:autodown"],
+                                           "token": {"secure": "v1:AAAAsecret"}}  # fmt: skip
+    stack_file(tmp_path, "deletes", config)
+    run = validate("--stack", "deletes", stacks=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "nothing will stop the bill" not in run.stdout

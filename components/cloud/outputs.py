@@ -11,7 +11,8 @@ import pulumi
 
 from ..host import balancer, gateway, wake
 from ..spec import catalog
-from ..spec.schema import StackConfig
+from ..spec.bill import balancer_hourly_price, bill_warning, set_hourly_price
+from ..spec.schema import StackConfig, set_secret
 from . import cache
 from .droplet import REPLACEMENT_NOTE, ssh_command
 from .endpoint import Endpoint
@@ -76,7 +77,7 @@ def export(
     if cfg.autodown.enabled and cfg.autodown.token is None:
         pulumi.log.warn(
             "autodown runs as a dry run (logs only) until it has a token that may delete "
-            "Droplets: pulumi config set --secret --path autodown.token dop_v1_..."
+            f"Droplets: {set_secret('autodown.token')}"
         )
     unstopped = bill_warning(cfg, hourly)
     if unstopped:
@@ -107,44 +108,12 @@ def autoscale_output(cfg: StackConfig, count: Count | None, gpu_price: float) ->
     }
 
 
-def bill_warning(cfg: StackConfig, hourly: float) -> str:
-    """What `pulumi up` says when nothing on its own will stop the bill ("": autodown deletes)."""
-    if cfg.autodown.mode == "delete":
-        return ""
-    why = {
-        "off": "autodown is off (no autodown.idleMinutes or autodown.maxHours)",
-        "dry-run": "autodown only logs (autodown.dryRun, or no autodown.token)",
-    }[cfg.autodown.mode]
-    what = f"{cfg.replicas} GPU Droplets" if cfg.pooled else "the GPU Droplet"
-    return (
-        f"nothing will stop the bill: {what} cost ${hourly:.2f}/hour until `pulumi destroy`, "
-        f"idle or not; {why}. See the README, Stop paying"
-    )
-
-
 def certificate(cfg: StackConfig, host: str) -> str:
     if cfg.pooled and cfg.balancer_kind == "managed":
         return (
             f"Let's Encrypt, for {host}, issued and renewed by DigitalOcean for the Load Balancer"
         )
     return gateway.certificate(cfg, host)
-
-
-def balancer_hourly_price(cfg: StackConfig, caddy_price: float = 0.0) -> float:
-    """The entry's hourly price: the Load Balancer's nodes, or the Caddy Droplet's size (the
-    Reserved IP is free while assigned)."""
-    if not cfg.pooled:
-        return 0.0
-    return (
-        catalog.lb_hourly_price(cfg.balancer.nodes)
-        if cfg.balancer_kind == "managed"
-        else caddy_price
-    )
-
-
-def set_hourly_price(cfg: StackConfig, gpu_price: float, caddy_price: float = 0.0) -> float:
-    """What the endpoint costs per hour: every GPU replica and the entry in front of them."""
-    return round(cfg.replicas * gpu_price + balancer_hourly_price(cfg, caddy_price), 5)
 
 
 def replacement_note(cfg: StackConfig, single: str) -> str:

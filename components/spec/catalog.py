@@ -7,6 +7,7 @@ and the docs all read from here, so a new size or model is one entry, not a hunt
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,6 +44,18 @@ ANYWHERE = ("0.0.0.0/0", "::/0")
 
 # The user DigitalOcean images log in as.
 SSH_USER = "root"
+
+# DigitalOcean's datacenter regions, by slug: the union of the lists its OpenAPI spells out
+# (digitalocean/openapi at 7c1300c, specification/resources/autoscale_pools/models/
+# autoscale_pool_droplet_template.yml `region` enum, and databases/responses/options.yml's
+# region lists, which add atl1 and ric1). A slug outside it is a typo: `pulumi up` would only
+# find out from the sizes API. ams2 and sfo1 take no new Droplets but still name regions.
+REGIONS = ("nyc1", "nyc2", "nyc3", "ams2", "ams3", "sfo1", "sfo2", "sfo3", "sgp1", "lon1",
+           "fra1", "tor1", "blr1", "syd1", "atl1", "ric1")  # fmt: skip
+# Where GPU Droplets have been sold (docs/facts.md, Regions: DO's GPU availability page names
+# NYC2, AMS3 and TOR1; the dedicated-inference sizes list atl1, nyc2, tor1). Availability moves,
+# so this only orders suggestions; the sizes API decides at deploy time.
+GPU_REGIONS = ("nyc2", "tor1", "atl1", "ams3")
 
 # ---- paths on the Droplet --------------------------------------------------------------------
 # The systemd unit that runs vLLM (the logs tool follows its journal).
@@ -460,6 +473,16 @@ _MODELS = (
     _ultra(f"{_N3}-Ultra-550B-A55B-NVFP4", 330, 340, "nvfp4"),
 )
 MODELS: dict[str, Model] = {m.repo_id: m for m in _MODELS}
+
+
+def nearest_model(repo_id: str) -> str | None:
+    """The catalog's model one slip from `repo_id` (a swapped letter, a wrong case), or None:
+    Hugging Face would answer 404 for the typo only when the model phase runs, billed."""
+    by_lower = {m.lower(): m for m in MODELS}
+    near = difflib.get_close_matches(repo_id.lower(), by_lower, n=1, cutoff=0.85)
+    return by_lower[near[0]] if near else None
+
+
 DEFAULT_MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
 # The size a stack gets when it names none: the cheapest that serves the default model well
 # (the dev stack's: 20 GB for about 10 GB of weights and a 32k-token KV cache).

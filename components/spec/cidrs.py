@@ -39,6 +39,11 @@ _NOT_SENDERS: tuple[tuple[str, str], ...] = (
     ("::ffff:0:0/96", "IPv4-mapped IPv6 (write the IPv4 address instead)"),
 )
 _RANGES = tuple((ipaddress.ip_network(r), what) for r, what in _NOT_SENDERS)
+# What the messages show as a sender: a public address and network, then anywhere. Never a
+# documentation range (the habit elsewhere): those are refused above, and an example must pass
+# the check that prints it (tests/test_validate.py holds them to it).
+EXAMPLE_ADDRESS = "81.2.69.160"
+EXAMPLES = (EXAMPLE_ADDRESS, "81.2.69.0/24", *catalog.ANYWHERE)
 FIX = (
     "put your public address or network there (`curl -s https://ifconfig.me` shows the "
     "address you connect from; add /32), or 0.0.0.0/0 and ::/0 for anywhere"

@@ -35,6 +35,7 @@ from .schema import (
     _Section,
     is_pooled,
     resolved_balancer_kind,
+    set_secret,
 )
 
 __all__ = ["NAMESPACE", "SECTIONS", "ConfigError", "StackConfig", "parse"]
@@ -76,6 +77,16 @@ def _accepted_keys(model: type[BaseModel]) -> str:
     return ", ".join(f.alias or n for n, f in model.model_fields.items())
 
 
+def _number_for_text(given: float) -> str:
+    """An unquoted `version: 0.33` or `branch: 580` is a number to YAML, and stays one through
+    Pulumi's JSON: say to quote it. A float has already lost what it was written as (0.30 is
+    0.3 by now), so the user is told to write the digits they meant."""
+    message = f"{given!r} is a number here, and this field takes text: write it quoted: '{given}'"
+    if isinstance(given, float):
+        message += " (an unquoted 0.30 reads as 0.3 in YAML: quote the digits you meant)"
+    return message
+
+
 def _section_problems(name: str, model: type[_Section], err: ValidationError) -> list[str]:
     problems = []
     for e in err.errors():
@@ -86,6 +97,9 @@ def _section_problems(name: str, model: type[_Section], err: ValidationError) ->
             problems.append(f"{_path(name, loc)}: unknown key; accepted: {accepted}")
             continue
         message = e["msg"].removeprefix("Value error, ")
+        given = e.get("input")
+        if e["type"] == "string_type" and type(given) in (int, float):
+            message = _number_for_text(given)
         if e["type"] == "list_type":
             # `regions: nyc2` in YAML is a string: say what a list looks like, with theirs.
             given = e.get("input")
@@ -118,7 +132,14 @@ def _hardware_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[
                 "(or leave image unset)"
             )
 
-    if ok("model.id", "model.vramGb") and known_model is None and model.vram_gb is None:
+    near = catalog.nearest_model(model.id) if known_model is None else None
+    if ok("model.id", "model.vramGb") and near and model.vram_gb is None:
+        problems.append(
+            f"model.id: {model.id} is not in the catalog; did you mean {near}? (A model of "
+            "your own: set model.vramGb, the GB of VRAM it needs, to let the program check "
+            "that it fits)"
+        )
+    elif ok("model.id", "model.vramGb") and known_model is None and model.vram_gb is None:
         problems.append(
             f"model.vramGb: {model.id} is not in the catalog, so set model.vramGb (GB of VRAM "
             f"it needs) to let the program check that it fits; known models: "
@@ -419,9 +440,8 @@ def _wake_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
         )
     if wake.token is None:
         problems.append(
-            "wake.token: the pipeline's token is unset: pulumi config set --secret --path "
-            "wake.token <a fine-grained GitHub token (Actions: read and write) or the webhook's "
-            "secret>"
+            f"wake.token: the pipeline's token is unset: {set_secret('wake.token')}, a "
+            "fine-grained GitHub token (Actions: read and write) or the webhook's secret"
         )
     if wake.trigger == "github" and not wake.github_repo:
         problems.append(
@@ -540,14 +560,11 @@ def parse(
         if isinstance(value, Mapping) and "token" in value and section not in secret_keys:
             problems.append(
                 f"{section}.token: stored in plain text; set it as a secret: "
-                f"pulumi config set --secret --path {section}.token <value>"
+                f"{set_secret(f'{section}.token')}"
             )
     for key in SECRET_KEYS:
         if key in raw and key not in secret_keys:
-            problems.append(
-                f"{key}: stored in plain text; set it as a secret: "
-                f"pulumi config set --secret {key} <value>"
-            )
+            problems.append(f"{key}: stored in plain text; set it as a secret: {set_secret(key)}")
 
     parsed: dict[str, Any] = {}
     bad: set[str] = set()
@@ -653,6 +670,19 @@ def _replicas(value: Any, problems: list[str]) -> int | None:
         )
         return None
     return value
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """A stack file's YAML; a ConfigError at `file:line:column` (where editors jump) when it is
+    not YAML. What, not PyYAML's quote of the line: a value there may be a secret."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(err, "problem", None) or "unreadable"
+        raise ConfigError([f"{where}: not YAML: {problem}"]) from None
+    return data if isinstance(data, dict) else {}
 
 
 def namespace_problems(keys: Iterable[str], where: str = "the stack") -> list[str]:

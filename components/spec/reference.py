@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import apikey, catalog
-from .schema import REPLICAS_DESCRIPTION, SECTIONS
+from .schema import REPLICAS_DESCRIPTION, SECTIONS, set_secret
 
 
 def _default_text(field: Any) -> str:
@@ -37,13 +37,13 @@ def reference_markdown() -> str:
         walk(section, model)
     rows.append(
         "| `hfToken` | unset | Hugging Face token for gated models. Secret only: "
-        "`pulumi config set --secret hfToken hf_...`. |"
+        f"{set_secret('hfToken')}. |"
     )
     rows.append(
         "| `apiKey` | generated | The key every API request must carry. Unset: 48 random "
         "characters made once per stack. Yours: at least "
         f"{apikey.MIN_LENGTH} of {apikey.CHARSET_TEXT}, secret only: "
-        "`pulumi config set --secret apiKey ...`; a new value and one `pulumi up` rotate it. |"
+        f"{set_secret('apiKey')}; a new value and one `pulumi up` rotate it. |"
     )
     return "\n".join(rows)
 

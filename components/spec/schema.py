@@ -6,6 +6,7 @@ reading Pulumi's config live in config.py."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import ipaddress
 import json
 import math
@@ -21,9 +22,21 @@ from . import catalog, cidrs
 NAMESPACE = catalog.PROJECT
 LOCKS_DIR = Path(__file__).resolve().parents[2] / catalog.LOCKS_PATH
 
+
+def set_secret(key: str) -> str:
+    """How to set a secret key, its value off the command line (shell history, `ps`): with no
+    value after the key, `pulumi config set` reads it from standard input, or asks for it
+    without echo on a terminal (pulumi/pulumi pkg/cmd/pulumi/config/config.go, configSetCmd.Run;
+    docs/facts.md)."""
+    path = " --path" if "." in key else ""
+    return (
+        f"`pulumi config set --secret{path} {key}` (no value after it: Pulumi asks for it "
+        "without echo, or reads it from a file: `... < FILE`)"
+    )
+
+
 _TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
 RESERVED_TAG_PREFIXES = (f"{catalog.PROJECT}-", "stack:")
-_REGION = re.compile(r"^[a-z]{3}[0-9]$")
 _FINGERPRINT = re.compile(r"^([0-9a-f]{2}:){15}[0-9a-f]{2}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
@@ -71,9 +84,18 @@ def _cidr(value: str) -> str:
         hint = f" (did you mean {loose}?)" if loose else ""
         raise ValueError(
             f"{value!r} is not a CIDR{hint}: {err}; accepted: an IPv4/IPv6 address or network "
-            "such as 203.0.113.7, 203.0.113.0/24, 0.0.0.0/0, ::/0"
+            f"such as {', '.join(cidrs.EXAMPLES)}"
         ) from None
     return value
+
+
+def _nearest(region: str) -> str:
+    """' (did you mean tor1?)' for a slug one slip from a region, GPU regions first."""
+    for choices in (catalog.GPU_REGIONS, catalog.REGIONS):
+        near = difflib.get_close_matches(region.strip().lower(), choices, n=1, cutoff=0.7)
+        if near:
+            return f" (did you mean {near[0]}?)"
+    return ""
 
 
 class DropletConfig(_Section):
@@ -86,7 +108,10 @@ class DropletConfig(_Section):
         default_factory=lambda: ["tor1", "nyc2", "ams3"],
         description="Region preference list for a new Droplet: the first one where DigitalOcean "
         "offers the size at deploy time is used. An existing Droplet of the same size stays in "
-        "its region, whatever availability says later.",
+        "its region, whatever availability says later. A slug that is not a DigitalOcean "
+        "region is refused before anything is created; GPU Droplets have been sold in "
+        + ", ".join(catalog.GPU_REGIONS)
+        + ".",
     )
     image: str | None = Field(
         None,
@@ -123,9 +148,13 @@ class DropletConfig(_Section):
     def _regions(cls, v: list[str]) -> list[str]:
         if not v:
             raise ValueError("the list is empty; give at least one region slug, e.g. [tor1, nyc2]")
-        bad = [r for r in v if not _REGION.match(r)]
-        if bad:
-            raise ValueError(f"{bad} are not region slugs; accepted: slugs like tor1, nyc2, ams3")
+        unknown = [r for r in v if r not in catalog.REGIONS]
+        if unknown:
+            raise ValueError(
+                "; ".join(f"{r!r} is not a DigitalOcean region{_nearest(r)}" for r in unknown)
+                + f"; accepted: a region slug ({', '.join(catalog.REGIONS)}); GPU Droplets "
+                f"have been sold in {', '.join(catalog.GPU_REGIONS)}"
+            )
         if len(set(v)) != len(v):
             raise ValueError("a region is listed twice")
         return v
@@ -262,7 +291,7 @@ class AccessConfig(_Section):
         if not v:
             raise ValueError(
                 "the list is empty; the bootstrap runs over SSH from the machine running "
-                "`pulumi up`, so include its address (e.g. 203.0.113.7/32)"
+                f"`pulumi up`, so include its address (e.g. {cidrs.EXAMPLE_ADDRESS}/32)"
             )
         return v
 
@@ -540,8 +569,8 @@ class AutodownConfig(_Section):
     token: SecretStr | None = Field(
         None,
         description="DigitalOcean token that may delete Droplets, set as a secret: "
-        "`pulumi config set --secret --path autodown.token dop_v1_...`. Unset while a rule is "
-        "on: the rule runs as a dry run (logs only) and `pulumi up` warns.",
+        f"{set_secret('autodown.token')}. Unset while a rule is on: the rule runs as a dry run "
+        "(logs only) and `pulumi up` warns.",
     )
     dry_run: bool = Field(False, description="Log what the rule would do; delete nothing.")
 
@@ -683,9 +712,8 @@ class WakeConfig(_Section):
     )
     token: SecretStr | None = Field(
         None,
-        description="The pipeline's token, set as a secret: `pulumi config set --secret --path "
-        "wake.token ...`. It lives in Pulumi's secrets and a root-only file on the front, never "
-        "in a log line.",
+        description=f"The pipeline's token, set as a secret: {set_secret('wake.token')}. It "
+        "lives in Pulumi's secrets and a root-only file on the front, never in a log line.",
     )
     hold_seconds: int = Field(
         540,
