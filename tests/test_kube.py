@@ -287,13 +287,18 @@ def test_the_model_server(deployed) -> None:
     assert claim["spec"]["storageClassName"] == "do-block-storage"
     assert claim["spec"]["resources"]["requests"]["storage"] == f"{kube.weights.size_gb}Gi"
     assert spec["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Retain"
-    # The weights and compile caches at the Droplet's own paths, on that Volume.
-    mounts = {m["mountPath"]: m.get("subPath") for m in vllm["volumeMounts"]}
-    assert mounts[catalog.HF_HOME] == "hf"
+    # The weights (at the Droplet's HF_HOME) and the compile caches on that Volume, mounted
+    # whole (no subPath: the kubelet would make those folders root's).
+    volume = [m for m in vllm["volumeMounts"] if m["name"] == "weights"]
+    assert volume == [{"name": "weights", "mountPath": catalog.STATE_DIR}]
     env = {e["name"]: e.get("value") for e in vllm["env"]}
     assert env["HF_HOME"] == catalog.HF_HOME and env["HF_HUB_OFFLINE"] == "1"
-    for name, path in vllm_service.compile_cache_env().items():
-        assert env[name] == path
+    assert env["HF_HOME"].startswith(catalog.STATE_DIR + "/")
+    assert set(vllm_service.compile_cache_env()) <= set(env)
+    assert env["TRITON_CACHE_AUTOTUNING"] == "1"
+    assert env["HOME"] == catalog.STATE_DIR + "/vllm"
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
+        assert env[name].startswith(env["HOME"] + "/"), (name, env[name])
     # The download runs as the Droplet's model phase does: hf download ID --revision REV.
     assert pod["initContainers"][0]["command"] == [
         "hf", "download", cfg.model.id, "--revision", cfg.model.revision

@@ -37,9 +37,12 @@ API_KEY_KEY = "VLLM_API_KEY"
 # class, ReadWriteOnce).
 CLAIM = "weights"
 STORAGE_CLASS = "do-block-storage"
-# The folders the Droplet uses, each a subPath of the one Volume here, so that HF_HOME and the
-# compile caches (vllm_service.compile_cache_env) are the same paths on both platforms.
-VOLUME_PATHS = {"hf": catalog.HF_HOME, "vllm": f"/var/lib/{catalog.VLLM_USER}"}
+# The Volume, mounted whole (subPath folders would be made by the kubelet as root, not writable
+# by the server's user) where the Droplet keeps its state, so HF_HOME is the Droplet's own path;
+# vLLM's home, with its compile caches (vllm_service.compile_cache_env), moves onto it.
+VOLUME_MOUNT = catalog.STATE_DIR
+DROPLET_VLLM_HOME = f"/var/lib/{catalog.VLLM_USER}"
+VLLM_HOME = f"{VOLUME_MOUNT}/{catalog.VLLM_USER}"
 # An unprivileged user that owns the Volume (fsGroup); the image runs as root unless told.
 RUN_AS = 1000
 # Shared memory for NCCL between the tensor-parallel workers (the container's default is 64 MiB).
@@ -92,19 +95,28 @@ def _env(cfg: StackConfig) -> list[dict[str, Any]]:
     plain = {
         **({"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
            if known and cfg.vllm.max_model_len > known.max_context else {}),
-        "HOME": VOLUME_PATHS["vllm"],
+        "HOME": VLLM_HOME,
         "HF_HOME": catalog.HF_HOME,
         # The init containers downloaded the weights: never reach the Hub at run time.
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        **vllm_service.compile_cache_env(),
+        **compile_cache_env(),
     }  # fmt: skip
     return [{"name": k, "value": v} for k, v in plain.items()] + [_secret_env(API_KEY_KEY, False)]
 
 
+def compile_cache_env() -> dict[str, str]:
+    """The Droplet's compile-cache settings, their folders moved from vLLM's home there to its
+    home on the Volume: every start of this server reads what the last one compiled."""
+    return {
+        k: v.replace(DROPLET_VLLM_HOME, VLLM_HOME, 1)
+        for k, v in vllm_service.compile_cache_env().items()
+    }
+
+
 def _mounts() -> list[dict[str, Any]]:
-    volume = [{"name": CLAIM, "mountPath": p, "subPath": s} for s, p in VOLUME_PATHS.items()]
+    volume = [{"name": CLAIM, "mountPath": VOLUME_MOUNT}]
     shm = "/dev/shm"  # noqa: S108 (the pod's own emptyDir, not the node's)
     return [*volume, {"name": "shm", "mountPath": shm}]
 
@@ -132,7 +144,7 @@ def _downloads(cfg: StackConfig, kube: KubePlatformConfig) -> list[dict[str, Any
             "image": image(kube, cfg.vllm.version),
             "command": ["hf", "download", repo, "--revision", revision],
             "env": [
-                {"name": "HOME", "value": VOLUME_PATHS["vllm"]},
+                {"name": "HOME", "value": VLLM_HOME},
                 {"name": "HF_HOME", "value": catalog.HF_HOME},
                 _secret_env(HF_TOKEN_KEY, True),
             ],
