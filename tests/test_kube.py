@@ -26,7 +26,7 @@ from pulumi_harness import (
     plain_strings,
     stack_config,
 )
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from test_droplet import merged
 
 from components.cloud.kube import cluster, manifests, model
@@ -412,3 +412,14 @@ def test_ha_and_the_digest_are_required() -> None:
         KubePlatformConfig.model_validate({})
     missing = {e["loc"][0] for e in err.value.errors() if e["type"] == "missing"}
     assert missing == {"ha", "imageDigest"}
+
+
+def test_every_platform_field_says_what_it_is() -> None:
+    """As every stack config field does (the reference is generated from the descriptions)."""
+    models = [KubePlatformConfig, *(f.annotation for f in KubePlatformConfig.model_fields.values()
+                                    if isinstance(f.annotation, type)
+                                    and issubclass(f.annotation, BaseModel))]  # fmt: skip
+    assert len(models) == 5
+    for m in models:
+        for name, f in m.model_fields.items():
+            assert f.description, f"{m.__name__}.{name}"

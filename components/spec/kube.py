@@ -167,10 +167,18 @@ class KubePlatformConfig(_Section):
         "never off). Required: DigitalOcean's default changes with the version (true from "
         "1.36), so the stack says which.",
     )
-    cpu_pool: CpuPoolConfig = Field(default_factory=CpuPoolConfig)
-    gpu_pool: GpuPoolConfig = Field(default_factory=GpuPoolConfig)
-    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
-    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    cpu_pool: CpuPoolConfig = Field(
+        default_factory=CpuPoolConfig, description="The always-on CPU pool (the default pool)."
+    )
+    gpu_pool: GpuPoolConfig = Field(
+        default_factory=GpuPoolConfig, description="The GPU pool under the cluster autoscaler."
+    )
+    replicas: ReplicasConfig = Field(
+        default_factory=ReplicasConfig, description="How many model servers, one per GPU node."
+    )
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig, description="Where the weights and compile caches live."
+    )
     image_digest: str = Field(
         ...,
         description="The sha256 digest of the official `vllm/vllm-openai` image at the "
