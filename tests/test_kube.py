@@ -171,18 +171,23 @@ def k8s(result: Run) -> list[Registration]:
 def test_the_cluster_pins_its_version_ha_and_pools(deployed) -> None:
     result, _, kube = deployed
     doks = result.one(CLUSTER)
-    # The newest patch of the pinned minor, as DigitalOcean lists it on this run.
-    assert doks.inputs["version"] == LATEST
+    # The version: the newest patch of the pinned minor, as DigitalOcean lists it on this run.
     (versions,) = [c for c in result.cloud.calls if c.token == VERSIONS_TOKEN]
     assert versions.args["versionPrefix"] == "1.36."
-    assert doks.inputs["ha"] is False
-    assert doks.inputs["region"] == kube.region
-    assert doks.inputs["autoUpgrade"] is True and doks.inputs["surgeUpgrade"] is True
-    assert doks.inputs["nodePool"] == {
-        "name": "nemotron-kube-cpu",
-        "size": "s-2vcpu-4gb",
-        "nodeCount": 2,
-        "labels": {manifests.GPU_POOL_LABEL: "cpu"},
+    assert doks.inputs == {
+        "name": "nemotron-kube",
+        "region": kube.region,
+        "version": LATEST,
+        "ha": False,
+        "autoUpgrade": True,
+        "surgeUpgrade": True,
+        "nodePool": {
+            "name": "nemotron-kube-cpu",
+            "size": "s-2vcpu-4gb",
+            "nodeCount": 2,
+            "labels": {manifests.GPU_POOL_LABEL: "cpu"},
+        },
+        "tags": [catalog.PROJECT],
     }
     pool = result.one(NODE_POOL)
     assert pool.inputs == {
@@ -202,8 +207,7 @@ def test_the_cluster_pins_its_version_ha_and_pools(deployed) -> None:
 def test_the_provider_reads_a_fresh_kubeconfig_kept_secret(deployed) -> None:
     result, _, _ = deployed
     provider = result.one(PROVIDER)
-    assert provider.inputs["kubeconfig"] == FAKE_KUBECONFIG
-    assert provider.inputs["enableServerSideApply"] == "true"
+    assert provider.inputs == {"kubeconfig": FAKE_KUBECONFIG, "enableServerSideApply": "true"}
     (fetched,) = [c for c in result.cloud.calls if c.token == CLUSTER_TOKEN]
     assert fetched.args["name"] == "nemotron-kube"
     # The provider waits for the GPU pool, and every Kubernetes object goes through it (not
