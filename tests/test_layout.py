@@ -20,7 +20,12 @@ COMPONENTS = ROOT / "components"
 PACKAGES = {"spec", "host", "cloud"}
 TOOLS = {"render", "validate"}  # python -m components.<tool>
 # The SDKs that create things in an account (or in the state): only cloud/ imports them.
-PROVIDERS = {"pulumi_digitalocean", "pulumi_command", "pulumi_random", "pulumi_tls"}
+PROVIDERS = {
+    "pulumi_digitalocean", "pulumi_command", "pulumi_random", "pulumi_tls", "pulumi_kubernetes"
+}  # fmt: skip
+# The Kubernetes platform's package under cloud/ (DESIGN.md: "in its own package under
+# components/cloud/"); its manifests are plain dicts the tests validate without Pulumi.
+KUBE = COMPONENTS / "cloud" / "kube"
 
 
 def modules(package: str) -> set[str]:
@@ -59,7 +64,8 @@ def group(name: str) -> str:
 
 
 def files(package: str) -> list[Path]:
-    return sorted((COMPONENTS / package).glob("*.py"))
+    """A package's files, those of its sub-packages (cloud/kube/) included."""
+    return sorted((COMPONENTS / package).rglob("*.py"))
 
 
 def test_components_is_three_packages_and_two_tools() -> None:
@@ -110,6 +116,18 @@ def test_only_the_cloud_package_holds_what_creates_and_bills() -> None:
     for path in files("cloud"):
         reached = {group(m) for m in imports(path) if m.startswith("components.")}
         assert reached <= {"spec", "host", "cloud"}, (path.name, reached)
+
+
+def test_the_kubernetes_package_is_the_clouds_and_its_manifests_need_no_pulumi() -> None:
+    """cloud/kube/ holds the platform's resources (under the cloud's rules above, as every
+    file of cloud/); manifests.py builds the objects the cluster runs from spec/ and host/ only,
+    so that they are validated, and their vLLM arguments parsed, with no Pulumi."""
+    assert (KUBE / "__init__.py").read_text().startswith('"""')
+    assert set(files("cloud")) >= set(KUBE.glob("*.py"))
+    manifests = KUBE / "manifests.py"
+    assert not pulumi_imports(manifests)
+    reached = {group(m) for m in imports(manifests) if m.startswith("components.")}
+    assert reached <= {"spec", "host"}, reached
 
 
 def test_the_cloud_refuses_with_the_engines_error() -> None:

@@ -16,8 +16,9 @@ import pytest
 from pulumi_harness import ROOT, stack_config
 from test_droplet import merged
 
+from components.cloud.kube import manifests
 from components.host import vllm_service
-from components.spec import catalog, config, reference
+from components.spec import catalog, config, kube, reference
 
 VLLM_PYTHON = ROOT / ".vllm-venv" / "bin" / "python"
 CHECK = ROOT / "tests" / "support" / "vllm_serve_check.py"
@@ -76,6 +77,27 @@ def cases() -> dict[str, list[str]]:
             "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16", "gpu-4000adax1-20gb",
             safetensorsLoadStrategy=strategy,
         )  # fmt: skip
+    return {**out, **kube_cases()}
+
+
+def kube_cases() -> dict[str, list[str]]:
+    """The Kubernetes model server's container args (components/cloud/kube/manifests.py), on
+    every DOKS GPU size that serves the prod stack's model: the same serve_args, listening on
+    the pod's addresses."""
+    out = {}
+    prod = stack_config("prod")
+    for size in kube.DOKS_GPU_SIZES:
+        if size not in reference.serving_sizes(catalog.MODELS[prod["model"]["id"]]):
+            continue
+        raw = merged(prod, {"droplet": {"size": size, "image": None}})
+        raw["droplet"] = {k: v for k, v in raw["droplet"].items() if v is not None}
+        platform = kube.KubePlatformConfig.model_validate(
+            {"ha": False, "imageDigest": "sha256:" + "0" * 64, "gpuPool": {"size": size}}
+        )
+        args = manifests.container(config.parse(raw, "prod"), platform)["args"]
+        assert args[0] == "serve" and "0.0.0.0" in args
+        out[f"kubernetes on {size}"] = args[1:]
+    assert len(out) >= 2, out
     return out
 
 

@@ -92,13 +92,19 @@ def load_strategy(cfg: StackConfig) -> str | None:
 PREFETCH_MEMORY_SHARE = 0.9
 
 
-def serve_args(cfg: StackConfig) -> list[str]:
-    """`vllm serve` arguments, from the config and the catalog: one place for each flag."""
+# Where vLLM listens on a Droplet: loopback, behind the gateway.
+LOOPBACK = "127.0.0.1"
+
+
+def serve_args(cfg: StackConfig, host: str = LOOPBACK) -> list[str]:
+    """`vllm serve` arguments, from the config and the catalog: one place for each flag, for the
+    Droplet's unit and the Kubernetes model server alike. `host`: where it listens, loopback on
+    a Droplet; a pod's every address on Kubernetes, where the Service is the way in."""
     args = [
         "serve", cfg.model.id,
         "--revision", cfg.model.revision,
         "--served-model-name", cfg.model.served_name,
-        "--host", "127.0.0.1",
+        "--host", host,
         "--port", str(catalog.VLLM_PORT),
         "--tensor-parallel-size", str(cfg.size.gpu_count),
         "--max-model-len", str(cfg.vllm.max_model_len),

@@ -1,0 +1,222 @@
+"""The Kubernetes platform's own config (issue 43, the foundation): a DOKS cluster with a small
+always-on CPU pool and a GPU pool under the cluster autoscaler, and the model server on it.
+
+Not yet a section of the stack config: the platform has no API-key gate at its edge so far, and a
+platform without it must not be deployable (docs/kubernetes.md). components/cloud/kube/ takes
+this model; the tests build it directly. Every fact it pins is sourced in docs/facts.md
+("DigitalOcean Kubernetes").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from . import catalog
+
+# The Kubernetes minor the cluster runs, pinned. The provider resolves it to DigitalOcean's
+# newest patch slug of that minor (`1.36.x-do.y`) at deploy time: a hard-coded patch slug is
+# behind as soon as DigitalOcean patches the cluster, and a lower `version` than the cluster's
+# replaces the cluster (terraform-provider-digitalocean docs/resources/kubernetes_cluster.md:
+# "If the version is decreased, a new resource will be created"). 1.36 is the newest minor the
+# provider's docs name (`ha` and `coredns_autoscaler` defaults "for 1.36.0 and later").
+DOKS_MINOR = "1.36"
+# The Kubernetes API every object is validated against offline (kubernetes-validate ships the
+# OpenAPI schema of each release: kubernetes_validate/kubernetes-json-schema/v1.36.0-local-strict).
+KUBERNETES_SCHEMA_VERSION = f"{DOKS_MINOR}.0"
+
+# The NVIDIA sizes a DOKS GPU node pool takes, as DigitalOcean and llm-d document them (H100 x1
+# and x8: DO's DOKS docs; RTX 4000 Ada, RTX 6000 Ada, L40S: llm-d's tested DOKS configuration,
+# docs/infra-providers/digitalocean). A size not here is refused before anything bills; the
+# account's own offer is checked at deploy time by the API.
+DOKS_GPU_SIZES = (
+    "gpu-4000adax1-20gb",
+    "gpu-6000adax1-48gb",
+    "gpu-l40sx1-48gb",
+    "gpu-h100x1-80gb",
+    "gpu-h100x8-640gb",
+)
+# The CPU pool: DigitalOcean recommends at least two CPU nodes for the cluster's own services.
+DEFAULT_CPU_SIZE = "s-2vcpu-4gb"
+DEFAULT_CPU_COUNT = 2
+# A GPU pool holds at most this many nodes here: a bound on what an autoscaler may bill.
+MAX_GPU_NODES = 16
+
+_CPU_SIZE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)+$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+
+class CpuPoolConfig(_Section):
+    size: str = Field(
+        DEFAULT_CPU_SIZE,
+        description="Droplet size of the always-on CPU pool (the router, KEDA, metrics, the "
+        "edge). A CPU size: GPU sizes belong to `gpuPool`.",
+    )
+    count: int = Field(
+        DEFAULT_CPU_COUNT,
+        ge=1,
+        le=10,
+        description="Nodes in the CPU pool, fixed (DigitalOcean recommends two or more).",
+    )
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if v.startswith("gpu-") or not _CPU_SIZE.match(v):
+            raise ValueError(
+                f"{v!r} is not a CPU Droplet size; accepted: a CPU size slug such as "
+                f"{DEFAULT_CPU_SIZE} or c-4 (GPU sizes go to gpuPool.size)"
+            )
+        return v
+
+
+class GpuPoolConfig(_Section):
+    size: str = Field(
+        catalog.DEFAULT_SIZE,
+        description="GPU node size of the autoscaled pool. Accepted: "
+        + ", ".join(DOKS_GPU_SIZES)
+        + ".",
+    )
+    min_nodes: int = Field(
+        0,
+        ge=0,
+        le=MAX_GPU_NODES,
+        description="Fewest GPU nodes the cluster autoscaler keeps. 0: no GPU bills while no "
+        "model server runs (the next request waits for a node to join).",
+    )
+    max_nodes: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPU_NODES,
+        description="Most GPU nodes the cluster autoscaler adds: the ceiling of the GPU bill.",
+    )
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if v not in DOKS_GPU_SIZES:
+            raise ValueError(
+                f"{v!r} is not a GPU size a DOKS node pool takes; accepted: "
+                + ", ".join(DOKS_GPU_SIZES)
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> GpuPoolConfig:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(
+                f"minNodes ({self.min_nodes}) is above maxNodes ({self.max_nodes}); accepted: "
+                "0 <= minNodes <= maxNodes"
+            )
+        return self
+
+    @property
+    def gpus_per_node(self) -> int:
+        return catalog.SIZES[self.size].gpu_count
+
+
+class ReplicasConfig(_Section):
+    min: int = Field(
+        0,
+        ge=0,
+        le=MAX_GPU_NODES,
+        description="Fewest model servers. 0: the model sleeps when idle (KEDA, a later step).",
+    )
+    max: int = Field(1, ge=1, le=MAX_GPU_NODES, description="Most model servers.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ReplicasConfig:
+        if self.min > self.max:
+            raise ValueError(
+                f"min ({self.min}) is above max ({self.max}); accepted: 0 <= min <= max"
+            )
+        return self
+
+
+class WeightsConfig(_Section):
+    storage: Literal["block"] = Field(
+        "block",
+        description="Where the weights and vLLM's compile caches live: `block`, a DigitalOcean "
+        "Volume per model server (the `do-block-storage` class), kept when the server scales "
+        "to zero, so its next start reads them instead of downloading. NFS (one share for "
+        "every server) is the planned alternative (docs/kubernetes.md).",
+    )
+    size_gb: int = Field(
+        200,
+        ge=10,
+        le=catalog.VOLUME_MAX_GIB,
+        description="GiB of each model server's Volume (billed while it exists, at "
+        f"${catalog.VOLUME_PRICE_GIB_MONTH:.2f} per GiB per month).",
+    )
+
+
+class KubePlatformConfig(_Section):
+    region: str = Field("tor1", description="DOKS region slug (one cluster, one region).")
+    ha: bool = Field(
+        ...,
+        description="A highly available control plane ($40/month; it can be turned on later, "
+        "never off). Required: DigitalOcean's default changes with the version (true from "
+        "1.36), so the stack says which.",
+    )
+    cpu_pool: CpuPoolConfig = Field(
+        default_factory=CpuPoolConfig, description="The always-on CPU pool (the default pool)."
+    )
+    gpu_pool: GpuPoolConfig = Field(
+        default_factory=GpuPoolConfig, description="The GPU pool under the cluster autoscaler."
+    )
+    replicas: ReplicasConfig = Field(
+        default_factory=ReplicasConfig, description="How many model servers, one per GPU node."
+    )
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig, description="Where the weights and compile caches live."
+    )
+    image_digest: str = Field(
+        ...,
+        description="The sha256 digest of the official `vllm/vllm-openai` image at the "
+        "project's vLLM release (`docker buildx imagetools inspect vllm/vllm-openai:v"
+        f"{catalog.DEFAULT_VLLM_VERSION}`). Required: no sourced digest is known offline, and "
+        "a tag alone can move.",
+    )
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not re.match(r"^[a-z]{3}[0-9]$", v):
+            raise ValueError(f"{v!r} is not a region slug; accepted: slugs like tor1, nyc2")
+        return v
+
+    @field_validator("image_digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        if not _DIGEST.match(v):
+            raise ValueError(f"{v!r} is not an image digest; accepted: sha256: and 64 hex digits")
+        return v
+
+    @model_validator(mode="after")
+    def _fits(self) -> KubePlatformConfig:
+        # One model server per GPU node (it takes every GPU of the node: tensor parallel).
+        if self.replicas.max > self.gpu_pool.max_nodes:
+            raise ValueError(
+                f"replicas.max ({self.replicas.max}) is above gpuPool.maxNodes "
+                f"({self.gpu_pool.max_nodes}): each model server takes a whole GPU node; "
+                "accepted: replicas.max <= gpuPool.maxNodes"
+            )
+        return self
+
+
+# The official image, published by the vLLM project on Docker Hub (docs.vllm.ai, "Using Docker").
+VLLM_IMAGE = "docker.io/vllm/vllm-openai"
+
+
+def image(kube: KubePlatformConfig, vllm_version: str) -> str:
+    """The model server's image: the release's tag, for a reader, and its digest, what pulls."""
+    return f"{VLLM_IMAGE}:v{vllm_version}@{kube.image_digest}"
