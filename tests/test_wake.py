@@ -1951,3 +1951,32 @@ def test_a_replica_too_busy_to_answer_its_health_in_time_stays_ready_and_the_fro
     assert not front.hold_file.exists()
     front.stop_replicas()
     front.wait_mode("asleep")
+
+
+def test_a_replica_that_accepts_no_connection_is_gone_not_busy(
+    front_factory: Callable[..., Front],
+) -> None:
+    """Busy needs a connection accepted: an address whose connections are never accepted (a
+    listening socket whose backlog is full: Linux drops the SYNs, as for a Droplet that is no
+    more) is unreachable, gone like a refused one. The set is asleep and a keyed request wakes
+    it."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    full = socket.create_server(("127.0.0.1", 0), backlog=0)
+    filling: list[socket.socket] = []
+    try:
+        for _ in range(4):  # the backlog's one place and more, none accepted
+            client = socket.socket()
+            client.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                client.connect(full.getsockname())
+            filling.append(client)
+        front.join("r0", full.getsockname()[1])
+        front.wait_mode("asleep", seconds=20)
+        assert front.state()["replicas_busy"] == 0
+        front.wake_in_background()
+        github.wait_dispatches(1)
+    finally:
+        for client in filling:
+            client.close()
+        full.close()
