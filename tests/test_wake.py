@@ -1942,7 +1942,8 @@ def test_a_replica_too_busy_to_answer_its_health_in_time_stays_ready_and_the_fro
     with ThreadPoolExecutor(8) as pool:
         load = [pool.submit(requests.post, f"{fake.url}/v1/chat/completions", json=CHAT,
                             headers=KEYED, timeout=30) for _ in range(8)]  # fmt: skip
-        states = states_while(front, lambda: front.state()["replicas_busy"] == 0)
+        states = states_while(front, lambda: front.state()["replicas_busy"] == 0
+                              and not all(a.done() for a in load))  # fmt: skip
         shown = wake_tool(front).stdout
         states += states_while(front, lambda: not all(a.done() for a in load))
     assert [a.result().status_code for a in load] == [200] * 8
