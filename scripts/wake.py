@@ -30,9 +30,13 @@ def control_url(endpoint: str) -> str:
 
 
 def describe(state: dict[str, Any]) -> str:
+    # A busy replica accepts connections but did not answer /health in time: it counts as its
+    # last answer said (scripts/phases/wake.py Waker.heard).
+    busy = state.get("replicas_busy")
+    busy_said = f"; {busy} busy: no /health answer in time, counted as before" if busy else ""
     lines = [
         f"mode: {state.get('mode')} since {state.get('since')} "
-        f"({state.get('replicas_healthy', 0)} replica(s) answering)",
+        f"({state.get('replicas_healthy', 0)} replica(s) answering{busy_said})",
         f"wakes in the last 24 h: {state.get('wakes_last_day')} of {state.get('max_per_day')}; "
         f"trigger: {state.get('trigger')}; hold: {state.get('hold_seconds')} s",
     ]

@@ -6,8 +6,11 @@ so each decision is deterministic. Small windows (sample 0.2 s, out 1 s, in 2 s)
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -139,6 +142,7 @@ class Gauges:
     health: int = 200
     metrics: int = 200
     scrapes: int = 0
+    late: float = 0.0  # seconds /health and /metrics take (a saturated vLLM answers late)
 
 
 class Replica:
@@ -150,6 +154,11 @@ class Replica:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                time.sleep(gauges.late)
+                with contextlib.suppress(OSError):  # the waker stopped waiting: it hung up
+                    self.answer()
+
+            def answer(self) -> None:
                 if self.path == "/health":
                     loopback.reply(self, gauges.health, b"{}", "application/json")
                     return
@@ -384,6 +393,69 @@ def test_a_stale_replica_blocks_both_ways_and_each_reason_is_logged_once(
     assert s.scale()["last_decision"]["code"] == "stale"
 
 
+def test_a_replica_too_busy_to_answer_in_time_is_load_never_idle(
+    scaler_factory: Callable[..., Scaler],
+) -> None:
+    """A saturated vLLM answers /health and /metrics late, past LOOK_TIMEOUT, while it accepts
+    connections: busy. Its idle numbers, had they come, would step in; unread, the set is
+    never idle: no step, the reason says busy (not a dead replica's), logged once, and the
+    replicas stay ready (the front awake). Once they answer in time, the in window starts
+    from then: the step in comes a whole window later, not at once."""
+    s = scaler_factory(replicas_n=2)
+    s.set(running=8)  # no room for one fewer: no step
+    s.until(lambda: (s.scale()["last_decision"] or {}).get("code") == "steady")
+    s.set(late=2.5)
+    s.set(running=1)  # room for one fewer, if it were read
+    time.sleep(5)  # two in windows
+    assert s.github.dispatches == [], "a busy set is never idle"
+    assert s.state()["mode"] == "awake", "busy replicas stay ready"
+    whys = [line["why"] for line in s.events("scale_busy")]
+    busy = re.compile(r"127\.0\.0\.1:\d+ is busy: its /(health|metrics) did not answer within "
+                      r"2 s \(it accepts connections\)")  # fmt: skip
+    assert whys and all(busy.fullmatch(why) for why in whys), whys
+    port = s.replicas["r0"].port  # once both are late, the first of the pool says why
+    assert whys[-1] == (f"127.0.0.1:{port} is busy: its /health did not answer within 2 s (it "
+                        "accepts connections)"), whys  # fmt: skip
+    assert s.scale()["last_decision"]["code"] == "busy"
+    assert s.events("scale_stale") == []
+    s.set(late=0.0)
+    calm = time.monotonic()
+    s.github.wait_dispatches(1)
+    assert time.monotonic() - calm >= 2.0, "the in window (2 s) began once it answered"
+    assert s.github.dispatches[0]["inputs"]["replicas"] == "1"
+
+
+def test_a_busy_sample_keeps_the_queue_that_waited_and_starts_the_in_window_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No reading from a busy replica: the samples that waited up to it stay (a queue too busy
+    to be read has not emptied), those before them go (the in window starts again). A stale
+    one (a dead or draining replica) breaks both windows."""
+    waker = in_process(tmp_path)
+    waker.mode = "awake"
+    for name in ("r0", "r1"):
+        (tmp_path / "ups" / f"{name}.caddy").write_text(f"to 127.0.0.1:{len(name)}\n")
+    quiet = samples(2, 1.0, running=2)
+    waited = [dataclasses.replace(x, at=x.at + 1.2) for x in samples(2, 0.6, waiting=6)]
+
+    async def unread(_: Any, ups: list[Any]) -> tuple[dict[str, Any], str, bool]:
+        return {}, "127.0.0.1:2 is busy", busy
+
+    monkeypatch.setattr(waker, "read_pool", unread)
+    busy = True
+    waker.samples = quiet + waited
+    tick(waker)
+    assert waker.samples == waited
+    assert waker.last_decision["code"] == "busy"
+    waker.samples = waited + quiet
+    tick(waker)
+    assert waker.samples == [], "nothing waits at the end: nothing of the windows is kept"
+    busy = False
+    waker.samples = quiet + waited
+    tick(waker)
+    assert waker.samples == [] and waker.last_decision["code"] == "stale"
+
+
 def test_a_replica_that_dies_mid_scale_in_ends_the_step_and_leaves_a_stable_count(
     scaler_factory: Callable[..., Scaler],
 ) -> None:
@@ -613,8 +685,8 @@ class RawReplica:
 def read_one(waker: Any, port: int) -> tuple[Any, str]:
     async def go() -> tuple[Any, str]:
         async with ClientSession(auto_decompress=False) as session:
-            result: tuple[Any, str] = await waker.read_replica(session, ("127.0.0.1", port))
-            return result
+            reading, why, _ = await waker.read_replica(session, ("127.0.0.1", port))
+            return reading, why
 
     return front_bench.run(go())
 
@@ -653,14 +725,19 @@ def test_a_page_larger_than_the_limit_is_stale_not_a_partial_count(
     assert reading is None and "/metrics is larger than" in why, (reading, why)
 
 
-def test_a_page_that_trickles_is_stale_within_the_look_timeout(tmp_path: Path) -> None:
+def test_a_page_that_trickles_is_busy_within_the_look_timeout(tmp_path: Path) -> None:
+    """A page that does not arrive within LOOK_TIMEOUT is no reading; the replica accepts
+    connections, so it is busy (load), not a dead one."""
     replica = RawReplica(b"vllm:num_requests_waiting 1\n" * 200, piece=1, pause=0.05)
     began = time.monotonic()
     try:
         reading, why = read_one(in_process(tmp_path), replica.port)
     finally:
         replica.stop()
-    assert reading is None and "could not be read" in why, (reading, why)
+    assert reading is None and why == (
+        f"127.0.0.1:{replica.port} is busy: its /metrics did "
+        "not answer within 2 s (it accepts connections)"
+    ), why
     assert time.monotonic() - began < W.LOOK_TIMEOUT + 1.5
 
 

@@ -1876,3 +1876,112 @@ def test_a_replica_that_just_joined_is_not_called_gone_by_the_looks_before_it(
         return modes
 
     assert front_bench.run(scene()) == ["asleep", "unready", "asleep"], "a new count, then asleep"
+
+
+# ---- a wake with many held requests, and a replica busy under load (issue 42) ------------------
+
+
+def states_while(front: Front, load: Callable[[], bool]) -> list[tuple[str, Any]]:
+    """The waker's mode and its count of busy replicas, read every 50 ms while `load()`."""
+    seen: list[tuple[str, Any]] = []
+    while load():
+        state = front.state()
+        seen.append((state["mode"], state.get("replicas_busy")))
+        time.sleep(0.05)
+    return seen
+
+
+def test_more_than_100_held_slow_generations_are_relayed_at_once_and_the_front_stays_awake(
+    front_factory: Callable[..., Front],
+) -> None:
+    """150 held requests whose answers take 4 s, through the real waker. One client pool
+    (aiohttp's default: 100 connections) carried the relays and the looks: 100 were relayed
+    and 50 waited for a connection (answered 4 s later), and the looks, queued behind them,
+    timed out, so the front called its serving replica unready (the hold file back, /health
+    503) until the relays ended. The relays' pool is what the front promises to hold, and the
+    looks have their own: all 150 are answered in one wave and the mode never leaves awake."""
+    generation = 4.0
+    held = 150
+    front = front_factory(WAKE_EXPECTED_SECONDS="60")
+    with ThreadPoolExecutor(held) as pool:
+
+        def one() -> tuple[int, float]:
+            answer = front.send(CHAT, timeout=60)
+            return answer.status_code, time.monotonic()
+
+        answers = [pool.submit(one) for _ in range(held)]
+        front.wait_held(held, seconds=30)
+        front.start_replica("r0", "--ttft", str(generation))
+        front.wait_mode("awake")
+        ready = time.monotonic()
+        states = states_while(front, lambda: not all(a.done() for a in answers))
+        got = [a.result() for a in answers]
+    assert [status for status, _ in got] == [200] * held
+    last = max(at for _, at in got) - ready
+    modes = [mode for mode, _ in states]
+    print(f"{held} held, {generation:g} s answers: the last {last:.1f} s after ready; "
+          f"{modes.count('unready')} of {len(modes)} reads of the mode unready")  # fmt: skip
+    assert set(modes) == {"awake"}, f"the mode left awake while the relays ran: {modes}"
+    assert last < generation + 2, f"the last answer came {last:.1f} s after ready: a second wave"
+    assert not front.hold_file.exists()
+
+
+def test_a_replica_too_busy_to_answer_its_health_in_time_stays_ready_and_the_front_awake(
+    front_factory: Callable[..., Front],
+) -> None:
+    """A saturated vLLM answers its /health late, past the look's 2 s budget, while it serves
+    (the fake answers /health 3 s late while a chat request runs). It accepts connections: it
+    is busy, not gone and not unready. It was ready at its last answer, so it stays ready: the
+    front stays awake (no hold file: Caddy keeps proxying to it) and /health says 200. Once
+    stopped (connections refused) it is gone, and the set is asleep."""
+    front = front_factory()
+    fake = fake_openai.start("--ttft", "4", "--busy-answer-delay", "3", key=API_KEY)
+    front.replicas.append(fake.proc)
+    front.join("r0", fake.port)
+    front.wait_mode("awake")
+    with ThreadPoolExecutor(8) as pool:
+        load = [pool.submit(requests.post, f"{fake.url}/v1/chat/completions", json=CHAT,
+                            headers=KEYED, timeout=30) for _ in range(8)]  # fmt: skip
+        states = states_while(front, lambda: front.state()["replicas_busy"] == 0
+                              and not all(a.done() for a in load))  # fmt: skip
+        shown = wake_tool(front).stdout
+        states += states_while(front, lambda: not all(a.done() for a in load))
+    assert [a.result().status_code for a in load] == [200] * 8
+    assert "(1 replica(s) answering; 1 busy: no /health answer in time, counted as before)" \
+        in shown, shown  # fmt: skip
+    modes = [mode for mode, _ in states]
+    assert set(modes) == {"awake"}, f"a busy replica was called unready: {modes}"
+    assert 1 in [busy for _, busy in states], "the looks found it busy while it served"
+    assert requests.get(f"{front.url}/health", timeout=5).status_code == 200
+    assert not front.hold_file.exists()
+    front.stop_replicas()
+    front.wait_mode("asleep")
+
+
+def test_a_replica_that_accepts_no_connection_is_gone_not_busy(
+    front_factory: Callable[..., Front],
+) -> None:
+    """Busy needs a connection accepted: an address whose connections are never accepted (a
+    listening socket whose backlog is full: Linux drops the SYNs, as for a Droplet that is no
+    more) is unreachable, gone like a refused one. The set is asleep and a keyed request wakes
+    it."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    full = socket.create_server(("127.0.0.1", 0), backlog=0)
+    filling: list[socket.socket] = []
+    try:
+        for _ in range(4):  # the backlog's one place and more, none accepted
+            client = socket.socket()
+            client.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                client.connect(full.getsockname())
+            filling.append(client)
+        front.join("r0", full.getsockname()[1])
+        front.wait_mode("asleep", seconds=20)
+        assert front.state()["replicas_busy"] == 0
+        front.wake_in_background()
+        github.wait_dispatches(1)
+    finally:
+        for client in filling:
+            client.close()
+        full.close()

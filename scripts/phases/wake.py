@@ -18,8 +18,10 @@ systemd removes the file's folder.
 
 Asleep means no replica exists: no upstream file, or every upstream refused the connection
 (or was unreachable) at WAKE_ASLEEP_LOOKS looks in a row spanning WAKE_ASLEEP_SECONDS. A
-replica that answers anything, a 503 while it drains for a `pulumi up`, a slow answer under
-load, exists: the requests are held until it is ready, and nothing is woken.
+replica that answers anything, a 503 while it drains for a `pulumi up`, exists: the requests
+are held until it is ready, and nothing is woken. One that accepts the connection but does not
+answer within LOOK_TIMEOUT is busy (a saturated vLLM answers late), never gone: it stays what
+its last answer said, so a ready replica under load keeps the front awake.
 
 A wake starts the user's own deploy pipeline, which holds the cloud secrets (this service holds
 no DigitalOcean token and never creates or deletes a Droplet): GitHub Actions' workflow_dispatch
@@ -38,7 +40,8 @@ WAKE_HOLD_SECONDS the answer is 503 with `x-should-retry: true` and a short Retr
 OpenAI clients retry it, each try held again); when the wake failed or cannot start, 503 with
 `x-should-retry: false` and the real Retry-After, and an OpenAI-style error saying why.
 openai-python `_base_client.py` `_should_retry`: `x-should-retry` decides unless Retry-After
-exceeds 120 s. At most WAKE_MAX_HELD requests and WAKE_MAX_HELD_BYTES of their bodies are held.
+exceeds 120 s. At most WAKE_MAX_HELD requests and WAKE_MAX_HELD_BYTES of their bodies are held,
+and as many can be relayed at once (sessions()).
 
 State for people and tools: GET /nemotron/wake (JSON: mode, since, the last wake's timeline),
 POST /nemotron/wake (wake now, the same guards), GET|HEAD /health (200 while awake, else 503
@@ -88,7 +91,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web, web_server
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web, web_server
 
 # One upstream per file, as the balancer phase writes them ('to 10.110.0.2:8080').
 UPSTREAM = re.compile(r"^\s*to\s+([0-9A-Za-z.\-\[\]:]+):([0-9]{1,5})\s*$", re.M)
@@ -99,7 +102,12 @@ CONTROL_PATH = "/nemotron/wake"
 MAX_BODY = 16_000_000  # the gate's own limit: nothing larger gets this far
 FORWARD_TIMEOUT = 3600.0  # a held request, once sent, may generate for long
 API_TIMEOUT = 20.0
-LOOK_TIMEOUT = 2.0  # one replica's /health
+# A look at one replica (its /health, or its /metrics for autoscale) has LOOK_TIMEOUT to answer.
+# One that did not is asked for a bare connection (_connects, the same budget): accepted, the
+# replica is busy, not gone (a saturated vLLM answers its /health and /metrics late:
+# docs/facts.md, "A busy vLLM answers its health check late"); refused, or not accepted in
+# time, it is gone.
+LOOK_TIMEOUT = 2.0
 # Headers a held request keeps when it is sent on to a replica (the gate already checked the key).
 FORWARDED = ("authorization", "content-type", "accept", "user-agent", "openai-organization",
              "openai-project", "idempotency-key")  # fmt: skip
@@ -349,6 +357,14 @@ class Sample:
                       running=sum(x.running for x in r), kv_max=max((x.kv for x in r), default=0),
                       kv_sum=sum(x.kv for x in r),
                       finished={k: x.finished for k, x in readings.items()})  # fmt: skip
+
+
+def waiting_run(samples: list[Sample]) -> list[Sample]:
+    """The last samples that all had requests waiting (the out window's evidence)."""
+    start = len(samples)
+    while start and samples[start - 1].waiting > 0:
+        start -= 1
+    return samples[start:]
 
 
 def finished_between(a: Sample, b: Sample) -> float:
@@ -631,9 +647,10 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-# What one look at one replica found: ready (/health 200), there (any other answer, or a slow
-# one: it exists), or gone (the connection refused or unreachable).
-READY, THERE, GONE = "ready", "there", "gone"
+# What one look at one replica found: ready (/health 200), there (any other answer: it exists),
+# busy (no answer within LOOK_TIMEOUT, but it accepts connections: it exists, and it stays what
+# its last answer said: Waker.heard), or gone (the connection refused or unreachable).
+READY, THERE, BUSY, GONE = "ready", "there", "busy", "gone"
 
 
 @dataclass
@@ -656,6 +673,10 @@ class Waker:
     gone_looks: int = 0
     gone_since: float | None = None
     listed: set[tuple[str, int]] = field(default_factory=set)
+    # What each replica's last answer said (READY or THERE), which a busy look keeps; the
+    # replicas the last look found busy.
+    answered: dict[tuple[str, int], str] = field(default_factory=dict)
+    busy: list[tuple[str, int]] = field(default_factory=list)
     held: int = 0
     reading: int = 0  # requests whose bodies are still arriving (counted in held_bytes)
     held_bytes: int = 0
@@ -750,6 +771,7 @@ class Waker:
             "mode": self.mode,
             "since": iso(self.since),
             "replicas_healthy": len(self.healthy),
+            "replicas_busy": len(self.busy),
             "trigger": self.s.trigger,
             "wakes_last_day": len([t for t in self.wakes if now - t < DAY]),
             "max_per_day": self.s.max_per_day,
@@ -1225,7 +1247,7 @@ class Waker:
         asked, as one that read the files before a member phase wrote one."""
         began = self.clock()
         ups = self.upstreams()
-        found = await asyncio.gather(*(_look_one(session, u) for u in ups))
+        found = self.heard(ups, await asyncio.gather(*(_look_one(session, u) for u in ups)))
         now = self.clock()
         self.checked_at = began
         self.healthy = [u for u, f in zip(ups, found, strict=True) if f == READY]
@@ -1255,6 +1277,32 @@ class Waker:
             # (a refusal reaches them through the mode's notice).
             self.admit()
             self.notify()
+
+    def heard(self, ups: list[tuple[str, int]], looks: list[str]) -> list[str]:
+        """Each replica's state after a look. A busy one (it accepts connections, but did not
+        answer within LOOK_TIMEOUT) is what its last answer said: a ready replica too loaded to
+        answer in time stays ready, however long (the front stays awake and Caddy keeps
+        proxying to it), one never heard from is there (it exists: never gone). Each replica
+        turning busy is logged once."""
+        found = []
+        for upstream, seen in zip(ups, looks, strict=True):
+            name = f"{upstream[0]}:{upstream[1]}"
+            self.once(f"busy {name}", seen if seen == BUSY else "", "replica_busy",
+                      replica=name, counted_as=self.answered.get(upstream, THERE),
+                      budget_seconds=LOOK_TIMEOUT)  # fmt: skip
+            if seen == BUSY:
+                found.append(self.answered.get(upstream, THERE))
+                continue
+            found.append(seen)
+            if seen == GONE:
+                self.answered.pop(upstream, None)
+            else:
+                self.answered[upstream] = seen
+        self.answered = {u: seen for u, seen in self.answered.items() if u in ups}
+        self.busy = [u for u, seen in zip(ups, looks, strict=True) if seen == BUSY]
+        listed = {f"busy {host}:{port}" for host, port in ups}
+        self.said = {k: v for k, v in self.said.items() if not k.startswith("busy ") or k in listed}
+        return found
 
     def follow(self, now: float, gone: bool) -> None:
         """The mode after a look: awake with a ready replica; a wake goes on until its deadline;
@@ -1390,13 +1438,16 @@ class Waker:
         if self.mode != "awake":  # asleep, waking, unready, failed: the wake path's
             self.samples.clear()
             return
-        readings, stale = await self.read_pool(session, ups)
+        readings, stale, busy = await self.read_pool(session, ups)
         if stale:
-            # A stale sample breaks both windows: no evidence to add, none to remove.
-            self.samples.clear()
-            self.last_decision = {"at": iso(now), "code": "stale", "want": None, "why": stale,
+            # No sample: no evidence to add. A stale one breaks both windows. A busy one is
+            # load, never idle: the in window starts again, and the samples that waited up to
+            # it stay (the out window's evidence: a queue too busy to be read did not empty).
+            self.samples = waiting_run(self.samples) if busy else []
+            code = "busy" if busy else "stale"
+            self.last_decision = {"at": iso(now), "code": code, "want": None, "why": stale,
                                   "signals": None}  # fmt: skip
-            self.once("stale", stale, "scale_stale", why=stale)
+            self.once("stale", stale, f"scale_{code}", why=stale)
             return
         self.once("stale", "")
         sample = Sample.of(now, readings)
@@ -1426,51 +1477,70 @@ class Waker:
 
     async def read_pool(
         self, session: ClientSession, ups: list[tuple[str, int]]
-    ) -> tuple[dict[str, Reading], str]:
-        """Every replica's metrics, or why the sample is stale (the first reason found)."""
+    ) -> tuple[dict[str, Reading], str, bool]:
+        """Every replica's metrics, or why there is no sample and whether only busy replicas
+        kept it from being taken (the first reason found, a stale one before a busy one)."""
         if not ups:
-            return {}, "no replica in the pool"
+            return {}, "no replica in the pool", False
         got = await asyncio.gather(*(self.read_replica(session, u) for u in ups))
-        readings: dict[str, Reading] = {}
-        for (host, port), (reading, why) in zip(ups, got, strict=True):
-            if reading is None:
-                return {}, why
-            readings[f"{host}:{port}"] = reading
-        return readings, ""
+        unread = [(why, busy) for reading, why, busy in got if reading is None]
+        if unread:
+            why, busy = min(unread, key=lambda problem: problem[1])  # stale (False) first
+            return {}, why, busy
+        return {f"{h}:{p}": reading for (h, p), (reading, _, _) in zip(ups, got, strict=True)
+                if reading is not None}, "", False  # fmt: skip
 
     async def read_replica(
         self, session: ClientSession, upstream: tuple[str, int]
-    ) -> tuple[Reading | None, str]:
-        """One replica's /health (a 503: it drains for an update, no step now) and /metrics
-        through its gateway, which admits exact `GET /metrics` with the key from the front."""
+    ) -> tuple[Reading | None, str, bool]:
+        """One replica's reading, or why none, and whether it is busy: it accepts connections
+        but did not answer within LOOK_TIMEOUT (a saturated vLLM), which is load, never idle."""
         host, port = upstream
         name = f"{host}:{port}"
-        timeout = ClientTimeout(total=LOOK_TIMEOUT)
+        asked = ["/health"]  # what was asked last: the one a timeout cut
         try:
-            async with session.get(f"http://{name}/health", timeout=timeout) as resp:
-                if resp.status != 200:
-                    state = "is draining" if resp.status == 503 else "is not ready"
-                    return None, f"{name} {state} (/health {resp.status})"
-            headers = {"Authorization": f"Bearer {self.s.api_key}", "Accept-Encoding": "identity"}
-            async with session.get(f"http://{name}/metrics", headers=headers,
-                                   timeout=timeout) as resp:  # fmt: skip
-                if resp.status != 200:
-                    return None, f"{name}: /metrics answered HTTP {resp.status}"
-                # read(n) answers what has arrived, up to n: a page is read to its end (within
-                # the total timeout). One cut at the limit would count some engines and not
-                # others, so a page over it is stale, not a smaller count.
-                page = bytearray()
-                while chunk := await resp.content.read(METRICS_LIMIT + 1 - len(page)):
-                    page += chunk
-                    if len(page) > METRICS_LIMIT:
-                        return None, f"{name}: /metrics is larger than {METRICS_LIMIT} bytes"
-                text = page.decode("utf-8", "replace")
-        except (ClientError, OSError, TimeoutError) as err:
-            return None, f"{name}: /metrics could not be read ({type(err).__name__})"
+            text, why = await self.metrics_page(session, name, asked)
+        except TimeoutError:
+            if await _connects(host, port):
+                return None, (f"{name} is busy: its {asked[-1]} did not answer within "
+                              f"{LOOK_TIMEOUT:g} s (it accepts connections)"), True  # fmt: skip
+            return None, (f"{name}: /metrics could not be read (no connection within "
+                          f"{LOOK_TIMEOUT:g} s)"), False  # fmt: skip
+        except (ClientError, OSError) as err:
+            return None, f"{name}: /metrics could not be read ({type(err).__name__})", False
+        if text is None:
+            return None, why, False
         reading = parse_metrics(text)
         if reading is None:
-            return None, f"{name}: /metrics has no {WAITING} and {RUNNING}"
-        return reading, ""
+            return None, f"{name}: /metrics has no {WAITING} and {RUNNING}", False
+        return reading, "", False
+
+    async def metrics_page(
+        self, session: ClientSession, name: str, asked: list[str]
+    ) -> tuple[str | None, str]:
+        """A replica's /health (a 503: it drains for an update, no step now) and /metrics
+        through its gateway, which admits exact `GET /metrics` with the key from the front:
+        the page, or why none. Each within LOOK_TIMEOUT (TimeoutError), `asked` said first."""
+        timeout = ClientTimeout(total=LOOK_TIMEOUT)
+        async with session.get(f"http://{name}/health", timeout=timeout) as resp:
+            if resp.status != 200:
+                state = "is draining" if resp.status == 503 else "is not ready"
+                return None, f"{name} {state} (/health {resp.status})"
+        asked.append("/metrics")
+        headers = {"Authorization": f"Bearer {self.s.api_key}", "Accept-Encoding": "identity"}
+        async with session.get(f"http://{name}/metrics", headers=headers,
+                               timeout=timeout) as resp:  # fmt: skip
+            if resp.status != 200:
+                return None, f"{name}: /metrics answered HTTP {resp.status}"
+            # read(n) answers what has arrived, up to n: a page is read to its end (within
+            # the total timeout). One cut at the limit would count some engines and not
+            # others, so a page over it is stale, not a smaller count.
+            page = bytearray()
+            while chunk := await resp.content.read(METRICS_LIMIT + 1 - len(page)):
+                page += chunk
+                if len(page) > METRICS_LIMIT:
+                    return None, f"{name}: /metrics is larger than {METRICS_LIMIT} bytes"
+            return page.decode("utf-8", "replace"), ""
 
     async def step_refusal(self, d: Decision, n: int, now: float) -> tuple[str, str] | None:
         """Why no step may start now: the cooldown after the last step (done or failed), the
@@ -1612,9 +1682,10 @@ async def _look_one(session: ClientSession, upstream: tuple[str, int]) -> str:
                                timeout=ClientTimeout(total=LOOK_TIMEOUT)) as resp:  # fmt: skip
             return READY if resp.status == 200 else THERE
     except TimeoutError:
-        # Connected and slow (a busy replica) exists; a connect that timed out is gone: tell
-        # them apart by a bare connect of its own.
-        return THERE if await _connects(host, port) else GONE
+        # No answer in time: connected and slow (a busy replica) exists; a connect that timed
+        # out is gone. A bare connect of its own tells them apart (aiohttp's total timeout
+        # does not say which part ran out, and 3.8's timeout errors have no subclass for it).
+        return BUSY if await _connects(host, port) else GONE
     except (ClientError, OSError):
         return GONE
 
@@ -1733,10 +1804,13 @@ class Place:
 
 @dataclass
 class Front:
-    """The waker's HTTP side: /health, the control path, and the held requests."""
+    """The waker's HTTP side: /health, the control path, and the held requests. Two client
+    sessions, each with its own pool (sessions()): `relays` carries the held requests to a
+    replica, `looks` the replicas' /health and /metrics."""
 
     waker: Waker
-    session: ClientSession
+    relays: ClientSession
+    looks: ClientSession
 
     def app(self) -> web.Application:
         application = web.Application(client_max_size=MAX_BODY)
@@ -1838,7 +1912,7 @@ class Front:
             if w.mode == "asleep":
                 # Look again before a wake: a replica that joined since the last look (the
                 # deploy's own ready probe comes a moment after) must not wake the set.
-                await w.fresh_look(self.session)
+                await w.fresh_look(self.looks)
                 if w.mode == "awake" and w.healthy:
                     continue
             now = w.clock()
@@ -1895,7 +1969,7 @@ class Front:
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED}
         for host, port in self.waker.next_replica():
             try:
-                async with self.session.request(
+                async with self.relays.request(
                     request.method, f"http://{host}:{port}{request.raw_path}", data=body or None,
                     headers=headers, timeout=ClientTimeout(total=FORWARD_TIMEOUT, sock_connect=5),
                     allow_redirects=False,
@@ -1957,6 +2031,21 @@ def _cancel_on_disconnect() -> dict[str, Any]:
     return {"handler_cancellation": True} if "handler_cancellation" in accepted else {}
 
 
+def sessions(settings: Settings) -> tuple[ClientSession, ClientSession]:
+    """The relays' client session and the looks'. One session shared them (aiohttp's default
+    pool: 100 connections, aiohttp connector.py TCPConnector `limit=100`): past 100 held
+    requests whose answers took a while, the rest waited for a connection, and so did the
+    looks, which then timed out and called a serving replica unready (issue 42). The relays'
+    pool is what the front promises to hold, WAKE_MAX_HELD (a held request is relayed once,
+    on one connection, while it counts in `held`), so none waits for another; the looks' pool
+    is their own, unbounded (a look and a metrics read per replica at most), so none waits
+    behind a relay."""
+    relays = ClientSession(auto_decompress=False,
+                           connector=TCPConnector(limit=settings.max_held))  # fmt: skip
+    looks = ClientSession(auto_decompress=False, connector=TCPConnector(limit=0))
+    return relays, looks
+
+
 async def serve(settings: Settings) -> None:
     waker = Waker(settings)
     waker.load()
@@ -1964,8 +2053,9 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with ClientSession(auto_decompress=False) as session:
-        await waker.look(session)  # the hold file matches the replicas before the first request
+    relays, looks = sessions(settings)
+    async with relays, looks:
+        await waker.look(looks)  # the hold file matches the replicas before the first request
         waker.route_file()
         if waker.mode == "waking" and settings.trigger == "github":
             waker.spawn(waker.watch_github_run(waker.since, waker.timeline.get("run_id")))
@@ -1973,7 +2063,7 @@ async def serve(settings: Settings) -> None:
             waker.resume_step()
         elif settings.scale_off:
             log("autoscale_off", why=settings.scale_off)
-        runner = web.AppRunner(Front(waker, session).app(), access_log=None,
+        runner = web.AppRunner(Front(waker, relays, looks).app(), access_log=None,
                                handle_signals=False, **_cancel_on_disconnect())  # fmt: skip
         await runner.setup()
         # Many held requests may arrive at once while the set wakes: a deep accept queue.
@@ -1982,9 +2072,9 @@ async def serve(settings: Settings) -> None:
         bound = runner.addresses[0][1] if runner.addresses else settings.listen[1]
         log("listening", address=f"{settings.listen[0]}:{bound}", trigger=settings.trigger,
             stack=settings.stack, mode=waker.mode)  # fmt: skip
-        monitor = asyncio.ensure_future(waker.monitor(session))
+        monitor = asyncio.ensure_future(waker.monitor(looks))
         checks = asyncio.ensure_future(waker.pipeline_checks())
-        scaler = asyncio.ensure_future(waker.autoscale(session)) if settings.scale else None
+        scaler = asyncio.ensure_future(waker.autoscale(looks)) if settings.scale else None
         await stop.wait()
         monitor.cancel()
         checks.cancel()

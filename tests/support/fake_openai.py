@@ -13,6 +13,8 @@ accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mo
 streams the first half of the tokens as `reasoning` (as vLLM's reasoning parser does since PR
 #27752), `--mode reasoning-content` as `reasoning_content` (vLLM before it, other servers),
 `--mode tool-call` streams only tool-call deltas, `--mode no-usage` never sends the usage chunk.
+`--busy-answer-delay S` answers /health and /metrics S seconds late while a chat request is
+in flight (a saturated vLLM's API server).
 `--prefix-cache-blocks N` models vLLM's automatic prefix caching (PrefixCache): the time to the
 first token grows by `--prefill-per-token` for each prompt token not in this replica's cache,
 and the usage says `prompt_tokens_details.cached_tokens`, as vLLM does with
@@ -309,11 +311,21 @@ class FakeServer:
             }
         )
 
+    async def busy(self) -> None:
+        """`--busy-answer-delay`: while a chat request is in flight, /health and /metrics answer
+        that many seconds late (a saturated vLLM answers them late: docs/facts.md, "A busy vLLM
+        answers its health check late"); the connection is accepted at once, as the replica's
+        gateway accepts it."""
+        if self.args.busy_answer_delay and self.in_flight:
+            await asyncio.sleep(self.args.busy_answer_delay)
+
     async def health(self, _: web.Request) -> web.Response:
+        await self.busy()
         return web.Response(status=200)
 
     async def metrics(self, _: web.Request) -> web.Response:
         """vLLM's Prometheus page, the samples autodown and a drain read (open, as vLLM's is)."""
+        await self.busy()
         labels = f'engine="0",model_name="{self.args.model}"'
         running = self.in_flight if self.seqs is None else self.seqs.running
         waiting = 0 if self.seqs is None else self.seqs.waiting
@@ -689,6 +701,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--template-tokens", type=int, default=0,
                    help="tokens the chat template adds to every prompt's usage")  # fmt: skip
     p.add_argument("--tokenize", action="store_true", help="serve vLLM's POST /tokenize")
+    p.add_argument("--busy-answer-delay", type=float, default=0.0,
+                   help="seconds /health and /metrics take while a chat request is in flight")  # fmt: skip
     p.add_argument("--thinking", choices=["off", "parsed", "raw"], default="off")
     # Sent back as X-Upstream on every chat answer: which replica served it (balancer tests).
     p.add_argument("--name", default="")
