@@ -38,13 +38,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-import aiohttp
 import bench_stats as stats
 import target as target_mod
-from bench_report import compare, plot, table, write_results
 from bench_workload import Workload, WorkloadError, load_dataset, load_trace, synthetic_prompt
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+try:  # the tools' requirements: a Python without them gets the command that installs them
+    import aiohttp
+    from bench_report import compare, plot, table, write_results
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+except ModuleNotFoundError as err:
+    target_mod.missing_package(err)
 
 
 @dataclass

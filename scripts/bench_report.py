@@ -85,10 +85,7 @@ def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Tabl
 
 
 def plot(reports: list[dict[str, Any]], path: str) -> None:
-    import matplotlib  # noqa: PLC0415 (only needed with --plot)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = target_mod.pyplot()
 
     open_loop = reports[0]["mode"] == "open"
     label = "request rate (/s)" if open_loop else "concurrency"
@@ -200,10 +197,7 @@ def compare(paths: list[str], plot_path: str | None) -> int:
 
 
 def compare_plot(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]], path: str) -> None:
-    import matplotlib  # noqa: PLC0415 (only needed with --plot)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = target_mod.pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, _, levels in runs:

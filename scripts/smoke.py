@@ -20,8 +20,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import requests
 import target as target_mod
+
+try:  # the tools' requirements: a Python without them gets the command that installs them
+    import requests
+except ModuleNotFoundError as err:
+    target_mod.missing_package(err)
 
 PROMPT = "Reply with one short sentence about GPUs."
 # Nemotron 3 turns its reasoning on and off per request through its chat template

@@ -14,7 +14,17 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
+
+# The project's folder, and the one virtualenv a user runs the tools with: ./try makes it with
+# the program's and the tools' requirements (README "Try it"), ./check adds the developers'.
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+INSTALL = (
+    "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt -r requirements-tools.txt"
+)
+# The import name of each package the tools need, where pip knows it by another name.
+PIP_NAMES = {"yaml": "PyYAML"}
 
 
 class TargetError(SystemExit):
@@ -23,6 +33,32 @@ class TargetError(SystemExit):
     def __init__(self, message: str) -> None:
         print(f"error: {message}", file=sys.stderr)
         super().__init__(2)
+
+
+def missing_package(err: ModuleNotFoundError) -> NoReturn:
+    """A tool run by a Python without one of its packages (not the project's .venv): one line
+    that names the package and the command that installs it, exit 2, no traceback."""
+    module = (err.name or "?").split(".")[0]
+    tool = os.path.basename(sys.argv[0]) or "this tool"
+    print(
+        f"error: {tool} needs the Python package {PIP_NAMES.get(module, module)!r}, which "
+        f"{sys.executable} lacks: run the tools with the project's virtualenv (cd {PROJECT_DIR} "
+        f"&& {INSTALL}), then .venv/bin/python scripts/{tool} ...",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files (no display), for the tools' --plot and --png."""
+    try:
+        import matplotlib  # noqa: PLC0415 (only the plots need it)
+    except ModuleNotFoundError as err:
+        missing_package(err)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
 
 
 @dataclass(frozen=True)
@@ -85,12 +121,11 @@ def stack_outputs(
     pulumi = shutil.which("pulumi")
     if pulumi is None:
         raise TargetError("--stack needs the Pulumi CLI on PATH")
-    project_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     secrets = ["--show-secrets"] if show_secrets else []
     try:
         proc = subprocess.run(  # noqa: S603 (fixed argv, no shell)
             [pulumi, "stack", "output", "--json", *secrets, "--stack", stack],
-            cwd=project_dir,
+            cwd=PROJECT_DIR,
             capture_output=True,
             text=True,
             timeout=seconds,

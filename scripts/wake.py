@@ -18,8 +18,12 @@ import sys
 import time
 from typing import Any
 
-import requests
 import target as target_mod
+
+try:  # the tools' requirements: a Python without them gets the command that installs them
+    import requests
+except ModuleNotFoundError as err:
+    target_mod.missing_package(err)
 
 CONTROL_PATH = "/nemotron/wake"  # components/host/wake.py CONTROL_PATH
 TIMEOUT_SECONDS = 20

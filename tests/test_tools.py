@@ -1093,3 +1093,53 @@ def test_bench_shows_a_cached_column_only_when_the_server_says(
     assert "cached %" not in report.rows(plain, ["p50"])[0]
     columns, cells = report.rows(cached, ["p50"])
     assert columns[-1] == "cached %" and float(cells[0][-1]) > 0
+
+
+# ---- a Python without the tools' requirements --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh virtualenv with nothing installed: what `python3` is on a user's machine."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return str(venv / "bin" / "python")
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "package"),
+    [
+        ("smoke.py", ("--endpoint", "http://127.0.0.1:9/v1"), "requests"),
+        ("bench.py", ("--endpoint", "http://127.0.0.1:9/v1"), "aiohttp"),
+        ("wake.py", ("--stack", "dev"), "requests"),
+        ("timeline.py", ("--outputs", "{outputs}", "--png", "{png}"), "matplotlib"),
+    ],
+)
+def test_a_tool_run_without_its_packages_names_the_one_missing_and_the_install_command(
+    tmp_path: Path, bare_python: str, tool: str, args: tuple[str, ...], package: str
+) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"bootstrapTimeline": TIMELINE}))
+    argv = [a.format(outputs=outputs, png=tmp_path / "t.png") for a in args]
+    proc = subprocess.run(
+        [bare_python, str(SCRIPTS / tool), *argv],
+        capture_output=True, text=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert f"error: {tool} needs the Python package {package!r}" in line, line
+    assert (
+        f"(cd {ROOT} && python3 -m venv .venv && .venv/bin/pip install -r requirements.txt "
+        f"-r requirements-tools.txt), then .venv/bin/python scripts/{tool} ..."
+    ) in line, line
+
+
+def test_logs_and_timeline_need_no_package_for_their_text(tmp_path: Path, bare_python: str) -> None:
+    """The journal and the timeline as text run on any Python 3.11: only --png needs one."""
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"bootstrapTimeline": TIMELINE}))
+    for argv in (["timeline.py", "--outputs", str(outputs)], ["logs.py", "--help"]):
+        proc = subprocess.run([bare_python, str(SCRIPTS / argv[0]), *argv[1:]],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
