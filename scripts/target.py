@@ -68,6 +68,9 @@ class Target:
     model: str | None
     # How many replicas serve the endpoint (a stack's `replicas` output; 1 for one Droplet).
     replicas: int = 1
+    stack: str | None = None  # the stack it came from, for the commands an error names
+    # A CA bundle (PEM) to trust for the endpoint's certificate; None: the system's.
+    cacert: str | None = None
 
     def url(self, path: str) -> str:
         return f"{self.endpoint.rstrip('/')}/{path.lstrip('/')}"
@@ -75,6 +78,11 @@ class Target:
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
+
+    @property
+    def verify(self) -> str | bool:
+        """requests' `verify`: the CA bundle given, else the system's trust."""
+        return self.cacert or True
 
 
 # Where a chat message or stream delta carries text: a reasoning model (Nemotron with vLLM's
@@ -108,6 +116,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", help="served model name (default: the stack's, else the first one listed)"
     )
     parser.add_argument("--stack", help="read endpoint, key and model from this Pulumi stack")
+    parser.add_argument(
+        "--cacert",
+        metavar="PEM",
+        help="trust the endpoint's certificate through this CA bundle (default: the system's)",
+    )
 
 
 def stack_outputs(
@@ -169,4 +182,4 @@ def resolve(args: argparse.Namespace) -> Target:
         raise TargetError("no API key: pass --stack NAME, set OPENAI_API_KEY or pass --api-key")
     if not endpoint.rstrip("/").endswith("/v1"):
         raise TargetError(f"--endpoint {endpoint!r} should end in /v1")
-    return Target(endpoint=endpoint, api_key=api_key, model=model, replicas=replicas)
+    return Target(endpoint, api_key, model, replicas, args.stack, args.cacert)

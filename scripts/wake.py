@@ -99,7 +99,7 @@ def ask(method: str, url: str, target: target_mod.Target) -> tuple[int, dict[str
     Retry-After."""
     try:
         answer = requests.request(method, url, headers=target.headers,
-                                  timeout=TIMEOUT_SECONDS)  # fmt: skip
+                                  timeout=TIMEOUT_SECONDS, verify=target.verify)  # fmt: skip
     except requests.RequestException as err:
         raise target_mod.TargetError(
             f"{url}: the front did not answer ({type(err).__name__})"

@@ -8,12 +8,15 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -1030,15 +1033,14 @@ def test_bench_with_a_wrong_key_says_so_and_where_the_key_comes_from(tmp_path: P
         given = run_tool("bench.py", "--endpoint", base, "--api-key", WRONG_KEY, "--model",
                          "nemotron", "--no-progress", "--concurrency", "2", "--requests", "40",
                          "--max-tokens", "4", "--json", str(tmp_path / "r.json"))  # fmt: skip
-    assert found.returncode == 2
-    assert "the endpoint refused the API key (HTTP 401)" in found.stderr, found.stderr
-    assert "--stack NAME" in found.stderr
-    assert WRONG_KEY not in found.stdout + found.stderr + given.stdout + given.stderr
-    # With --model it goes straight to the requests: the first refusal stops the run.
-    assert given.returncode == 3
-    assert "stopped: the endpoint refused the API key (HTTP 401)" in given.stderr, given.stderr
-    [level] = json.loads((tmp_path / "r.json").read_text())["levels"]
-    assert level["requests"] <= 2, "no request sent after the refusals already in flight"
+        sent = stats(base)["chat_requests"]
+    for proc in (found, given):
+        assert proc.returncode == 1, proc.stderr
+        assert "the endpoint refused the API key (HTTP 401" in proc.stderr, proc.stderr
+        assert "--stack NAME" in proc.stderr
+        assert WRONG_KEY not in proc.stdout + proc.stderr
+    # With --model too, the key is tried once before any level: no load sent, no result file.
+    assert sent == 0 and not (tmp_path / "r.json").exists()
 
 
 def test_the_fakes_prefix_cache_reuses_leading_blocks_only_and_forgets_the_oldest() -> None:
@@ -1143,3 +1145,156 @@ def test_logs_and_timeline_need_no_package_for_their_text(tmp_path: Path, bare_p
         proc = subprocess.run([bare_python, str(SCRIPTS / argv[0]), *argv[1:]],
                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
+
+
+# ---- an endpoint that cannot be used yet: one line, the cause and what to do -------------------
+
+
+@contextmanager
+def answering(status: int, body: str, cert: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """A server on loopback that answers every request `status` with `body` (a gateway before
+    vLLM, a front that waits, a refused key), over TLS with `cert` (certificate, key) when
+    given; yield its /v1 base URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_POST = do_GET  # noqa: N815 (http.server calls do_<METHOD>)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if cert is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*cert)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"{'https' if cert else 'http'}://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@contextmanager
+def closed_port() -> Iterator[str]:
+    """A loopback port nothing listens on: connection refused (the Droplet still starting)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextmanager
+def dropping_port() -> Iterator[str]:
+    """A port whose SYNs go unanswered, as a firewall that drops: a listener with a backlog of
+    0 that never accepts, its one queue slot taken, drops every further SYN (Linux
+    tcp_conn_request: a full accept queue drops)."""
+    with socket.socket() as listener, socket.socket() as filler:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        filler.connect(listener.getsockname())
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+
+
+UNUSABLE = {
+    "refused": (
+        closed_port,
+        "refused the connection: nothing listens there yet; the Droplet may still be starting",
+    ),
+    "dropped": (
+        dropping_port,
+        "no connection to 127.0.0.1:{port} within 2 s: your address may be "
+        "outside the stack's access.apiCidrs",
+    ),
+    "401": (
+        lambda: answering(401, "unauthorized: send one Authorization: Bearer <apiKey> header"),
+        "the endpoint refused the API key (HTTP 401: unauthorized",
+    ),
+    "403": (
+        lambda: answering(403, "forbidden"),
+        "the endpoint refused the API key (HTTP 403: forbidden): pass the stack's own",
+    ),
+    "502": (
+        lambda: answering(502, ""),
+        "the gateway answers but vLLM behind it does not (HTTP 502): the model may still be "
+        "loading; `python scripts/logs.py --stack NAME`",
+    ),
+    "503": (
+        lambda: answering(503, "waking the GPU set: retry in 60 s"),
+        "the endpoint is not ready (HTTP 503: waking the GPU set: retry in 60 s): it is "
+        "starting, waking or being updated",
+    ),
+}
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The run failed with exactly one line on stderr, nothing on stdout, no traceback."""
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == "", proc.stdout
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("error: ") and KEY not in line, line
+    return line
+
+
+@pytest.mark.parametrize("case", UNUSABLE)
+@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+def test_an_endpoint_that_cannot_serve_is_one_line_naming_the_cause(tool: str, case: str) -> None:
+    server, expected = UNUSABLE[case]
+    with server() as base:
+        port = base.rsplit(":", 1)[1].split("/")[0]
+        started = time.monotonic()
+        proc = run_tool(tool, "--endpoint", base, "--model", "nemotron", "--timeout", "2",
+                        *(["--no-progress"] if tool == "bench.py" else []),
+                        env={"OPENAI_API_KEY": KEY}, timeout=60)  # fmt: skip
+    assert expected.format(port=port) in one_error_line(proc)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+def test_an_untrusted_certificate_is_one_line_and_cacert_trusts_it(
+    tool: str, self_signed: tuple[Path, Path]
+) -> None:
+    extra = ["--no-progress"] if tool == "bench.py" else []
+    with answering(401, "unauthorized", cert=self_signed) as base:
+        port = base.rsplit(":", 1)[1].split("/")[0]
+        untrusted = run_tool(tool, "--endpoint", base, *extra, env={"OPENAI_API_KEY": KEY})
+        trusted = run_tool(tool, "--endpoint", base, "--cacert", str(self_signed[0]), *extra,
+                           env={"OPENAI_API_KEY": KEY})  # fmt: skip
+    line = one_error_line(untrusted)
+    assert f"TLS with 127.0.0.1:{port} failed (self-signed certificate)" in line, line
+    assert "one of your own CA needs --cacert FILE" in line
+    # Trusted, the TLS holds and the next cause shows: the key.
+    assert "the endpoint refused the API key (HTTP 401" in one_error_line(trusted)
+
+
+def test_bench_where_every_request_failed_exits_non_zero(tmp_path: Path) -> None:
+    with fake_server("--fail-every", "1", "--ttft", "0.01", "--itl", "0.001") as base:
+        proc = run_tool("bench.py", "--endpoint", base, "--api-key", KEY, "--no-progress",
+                        "--concurrency", "2", "--requests", "4", "--warmup", "0",
+                        "--max-tokens", "4")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: all 4 requests of concurrency 2 failed ({'http_500': 4})" in proc.stderr
+    assert "Traceback" not in proc.stderr
