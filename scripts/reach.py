@@ -70,8 +70,9 @@ def describe_failure(
     where, stack = _where(target)
     connect = min(CONNECT_SECONDS, seconds)
     starting = (
-        f"the Droplet may still be starting (`pulumi up` ends when it answers; "
-        f"`python scripts/timeline.py --stack {stack}` shows its phases) or be gone (autodown)"
+        "the Droplet may still be starting (`pulumi up` returns once it answers) or be gone "
+        f"(autodown deleted it: `pulumi refresh --stack {stack} --yes && pulumi up --stack "
+        f"{stack}` makes a new one)"
     )
     outside = (
         "your address may be outside the stack's access.apiCidrs (the firewall drops, it does "

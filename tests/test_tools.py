@@ -1298,3 +1298,10 @@ def test_bench_where_every_request_failed_exits_non_zero(tmp_path: Path) -> None
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "error: all 4 requests of concurrency 2 failed ({'http_500': 4})" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_line_names_the_stack_in_its_commands(tmp_path: Path) -> None:
+    with closed_port() as base:
+        fake = dev_stack(tmp_path, {"endpoint": base, "apiKey": KEY, "servedModelName": "n"})
+        proc = run_tool("smoke.py", "--stack", "dev", env=fake.env())
+    assert "`pulumi refresh --stack dev --yes && pulumi up --stack dev`" in one_error_line(proc)
