@@ -51,7 +51,7 @@ from bench_workload import Workload, WorkloadError, load_dataset, load_trace, sy
 try:  # the tools' requirements: a Python without them gets the command that installs them
     import aiohttp
     import reach
-    from bench_report import compare, plot, table, write_results
+    from bench_report import compare, plot, tables, write_results
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -806,7 +806,8 @@ def main(argv: list[str] | None = None) -> int:
         report["output_tokens_per_s_per_replica"] = report["output_tokens_per_s"] / replicas
     # Wide enough for the table when stdout is a file or a CI log.
     out = Console(width=None if sys.stdout.isatty() else 160)
-    out.print(table(reports, args.percentiles))
+    for t in tables(reports, args.percentiles):
+        out.print(t)
     if args.find_knee:
         held, failed = knee["request_rate"], knee["first_failing_rate"]
         out.print(

@@ -15,6 +15,7 @@ from typing import Any
 
 import bench_stats as stats
 import target as target_mod
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -65,22 +66,85 @@ def rows(reports: list[dict[str, Any]], keys: Sequence[str]) -> tuple[list[str],
     return columns, cells
 
 
-def table(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> Table:
-    """Each level a row; every latency cell holds each of `--percentiles`, in their order."""
-    keys = [stats.pkey(p) for p in sorted(set(percentiles))]
-    client = any(r["token_counts"] and "client" in r["token_counts"] for r in reports)
-    t = Table(
-        title=f"bench: latency in ms ({' / '.join(keys)}), throughput per second"
-        + (" (token counts from the stream: the server sent no usage)" if client else "")
+def _num(value: float | None) -> str:
+    """A number for the terminal tables: as many decimals as its size needs, none from 100."""
+    if value is None:
+        return "-"
+    return (
+        f"{value:,.2f}"
+        if abs(value) < 10
+        else f"{value:,.1f}"
+        if abs(value) < 100
+        else (f"{value:,.0f}")
     )
-    replicas = int(reports[0].get("replicas") or 1)
+
+
+def _level(report: dict[str, Any]) -> str:
+    return f"{report['request_rate']:g}" if report["mode"] == "open" else str(report["concurrency"])
+
+
+def _offered(report: dict[str, Any]) -> float:
+    """A level's place on its axis: the offered rate (inf last) or the concurrency."""
+    value = report["request_rate"] if report["mode"] == "open" else report["concurrency"]
+    return math.inf if value == "inf" else float(value)
+
+
+def tables(reports: list[dict[str, Any]], percentiles: tuple[float, ...]) -> list[Table]:
+    """bench.py's terminal report, readable at 80 columns without a number cut: latency (a row
+    per level and metric, a column per percentile) and throughput (a row per level). Levels in
+    the order of their rate or concurrency (a knee search runs them out of order)."""
+    keys = [stats.pkey(p) for p in sorted(set(percentiles))]
+    ordered = sorted(reports, key=_offered)
+    level = "rate/s" if reports[0]["mode"] == "open" else "conc"
+    latency = Table(
+        title="bench: latency, ms", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True
+    )
+    for column in (level, "", "mean", *keys):
+        latency.add_column(column, justify="right", no_wrap=True)
+    for r in ordered:
+        for i, name in enumerate(("TTFT", "ITL", "TPOT", "E2E")):
+            summary = r[LATENCIES[i]]
+            latency.add_row(
+                _level(r) if i == 0 else "",
+                name,
+                *(_num(summary.get(k)) for k in ("mean", *keys)),
+                end_section=i == 3,
+            )
+    return [latency, _throughput(ordered, level)]
+
+
+def _throughput(ordered: list[dict[str, Any]], level: str) -> Table:
+    """A row per level: ok/err, requests/s, tokens/s; per replica, goodput and the prefix cache
+    when the run has them. Headers on two lines, so that the numbers set the widths."""
+    client = any(r["token_counts"] and "client" in r["token_counts"] for r in ordered)
+    replicas = int(ordered[0].get("replicas") or 1)
+    t = Table(
+        title="bench: throughput, per second" + (f"; {replicas} replicas" if replicas > 1 else ""),
+        caption="token counts from the stream: the server sent no usage" if client else None,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        collapse_padding=True,
+    )
+    # (header, the report's field); the level and ok/err come first.
+    fields = [
+        ("req/s", "requests_per_s"),
+        ("out\ntok/s", "output_tokens_per_s"),
+        ("total\ntok/s", "total_tokens_per_s"),
+    ]
     if replicas > 1:
-        t.title = f"{t.title}; {replicas} replicas"
-    columns, cells = rows(reports, keys)
-    for column in columns:
-        t.add_column(column, justify="right")
-    for row in cells:
-        t.add_row(*row)
+        fields.append(("out tok/s\n/replica", "output_tokens_per_s_per_replica"))
+    if "goodput_requests_per_s" in ordered[0]:
+        fields += [
+            ("goodput\nreq/s", "goodput_requests_per_s"),
+            ("SLO\nmet %", "slo_attainment_pct"),
+        ]
+    if any(r.get("prefix_cached_pct") is not None for r in ordered):
+        fields.append(("cached\n%", "prefix_cached_pct"))
+    for header in (level, "ok/err", *(h for h, _ in fields)):
+        t.add_column(header, justify="right", no_wrap=True)
+    for r in ordered:
+        ok = f"{r['requests'] - r['errors']}/{r['errors']}"
+        t.add_row(_level(r), ok, *(_num(r.get(key)) for _, key in fields))
     return t
 
 

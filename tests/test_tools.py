@@ -1305,3 +1305,61 @@ def test_the_line_names_the_stack_in_its_commands(tmp_path: Path) -> None:
         fake = dev_stack(tmp_path, {"endpoint": base, "apiKey": KEY, "servedModelName": "n"})
         proc = run_tool("smoke.py", "--stack", "dev", env=fake.env())
     assert "`pulumi refresh --stack dev --yes && pulumi up --stack dev`" in one_error_line(proc)
+
+
+# ---- the table at 80 columns, the plots --------------------------------------------------------
+
+
+def heavy_level(level: float, mode: str = "open") -> dict[str, Any]:
+    """A level report at its widest: seconds-long latencies, five percentiles, an SLO, the
+    prefix cache, replicas."""
+    scale = level / 10
+    summary = {k: v * scale for k, v in (("mean", 1516.4), ("std", 80.0), ("min", 151.2),
+               ("max", 98765.4), ("p50", 1512.3), ("p90", 12345.6), ("p95", 23456.7),
+               ("p99", 54321.9), ("p99.9", 98765.4))}  # fmt: skip
+    return {
+        "mode": mode, "concurrency": None if mode == "open" else int(level),
+        "request_rate": level if mode == "open" else None, "achieved_request_rate": level * 0.98,
+        "requests": 1000, "errors": 12, "errors_by_kind": {"timeout": 12}, "excluded_requests": 0,
+        "aborted": None, "duration_s": 100.0, "ttft_ms": summary,
+        "itl_ms": {k: v / 100 for k, v in summary.items()},
+        "tpot_ms": {k: v / 90 for k, v in summary.items()},
+        "e2e_ms": {k: v * 10 for k, v in summary.items()},
+        "requests_per_s": 9.87 * scale, "output_tokens_per_s": 12345.6 * scale,
+        "total_tokens_per_s": 123456.7 * scale, "mean_prompt_tokens": 512.0,
+        "mean_output_tokens": 128.0, "prefix_cached_pct": 87.5, "token_counts": "server",
+        "slo_ms": {"ttft": 500.0, "tpot": 50.0}, "goodput_requests_per_s": 8.1 * scale,
+        "slo_attainment_pct": 91.2, "replicas": 3,
+        "output_tokens_per_s_per_replica": 4115.2 * scale,
+    }  # fmt: skip
+
+
+def render(renderables: list[Any], width: int) -> str:
+    from rich.console import Console  # noqa: PLC0415
+
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    for r in renderables:
+        console.print(r)
+    return console.export_text()
+
+
+def test_the_bench_tables_fit_80_columns_without_eliding_a_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    report = importlib.import_module("bench_report")
+    levels = [heavy_level(40), heavy_level(10), heavy_level(20)]
+    text = render(report.tables(levels, (50, 90, 95, 99, 99.9)), width=80)
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    # Every number whole: the p99.9 of E2E at 40/s, the widest cell, and the throughput.
+    for number in ("3,950,616", "494", "49,382", "87.5", "91.2"):
+        assert number in text, (number, text)
+    # Levels in the order of the offered rate, each with its four latencies.
+    rows = [
+        line.split()[0]
+        for line in text.splitlines()
+        if line.split()[:1] in (["10"], ["20"], ["40"])
+    ]
+    assert rows == ["10", "20", "40"] * 2, text
+    assert text.count("TTFT") == 3 and text.count("E2E") == 3
