@@ -818,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path:
         write_results(args, target, model, started, reports, knee)
     if args.plot:
-        plot(reports, args.plot)
+        plot(reports, args.plot, knee if args.find_knee else None)
     aborted = [r["aborted"] for r in reports if r["aborted"]]
     if aborted:
         print(f"error: stopped: {aborted[0]}", file=sys.stderr)

@@ -148,35 +148,79 @@ def _throughput(ordered: list[dict[str, Any]], level: str) -> Table:
     return t
 
 
-def plot(reports: list[dict[str, Any]], path: str) -> None:
-    plt = target_mod.pyplot()
+# What each kind of level is drawn against: one axis holds one kind, never both.
+AXIS = {"closed": "concurrency (streams in flight)", "open": "offered request rate (requests/s)"}
+PLOTTED = {"ttft_ms": "Time to first token", "tpot_ms": "Time per output token",
+           "e2e_ms": "End-to-end latency"}  # fmt: skip
 
-    open_loop = reports[0]["mode"] == "open"
-    label = "request rate (/s)" if open_loop else "concurrency"
-    xs = [(r["achieved_request_rate"] or 0.0) if open_loop else r["concurrency"] for r in reports]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(xs, [r["output_tokens_per_s"] for r in reports], marker="o", label="output")
-    if all(r["total_tokens_per_s"] is not None for r in reports):
-        left.plot(xs, [r["total_tokens_per_s"] for r in reports], marker="o", label="total")
-    if "goodput_requests_per_s" in reports[0]:
-        twin = left.twinx()
-        twin.plot(xs, [r["goodput_requests_per_s"] for r in reports], "k--", marker="s")
-        twin.set_ylabel("goodput (requests/s within the SLO)")
-    left.set(xlabel=label, ylabel="tokens/s", title="Throughput")
-    left.legend(loc="upper left")
+
+def _drawn(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The levels a line joins, in the order of the offered rate or concurrency (a knee search
+    runs them out of order); a rate of inf has no place on the axis."""
+    return sorted((r for r in levels if math.isfinite(_offered(r))), key=_offered)
+
+
+def _level_axis(axis: Any, mode: str, xs: list[float]) -> None:
+    """The x axis of one kind of level: concurrency doubles (log, its values as ticks)."""
+    axis.set_xlabel(AXIS[mode])
+    if mode == "closed" and xs:
+        axis.set(xscale="log", xticks=xs)
+        axis.set_xticklabels([f"{x:g}" for x in xs])
+        axis.minorticks_off()
+
+
+def figure(reports: list[dict[str, Any]], knee: dict[str, Any] | None = None) -> Any:
+    """bench --plot: throughput; with an SLO, requests/s served and within it (goodput); a
+    panel per latency the SLO bounds (TTFT and TPOT always). All against the offered rate or
+    the concurrency, in order; the SLO's bound a line on its panel, the knee one on each."""
+    plt = target_mod.pyplot()
+    mode = reports[0]["mode"]
+    drawn = _drawn(reports)
+    xs = [_offered(r) for r in drawn]
+    slo = reports[0].get("slo_ms") or {}
+    metrics = ["ttft_ms", "tpot_ms"] + (["e2e_ms"] if "e2e" in slo else [])
+    panels = 1 + bool(slo) + len(metrics)
+    rows, cols = (2, 2) if panels == 4 else (1, panels)
+    fig, grid = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
+    axes = list(grid.flat)[:panels]
+    for spare in list(grid.flat)[panels:]:
+        spare.remove()
+    left = axes[0]
+    left.plot(xs, [r["output_tokens_per_s"] for r in drawn], marker="o", label="output")
+    if all(r["total_tokens_per_s"] is not None for r in drawn):
+        left.plot(xs, [r["total_tokens_per_s"] for r in drawn], marker="o", label="total")
+    left.set(ylabel="tokens/s", title="Throughput")
+    if slo:
+        served = axes[1]
+        served.plot(xs, [r["requests_per_s"] for r in drawn], marker="o", label="served")
+        good = [r["goodput_requests_per_s"] for r in drawn]
+        served.plot(xs, good, "k--", marker="s", label="within the SLO (goodput)")
+        served.set(ylabel="requests/s", title="Requests served, and within the SLO")
     keys = [k for k in reports[0]["ttft_ms"] if k.startswith("p")]
-    for q in (keys[0], keys[-1]) if len(keys) > 1 else keys:
-        right.plot(xs, [r["ttft_ms"][q] for r in reports], marker="o", label=f"TTFT {q}")
-    right.set(xlabel=label, ylabel="ms", title="Time to first token")
-    if not open_loop:
-        for axis in (left, right):
-            axis.set(xscale="log", xticks=xs)
-            axis.set_xticklabels([str(c) for c in xs])
-            axis.minorticks_off()
-    right.legend()
-    fig.tight_layout()
+    for axis, metric in zip(axes[1 + bool(slo) :], metrics, strict=True):
+        for q in dict.fromkeys((keys[0], keys[-1])) if keys else ():
+            axis.plot(xs, [r[metric][q] for r in drawn], marker="o", label=q)
+        bound = slo.get(metric.removesuffix("_ms"))
+        if bound is not None:
+            axis.axhline(bound, color="tab:red", linestyle="--", label=f"SLO {bound:g} ms")
+        axis.set(ylabel="ms", title=PLOTTED[metric])
+    held = (knee or {}).get("request_rate")
+    for axis in axes:
+        if held is not None:
+            axis.axvline(held, color="tab:green", linestyle=":", label=f"knee {held:g}/s")
+        _level_axis(axis, mode, xs)
+        axis.legend(fontsize="small")
+    footnote = len(drawn) < len(reports)
+    if footnote:
+        fig.text(0.01, 0.01, "levels at rate inf are in the table, not on the axis", fontsize=8)
+    fig.tight_layout(rect=(0, 0.04 if footnote else 0, 1, 1))
+    return fig
+
+
+def plot(reports: list[dict[str, Any]], path: str, knee: dict[str, Any] | None = None) -> None:
+    fig = figure(reports, knee)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    target_mod.pyplot().close(fig)
 
 
 # `vllm bench serve --save-result` names (vllm/benchmarks/serve.py: the result_json it writes,
@@ -260,24 +304,40 @@ def compare(paths: list[str], plot_path: str | None) -> int:
     return 0
 
 
-def compare_plot(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]], path: str) -> None:
+def compare_figure(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]) -> Any:
+    """Runs side by side: a row of panels (throughput, TTFT p50) per kind of level, so that a
+    concurrency run and a rate run never share an axis; a line per run, levels in order."""
     plt = target_mod.pyplot()
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, _, levels in runs:
-        xs = [
-            (r.get("achieved_request_rate") or 0.0) if r.get("mode") == "open" else r["concurrency"]
-            for r in levels
-        ]
-        left.plot(xs, [r["output_tokens_per_s"] for r in levels], marker="o", label=name)
-        right.plot(xs, [r["ttft_ms"].get("p50") for r in levels], marker="o", label=name)
-    left.set(xlabel="level", ylabel="output tokens/s", title="Throughput")
-    right.set(xlabel="level", ylabel="ms", title="TTFT p50")
-    left.legend()
-    right.legend()
+    by_mode = {
+        mode: [(name, [r for r in levels if r.get("mode", "closed") == mode])
+               for name, _, levels in runs]
+        for mode in AXIS
+    }  # fmt: skip
+    modes = [m for m in AXIS if any(levels for _, levels in by_mode[m])]
+    fig, grid = plt.subplots(len(modes), 2, figsize=(11, 4 * len(modes)), squeeze=False)
+    for (left, right), mode in zip(grid, modes, strict=True):
+        ticks: set[float] = set()
+        for i, (name, levels) in enumerate(by_mode[mode]):
+            style = {"marker": "o", "label": name, "color": f"C{i}"}  # a run's color everywhere
+            drawn = _drawn([{**r, "mode": mode} for r in levels])
+            xs = [_offered(r) for r in drawn]
+            ticks.update(xs)
+            if drawn:
+                left.plot(xs, [r["output_tokens_per_s"] for r in drawn], **style)
+                right.plot(xs, [r["ttft_ms"].get("p50") for r in drawn], **style)
+        left.set(ylabel="output tokens/s", title="Throughput")
+        right.set(ylabel="ms", title="TTFT p50")
+        for axis in (left, right):
+            _level_axis(axis, mode, sorted(ticks))
+            axis.legend(fontsize="small")
     fig.tight_layout()
+    return fig
+
+
+def compare_plot(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]], path: str) -> None:
+    fig = compare_figure(runs)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    target_mod.pyplot().close(fig)
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:

@@ -356,8 +356,9 @@ def test_bench_finds_the_knee_of_a_server_of_known_capacity(tmp_path: Path) -> N
     with fake_server(*flags) as base:
         result = bench_result(
             base, tmp_path, request_rate=10, find_knee=True, slo="ttft=150", burstiness=50,
-            requests=40, warmup=0, max_tokens=5, input_tokens=8,
+            requests=40, warmup=0, max_tokens=5, input_tokens=8, plot=tmp_path / "knee.png",
         )  # fmt: skip
+    assert (tmp_path / "knee.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     knee = result["knee"]
     assert 16 <= knee["request_rate"] <= 27, knee
     assert knee["first_failing_rate"] > knee["request_rate"]
@@ -1363,3 +1364,65 @@ def test_the_bench_tables_fit_80_columns_without_eliding_a_number(
     ]
     assert rows == ["10", "20", "40"] * 2, text
     assert text.count("TTFT") == 3 and text.count("E2E") == 3
+
+
+def lines_of(axis: Any) -> dict[str, tuple[list[float], list[float]]]:
+    """label -> (x data, y data) of each line an axis holds."""
+    return {
+        str(line.get_label()): ([float(x) for x in line.get_xdata()],
+                                [float(y) for y in line.get_ydata()])
+        for line in axis.get_lines()
+    }  # fmt: skip
+
+
+def test_the_plot_orders_levels_by_offered_rate_and_marks_the_knee_and_the_slo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Levels as a knee search runs them (10, 20, 40, then bisecting back), one at rate inf."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    report = importlib.import_module("bench_report")
+    levels = [heavy_level(rate) for rate in (10, 20, 40, 30, 25)]
+    levels.append({**heavy_level(50), "request_rate": "inf"})
+    fig = report.figure(levels, {"request_rate": 25, "first_failing_rate": 30})
+    panels = {axis.get_title(): axis for axis in fig.axes}
+    throughput, served = panels["Throughput"], panels["Requests served, and within the SLO"]
+    ttft, tpot = panels["Time to first token"], panels["Time per output token"]
+    xs, _ = lines_of(throughput)["output"]
+    assert xs == [10, 20, 25, 30, 40], "the offered rates, in order; inf left off the axis"
+    assert lines_of(served)["within the SLO (goodput)"][0] == xs
+    for axis in (throughput, served, ttft, tpot):
+        assert axis.get_xlabel() == "offered request rate (requests/s)"
+        assert lines_of(axis)["knee 25/s"][0] == [25, 25], "the knee: a vertical line"
+    assert lines_of(ttft)["SLO 500 ms"][1] == [500, 500], "the TTFT bound: a horizontal line"
+    assert lines_of(tpot)["SLO 50 ms"][1] == [50, 50]
+    assert lines_of(ttft)["p99.9"][1] == sorted(lines_of(ttft)["p99.9"][1])
+    png = tmp_path / "knee.png"
+    fig.savefig(png, dpi=120)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_comparison_never_puts_concurrency_and_rate_on_one_axis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    report = importlib.import_module("bench_report")
+    closed = [heavy_level(c, mode="closed") for c in (8, 1, 32)]
+    rated = [heavy_level(r) for r in (20, 5)]
+    fig = report.compare_figure([("conc", {}, closed), ("rate", {}, rated), ("both", {}, [
+        *closed, *rated])])  # fmt: skip
+    by_label: dict[str, list[set[str]]] = {}
+    for axis in fig.axes:
+        by_label.setdefault(axis.get_xlabel(), []).append(set(lines_of(axis)))
+        xs = {x for line_xs, _ in lines_of(axis).values() for x in line_xs}
+        if axis.get_xlabel().startswith("concurrency"):
+            assert xs == {1, 8, 32}, xs
+        else:
+            assert xs == {5, 20}, xs
+        for x, _ in lines_of(axis).values():
+            assert x == sorted(x)
+    assert by_label == {
+        "concurrency (streams in flight)": [{"conc", "both"}] * 2,
+        "offered request rate (requests/s)": [{"rate", "both"}] * 2,
+    }
