@@ -281,27 +281,47 @@ def compare(paths: list[str], plot_path: str | None) -> int:
             print(f"error: {path}: not a bench.py result file (--json): {err}", file=sys.stderr)
             return 2
         runs.append((path.rsplit("/", 1)[-1].removesuffix(".json"), data, levels))
-    t = Table(title="bench: runs compared (latency in ms, p50 / p99)")
-    for column in ("run", "level", "TTFT", "TPOT", "E2E", "req/s", "out tok/s", "goodput"):
-        t.add_column(column, justify="right")
-    for name, _, levels in runs:
-        for r in levels:
-            level = r["request_rate"] if r.get("mode") == "open" else r["concurrency"]
-            t.add_row(
-                name,
-                str(level),
-                *(
-                    f"{_fmt(r[k].get('p50'))} / {_fmt(r[k].get('p99'))}"
-                    for k in ("ttft_ms", "tpot_ms", "e2e_ms")
-                ),
-                _fmt(r["requests_per_s"]),
-                _fmt(r["output_tokens_per_s"]),
-                _fmt(r.get("goodput_requests_per_s")),
-            )
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    for t in compare_tables(runs):
+        out.print(t)
     if plot_path:
         compare_plot(runs, plot_path)
     return 0
+
+
+def compare_tables(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]) -> list[Table]:
+    """Runs side by side at 80 columns: a row per level and run, each level's runs together
+    (concurrency levels first, then rates, in order); latency p50 and p99, then throughput."""
+    rows = sorted(
+        ((r.get("mode", "closed"), _offered({"mode": "closed", **r}), i, name, r)
+         for i, (name, _, levels) in enumerate(runs) for r in levels),
+        key=lambda row: row[:3],
+    )  # fmt: skip
+    latency = Table(title="bench: runs compared, latency in ms", box=box.SIMPLE_HEAD,
+                    show_edge=False, collapse_padding=True)  # fmt: skip
+    throughput = Table(title="bench: runs compared, per second", box=box.SIMPLE_HEAD,
+                       show_edge=False, collapse_padding=True)  # fmt: skip
+    for t in (latency, throughput):
+        t.add_column("level", justify="right", no_wrap=True)
+        t.add_column("run", overflow="fold")
+    for metric in ("TTFT", "TPOT", "E2E"):
+        for q in ("p50", "p99"):
+            latency.add_column(f"{metric}\n{q}", justify="right", no_wrap=True)
+    for header in ("ok/err", "req/s", "out\ntok/s", "goodput\nreq/s"):
+        throughput.add_column(header, justify="right", no_wrap=True)
+    previous = None
+    for mode, _, _, name, r in rows:
+        level = f"{'rate ' if mode == 'open' else 'conc '}{_level({'mode': mode, **r})}"
+        shown = level if level != previous else ""
+        previous = level
+        latency.add_row(shown, name, *(_num(r[k].get(q)) for k in ("ttft_ms", "tpot_ms", "e2e_ms")
+                                       for q in ("p50", "p99")))  # fmt: skip
+        throughput.add_row(
+            shown, name, f"{r['requests'] - r['errors']}/{r['errors']}",
+            _num(r["requests_per_s"]), _num(r["output_tokens_per_s"]),
+            _num(r.get("goodput_requests_per_s")),
+        )  # fmt: skip
+    return [latency, throughput]
 
 
 def compare_figure(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]) -> Any:

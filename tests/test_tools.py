@@ -1364,6 +1364,16 @@ def test_the_bench_tables_fit_80_columns_without_eliding_a_number(
     ]
     assert rows == ["10", "20", "40"] * 2, text
     assert text.count("TTFT") == 3 and text.count("E2E") == 3
+    # Runs compared: each level's runs together, concurrency and rate levels apart.
+    closed = [heavy_level(c, mode="closed") for c in (8, 1)]
+    runs = [("before", {}, closed), ("after-change", {}, [*closed, heavy_level(20)])]
+    text = render(report.compare_tables(runs), width=80)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    assert "1,086,438" in text and "24,691" in text
+    levels = [
+        line.split()[:2] for line in text.splitlines() if line.split()[:1] in (["conc"], ["rate"])
+    ]
+    assert levels == [["conc", "1"], ["conc", "8"], ["rate", "20"]] * 2, text
 
 
 def lines_of(axis: Any) -> dict[str, tuple[list[float], list[float]]]:
