@@ -22,10 +22,10 @@ or a tool-call delta. Token counts come from the server's usage chunk
 (`stream_options.include_usage`); a server that sends none is counted from the stream, and the
 report says so (`token_counts: client`). A failed or timed-out request is counted under its kind.
 
-The endpoint is asked once (GET /v1/models) before any level: no answer, a refused key or a
-server not serving yet (502, 503) stops the run there with one line naming the cause (exit 1,
-reach.py). Exit 3: stopped by --max-error-rate or a key refused mid-run; exit 1 also when every
-request of a level failed; exit 2: bad flags.
+The warm-up first asks GET /v1/models once: no answer, a refused key or a server not serving
+yet (502, 503) stops the run there with one line naming the cause (exit 1, reach.py); --warmup 0
+with --model sends nothing before the levels. Exit 3: stopped by --max-error-rate or a key
+refused mid-run; exit 1 also when every request of a level failed; exit 2: bad flags.
 """
 
 from __future__ import annotations
@@ -376,11 +376,15 @@ async def run_open(
     return Level(runner.records, runner.elapsed(), max_concurrency, rate, plan.aborted)
 
 
-def first_model(target: target_mod.Target, seconds: float) -> str:
-    """The model to load: --model, else the first the endpoint lists. Either way the endpoint is
-    asked once first: one that gives no answer, refuses the key or is not serving yet stops the
-    run here with one line (reach.probe), before any level starts."""
-    response = reach.probe(target, seconds)
+def first_model(target: target_mod.Target, args: argparse.Namespace) -> str:
+    """The model to load: --model, else the first the endpoint lists. The warm-up starts by
+    asking GET /v1/models once: an endpoint that gives no answer, refuses the key or is not
+    serving yet stops the run here with one line (reach.probe), before any level. --warmup 0
+    with --model sends nothing before the levels, not even that (a sleeping set would wake
+    before the measured requests: tests/support/autoscale_bench.py measures that wake)."""
+    if target.model and args.warmup == 0:
+        return target.model
+    response = reach.probe(target, args.timeout)
     if response.status_code != 200:
         raise reach.EndpointError(f"GET /v1/models answered HTTP {response.status_code}")
     if target.model:
@@ -440,7 +444,7 @@ async def bench(
     """Run every level (or, with --find-knee, the search); `knee` receives its result."""
     knee = {} if knee is None else knee
     workload = workload or Workload(args.input_tokens, args.max_tokens, args.seed)
-    model = first_model(target, min(args.timeout, 60))
+    model = first_model(target, args)
     # --cacert: the same trust for the load as for the probe.
     tls = ssl.create_default_context(cafile=target.cacert) if target.cacert else True
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=tls)

@@ -80,7 +80,11 @@ def _num(value: float | None) -> str:
 
 
 def _level(report: dict[str, Any]) -> str:
-    return f"{report['request_rate']:g}" if report["mode"] == "open" else str(report["concurrency"])
+    """The level's rate ("inf" stays a word) or concurrency."""
+    rate = report["request_rate"]
+    if report["mode"] == "open":
+        return rate if isinstance(rate, str) else f"{rate:g}"
+    return str(report["concurrency"])
 
 
 def _offered(report: dict[str, Any]) -> float:

@@ -108,7 +108,8 @@ def describe_failure(
         ),
         (
             isinstance(err, requests.exceptions.ReadTimeout),
-            f"{where} took the request but sent no answer within {seconds:g} s",
+            f"{where} took the request but sent no answer within {seconds:g} s (a sleeping "
+            f"endpoint holds requests while it wakes: `python scripts/wake.py --stack {stack}`)",
         ),
     )
     return next((message for holds, message in cases if holds), f"no answer from {where}: {err}")

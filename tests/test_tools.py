@@ -1349,7 +1349,8 @@ def test_the_bench_tables_fit_80_columns_without_eliding_a_number(
 ) -> None:
     monkeypatch.syspath_prepend(str(SCRIPTS))
     report = importlib.import_module("bench_report")
-    levels = [heavy_level(40), heavy_level(10), heavy_level(20)]
+    levels = [heavy_level(40), {**heavy_level(40), "request_rate": "inf"}, heavy_level(10),
+              heavy_level(20)]  # fmt: skip
     text = render(report.tables(levels, (50, 90, 95, 99, 99.9)), width=80)
     assert "…" not in text, text
     assert max(len(line) for line in text.splitlines()) <= 80, text
@@ -1360,10 +1361,10 @@ def test_the_bench_tables_fit_80_columns_without_eliding_a_number(
     rows = [
         line.split()[0]
         for line in text.splitlines()
-        if line.split()[:1] in (["10"], ["20"], ["40"])
+        if line.split()[:1] in (["10"], ["20"], ["40"], ["inf"])
     ]
-    assert rows == ["10", "20", "40"] * 2, text
-    assert text.count("TTFT") == 3 and text.count("E2E") == 3
+    assert rows == ["10", "20", "40", "inf"] * 2, text
+    assert text.count("TTFT") == 4 and text.count("E2E") == 4
     # Runs compared: each level's runs together, concurrency and rate levels apart.
     closed = [heavy_level(c, mode="closed") for c in (8, 1)]
     runs = [("before", {}, closed), ("after-change", {}, [*closed, heavy_level(20)])]
@@ -1436,3 +1437,14 @@ def test_a_comparison_never_puts_concurrency_and_rate_on_one_axis(
         "concurrency (streams in flight)": [{"conc", "both"}] * 2,
         "offered request rate (requests/s)": [{"rate", "both"}] * 2,
     }
+
+
+def test_bench_with_warmup_0_and_a_model_sends_nothing_before_its_levels() -> None:
+    """No question first (a sleeping set would wake before the measured requests): against a
+    closed port the level itself fails, whole, and says so."""
+    with closed_port() as base:
+        proc = run_tool("bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+                        "--no-progress", "--warmup", "0", "--concurrency", "2", "--requests", "3")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: all 3 requests of concurrency 2 failed ({'connection:" in proc.stderr
+    assert "Traceback" not in proc.stderr
