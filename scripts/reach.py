@@ -2,10 +2,11 @@
 
 smoke.py and bench.py ask GET /v1/models once before their checks or load. In the first hour
 the usual answers are not a model list: nothing listens yet (the Droplet is starting), the
-firewall drops the connection (the user's address is outside access.apiCidrs), the certificate
-is not trusted, the key is wrong, or the gateway answers before vLLM does (502) or while the
-endpoint starts, wakes or drains (503). Each becomes one line naming the cause and the next step
-(EndpointError, exit 1) instead of a traceback or a column of failed checks.
+firewall drops the connection (the user's address is outside access.apiCidrs; docs/facts.md,
+"What a client sees when it cannot reach the endpoint"), the certificate is not trusted, the
+key is wrong, or the gateway answers before vLLM does (502) or while the endpoint starts, wakes
+or drains (503). Each becomes one line naming the cause and the next step (EndpointError, exit
+1) instead of a traceback or a column of failed checks.
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def describe_failure(
     cases = (
         (
             isinstance(err, requests.exceptions.SSLError) or tls is not None,
-            f"TLS with {where} failed ({reason}): this machine does not trust the endpoint's "
-            "certificate; a fresh Droplet gets its own while `pulumi up` runs (wait for it), "
-            "one of your own CA needs --cacert FILE",
+            f"TLS with {where} failed ({reason}): the endpoint's certificate is not one this "
+            "machine trusts, or not there yet (a fresh Droplet gets its own while `pulumi up` "
+            "runs: wait for it); one of your own CA needs --cacert FILE",
         ),
         (
             any(isinstance(c, socket.gaierror) for c in causes),
