@@ -101,7 +101,9 @@ def describe_failure(
         ),
         (
             any(isinstance(c, OSError) and c.errno in unreachable for c in causes),
-            f"no route to {where}: {outside}, or {starting}",
+            f"no route from this machine to {where}: its network cannot reach that address "
+            "(an IPv6 address without an IPv6 route, a VPN?); check --endpoint or the stack's "
+            "endpoint output",
         ),
         (
             isinstance(err, requests.exceptions.ConnectTimeout),

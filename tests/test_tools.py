@@ -1448,3 +1448,23 @@ def test_bench_with_warmup_0_and_a_model_sends_nothing_before_its_levels() -> No
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "error: all 3 requests of concurrency 2 failed ({'connection:" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a network namespace of its own needs root and unshare",
+)
+@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+def test_no_route_to_the_endpoint_is_one_line(tool: str) -> None:
+    """In a network namespace of its own (only a loopback, down: no route anywhere), the
+    documentation address 192.0.2.1 is unreachable; nothing leaves the namespace."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["OPENAI_API_KEY"] = KEY
+    proc = subprocess.run(
+        ["unshare", "--net", sys.executable, str(SCRIPTS / tool), "--endpoint",
+         "http://192.0.2.1:8443/v1", "--model", "nemotron", "--timeout", "5",
+         *(["--no-progress"] if tool == "bench.py" else [])],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    line = one_error_line(proc)
+    assert "no route from this machine to 192.0.2.1:8443: its network cannot reach" in line
