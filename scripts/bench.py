@@ -385,10 +385,12 @@ def first_model(target: target_mod.Target, args: argparse.Namespace) -> str:
     if target.model and args.warmup == 0:
         return target.model
     response = reach.probe(target, args.timeout)
-    if response.status_code != 200:
-        raise reach.EndpointError(f"GET /v1/models answered HTTP {response.status_code}")
-    if target.model:
+    if target.model:  # any other answer will do: the model is known
         return target.model
+    if response.status_code != 200:
+        raise reach.EndpointError(
+            f"GET /v1/models answered HTTP {response.status_code}: pass the model with --model"
+        )
     try:
         data = response.json().get("data") or []
     except (ValueError, AttributeError):
