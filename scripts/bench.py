@@ -21,6 +21,11 @@ A chunk counts as a token when it carries text, reasoning (Nemotron streams its 
 or a tool-call delta. Token counts come from the server's usage chunk
 (`stream_options.include_usage`); a server that sends none is counted from the stream, and the
 report says so (`token_counts: client`). A failed or timed-out request is counted under its kind.
+
+The warm-up first asks GET /v1/models once: no answer, a refused key or a server not serving
+yet (502, 503) stops the run there with one line naming the cause (exit 1, reach.py); --warmup 0
+with --model sends nothing before the levels. Exit 3: stopped by --max-error-rate or a key
+refused mid-run; exit 1 also when every request of a level failed; exit 2: bad flags.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import datetime
 import itertools
 import json
 import math
+import ssl
 import sys
 import time
 from collections import Counter
@@ -38,14 +44,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-import aiohttp
 import bench_stats as stats
 import target as target_mod
-from bench_report import compare, plot, table, write_results
-from bench_sizing import METHODS, Sizing, SizingError, size, tokenize_counter, usage_counter
 from bench_workload import Workload, WorkloadError, load_dataset, load_trace, synthetic_prompt
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+try:  # the tools' requirements: a Python without them gets the command that installs them
+    import aiohttp
+    import reach
+    from bench_report import compare, plot, tables, write_results
+    from bench_sizing import METHODS, Sizing, SizingError, size, tokenize_counter, usage_counter
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+except ModuleNotFoundError as err:
+    target_mod.missing_package(err)
 
 
 @dataclass
@@ -275,7 +292,8 @@ class Plan:
         self.errors += not record.ok
         if record.error in ("http_401", "http_403"):
             # A refused key is never transient: every later request would be refused too.
-            self.aborted = self.aborted or refused_key(int(record.error.removeprefix("http_")))
+            status = int(record.error.removeprefix("http_"))
+            self.aborted = self.aborted or reach.refused_key(status)
         limit = self.max_error_rate
         if limit is not None and self.finished >= 10 and self.errors / self.finished > limit:
             self.aborted = self.aborted or (
@@ -359,23 +377,27 @@ async def run_open(
     return Level(runner.records, runner.elapsed(), max_concurrency, rate, plan.aborted)
 
 
-def refused_key(status: int) -> str:
-    """What a 401 or 403 from the endpoint means, and where the right key comes from."""
-    return (
-        f"the endpoint refused the API key (HTTP {status}): pass the stack's own, with "
-        "--stack NAME (reads its apiKey output), OPENAI_API_KEY or --api-key"
-    )
-
-
-async def first_model(session: aiohttp.ClientSession, target: target_mod.Target) -> str:
-    async with session.get(target.url("models"), headers=target.headers) as response:
-        if response.status in (401, 403):
-            raise target_mod.TargetError(refused_key(response.status))
-        if response.status != 200:
-            raise target_mod.TargetError(f"GET /v1/models answered HTTP {response.status}")
-        data = (await response.json()).get("data") or []
+def first_model(target: target_mod.Target, args: argparse.Namespace) -> str:
+    """The model to load: --model, else the first the endpoint lists. The warm-up starts by
+    asking GET /v1/models once: an endpoint that gives no answer, refuses the key or is not
+    serving yet stops the run here with one line (reach.probe), before any level. --warmup 0
+    with --model sends nothing before the levels, not even that (a sleeping set would wake
+    before the measured requests: tests/support/autoscale_bench.py measures that wake)."""
+    if target.model and args.warmup == 0:
+        return target.model
+    response = reach.probe(target, args.timeout)
+    if target.model:  # any other answer will do: the model is known
+        return target.model
+    if response.status_code != 200:
+        raise reach.EndpointError(
+            f"GET /v1/models answered HTTP {response.status_code}: pass the model with --model"
+        )
+    try:
+        data = response.json().get("data") or []
+    except (ValueError, AttributeError):
+        data = []
     if not data:
-        raise target_mod.TargetError("/v1/models lists no model; pass --model")
+        raise reach.EndpointError("/v1/models lists no model; pass --model")
     return str(data[0]["id"])
 
 
@@ -425,9 +447,11 @@ async def bench(
     """Run every level (or, with --find-knee, the search); `knee` receives its result."""
     knee = {} if knee is None else knee
     workload = workload or Workload(args.input_tokens, args.max_tokens, args.seed)
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    model = first_model(target, args)
+    # --cacert: the same trust for the load as for the probe.
+    tls = ssl.create_default_context(cafile=target.cacert) if target.cacert else True
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=tls)
     async with aiohttp.ClientSession(connector=connector) as session:
-        model = target.model or await first_model(session, target)
         for i in range(args.warmup):
             body = request_body(model, synthetic_prompt(-1 - i, 16, args.seed), 8, False)
             await one_request(session, target, body, args.timeout)
@@ -795,6 +819,26 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.concurrency = [1, 8, 32]
 
 
+def print_report(
+    args: argparse.Namespace, reports: list[dict[str, Any]], knee: dict[str, Any]
+) -> None:
+    """What the run sent (its prompts' sizing), its tables, and the knee when it looked for one."""
+    # Wide enough for the table when stdout is a file or a CI log.
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    sized = next((r["prompt_sizing"] for r in reports if r.get("prompt_sizing")), None)
+    if sized is not None:
+        out.print(Sizing.from_dict(sized).line())
+    for t in tables(reports, args.percentiles):
+        out.print(t)
+    if args.find_knee:
+        held, failed = knee["request_rate"], knee["first_failing_rate"]
+        out.print(
+            f"knee: {'no rate' if held is None else f'{held:g} requests/s'} held the SLO "
+            f"({args.slo_target:g}% of requests within it)"
+            + ("" if failed is None else f"; {failed:g} requests/s did not")
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -832,27 +876,30 @@ def main(argv: list[str] | None = None) -> int:
     for report in reports:
         report["replicas"] = replicas
         report["output_tokens_per_s_per_replica"] = report["output_tokens_per_s"] / replicas
-    # Wide enough for the table when stdout is a file or a CI log.
-    out = Console(width=None if sys.stdout.isatty() else 160)
-    sized = next((r["prompt_sizing"] for r in reports if r.get("prompt_sizing")), None)
-    if sized is not None:
-        out.print(Sizing.from_dict(sized).line())
-    out.print(table(reports, args.percentiles))
-    if args.find_knee:
-        held, failed = knee["request_rate"], knee["first_failing_rate"]
-        out.print(
-            f"knee: {'no rate' if held is None else f'{held:g} requests/s'} held the SLO "
-            f"({args.slo_target:g}% of requests within it)"
-            + ("" if failed is None else f"; {failed:g} requests/s did not")
-        )
+    print_report(args, reports, knee)
     if args.json_path:
         write_results(args, target, model, started, reports, knee)
     if args.plot:
-        plot(reports, args.plot)
+        plot(reports, args.plot, knee if args.find_knee else None)
     aborted = [r["aborted"] for r in reports if r["aborted"]]
     if aborted:
         print(f"error: stopped: {aborted[0]}", file=sys.stderr)
         return 3
+    # A level where nothing succeeded measured nothing: the run failed, whatever the table says.
+    dead = [r for r in reports if r["requests"] and r["errors"] == r["requests"]]
+    if dead:
+        r = dead[0]
+        level = (
+            f"rate {r['request_rate']}/s"
+            if r["mode"] == "open"
+            else f"concurrency {r['concurrency']}"
+        )
+        print(
+            f"error: all {r['requests']} requests of {level} failed ({r['errors_by_kind']}): "
+            "see `python scripts/smoke.py` with the same endpoint",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -7,7 +7,8 @@ Nemotron 3's own features: reasoning on and off per request, and tool calls (pla
 
 Each check prints one line with its time: PASS, FAIL with the reason, or OFF when the server
 does not offer the feature (no reasoning parser, no auto tool choice), which fails only with
---strict. Exit 0 unless a check failed, else 1.
+--strict. Exit 0 unless a check failed, else 1. An endpoint that gives no answer, refuses the
+key or is not serving yet (502, 503) is one line that names the cause, and exit 1 (reach.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import requests
 import target as target_mod
+
+try:  # the tools' requirements: a Python without them gets the command that installs them
+    import reach
+    import requests
+except ModuleNotFoundError as err:
+    target_mod.missing_package(err)
 
 PROMPT = "Reply with one short sentence about GPUs."
 # Nemotron 3 turns its reasoning on and off per request through its chat template
@@ -95,13 +101,15 @@ class Smoke:
         self.target = target
         self.timeout = timeout
         self.model = target.model
+        self.http = requests.Session()
+        self.http.verify = target.verify
 
     def _check(self, response: requests.Response, what: str) -> None:
         if response.status_code != 200:
             raise CheckError(f"{what} answered HTTP {response.status_code}: {response.text[:200]}")
 
     def models(self) -> str:
-        r = requests.get(
+        r = self.http.get(
             self.target.url("models"), headers=self.target.headers, timeout=self.timeout
         )
         self._check(r, "GET /v1/models")
@@ -115,7 +123,7 @@ class Smoke:
         return f"lists {self.model}"
 
     def chat(self) -> str:
-        r = requests.post(
+        r = self.http.post(
             self.target.url("chat/completions"),
             headers=self.target.headers,
             json=target_mod.chat_body(self._model(), PROMPT, 32, stream=False),
@@ -131,7 +139,7 @@ class Smoke:
         return f"{tokens} tokens: {text.strip()[:60]!r}"
 
     def stream(self) -> str:
-        with requests.post(
+        with self.http.post(
             self.target.url("chat/completions"),
             headers=self.target.headers,
             json=target_mod.chat_body(self._model(), PROMPT, 32, stream=True),
@@ -154,7 +162,7 @@ class Smoke:
         return f"{deltas} deltas, usage {usage.get('completion_tokens')} tokens"
 
     def _ask(self, body: dict[str, Any], what: str) -> dict[str, Any]:
-        r = requests.post(
+        r = self.http.post(
             self.target.url("chat/completions"),
             headers=self.target.headers,
             json=body,
@@ -236,7 +244,7 @@ class Smoke:
         )
 
     def tools_stream(self) -> str:
-        with requests.post(
+        with self.http.post(
             self.target.url("chat/completions"),
             headers=self.target.headers,
             json=self._tool_body(stream=True),
@@ -262,7 +270,7 @@ class Smoke:
         return f"{self._check_call(name, arguments, content)} in {pieces} deltas"
 
     def wrong_key(self) -> str:
-        r = requests.get(
+        r = self.http.get(
             self.target.url("models"),
             headers={"Authorization": "Bearer wrong-key-from-smoke"},
             timeout=self.timeout,
@@ -302,7 +310,7 @@ def run(target: target_mod.Target, timeout: float, strict: bool = False) -> list
         except CheckError as err:
             detail, ok = str(err), False
         except requests.RequestException as err:
-            detail, ok = f"{type(err).__name__}: {err}", False
+            detail, ok = reach.describe_failure(err, target, timeout), False
         except ValueError as err:  # a body that is not the JSON it should be
             detail, ok = f"an answer that is not valid JSON: {err}", False
         results.append(Result(name, ok, time.perf_counter() - start, detail, status))
@@ -322,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     target = target_mod.resolve(args)
+    # Unreachable, refused, untrusted, the wrong key, not serving yet: one line, not 8 FAILs.
+    reach.probe(target, args.timeout)
     results = run(target, args.timeout, args.strict)
     for r in results:
         print(f"{r.status} {r.name:<12} {r.seconds * 1000:8.0f} ms  {r.detail}")

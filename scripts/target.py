@@ -14,7 +14,17 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
+
+# The project's folder, and the one virtualenv a user runs the tools with: ./try makes it with
+# the program's and the tools' requirements (README "Try it"), ./check adds the developers'.
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+INSTALL = (
+    "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt -r requirements-tools.txt"
+)
+# The import name of each package the tools need, where pip knows it by another name.
+PIP_NAMES = {"yaml": "PyYAML"}
 
 
 class TargetError(SystemExit):
@@ -25,6 +35,32 @@ class TargetError(SystemExit):
         super().__init__(2)
 
 
+def missing_package(err: ModuleNotFoundError) -> NoReturn:
+    """A tool run by a Python without one of its packages (not the project's .venv): one line
+    that names the package and the command that installs it, exit 2, no traceback."""
+    module = (err.name or "?").split(".")[0]
+    tool = os.path.basename(sys.argv[0]) or "this tool"
+    print(
+        f"error: {tool} needs the Python package {PIP_NAMES.get(module, module)!r}, which "
+        f"{sys.executable} lacks: run the tools with the project's virtualenv (cd {PROJECT_DIR} "
+        f"&& {INSTALL}), then .venv/bin/python scripts/{tool} ...",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files (no display), for the tools' --plot and --png."""
+    try:
+        import matplotlib  # noqa: PLC0415 (only the plots need it)
+    except ModuleNotFoundError as err:
+        missing_package(err)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
 @dataclass(frozen=True)
 class Target:
     endpoint: str  # base URL ending in /v1
@@ -32,6 +68,9 @@ class Target:
     model: str | None
     # How many replicas serve the endpoint (a stack's `replicas` output; 1 for one Droplet).
     replicas: int = 1
+    stack: str | None = None  # the stack it came from, for the commands an error names
+    # A CA bundle (PEM) to trust for the endpoint's certificate; None: the system's.
+    cacert: str | None = None
 
     def url(self, path: str) -> str:
         return f"{self.endpoint.rstrip('/')}/{path.lstrip('/')}"
@@ -39,6 +78,11 @@ class Target:
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
+
+    @property
+    def verify(self) -> str | bool:
+        """requests' `verify`: the CA bundle given, else the system's trust."""
+        return self.cacert or True
 
 
 # Where a chat message or stream delta carries text: a reasoning model (Nemotron with vLLM's
@@ -72,6 +116,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", help="served model name (default: the stack's, else the first one listed)"
     )
     parser.add_argument("--stack", help="read endpoint, key and model from this Pulumi stack")
+    parser.add_argument(
+        "--cacert",
+        metavar="PEM",
+        help="trust the endpoint's certificate through this CA bundle (default: the system's)",
+    )
 
 
 def stack_outputs(
@@ -85,12 +134,11 @@ def stack_outputs(
     pulumi = shutil.which("pulumi")
     if pulumi is None:
         raise TargetError("--stack needs the Pulumi CLI on PATH")
-    project_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     secrets = ["--show-secrets"] if show_secrets else []
     try:
         proc = subprocess.run(  # noqa: S603 (fixed argv, no shell)
             [pulumi, "stack", "output", "--json", *secrets, "--stack", stack],
-            cwd=project_dir,
+            cwd=PROJECT_DIR,
             capture_output=True,
             text=True,
             timeout=seconds,
@@ -134,4 +182,4 @@ def resolve(args: argparse.Namespace) -> Target:
         raise TargetError("no API key: pass --stack NAME, set OPENAI_API_KEY or pass --api-key")
     if not endpoint.rstrip("/").endswith("/v1"):
         raise TargetError(f"--endpoint {endpoint!r} should end in /v1")
-    return Target(endpoint=endpoint, api_key=api_key, model=model, replicas=replicas)
+    return Target(endpoint, api_key, model, replicas, args.stack, args.cacert)

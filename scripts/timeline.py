@@ -148,10 +148,7 @@ def weights_rate(parts: dict[str, Any]) -> str | None:
 
 
 def gantt(timed: list[Span], path: str) -> None:
-    import matplotlib  # noqa: PLC0415 (only needed with --png)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = target_mod.pyplot()
 
     origin = min(s.start for s in timed)
     on_path = {s.phase for s in critical_path(timed)}

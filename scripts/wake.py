@@ -18,8 +18,12 @@ import sys
 import time
 from typing import Any
 
-import requests
 import target as target_mod
+
+try:  # the tools' requirements: a Python without them gets the command that installs them
+    import requests
+except ModuleNotFoundError as err:
+    target_mod.missing_package(err)
 
 CONTROL_PATH = "/nemotron/wake"  # components/host/wake.py CONTROL_PATH
 TIMEOUT_SECONDS = 20
@@ -99,7 +103,7 @@ def ask(method: str, url: str, target: target_mod.Target) -> tuple[int, dict[str
     Retry-After."""
     try:
         answer = requests.request(method, url, headers=target.headers,
-                                  timeout=TIMEOUT_SECONDS)  # fmt: skip
+                                  timeout=TIMEOUT_SECONDS, verify=target.verify)  # fmt: skip
     except requests.RequestException as err:
         raise target_mod.TargetError(
             f"{url}: the front did not answer ({type(err).__name__})"

@@ -8,12 +8,15 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -353,8 +356,9 @@ def test_bench_finds_the_knee_of_a_server_of_known_capacity(tmp_path: Path) -> N
     with fake_server(*flags) as base:
         result = bench_result(
             base, tmp_path, request_rate=10, find_knee=True, slo="ttft=150", burstiness=50,
-            requests=40, warmup=0, max_tokens=5, input_tokens=8,
+            requests=40, warmup=0, max_tokens=5, input_tokens=8, plot=tmp_path / "knee.png",
         )  # fmt: skip
+    assert (tmp_path / "knee.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     knee = result["knee"]
     assert 16 <= knee["request_rate"] <= 27, knee
     assert knee["first_failing_rate"] > knee["request_rate"]
@@ -1030,15 +1034,14 @@ def test_bench_with_a_wrong_key_says_so_and_where_the_key_comes_from(tmp_path: P
         given = run_tool("bench.py", "--endpoint", base, "--api-key", WRONG_KEY, "--model",
                          "nemotron", "--no-progress", "--concurrency", "2", "--requests", "40",
                          "--max-tokens", "4", "--json", str(tmp_path / "r.json"))  # fmt: skip
-    assert found.returncode == 2
-    assert "the endpoint refused the API key (HTTP 401)" in found.stderr, found.stderr
-    assert "--stack NAME" in found.stderr
-    assert WRONG_KEY not in found.stdout + found.stderr + given.stdout + given.stderr
-    # With --model it goes straight to the requests: the first refusal stops the run.
-    assert given.returncode == 3
-    assert "stopped: the endpoint refused the API key (HTTP 401)" in given.stderr, given.stderr
-    [level] = json.loads((tmp_path / "r.json").read_text())["levels"]
-    assert level["requests"] <= 2, "no request sent after the refusals already in flight"
+        sent = stats(base)["chat_requests"]
+    for proc in (found, given):
+        assert proc.returncode == 1, proc.stderr
+        assert "the endpoint refused the API key (HTTP 401" in proc.stderr, proc.stderr
+        assert "--stack NAME" in proc.stderr
+        assert WRONG_KEY not in proc.stdout + proc.stderr
+    # With --model too, the key is tried once before any level: no load sent, no result file.
+    assert sent == 0 and not (tmp_path / "r.json").exists()
 
 
 def test_the_fakes_prefix_cache_reuses_leading_blocks_only_and_forgets_the_oldest() -> None:
@@ -1153,3 +1156,375 @@ def test_bench_asked_to_tokenize_where_it_cannot_stops_and_says_so(tmp_path: Pat
         )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "--prompt-sizing tokenize: the server gave no token count" in proc.stderr
+
+
+# ---- a Python without the tools' requirements --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh virtualenv with nothing installed: what `python3` is on a user's machine."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return str(venv / "bin" / "python")
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "package"),
+    [
+        ("smoke.py", ("--endpoint", "http://127.0.0.1:9/v1"), "requests"),
+        ("bench.py", ("--endpoint", "http://127.0.0.1:9/v1"), "aiohttp"),
+        ("wake.py", ("--stack", "dev"), "requests"),
+        ("timeline.py", ("--outputs", "{outputs}", "--png", "{png}"), "matplotlib"),
+    ],
+)
+def test_a_tool_run_without_its_packages_names_the_one_missing_and_the_install_command(
+    tmp_path: Path, bare_python: str, tool: str, args: tuple[str, ...], package: str
+) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"bootstrapTimeline": TIMELINE}))
+    argv = [a.format(outputs=outputs, png=tmp_path / "t.png") for a in args]
+    proc = subprocess.run(
+        [bare_python, str(SCRIPTS / tool), *argv],
+        capture_output=True, text=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert f"error: {tool} needs the Python package {package!r}" in line, line
+    assert (
+        f"(cd {ROOT} && python3 -m venv .venv && .venv/bin/pip install -r requirements.txt "
+        f"-r requirements-tools.txt), then .venv/bin/python scripts/{tool} ..."
+    ) in line, line
+
+
+def test_logs_and_timeline_need_no_package_for_their_text(tmp_path: Path, bare_python: str) -> None:
+    """The journal and the timeline as text run on any Python 3.11: only --png needs one."""
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"bootstrapTimeline": TIMELINE}))
+    for argv in (["timeline.py", "--outputs", str(outputs)], ["logs.py", "--help"]):
+        proc = subprocess.run([bare_python, str(SCRIPTS / argv[0]), *argv[1:]],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+
+
+# ---- an endpoint that cannot be used yet: one line, the cause and what to do -------------------
+
+
+@contextmanager
+def answering(status: int, body: str, cert: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """A server on loopback that answers every request `status` with `body` (a gateway before
+    vLLM, a front that waits, a refused key), over TLS with `cert` (certificate, key) when
+    given; yield its /v1 base URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_POST = do_GET  # noqa: N815 (http.server calls do_<METHOD>)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if cert is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*cert)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"{'https' if cert else 'http'}://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@contextmanager
+def closed_port() -> Iterator[str]:
+    """A loopback port nothing listens on: connection refused (the Droplet still starting)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextmanager
+def dropping_port() -> Iterator[str]:
+    """A port whose SYNs go unanswered, as a firewall that drops: a listener with a backlog of
+    0 that never accepts, its one queue slot taken, drops every further SYN (Linux
+    tcp_conn_request: a full accept queue drops)."""
+    with socket.socket() as listener, socket.socket() as filler:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        filler.connect(listener.getsockname())
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+
+
+UNUSABLE = {
+    "refused": (
+        closed_port,
+        "refused the connection: nothing listens there yet; the Droplet may still be starting",
+    ),
+    "dropped": (
+        dropping_port,
+        "no connection to 127.0.0.1:{port} within 2 s: your address may be "
+        "outside the stack's access.apiCidrs",
+    ),
+    "401": (
+        lambda: answering(401, "unauthorized: send one Authorization: Bearer <apiKey> header"),
+        "the endpoint refused the API key (HTTP 401: unauthorized",
+    ),
+    "403": (
+        lambda: answering(403, "forbidden"),
+        "the endpoint refused the API key (HTTP 403: forbidden): pass the stack's own",
+    ),
+    "502": (
+        lambda: answering(502, ""),
+        "the gateway answers but vLLM behind it does not (HTTP 502): the model may still be "
+        "loading; `python scripts/logs.py --stack NAME`",
+    ),
+    "503": (
+        lambda: answering(503, "waking the GPU set: retry in 60 s"),
+        "the endpoint is not ready (HTTP 503: waking the GPU set: retry in 60 s): it is "
+        "starting, waking or being updated",
+    ),
+}
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The run failed with exactly one line on stderr, nothing on stdout, no traceback."""
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == "", proc.stdout
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("error: ") and KEY not in line, line
+    return line
+
+
+@pytest.mark.parametrize("case", UNUSABLE)
+@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+def test_an_endpoint_that_cannot_serve_is_one_line_naming_the_cause(tool: str, case: str) -> None:
+    server, expected = UNUSABLE[case]
+    with server() as base:
+        port = base.rsplit(":", 1)[1].split("/")[0]
+        started = time.monotonic()
+        proc = run_tool(tool, "--endpoint", base, "--model", "nemotron", "--timeout", "2",
+                        *(["--no-progress"] if tool == "bench.py" else []),
+                        env={"OPENAI_API_KEY": KEY}, timeout=60)  # fmt: skip
+    assert expected.format(port=port) in one_error_line(proc)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+def test_an_untrusted_certificate_is_one_line_and_cacert_trusts_it(
+    tool: str, self_signed: tuple[Path, Path]
+) -> None:
+    extra = ["--no-progress"] if tool == "bench.py" else []
+    with answering(401, "unauthorized", cert=self_signed) as base:
+        port = base.rsplit(":", 1)[1].split("/")[0]
+        untrusted = run_tool(tool, "--endpoint", base, *extra, env={"OPENAI_API_KEY": KEY})
+        trusted = run_tool(tool, "--endpoint", base, "--cacert", str(self_signed[0]), *extra,
+                           env={"OPENAI_API_KEY": KEY})  # fmt: skip
+    line = one_error_line(untrusted)
+    assert f"TLS with 127.0.0.1:{port} failed (self-signed certificate)" in line, line
+    assert "one of your own CA needs --cacert FILE" in line
+    # Trusted, the TLS holds and the next cause shows: the key.
+    assert "the endpoint refused the API key (HTTP 401" in one_error_line(trusted)
+
+
+def test_bench_where_every_request_failed_exits_non_zero(tmp_path: Path) -> None:
+    with fake_server("--fail-every", "1", "--ttft", "0.01", "--itl", "0.001") as base:
+        proc = run_tool("bench.py", "--endpoint", base, "--api-key", KEY, "--no-progress",
+                        "--concurrency", "2", "--requests", "4", "--warmup", "0",
+                        "--max-tokens", "4")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: all 4 requests of concurrency 2 failed ({'http_500': 4})" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_line_names_the_stack_in_its_commands(tmp_path: Path) -> None:
+    with closed_port() as base:
+        fake = dev_stack(tmp_path, {"endpoint": base, "apiKey": KEY, "servedModelName": "n"})
+        proc = run_tool("smoke.py", "--stack", "dev", env=fake.env())
+    assert "`pulumi refresh --stack dev --yes && pulumi up --stack dev`" in one_error_line(proc)
+
+
+# ---- the table at 80 columns, the plots --------------------------------------------------------
+
+
+def heavy_level(level: float, mode: str = "open") -> dict[str, Any]:
+    """A level report at its widest: seconds-long latencies, five percentiles, an SLO, the
+    prefix cache, replicas."""
+    scale = level / 10
+    summary = {k: v * scale for k, v in (("mean", 1516.4), ("std", 80.0), ("min", 151.2),
+               ("max", 98765.4), ("p50", 1512.3), ("p90", 12345.6), ("p95", 23456.7),
+               ("p99", 54321.9), ("p99.9", 98765.4))}  # fmt: skip
+    return {
+        "mode": mode, "concurrency": None if mode == "open" else int(level),
+        "request_rate": level if mode == "open" else None, "achieved_request_rate": level * 0.98,
+        "requests": 1000, "errors": 12, "errors_by_kind": {"timeout": 12}, "excluded_requests": 0,
+        "aborted": None, "duration_s": 100.0, "ttft_ms": summary,
+        "itl_ms": {k: v / 100 for k, v in summary.items()},
+        "tpot_ms": {k: v / 90 for k, v in summary.items()},
+        "e2e_ms": {k: v * 10 for k, v in summary.items()},
+        "requests_per_s": 9.87 * scale, "output_tokens_per_s": 12345.6 * scale,
+        "total_tokens_per_s": 123456.7 * scale, "mean_prompt_tokens": 512.0,
+        "mean_output_tokens": 128.0, "prefix_cached_pct": 87.5, "token_counts": "server",
+        "slo_ms": {"ttft": 500.0, "tpot": 50.0}, "goodput_requests_per_s": 8.1 * scale,
+        "slo_attainment_pct": 91.2, "replicas": 3,
+        "output_tokens_per_s_per_replica": 4115.2 * scale,
+    }  # fmt: skip
+
+
+def render(renderables: list[Any], width: int) -> str:
+    from rich.console import Console  # noqa: PLC0415
+
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    for r in renderables:
+        console.print(r)
+    return console.export_text()
+
+
+def test_the_bench_tables_fit_80_columns_without_eliding_a_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    report = importlib.import_module("bench_report")
+    levels = [heavy_level(40), {**heavy_level(40), "request_rate": "inf"}, heavy_level(10),
+              heavy_level(20)]  # fmt: skip
+    text = render(report.tables(levels, (50, 90, 95, 99, 99.9)), width=80)
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    # Every number whole: the p99.9 of E2E at 40/s, the widest cell, and the throughput.
+    for number in ("3,950,616", "494", "49,382", "87.5", "91.2"):
+        assert number in text, (number, text)
+    # Levels in the order of the offered rate, each with its four latencies.
+    rows = [
+        line.split()[0]
+        for line in text.splitlines()
+        if line.split()[:1] in (["10"], ["20"], ["40"], ["inf"])
+    ]
+    assert rows == ["10", "20", "40", "inf"] * 2, text
+    assert text.count("TTFT") == 4 and text.count("E2E") == 4
+    # Runs compared: each level's runs together, concurrency and rate levels apart.
+    closed = [heavy_level(c, mode="closed") for c in (8, 1)]
+    runs = [("before", {}, closed), ("after-change", {}, [*closed, heavy_level(20)])]
+    text = render(report.compare_tables(runs), width=80)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    assert "1,086,438" in text and "24,691" in text
+    levels = [
+        line.split()[:2] for line in text.splitlines() if line.split()[:1] in (["conc"], ["rate"])
+    ]
+    assert levels == [["conc", "1"], ["conc", "8"], ["rate", "20"]] * 2, text
+
+
+def lines_of(axis: Any) -> dict[str, tuple[list[float], list[float]]]:
+    """label -> (x data, y data) of each line an axis holds."""
+    return {
+        str(line.get_label()): ([float(x) for x in line.get_xdata()],
+                                [float(y) for y in line.get_ydata()])
+        for line in axis.get_lines()
+    }  # fmt: skip
+
+
+def test_the_plot_orders_levels_by_offered_rate_and_marks_the_knee_and_the_slo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Levels as a knee search runs them (10, 20, 40, then bisecting back), one at rate inf."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    report = importlib.import_module("bench_report")
+    levels = [heavy_level(rate) for rate in (10, 20, 40, 30, 25)]
+    levels.append({**heavy_level(50), "request_rate": "inf"})
+    fig = report.figure(levels, {"request_rate": 25, "first_failing_rate": 30})
+    panels = {axis.get_title(): axis for axis in fig.axes}
+    throughput, served = panels["Throughput"], panels["Requests served, and within the SLO"]
+    ttft, tpot = panels["Time to first token"], panels["Time per output token"]
+    xs, _ = lines_of(throughput)["output"]
+    assert xs == [10, 20, 25, 30, 40], "the offered rates, in order; inf left off the axis"
+    assert lines_of(served)["within the SLO (goodput)"][0] == xs
+    for axis in (throughput, served, ttft, tpot):
+        assert axis.get_xlabel() == "offered request rate (requests/s)"
+        assert lines_of(axis)["knee 25/s"][0] == [25, 25], "the knee: a vertical line"
+    assert lines_of(ttft)["SLO 500 ms"][1] == [500, 500], "the TTFT bound: a horizontal line"
+    assert lines_of(tpot)["SLO 50 ms"][1] == [50, 50]
+    assert lines_of(ttft)["p99.9"][1] == sorted(lines_of(ttft)["p99.9"][1])
+    png = tmp_path / "knee.png"
+    fig.savefig(png, dpi=120)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_comparison_never_puts_concurrency_and_rate_on_one_axis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    report = importlib.import_module("bench_report")
+    closed = [heavy_level(c, mode="closed") for c in (8, 1, 32)]
+    rated = [heavy_level(r) for r in (20, 5)]
+    fig = report.compare_figure([("conc", {}, closed), ("rate", {}, rated), ("both", {}, [
+        *closed, *rated])])  # fmt: skip
+    by_label: dict[str, list[set[str]]] = {}
+    for axis in fig.axes:
+        by_label.setdefault(axis.get_xlabel(), []).append(set(lines_of(axis)))
+        xs = {x for line_xs, _ in lines_of(axis).values() for x in line_xs}
+        if axis.get_xlabel().startswith("concurrency"):
+            assert xs == {1, 8, 32}, xs
+        else:
+            assert xs == {5, 20}, xs
+        for x, _ in lines_of(axis).values():
+            assert x == sorted(x)
+    assert by_label == {
+        "concurrency (streams in flight)": [{"conc", "both"}] * 2,
+        "offered request rate (requests/s)": [{"rate", "both"}] * 2,
+    }
+
+
+def test_bench_with_warmup_0_and_a_model_sends_nothing_before_its_levels() -> None:
+    """No question first (a sleeping set would wake before the measured requests): against a
+    closed port the level itself fails, whole, and says so."""
+    with closed_port() as base:
+        proc = run_tool("bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+                        "--no-progress", "--warmup", "0", "--concurrency", "2", "--requests", "3")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: all 3 requests of concurrency 2 failed ({'connection:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a network namespace of its own needs root and unshare",
+)
+@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+def test_no_route_to_the_endpoint_is_one_line(tool: str) -> None:
+    """In a network namespace of its own (only a loopback, down: no route anywhere), the
+    documentation address 192.0.2.1 is unreachable; nothing leaves the namespace."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["OPENAI_API_KEY"] = KEY
+    proc = subprocess.run(
+        ["unshare", "--net", sys.executable, str(SCRIPTS / tool), "--endpoint",
+         "http://192.0.2.1:8443/v1", "--model", "nemotron", "--timeout", "5",
+         *(["--no-progress"] if tool == "bench.py" else [])],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    line = one_error_line(proc)
+    assert "no route from this machine to 192.0.2.1:8443: its network cannot reach" in line

@@ -41,7 +41,7 @@ def test_try_checks_the_stacks_renders_and_uses_the_tools_against_a_stand_in(
         assert f"{stack}: ok:" in out
     assert (tmp_path / "rendered" / "dev" / "01-preflight.sh").exists()
     assert "all checks passed" in out and "PASS tools-stream" in out and "PASS think-on" in out
-    assert "bench: latency in ms (p50 / p90 / p99)" in out
+    assert "bench: latency, ms" in out and "bench: throughput, per second" in out
     # The stand-in's key travels in the environment, never printed.
     assert KEY not in out
     # The stand-in it started is gone: no process holds its key (another test may take its
