@@ -3,7 +3,7 @@
 Nemotron 3's own features: reasoning on and off per request, and tool calls (plain and streamed).
 
     python scripts/smoke.py --stack dev
-    OPENAI_BASE_URL=https://.../v1 OPENAI_API_KEY=... python scripts/smoke.py
+    OPENAI_BASE_URL=https://.../v1 OPENAI_API_KEY=$(cat KEYFILE) python scripts/smoke.py
 
 Each check prints one line with its time: PASS, FAIL with the reason, or OFF when the server
 does not offer the feature (no reasoning parser, no auto tool choice), which fails only with

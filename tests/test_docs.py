@@ -205,13 +205,28 @@ def test_the_secret_check_finds_what_it_is_for() -> None:
     assert [line for line in passed if secrets_on_command_lines(line)] == []
 
 
+# Lines of the scripts that name a secret's variable with no secret in it: a throwaway key that
+# lets `caddy validate` expand the Caddyfile's {env.NEMO_API_KEY}, and a grep that leaves the key
+# out of the compile cache's key.
+NOT_SECRETS = {
+    "scripts/phases/gateway.sh": "NEMO_API_KEY=validation-only",
+    "scripts/phases/member.sh": "NEMO_API_KEY=validation-only",
+    "scripts/phases/service.sh": "VLLM_API_KEY='",
+}
+
+
 def test_no_example_puts_a_secret_on_a_command_line() -> None:
-    """The README, docs/, the stack files' comments and the commands the program's refusals and
-    warnings print: a token, key or passphrase is read from a file or standard input, never
+    """The README, docs/, the stack files' comments, the commands the program's refusals and
+    warnings print, and those the scripts print (a phase's failure, a tool's usage) and the
+    workflows' comments: a token, key or passphrase is read from a file or standard input, never
     typed after the command (it would stay in shell history and show in `ps`)."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     pages += sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
     pages += sorted((ROOT / "components").rglob("*.py"))
+    pages += sorted(p for p in (ROOT / "scripts").rglob("*") if p.suffix in (".py", ".sh"))
+    pages += sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    pages += [ROOT / "try", ROOT / "check"]
     found = [f"{page.relative_to(ROOT)}:{hit}" for page in pages
-             for hit in secrets_on_command_lines(page.read_text())]  # fmt: skip
+             for hit in secrets_on_command_lines(page.read_text())
+             if NOT_SECRETS.get(str(page.relative_to(ROOT)), "\0") not in hit]  # fmt: skip
     assert found == [], "\n".join(found)

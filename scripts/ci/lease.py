@@ -1,8 +1,9 @@
 """The lease outside the Droplet: delete this project's GPU Droplets that are past their expiry.
 
-    DIGITALOCEAN_TOKEN=dop_v1_... python3 scripts/ci/lease.py --dry-run   # what it would delete
-    DIGITALOCEAN_TOKEN=dop_v1_... python3 scripts/ci/lease.py             # delete them
-    GITHUB_TOKEN=... python3 scripts/ci/lease.py --status --repo OWNER/REPO  # still scheduled?
+    read -rs DIGITALOCEAN_TOKEN && export DIGITALOCEAN_TOKEN   # pasted, not in shell history
+    python3 scripts/ci/lease.py --dry-run                      # what it would delete
+    python3 scripts/ci/lease.py                                # delete them
+    GITHUB_TOKEN=$(gh auth token) python3 scripts/ci/lease.py --status --repo OWNER/REPO
 
 Autodown runs on the Droplet: if the Droplet hangs, its timer dies or someone stops the unit,
 nothing deletes it, and DigitalOcean bills a frozen or powered-off Droplet like a running one.

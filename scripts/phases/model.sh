@@ -68,10 +68,10 @@ hf_download() {
     if grep -qiE 'gated|restricted|awaiting a review|401|403' "$errors"; then
       if [[ -n ${HF_TOKEN:-} ]]; then
         fail "${id} is gated and the token was refused" \
-             "accept the model's licence on its Hugging Face page with the token's account, or set a token that can read it (pulumi config set --secret hfToken ...)"
+             "accept the model's licence on its Hugging Face page with the token's account, or set a token that can read it: pulumi config set --secret hfToken (it asks for the value)"
       fi
       fail "${id} is gated: Hugging Face wants a token" \
-           "accept its licence on the model page, then: pulumi config set --secret hfToken hf_..."
+           "accept its licence on the model page, then: pulumi config set --secret hfToken (it asks for the value), and pulumi up"
     fi
     if grep -qiE 'RepositoryNotFound|Repository Not Found|RevisionNotFound|404' "$errors"; then
       fail "Hugging Face has no ${id} at revision ${revision}" \

@@ -982,7 +982,7 @@ class Waker:
         where = f"{self.s.github_repo}'s {self.s.github_workflow}"
         problem = {
             401: "wake.token: GitHub refused it (expired or revoked): make a new one and "
-                 "`pulumi config set --secret --path wake.token ...`, then pulumi up",
+                 "`pulumi config set --secret --path wake.token` (it asks for it), then pulumi up",
             403: f"wake.token may not read {where} (it needs Actions: read and write)",
             404: f"wake.githubRepo, wake.githubWorkflow: {where} is not there, or wake.token "
                  "cannot see it",

@@ -52,7 +52,7 @@ mkdir -p "$(dirname "$NEMO_WAKE_SCRIPT")"
 if printf '%s\n' "$NEMO_WAKE_PY" | install_file "$NEMO_WAKE_SCRIPT" 755; then changed; restart=true; fi
 
 step token "root-only ${NEMO_WAKE_TOKEN_FILE} (the pipeline's token, read by the unit as a credential)"
-[[ -n $token ]] || fail "no wake.token was given" "pulumi config set --secret --path wake.token <token>"
+[[ -n $token ]] || fail "no wake.token was given" "pulumi config set --secret --path wake.token (it asks for the token), then pulumi up"
 if printf '%s\n' "$token" | install_secret "$NEMO_WAKE_TOKEN_FILE"; then changed; restart=true; fi
 
 # With autoscale the unit loads the API key as a second credential (LoadCredential=apikey:...),
