@@ -537,6 +537,15 @@ class AutodownConfig(_Section):
         description="Delete the Droplet this many hours after the bootstrap first ran, busy or "
         "not. Unset: no ceiling.",
     )
+    bootstrap_minutes: int | None = Field(
+        None,
+        ge=10,
+        le=1440,
+        description="Delete a Droplet that does not serve this many minutes after its first "
+        "bootstrap began (a driver, a download or vLLM that failed), and count a replica whose "
+        "metrics cannot be read as busy for this long at most. Unset: the longest the "
+        "bootstrap's phases may take by their own bounds (the `autodown` output says it).",
+    )
     token: SecretStr | None = Field(
         None,
         description="DigitalOcean token that may delete Droplets, set as a secret: "
