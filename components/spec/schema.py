@@ -22,7 +22,7 @@ NAMESPACE = catalog.PROJECT
 LOCKS_DIR = Path(__file__).resolve().parents[2] / catalog.LOCKS_PATH
 
 _TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
-RESERVED_TAG_PREFIXES = (f"{catalog.PROJECT}-", "stack:")
+RESERVED_TAG_PREFIXES = (f"{catalog.PROJECT}-", catalog.STACK_TAG_PREFIX)
 _REGION = re.compile(r"^[a-z]{3}[0-9]$")
 _FINGERPRINT = re.compile(r"^([0-9a-f]{2}:){15}[0-9a-f]{2}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -889,7 +889,7 @@ class StackConfig(BaseModel):
     @property
     def stack_tag(self) -> str:
         """The tag that finds this stack's Droplet (with its name) among the account's."""
-        return f"{RESERVED_TAG_PREFIXES[1]}{_slug(self.stack)}"
+        return catalog.stack_tag(self.stack)
 
     @property
     def tags(self) -> list[str]:
