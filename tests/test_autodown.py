@@ -564,6 +564,27 @@ def test_a_state_file_from_an_earlier_release_keeps_its_start(
     assert "past max hours: deleted" in autodown.run().stdout
 
 
+def test_a_serving_droplet_upgraded_from_an_earlier_release_is_not_taken_for_a_bootstrap(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    """The state an earlier release wrote has no `served`; one holding a reading served. After
+    the upgrade, a vLLM that is down for a minute is a broken one (bounded), not a bootstrap past
+    its deadline (deleted at once)."""
+    autodown.env["AUTODOWN_BOOTSTRAP_MINUTES"] = "60"
+    now = time.time()
+    autodown.first_bootstrap.write_text(f"{now - 5 * 3600}\n")
+    counters = {"vllm:request_success_total": 3.0, "vllm:generation_tokens_total": 21.0}
+    autodown.state.write_text(json.dumps({"started_at": now - 5 * 3600, "last_activity": now,
+                                          "counters": counters}))  # fmt: skip
+    cloud.metrics = None
+    proc = autodown.run()
+    assert "keep: metrics unreadable, counted as busy" in proc.stdout, proc.stdout
+    assert cloud.deletes == []
+    # One that never read a reading (it never served) is held to its deadline.
+    autodown.state.write_text(json.dumps({"started_at": now - 5 * 3600, "last_activity": now}))
+    assert "not serving by its bootstrap deadline: deleted" in autodown.run().stdout
+
+
 @pytest.mark.parametrize("answer", ["", "   ", "abc", "12/../34", "1 2", "-5", "4242x", "9" * 30])
 def test_a_droplet_id_that_is_not_a_number_is_never_deleted(
     autodown: Autodown, cloud: Cloud, answer: str
