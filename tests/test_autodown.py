@@ -240,6 +240,8 @@ class Autodown:
         state = json.loads(self.state.read_text())
         state["last_activity"] -= idle_minutes * 60
         state["started_at"] -= up_hours * 3600
+        for url in state.get("unreadable_since", {}):
+            state["unreadable_since"][url] -= idle_minutes * 60 + up_hours * 3600
         self.state.write_text(json.dumps(state))
         began = float(self.first_bootstrap.read_text())
         self.first_bootstrap.write_text(f"{began - up_hours * 3600}\n")
@@ -424,7 +426,8 @@ def _zone_access() -> dict[str, Any]:
 def test_unreadable_metrics_count_as_busy_but_not_past_max_hours(
     autodown: Autodown, cloud: Cloud
 ) -> None:
-    cloud.metrics = None  # vLLM down or broken
+    autodown.run()  # it served
+    cloud.metrics = None  # then vLLM went down or broke
     autodown.run()
     autodown.age(idle_minutes=120)
     proc = autodown.run()
@@ -511,6 +514,7 @@ def test_a_port_that_does_not_speak_http_counts_as_busy(
 def test_a_hung_metrics_endpoint_cannot_hold_the_run_past_its_deadline(
     autodown: Autodown, cloud: Cloud
 ) -> None:
+    autodown.run()  # it served
     cloud.hang_seconds = 50
     autodown.env["AUTODOWN_RUN_SECONDS"] = "3"
     began = time.monotonic()
@@ -558,6 +562,27 @@ def test_a_state_file_from_an_earlier_release_keeps_its_start(
         json.dumps({"installed_at": now - 9 * 3600, "last_activity": now, "finished": 0.0})
     )
     assert "past max hours: deleted" in autodown.run().stdout
+
+
+def test_a_serving_droplet_upgraded_from_an_earlier_release_is_not_taken_for_a_bootstrap(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    """The state an earlier release wrote has no `served`; one holding a reading served. After
+    the upgrade, a vLLM that is down for a minute is a broken one (bounded), not a bootstrap past
+    its deadline (deleted at once)."""
+    autodown.env["AUTODOWN_BOOTSTRAP_MINUTES"] = "60"
+    now = time.time()
+    autodown.first_bootstrap.write_text(f"{now - 5 * 3600}\n")
+    counters = {"vllm:request_success_total": 3.0, "vllm:generation_tokens_total": 21.0}
+    autodown.state.write_text(json.dumps({"started_at": now - 5 * 3600, "last_activity": now,
+                                          "counters": counters}))  # fmt: skip
+    cloud.metrics = None
+    proc = autodown.run()
+    assert "keep: metrics unreadable, counted as busy" in proc.stdout, proc.stdout
+    assert cloud.deletes == []
+    # One that never read a reading (it never served) is held to its deadline.
+    autodown.state.write_text(json.dumps({"started_at": now - 5 * 3600, "last_activity": now}))
+    assert "not serving by its bootstrap deadline: deleted" in autodown.run().stdout
 
 
 @pytest.mark.parametrize("answer", ["", "   ", "abc", "12/../34", "1 2", "-5", "4242x", "9" * 30])
@@ -722,6 +747,101 @@ def test_idle_fires_after_idle_minutes_of_no_progress_on_a_fake_clock(
         clock.t += 60
         script.main([], now=clock, sleep=clock.sleep)
     assert minutes == 31, "the first reading is busy (no baseline), then 30 idle minutes"
+
+
+def test_a_droplet_that_never_serves_goes_at_its_bootstrap_deadline_not_before(
+    in_process: tuple[ModuleType, FakeClock],
+    cloud: Cloud,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 42: a bootstrap that fails (the driver, a download, vLLM out of memory) leaves
+    vLLM unreadable for ever. Before, that counted as busy until maxHours (8 h of an H100);
+    now the rule, installed right after preflight, deletes it at its bootstrap deadline. The
+    idle rule does not cut a bootstrap short: nothing serves yet, so nothing is idle."""
+    script, clock = in_process
+    monkeypatch.setenv("AUTODOWN_BOOTSTRAP_MINUTES", "90")
+    cloud.metrics = None
+    minutes = 0
+    while not cloud.deletes and minutes < 8 * 60:
+        minutes += 1
+        clock.t += 60
+        script.main([], now=clock, sleep=clock.sleep)
+    assert minutes == 90, "deleted at its bootstrap deadline, not at idleMinutes nor maxHours"
+    out = capsys.readouterr().out
+    assert "keep: bootstrapping: this replica has not served yet; bootstrap 30/90 min" in out
+    assert "not serving by its bootstrap deadline: deleted" in out
+    assert [d["path"] for d in cloud.deletes] == [f"/v2/droplets/{DROPLET}"]
+
+
+def test_once_it_served_the_bootstrap_deadline_is_over(
+    in_process: tuple[ModuleType, FakeClock],
+    cloud: Cloud,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script, clock = in_process
+    monkeypatch.setenv("AUTODOWN_BOOTSTRAP_MINUTES", "90")
+    cloud.metrics = None
+    for minute in range(1, 181):
+        clock.t += 60
+        if minute == 60:
+            cloud.metrics = metrics_text()  # vLLM answers at last
+        if minute > 60:
+            cloud.metrics = metrics_text(running=1, finished=minute)  # and works
+        script.main([], now=clock, sleep=clock.sleep)
+    assert cloud.deletes == [], "a replica that serves is kept past its bootstrap deadline"
+
+
+def test_a_replica_unreadable_past_its_bound_no_longer_keeps_the_set_busy(
+    in_process: tuple[ModuleType, FakeClock],
+    cloud: Cloud,
+    monkeypatch: pytest.MonkeyPatch,
+    peers: list[Cloud],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 42: a peer whose metrics cannot be read (its bootstrap failed, its gateway is down)
+    counted as busy for ever, holding the whole set. Now it counts as busy for
+    AUTODOWN_UNREADABLE_MINUTES in a row, then as idle: the set idles down and every replica,
+    the dead one too, is deleted."""
+    script, clock = in_process
+    monkeypatch.setenv("AUTODOWN_MAX_HOURS", "")  # only the idle rule: no ceiling to hide behind
+    monkeypatch.setenv("AUTODOWN_UNREADABLE_MINUTES", "20")
+    monkeypatch.setenv("AUTODOWN_PEER_METRICS_URLS", " ".join(f"{p.url}/metrics" for p in peers))
+    monkeypatch.setenv("AUTODOWN_PEER_METRICS_KEY", PEER_KEY)
+    monkeypatch.setenv("AUTODOWN_PEER_DROPLET_IDS", " ".join(PEER_IDS))
+    peers[1].metrics = None  # replica 2 never answers
+    minutes = 0
+    while not cloud.deletes and minutes < 24 * 60:
+        minutes += 1
+        clock.t += 60
+        script.main([], now=clock, sleep=clock.sleep)
+    assert minutes == 20 + 30, "busy for the bound, then idle for idleMinutes"
+    out = capsys.readouterr().out
+    assert f"metrics unreadable at {peers[1].url}/metrics for 20 min, past 20" in out
+    assert [d["path"] for d in cloud.deletes] == [f"/v2/droplets/{i}" for i in [*PEER_IDS, DROPLET]]
+
+
+def test_a_replica_that_answers_again_starts_its_bound_afresh(
+    in_process: tuple[ModuleType, FakeClock],
+    cloud: Cloud,
+    monkeypatch: pytest.MonkeyPatch,
+    peers: list[Cloud],
+) -> None:
+    """A replica restarting vLLM for an update is unreadable for minutes, then serves: each
+    outage is counted on its own, so two short ones never add up to the bound."""
+    script, clock = in_process
+    monkeypatch.setenv("AUTODOWN_UNREADABLE_MINUTES", "20")
+    monkeypatch.setenv("AUTODOWN_PEER_METRICS_URLS", f"{peers[0].url}/metrics")
+    monkeypatch.setenv("AUTODOWN_PEER_METRICS_KEY", PEER_KEY)
+    monkeypatch.setenv("AUTODOWN_PEER_DROPLET_IDS", PEER_IDS[0])
+    for minute in range(1, 41):
+        clock.t += 60
+        # Down 15 minutes, up 1 (and busy), down 15 again: never 20 in a row.
+        peers[0].metrics = metrics_text(finished=minute) if minute in (16, 32) else None
+        script.main([], now=clock, sleep=clock.sleep)
+    state = json.loads(Path(script.os.environ["AUTODOWN_STATE"]).read_text())
+    assert list(state["unreadable_since"].values()) == [clock.t - 7 * 60], "since minute 33"
+    assert cloud.deletes == []
 
 
 def test_retry_after_is_honoured_within_the_run(

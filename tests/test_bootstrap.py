@@ -42,7 +42,8 @@ EDGES = {
     "reboot-wait": {"reboot"},
     "service": {"reboot-wait"},
     "gateway": {"reboot-wait"},
-    "autodown": {"service"},
+    # Before anything that can fail for long: a failed bootstrap is still bounded (issue 42).
+    "autodown": {"preflight"},
     "ready": {"service", "gateway"},
 }
 
@@ -144,9 +145,9 @@ def reruns(before: Run, after: Run) -> set[str]:
     return changed
 
 
-AFTER_SERVICE = {"service", "autodown", "ready"}
+AFTER_SERVICE = {"service", "ready"}
 # A download re-runs the (no-op unless asked) reboot and everything after it.
-AFTER_REBOOT = {"reboot", "reboot-wait", "service", "gateway", "autodown", "ready"}
+AFTER_REBOOT = {"reboot", "reboot-wait", "service", "gateway", "ready"}
 RERUNS = [
     ({"model": {"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}}, {"model", *AFTER_REBOOT}),
     ({"model": {"servedName": "nemo"}}, AFTER_SERVICE),
@@ -155,10 +156,11 @@ RERUNS = [
     ({"access": {"domain": "llm.example.com", "acmeEmail": "o@example.com"}}, {"gateway", "ready"}),
     ({"access": {"maxRequestBodyMb": 64}}, {"gateway", "ready"}),
     ({"autodown": {"idleMinutes": 45}}, {"autodown"}),
-    ({"bootstrap": {"readyTimeoutMinutes": 60}}, {"ready"}),
+    # A phase's bound is part of autodown's bootstrap deadline (phases.bootstrap_minutes).
+    ({"bootstrap": {"readyTimeoutMinutes": 60}}, {"ready", "autodown"}),
     ({"bootstrap": {"driver": {"branch": "590"}}}, {"driver", "cgroup", *AFTER_REBOOT}),
     ({"bootstrap": {"cgroup": {"mode": "legacy"}}}, {"cgroup", *AFTER_REBOOT}),
-    ({"vllm": {"install": "source"}}, {"vllm", *AFTER_REBOOT}),
+    ({"vllm": {"install": "source"}}, {"vllm", "autodown", *AFTER_REBOOT}),
 ]
 
 
@@ -323,29 +325,56 @@ def test_missing_lock_is_a_config_error_naming_the_command_to_write_it() -> None
 AUTODOWN_TOKEN = "dop_v1_FAKEprogramTOKEN000111222333"
 
 
-def test_autodown_phase_follows_service_and_its_token_is_secret() -> None:
+def test_autodown_phase_follows_preflight_and_its_token_is_secret() -> None:
     rule = {"idleMinutes": 30, "maxHours": 8, "token": AUTODOWN_TOKEN}
     raw = stack_config("dev")
     raw.pop("autodown", None)
     run = run_program(raw, secrets={"autodown": json.dumps(rule)})
     assert run.error is None, run.error
     cmds = commands(run)
-    assert cmds["service"].urn in cmds["autodown"].dependencies
+    # Installed before the driver, the downloads and vLLM, so that a bootstrap failing in any
+    # of them is still bounded by the rule's bootstrap deadline (issue 42).
+    assert [u for u in cmds["autodown"].dependencies if u in {c.urn for c in cmds.values()}] == [
+        cmds["preflight"].urn
+    ]
+    assert "AUTODOWN_BOOTSTRAP_MINUTES=350\n" in cmds["autodown"].inputs["stdin"]
+    assert "AUTODOWN_UNREADABLE_MINUTES=350" in cmds["autodown"].inputs["stdin"]
     assert cmds["autodown"].raw["stdin"][SECRET_SIG]
     assert f"AUTODOWN_TOKEN={AUTODOWN_TOKEN}" in cmds["autodown"].inputs["stdin"]
     for reg in run.registrations:
         for path, text in plain_strings(reg.raw):
             assert AUTODOWN_TOKEN not in text, (reg.name, path)
-    assert run.outputs["autodown"].value == {"mode": "delete", "idleMinutes": 30, "maxHours": 8.0}
+    assert run.outputs["autodown"].value == {
+        "mode": "delete", "idleMinutes": 30, "maxHours": 8.0, "bootstrapMinutes": 350
+    }  # fmt: skip
     assert AUTODOWN_TOKEN not in str(run.outputs)
 
 
 def test_autodown_without_a_token_is_a_dry_run_and_off_by_default() -> None:
     run = run_program(stack_config("dev"))
-    assert run.outputs["autodown"].value == {"mode": "dry-run", "idleMinutes": 30, "maxHours": 8.0}
+    assert run.outputs["autodown"].value == {
+        "mode": "dry-run", "idleMinutes": 30, "maxHours": 8.0, "bootstrapMinutes": 350
+    }  # fmt: skip
     assert "NEMO_AUTODOWN_MODE=dry-run" in commands(run)["autodown"].inputs["stdin"]
     prod = run_program(stack_config("prod"), stack="prod")
-    assert prod.outputs["autodown"].value == {"mode": "off", "idleMinutes": None, "maxHours": None}
+    assert prod.outputs["autodown"].value == {
+        "mode": "off", "idleMinutes": None, "maxHours": None, "bootstrapMinutes": None
+    }  # fmt: skip
+
+
+def test_the_bootstrap_deadline_is_the_longest_path_of_the_phases_bounds_or_the_users() -> None:
+    """What `pulumi up` itself may wait from preflight to ready (preflight 30, cache 60, conda
+    30, model 150, reboot 5, reboot-wait 20, gateway 20, ready 30 + 5 = 350 minutes): a
+    shorter default would delete a slow bootstrap that was going to succeed."""
+    cfg = config.parse(stack_config("dev"), "dev", frozenset())
+    assert phases.bootstrap_minutes(cfg) == 350
+    source = config.parse(dev(vllm={"install": "source"}), "dev", frozenset())
+    assert phases.bootstrap_minutes(source) == 30 + 60 + 30 + 300 + 5 + 20 + 20 + 35
+    mine = config.parse(dev(autodown={"maxHours": 8, "bootstrapMinutes": 45}), "dev", frozenset())
+    assert phases.bootstrap_minutes(mine) == 45
+    assert "AUTODOWN_BOOTSTRAP_MINUTES=45\n" in str(
+        phases.settings(mine, "autodown")["NEMO_AUTODOWN_ENV_TEXT"]
+    )
 
 
 def test_autodown_token_in_plain_text_is_refused() -> None:

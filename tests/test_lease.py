@@ -123,6 +123,73 @@ def test_it_deletes_only_our_gpu_droplets_past_their_lease(
     assert "training" not in text and "balancer" not in text
 
 
+def test_after_a_failed_up_it_deletes_what_that_run_made_and_names_what_bounds_the_rest(
+    api: DigitalOceanAPI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 42: deploy.yml's clean-up after a failed `pulumi up` (a 3 a.m. wake whose driver
+    phase failed): the stack's GPU Droplets made since the run began are deleted by id, the
+    stack's older replica (it served; autodown and the lease bound it) and other stacks' stay,
+    and each `billing:` line says which, for the front to relay."""
+    account = api.account
+    began = NOW - timedelta(minutes=20)
+    failed = account.add_droplet("nemotron-dev-1", GPU, tags=ours("dev", 480),
+                                 created_at=began + timedelta(minutes=1))  # fmt: skip
+    # Its clock a little behind the runner's: still this run's.
+    skewed = account.add_droplet("nemotron-dev-2", GPU, tags=ours("dev", 480),
+                                 created_at=began - timedelta(seconds=30))  # fmt: skip
+    older = account.add_droplet("nemotron-dev-0", GPU, tags=ours("dev", 480),
+                                created_at=NOW - timedelta(hours=2))  # fmt: skip
+    other = account.add_droplet("nemotron-prod", GPU, tags=ours("prod", 480),
+                                created_at=began + timedelta(minutes=2))  # fmt: skip
+    token = account.add_token("deploy", SCOPES)
+    since = began.isoformat().replace("+00:00", "Z")
+    code, _, text = run(api, token, "--failed-up", "dev", "--since", since, tmp_path=tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0, out + text
+    assert set(account.droplets) == {older.id, other.id}
+    assert sorted(r.path for r in api.requests if r.method == "DELETE") == sorted(
+        f"/v2/droplets/{d.id}" for d in (failed, skewed)
+    ), "by id, never by tag"
+    billing = [line for line in out.splitlines() if line.startswith("billing: ")]
+    assert billing[0] == ("billing: the failed up of stack dev made 2 GPU Droplet(s); 2 deleted "
+                          "($1.52/h stopped)")  # fmt: skip
+    assert f"billing: nemotron-dev-1 ({failed.id}, $0.76/h): made by this run: deleted" in out
+    assert (f"billing: nemotron-dev-0 ({older.id}, $0.76/h): older than this run, kept: its "
+            "autodown rule and its lease bound it (expires in 6 h 00 min)") in out  # fmt: skip
+    assert "nemotron-prod" not in out, "another stack's Droplets are not this run's"
+
+
+def test_a_failed_up_that_made_nothing_deletes_nothing(
+    api: DigitalOceanAPI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run refused before anything was created (a size sold out): nothing of the stack's is
+    touched, and the log says the run made nothing."""
+    older = api.account.add_droplet("nemotron-dev", GPU, tags=ours("dev", 480),
+                                    created_at=NOW - timedelta(hours=2))  # fmt: skip
+    token = api.account.add_token("deploy", SCOPES)
+    since = NOW.isoformat()
+    code, _, _ = run(api, token, "--failed-up", "dev", "--since", since, tmp_path=tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0 and set(api.account.droplets) == {older.id}
+    assert "billing: the failed up of stack dev made 0 GPU Droplet(s); 0 deleted" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--failed-up", "dev"], ["--since", "2026-12-05T03:00:00Z"],
+     ["--failed-up", "dev", "--since", "2026-12-05T03:00:00"],  # no zone: whose 03:00?
+     ["--failed-up", "dev", "--since", "yesterday"]],
+)  # fmt: skip
+def test_a_failed_up_clean_up_needs_the_stack_and_a_start_with_its_zone(
+    api: DigitalOceanAPI, tmp_path: Path, args: list[str]
+) -> None:
+    token = api.account.add_token("deploy", SCOPES)
+    with pytest.raises(SystemExit) as exit_:
+        run(api, token, *args, tmp_path=tmp_path)
+    assert exit_.value.code == 2
+    assert api.requests == [], "nothing asked, nothing deleted"
+
+
 def test_the_grace_gives_autodown_its_chance_first(api: DigitalOceanAPI, tmp_path: Path) -> None:
     droplet = api.account.add_droplet("nemotron-dev", GPU, tags=ours("dev", 60),
                                       created_at=NOW - timedelta(minutes=70))  # fmt: skip

@@ -806,8 +806,12 @@ def test_the_deploy_job_sets_up_as_the_runner_user_up_to_pulumi_up(runner: Runne
     proc = job.steps(load(".github/workflows/deploy.yml")["jobs"]["deploy"]["steps"], ctx)
     assert proc is not None and proc.returncode == 0, proc.stderr
     assert job.ran == [
-        "setup-python", "Install the program and policy pack dependencies", "Choose the state backend",
+        "Note when this run began", "setup-python", "Install the program and policy pack dependencies",
+        "Choose the state backend",
     ]  # fmt: skip
+    # The run's start, in the form lease.py --failed-up takes (the clean-up's --since).
+    began = job.outputs["began"]["at"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", began), began
     # Both venvs in the workspace, made by uid 1001, and pip asked for each requirements file.
     for venv in (runner.ws / "venv", runner.ws / "policy" / "venv"):
         assert venv.stat().st_uid == UID and (venv / "pip-installed").exists()
@@ -818,6 +822,25 @@ def test_the_deploy_job_sets_up_as_the_runner_user_up_to_pulumi_up(runner: Runne
     url = "s3://my-state?endpoint=nyc3.digitaloceanspaces.com"
     assert job.outputs["setup"] == {"backend-url": url}
     assert job.genv["PULUMI_BACKEND_URL"] == url
+
+
+@pytest.mark.parametrize(
+    ("command", "status", "runs"),
+    [("up", "failure", True), ("up", "cancelled", True), ("up", "success", False),
+     (None, "failure", True),  # a push: no inputs, an up
+     ("destroy", "failure", False)],
+)  # fmt: skip
+def test_the_clean_up_runs_after_a_failed_or_cancelled_up_only(
+    command: str | None, status: str, runs: bool
+) -> None:
+    """deploy.yml's last step, its `if:` as GitHub evaluates it once `pulumi up` ended so."""
+    [step] = [s for s in load(".github/workflows/deploy.yml")["jobs"]["deploy"]["steps"]
+              if s.get("name") == "Delete the GPU Droplets this failed up made"]  # fmt: skip
+    ctx = context("http://127.0.0.1:9", command)
+    ctx["steps"] = {"began": {"outputs": {"at": "2026-12-05T03:00:00Z"}}}
+    funcs = {"success": lambda: status == "success", "failure": lambda: status == "failure",
+             "cancelled": lambda: status == "cancelled", "always": lambda: True}  # fmt: skip
+    assert bool(Expr(condition(step), ctx, funcs).value()) is runs
 
 
 def test_the_deploy_job_without_a_state_bucket_stops_before_pulumi_up(runner: Runner) -> None:

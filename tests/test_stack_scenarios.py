@@ -7,8 +7,9 @@ and the front's Python version).
 
 Each scenario prints its contract line (scenario.summary) in the run's summary. `./check` (and
 CI) runs scenarios 1, 2 (both entries), 4, 6, 8 and 9; those of minutes, 3 (a rolling update under
-load, about 4 minutes beside the other tests), 5 (autodown, then refresh and up) and 7 (scale to
-zero: autodown deletes, a keyed request wakes the set through the pipeline), are marked
+load, about 4 minutes beside the other tests), 5 (autodown, then refresh and up), 7 (scale to
+zero: autodown deletes, a keyed request wakes the set through the pipeline) and 11 (a wake whose
+bootstrap fails: the pipeline's clean-up, then the Droplet's own deadline), are marked
 stack_long and left out by default (pyproject addopts) to keep CI near six minutes, as is 10
 (autoscale: out to three replicas under an open-loop load, in to one, then to zero; about 15
 minutes): `./check -m stack` runs all of them, and only them.
@@ -33,10 +34,12 @@ from pulumi_harness import DEFAULT_OFFERS, stack_config
 from sandbox import Sandbox
 from stack import net
 from stack.deploy import Result
-from stack.scenario import Emulation, Load, Pipeline, emulation, summary
+from stack.scenario import Emulation, Load, Pipeline, clean_up_failed_up, emulation, summary
 from test_autodown import readme_scopes
 from test_cache_script import filesystem_bytes
 from test_phase_scripts import use_new_locks, vllm_lock
+
+from components.spec import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
@@ -814,6 +817,113 @@ def test_a_wake_after_autodown_comes_back_where_the_front_is_or_is_refused(
             disk
         ]
         report(request, summary("pinned", emu, results) + f"\n  refused: {message[-160:]}")
+
+
+@pytest.mark.stack_long
+def test_a_wake_whose_bootstrap_fails_bills_no_further_than_its_pipeline_or_its_deadline(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Scenario 11 (issue 42): a GPU Droplet whose 3 a.m. wake failed at the driver phase.
+    The dev stack with wake on and autodown (a token of the README's scopes); the replica is
+    deleted (autodown's DELETE) and, from now on, a new Droplet has no driver and no Ubuntu
+    archive. A keyed request wakes the set: the pipeline's refresh and up stop at the driver
+    phase, yet the Droplet's autodown rule is already there (installed right after preflight)
+    and counts its bootstrap deadline. deploy.yml's clean-up step (its own run line, against
+    DigitalOcean's API) deletes the Droplet that run made, and the held request's 503 says so.
+    Then a run whose runner dies after its up failed (no clean-up): the rule on the Droplet
+    deletes it once its bootstrap deadline has passed."""
+    results: list[Result] = []
+    with emulation(tmp_path) as emu:
+        autodown_token = emu.api.account.add_token("readme", sorted(readme_scopes()))
+        deploy_token = emu.api.account.add_token("deploy", ["droplet:read", "droplet:delete"])
+        base = {k: v for k, v in stack_config("dev").items() if k != "autodown"}
+        wake = {"enabled": True, "githubRepo": emu.github.repo, "token": emu.github.token}
+        secrets = {"autodown": json.dumps({"idleMinutes": 30, "maxHours": 8,
+                                           "token": autodown_token}),
+                   "wake": json.dumps(wake)}  # fmt: skip
+        stack = emu.stack("dev")
+        first = stack.up(base, secrets=secrets)
+        results.append(first)
+        assert first.error is None, first.error
+        deadline_minutes = first.outputs["autodown"]["bootstrapMinutes"]
+        # The phases' bounds from preflight to ready, a replica's drains included.
+        assert deadline_minutes > 350, first.outputs["autodown"]
+        [front] = [i for i in emu.account.machines if i not in gpu_ids(stack.state)]
+
+        def no_driver_no_archive(box: Sandbox) -> None:
+            box.hw("driver", "")
+            box.hw("apt_broken", "1")
+
+        emu.account.prepare_box.append(no_driver_no_archive)
+        gone = time.time()
+        assert emu.api.account.remove_droplet(gpu_ids(stack.state)[0])
+        front_mode(emu, "asleep", since=gone)
+
+        chat = {"model": first.outputs["servedModelName"], "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hello"}]}  # fmt: skip
+        held: list[subprocess.CompletedProcess[str]] = []
+        emu.github.dispatched.clear()
+        waiting = threading.Thread(target=lambda: held.append(ask(emu, first.outputs, chat)))
+        waiting.start()
+        assert emu.github.dispatched.wait(90), front_log(emu)
+        ours = emu.github.runs[-1]["id"]
+        began = time.time()  # deploy.yml's "Note when this run began"
+        results.append(stack.refresh())
+        failed = stack.up(base, secrets=secrets)
+        results.append(failed)
+        # The driver phase (or vllm's apt step beside it, whichever meets the archive first).
+        assert failed.failed is not None, failed.error
+        assert failed.failed.resource.name.startswith("bootstrap-"), str(failed.error)
+        assert "apt-get update failed" in str(failed.error)
+        [replica] = gpu_ids(stack.state)
+        # The safety net exists from the Droplet's first minutes: its rule runs, bootstrapping.
+        assert "bootstrap-autodown" in failed.ops("create", "command:") + failed.ops("replace"), [
+            (x.op, x.urn.rsplit("::", 1)[1]) for x in failed.steps
+        ]
+        fired = fire_autodown(emu, replica)
+        assert f"/{deadline_minutes} min since first bootstrap" in fired.stdout, fired.stderr
+        assert "keep: bootstrapping" in fired.stdout and replica in emu.account.machines
+
+        cleaned = clean_up_failed_up(emu, "dev", began, deploy_token)
+        assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+        assert deploy_token not in cleaned.stdout + cleaned.stderr
+        billing = [line for line in cleaned.stdout.splitlines() if line.startswith("billing:")]
+        assert billing[0].startswith("billing: the failed up of stack dev made 1 GPU Droplet(s); "
+                                     "1 deleted"), cleaned.stdout  # fmt: skip
+        assert f"({replica}, $" in billing[1] and billing[1].endswith("made by this run: deleted")
+        until = time.time() + 30
+        while time.time() < until and replica in emu.account.machines:
+            time.sleep(0.2)
+        assert list(emu.account.machines) == [front], "the failed replica went; the front stays"
+        log = [*pulumi_log(str(failed.error)), *cleaned.stdout.splitlines()]
+        emu.github.finish_run("failure", run_id=ours, log=log)
+        waiting.join(timeout=300)
+        assert held, front_log(emu)
+        status, answer = held[0].stdout.split("\n", 1)
+        assert status == "503", held[0].stdout + held[0].stderr
+        assert "; billing: the failed up of stack dev made 1 GPU Droplet(s); 1 deleted" in answer
+        assert "made by this run: deleted" in answer, answer
+
+        # A run whose runner is lost after its up failed: nothing in the pipeline cleans up.
+        results.append(stack.refresh())
+        lost = stack.up(base, secrets=secrets)
+        results.append(lost)
+        assert lost.failed is not None and "apt-get update failed" in str(lost.error)
+        [replica] = gpu_ids(stack.state)
+        machine = emu.account.machines[replica]
+        began_at = float(machine.box.file(catalog.FIRST_BOOTSTRAP_FILE).read_text())
+        fire_autodown(emu, replica)  # its first minute: bootstrapping
+        # Its deadline passes (the clock moved on: the recorded start moved back as far).
+        machine.box.file(catalog.FIRST_BOOTSTRAP_FILE, f"{began_at - deadline_minutes * 60}\n")
+        fired = fire_autodown(emu, replica)
+        journal = fired.stdout + fired.stderr
+        assert "not serving by its bootstrap deadline" in journal, journal
+        assert f"delete droplet {replica}: " in journal and autodown_token not in journal
+        until = time.time() + 30
+        while time.time() < until and replica in emu.account.machines:
+            time.sleep(0.2)
+        assert list(emu.account.machines) == [front], "the deadline deleted it"
+        report(request, "\n  ".join([summary("failed-wake", emu, results), *billing]))
 
 
 def front_mode(emu: Emulation, mode: str, since: float, seconds: float = 60) -> None:

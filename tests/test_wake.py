@@ -349,6 +349,34 @@ def test_a_refused_up_reaches_the_held_requests_in_the_programs_own_words(
     assert front.state()["last_wake"]["reason"] == front.state()["last_failure"]
 
 
+# A wake whose up failed at the driver phase, then deploy.yml's clean-up (lease.py --failed-up).
+FAILED_UP_LOG = [
+    "Diagnostics:",
+    "    error: phase driver failed: see its output above",
+    "##[error]code: 255",
+    "billing: the failed up of stack dev made 1 GPU Droplet(s); 1 deleted ($3.39/h stopped)",
+    "billing: nemotron-dev (7, $3.39/h): made by this run: deleted",
+]
+
+
+def test_a_failed_wake_says_what_its_clean_up_deleted(
+    front_factory: Callable[..., Front],
+) -> None:
+    """Issue 42: the operator of a 3 a.m. wake that failed learns from the held request's 503
+    (and the front's state) whether anything still bills: the clean-up's `billing:` lines,
+    read from the failed job's log."""
+    github = FakeGitHub()
+    front = front_factory(github)
+    github.on_dispatch = later(0.5, lambda: github.finish_run("failure", log=FAILED_UP_LOG))
+    answer = front.send(CHAT)
+    assert answer.status_code == 503, answer.text
+    message = answer.json()["error"]["message"]
+    assert ("step Run pulumi/actions@v7; billing: the failed up of stack dev made 1 GPU "
+            "Droplet(s); 1 deleted ($3.39/h stopped); nemotron-dev (7, $3.39/h): made by this "
+            "run: deleted") in message, message  # fmt: skip
+    assert "1 deleted ($3.39/h stopped)" in front.state()["last_failure"]
+
+
 def pipeline_of(front: Front) -> dict[str, Any]:
     """The waker's look at the pipeline, taken on start (check_pipeline)."""
     end = time.monotonic() + 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -124,6 +125,45 @@ def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment(
     job = wf["jobs"]["deploy"]
     assert job["environment"] == "${{ inputs.stack || 'dev' }}"
     assert wf["concurrency"]["cancel-in-progress"] is False
+
+
+CLEAN_UP = "Delete the GPU Droplets this failed up made"
+
+
+def test_a_failed_or_cancelled_up_deletes_what_it_made_before_the_job_ends() -> None:
+    """Issue 42: after an unattended up fails (a wake, a push), what it made must not bill
+    until someone looks. The deploy job notes when it began, and its last step, on failure or
+    cancellation (the job's timeout), runs lease.py's clean-up of what was made since, with
+    the deploy's own token through its environment; never after a destroy."""
+    steps = load("deploy.yml")["jobs"]["deploy"]["steps"]
+    names = [s.get("name") or s.get("uses") for s in steps]
+    began = names.index("Note when this run began")
+    assert began < names.index("pulumi/actions@v7") < names.index(CLEAN_UP) == len(steps) - 1
+    assert steps[began]["id"] == "began"
+    assert steps[began]["run"] == 'echo "at=$(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$GITHUB_OUTPUT"'
+    step = steps[-1]
+    assert step["if"] == (
+        "(failure() || cancelled()) && (inputs.command || 'up') == 'up' && steps.began.outputs.at"
+    )
+    # Within the 5 minutes GitHub gives a cancelled job's remaining steps.
+    assert step["timeout-minutes"] <= 5
+    assert step["env"] == {
+        "DIGITALOCEAN_TOKEN": "${{ secrets.DIGITALOCEAN_TOKEN }}",
+        "STACK": "${{ inputs.stack || 'dev' }}",
+        "SINCE": "${{ steps.began.outputs.at }}",
+    }
+    argv = step["run"].split()
+    assert argv[:2] == ["python3", "scripts/ci/lease.py"]
+    # The arguments lease.py's own parser takes, with what the step's variables would hold.
+    values = {'"$STACK"': "dev", '"$SINCE"': "2026-12-05T03:00:00Z",
+              '"$GITHUB_STEP_SUMMARY"': "summary.md"}  # fmt: skip
+    spec = importlib.util.spec_from_file_location("lease", ROOT / "scripts" / "ci" / "lease.py")
+    assert spec and spec.loader
+    lease = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = lease  # dataclasses look their module up
+    spec.loader.exec_module(lease)
+    args = lease._parser().parse_args([values.get(a, a) for a in argv[2:]])
+    assert (args.failed_up, args.since.isoformat()) == ("dev", "2026-12-05T03:00:00+00:00")
 
 
 def test_secrets_only_reach_steps_through_env_or_inputs_never_a_run_line() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pulumi
 
-from ..host import balancer, gateway, wake
+from ..host import balancer, gateway, phases, wake
 from ..spec import catalog
 from ..spec.bill import balancer_hourly_price, bill_warning, set_hourly_price
 from ..spec.schema import StackConfig, set_secret
@@ -61,6 +61,8 @@ def export(
             "mode": cfg.autodown.mode,
             "idleMinutes": cfg.autodown.idle_minutes,
             "maxHours": cfg.autodown.max_hours,
+            # The deadline of a Droplet that never serves (phases.bootstrap_minutes).
+            "bootstrapMinutes": phases.bootstrap_minutes(cfg) if cfg.autodown.enabled else None,
         },
     )
     if cfg.pooled:

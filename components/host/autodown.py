@@ -31,12 +31,15 @@ def env_text(
     dns_record: str = "",
     peers: Sequence[Peer] = (),
     peer_key: str = "",
+    bootstrap_minutes: int | None = None,
 ) -> str:
     """The rule's settings; `dns_record` ("<zone> <record id>") is the endpoint's A record,
     deleted before the Droplet. With replicas, the rule runs on replica 0 for the set: idle
     only when no replica did anything (each of the other `peers`' /metrics through its
     gateway, with the key), and then it deletes each of them by its Droplet id, itself last
-    (the balancer and its address stay, for the next `pulumi up`)."""
+    (the balancer and its address stay, for the next `pulumi up`). `bootstrap_minutes`: the
+    deadline of a Droplet that never served, and how long a replica's unreadable metrics
+    count as busy (phases.bootstrap_minutes; None: neither bound)."""
     rule = cfg.autodown
     token = rule.token.get_secret_value() if rule.token is not None else ""
     return "\n".join([
@@ -54,6 +57,8 @@ def env_text(
         f"AUTODOWN_PEER_METRICS_URLS={' '.join(pool.metrics_url(p.private_ip) for p in peers)}",
         f"AUTODOWN_PEER_METRICS_KEY={peer_key if peers else ''}",
         f"AUTODOWN_PEER_DROPLET_IDS={' '.join(p.droplet_id for p in peers)}",
+        f"AUTODOWN_BOOTSTRAP_MINUTES={bootstrap_minutes or ''}",
+        f"AUTODOWN_UNREADABLE_MINUTES={bootstrap_minutes or ''}",
     ])  # fmt: skip
 
 

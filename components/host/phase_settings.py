@@ -297,6 +297,8 @@ def gateway_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
 
 
 def autodown_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
+    from . import phases  # noqa: PLC0415 (its rows name this module's functions)
+
     return {
         # With replicas, replica 0 watches the set; the others run no rule of their own.
         "NEMO_AUTODOWN_MODE": (cfg.autodown.mode if not i.replica else "off"),
@@ -305,6 +307,7 @@ def autodown_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
             "" if cfg.pooled else i.dns_record,
             [autodown.Peer(*peer) for peer in i.peers],
             i.api_key,
+            phases.bootstrap_minutes(cfg),
         ),
         "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,
         "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,

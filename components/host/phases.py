@@ -121,9 +121,12 @@ BOOTSTRAP: tuple[Phase, ...] = (
         inputs=("api_key", "host"),
         replica_inputs=("api_key", "private_ip", "metrics_reader", "render_client"),
     ),
+    # Right after preflight (which records when the first bootstrap began), before anything
+    # that can fail for long: a Droplet whose driver, download or vLLM fails is still bounded by
+    # the rule's bootstrap deadline (issue 42; docs/stop-paying.md).
     Phase(
         "autodown",
-        ("service",),
+        ("preflight",),
         10,
         ps.autodown_phase,
         inputs=("dns_record",),
@@ -210,6 +213,19 @@ def minutes(cfg: StackConfig, phase: Phase) -> int:
         drain = -(-pool.drain_bound_seconds(cfg) // 60)
         return phase.minutes + drain + DRAIN_MARGIN_MINUTES
     return phase.minutes
+
+
+def bootstrap_minutes(cfg: StackConfig) -> int:
+    """autodown's bootstrap deadline: `autodown.bootstrapMinutes`, else the longest path of the
+    phases' own bounds from preflight to ready. A deadline shorter than what `pulumi up` itself
+    waits for would delete a slow bootstrap that was still going to succeed."""
+    if cfg.autodown.bootstrap_minutes is not None:
+        return cfg.autodown.bootstrap_minutes
+    done: dict[str, int] = {}
+    for phase in BOOTSTRAP:  # each row after the rows it names: one pass
+        before = max((done.get(name, 0) for name in phase.after), default=0)
+        done[phase.name] = before + minutes(cfg, phase)
+    return max(done.values())
 
 
 def wanted(phase: Phase, replica: int | None) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ and the docs all read from here, so a new size or model is one entry, not a hunt
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +35,16 @@ def lease_minutes(tags: list[str]) -> int | None:
         if value != tag and value.isdigit() and int(value) > 0:
             return int(value)
     return None
+
+
+# The tag that finds a stack's Droplets among the account's (schema.StackConfig.stack_tag); the
+# failed up's clean-up (lease.py --failed-up) deletes by it what that stack's run made.
+STACK_TAG_PREFIX = "stack:"
+
+
+def stack_tag(stack: str) -> str:
+    """A stack's tag: its name with what a tag may not hold made a dash (tags.yml `pattern`)."""
+    return STACK_TAG_PREFIX + re.sub(r"[^A-Za-z0-9_-]", "-", stack)
 
 
 # Ports. vLLM only ever listens on loopback; the public entry is the gateway (gateway.py).

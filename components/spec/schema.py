@@ -36,7 +36,7 @@ def set_secret(key: str) -> str:
 
 
 _TAG = re.compile(r"^[A-Za-z0-9_:\-]{1,255}$")
-RESERVED_TAG_PREFIXES = (f"{catalog.PROJECT}-", "stack:")
+RESERVED_TAG_PREFIXES = (f"{catalog.PROJECT}-", catalog.STACK_TAG_PREFIX)
 _FINGERPRINT = re.compile(r"^([0-9a-f]{2}:){15}[0-9a-f]{2}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
@@ -566,6 +566,15 @@ class AutodownConfig(_Section):
         description="Delete the Droplet this many hours after the bootstrap first ran, busy or "
         "not. Unset: no ceiling.",
     )
+    bootstrap_minutes: int | None = Field(
+        None,
+        ge=10,
+        le=1440,
+        description="Delete a Droplet that does not serve this many minutes after its first "
+        "bootstrap began (a driver, a download or vLLM that failed), and count a replica whose "
+        "metrics cannot be read as busy for this long at most. Unset: the longest the "
+        "bootstrap's phases may take by their own bounds (the `autodown` output says it).",
+    )
     token: SecretStr | None = Field(
         None,
         description="DigitalOcean token that may delete Droplets, set as a secret: "
@@ -908,7 +917,7 @@ class StackConfig(BaseModel):
     @property
     def stack_tag(self) -> str:
         """The tag that finds this stack's Droplet (with its name) among the account's."""
-        return f"{RESERVED_TAG_PREFIXES[1]}{_slug(self.stack)}"
+        return catalog.stack_tag(self.stack)
 
     @property
     def tags(self) -> list[str]:

@@ -28,6 +28,14 @@ the list and the delete (404) counts as gone. The token is never printed, and a 
 never followed (the token would go with it). Exit 0: nothing failed (deleted or not); 1: a call
 failed (the summary says which); 2: the token or the arguments.
 
+`--failed-up STACK --since TIME` is deploy.yml's clean-up after a `pulumi up` that failed (or was
+cancelled): it deletes, by id, the stack's GPU Droplets (tagged `stack:<STACK>`) that
+DigitalOcean created since TIME (the run's start, less a minute for clocks apart): what that run
+made and did not bring to serve. The stack's older Droplets stay (they served before; their
+autodown rule and their lease bound them) and are named with their lease. Each line it prints
+for the run's log begins `billing:`, which the front's waker relays to the requests a failed
+wake held (scripts/phases/wake.py). Same token, same scopes.
+
 `--status` asks GitHub instead whether the schedule still runs (GitHub REST, github/
 rest-api-description): GET /repos/{repo}/actions/workflows/lease.yml (its `state`: `active`, or
 `disabled_inactivity` after 60 days without activity in a public repository, `disabled_manually`,
@@ -82,6 +90,11 @@ GRACE_MINUTES = 30.0
 # The most one run waits on Retry-After in total: the next scheduled run tries again, and the
 # job's timeout-minutes (lease.yml) must stay above this plus the calls themselves.
 MAX_WAIT_SECONDS = 180.0
+# --failed-up: a Droplet created this long before the run's recorded start still counts as the
+# run's (the runner's clock and DigitalOcean's apart). A run's Droplet before it was made by the
+# run before, which ended (deploy.yml's concurrency: one run per stack) after its bootstrap.
+SINCE_MARGIN = timedelta(minutes=1)
+BILLING = "billing:"  # the head of the lines the waker relays
 # --status: the workflow, the step that does the work (its name is lease.yml's), and how old the
 # last scheduled run may be before the check says the schedule is not running.
 WORKFLOW = "lease.yml"
@@ -243,7 +256,8 @@ def judge(droplet: dict[str, Any], now: datetime, grace_minutes: float) -> Verdi
     minutes = catalog.lease_minutes(tags)
     expires = None if minutes is None else created.timestamp() + minutes * 60
     due = expires is not None and now.timestamp() > expires + grace_minutes * 60
-    stack = next((t.removeprefix("stack:") for t in tags if t.startswith("stack:")), "?")
+    stack = next((t for t in tags if t.startswith(catalog.STACK_TAG_PREFIX)), "?")
+    stack = stack.removeprefix(catalog.STACK_TAG_PREFIX)
     size = droplet.get("size") or {}
     return Verdict(
         id=int(droplet["id"]),
@@ -255,6 +269,32 @@ def judge(droplet: dict[str, Any], now: datetime, grace_minutes: float) -> Verdi
         expires=None if expires is None else datetime.fromtimestamp(expires, UTC),
         due=due,
     )
+
+
+def made_by_run(verdicts: list[Verdict], stack: str, since: datetime) -> list[Verdict]:
+    """--failed-up: this stack's GPU Droplets only, due when created since the run began."""
+    mine = [v for v in verdicts if catalog.STACK_TAG_PREFIX + v.stack == catalog.stack_tag(stack)]
+    for v in mine:
+        v.due = v.created >= since - SINCE_MARGIN
+    return mine
+
+
+def billing_lines(verdicts: list[Verdict], stack: str, now: datetime) -> list[str]:
+    """What the failed up leaves billing, one `billing:` line each, for the run's log (the
+    front relays them to the requests a failed wake held)."""
+    made = [v for v in verdicts if v.due]
+    gone = [v for v in made if v.action in ("deleted", "already gone")]
+    stopped = sum(v.price_hourly for v in gone)
+    lines = [f"{BILLING} the failed up of stack {stack} made {len(made)} GPU Droplet(s); "
+             f"{len(gone)} deleted (${stopped:.2f}/h stopped)"]  # fmt: skip
+    for v in verdicts:
+        what = f"{v.name} ({v.id}, ${v.price_hourly:.2f}/h)"
+        if v.due:
+            lines.append(f"{BILLING} {what}: made by this run: {v.action}")
+        else:
+            lines.append(f"{BILLING} {what}: older than this run, kept: its autodown rule "
+                         f"and its lease bound it ({describe(v, now)})")  # fmt: skip
+    return lines
 
 
 def describe(v: Verdict, now: datetime) -> str:
@@ -531,6 +571,13 @@ def _summary_path(given: Path | None) -> Path | None:
     )
 
 
+def _utc(text: str) -> datetime:
+    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        raise ValueError("no zone")
+    return when
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -571,6 +618,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete nothing: renew lease.yml's schedule (PUT .../enable; actions: write)",
     )
+    parser.add_argument(
+        "--failed-up",
+        metavar="STACK",
+        help="after a failed pulumi up (deploy.yml): delete the stack's GPU Droplets made since "
+        "--since",
+    )
+    parser.add_argument(
+        "--since",
+        type=_utc,
+        help="--failed-up: when the run began, ISO 8601 with its zone (2026-12-05T03:00:00Z)",
+    )
     parser.add_argument("--api-url", default=API_URL, help=argparse.SUPPRESS)
     # In a workflow run the runner's GITHUB_API_URL (GitHub Enterprise's API too), else github.com.
     github_api = os.environ.get("GITHUB_API_URL") or GITHUB_API_URL
@@ -589,6 +647,8 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
     # nan and inf would keep every Droplet past its lease: a number it can count to, or nothing.
     if not (math.isfinite(args.grace_minutes) and args.grace_minutes >= 0):
         parser.error("--grace-minutes: a number of minutes, 0 or more")
+    if (args.failed_up is None) != (args.since is None):
+        parser.error("--failed-up STACK and --since TIME go together (deploy.yml's clean-up)")
     token = os.environ.get("DIGITALOCEAN_TOKEN", "")
     if not token:
         print("error: DIGITALOCEAN_TOKEN is not set (scopes: droplet:read, droplet:delete)",
@@ -605,6 +665,8 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
         droplets = list_gpu_droplets(api)
         listed = len(droplets)
         verdicts = [v for d in droplets if (v := judge(d, now, args.grace_minutes)) is not None]
+        if args.failed_up is not None:
+            verdicts = made_by_run(verdicts, args.failed_up, args.since)
         failures = enforce(api, verdicts, args.dry_run)
     except RefusedError as err:
         failures, code = [str(err)], 2
@@ -615,6 +677,8 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
     for v in verdicts:
         print(f"{v.name} ({v.id}, stack {v.stack}, {v.size}, ${v.price_hourly:.2f}/h): "
               f"{describe(v, now)}: {v.action}")  # fmt: skip
+    if args.failed_up is not None and listed is not None:
+        print("\n".join(billing_lines(verdicts, args.failed_up, now)))
     if summary_path is not None:
         with summary_path.open("a") as out:
             out.write(summary(verdicts, now, args.dry_run, failures, listed, args.grace_minutes))

@@ -9,8 +9,18 @@ requests (vllm-project/vllm#22545): a "running" request that produces nothing fo
 AUTODOWN_IDLE_MINUTES is idle. AUTODOWN_MAX_HOURS counts from this Droplet's first bootstrap
 (the file AUTODOWN_FIRST_BOOTSTRAP, written once by the preflight phase), busy or not.
 
+Installed by the first phase after preflight, before the driver, the downloads and vLLM: a
+bootstrap that fails there (a driver that does not build, a download that never ends, vLLM out
+of memory at its start) leaves this rule running. AUTODOWN_BOOTSTRAP_MINUTES (empty: no such
+rule) is the deadline of a Droplet that never served: until this replica's own metrics have been
+read once, it is bootstrapping (busy), and that many minutes after its first bootstrap it is
+deleted, whatever else the rule says.
+
 Nothing here may crash into "never": metrics that cannot be read or parsed count as busy (a
-broken vLLM never gets a working one killed), and max hours still fires; a state file of any
+broken vLLM never gets a working one killed), but only for AUTODOWN_UNREADABLE_MINUTES in a row
+per source (this replica once it served, each peer; empty: no bound): past that the source
+counts as idle, so a dead replica cannot keep a set "busy" for ever, and the idle rule takes the
+set down. Max hours still fires whatever the metrics say; a state file of any
 shape is reset; the run keeps its own deadline (AUTODOWN_RUN_SECONDS) so a hung service cannot
 hold the next minute's run. The Droplet is deleted through the DigitalOcean API (its id from the
 metadata service, which must be a number) exactly once. Every decision is one log line (the
@@ -20,14 +30,15 @@ Settings come from the environment (a root-only EnvironmentFile): AUTODOWN_TOKEN
 AUTODOWN_IDLE_MINUTES, AUTODOWN_MAX_HOURS (empty: no such rule), AUTODOWN_DRY_RUN,
 AUTODOWN_METRICS_URL, AUTODOWN_METADATA_URL, AUTODOWN_API_URL, AUTODOWN_STATE,
 AUTODOWN_FIRST_BOOTSTRAP, AUTODOWN_RUN_SECONDS, AUTODOWN_DNS_RECORD ("<zone> <record id>" of the
-endpoint's A record, deleted first).
+endpoint's A record, deleted first), AUTODOWN_BOOTSTRAP_MINUTES, AUTODOWN_UNREADABLE_MINUTES.
 
 With replicas it runs on replica 0 for the whole set: AUTODOWN_PEER_METRICS_URLS are the other
 replicas' /metrics through their private gateways (AUTODOWN_PEER_METRICS_KEY is the API key
 they ask for); the set is busy when any replica is (the readings are summed, and one that
-cannot be read counts as busy, like this replica's own). AUTODOWN_PEER_DROPLET_IDS are the other
-replicas' Droplet ids: each is deleted by its id, and this one last, once every other is gone, so
-that a failed delete leaves the rule running on a Droplet that can try again. Never by tag:
+cannot be read counts as busy, like this replica's own, within AUTODOWN_UNREADABLE_MINUTES).
+AUTODOWN_PEER_DROPLET_IDS are the other replicas' Droplet ids: each is deleted by its id, and
+this one last, once every other is gone, so that a failed delete leaves the rule running on a
+Droplet that can try again. Never by tag:
 DELETE /v2/droplets?tag_name= needs tag:read besides droplet:delete, and whether it reaches
 GPU Droplets is not documented (docs/facts.md; DigitalOcean OpenAPI droplets_destroy_byTag.yml).
 
@@ -167,21 +178,51 @@ def read_metrics(url: str, deadline: Deadline, key: str = "") -> dict[str, float
         return None
 
 
+def unreadable_for(state: dict[str, Any], url: str, readable: bool, now: float) -> float:
+    """Minutes this source has been unreadable in a row (0 once it answers); saved per URL."""
+    since: dict[str, float] = state["unreadable_since"]
+    if readable:
+        since.pop(url, None)
+        return 0.0
+    since.setdefault(url, now)
+    return (now - since[url]) / 60
+
+
 def read_set_metrics(
-    own_url: str, peer_urls: list[str], key: str, deadline: Deadline
+    own_url: str,
+    peer_urls: list[str],
+    key: str,
+    deadline: Deadline,
+    state: dict[str, Any],
+    bound: float | None,
 ) -> dict[str, float] | None:
-    """This replica's reading plus every peer's, summed; None when any one cannot be read."""
-    total = read_metrics(own_url, deadline)
-    if total is None or not peer_urls:
-        return total
-    for url in peer_urls:
-        reading = read_metrics(url, deadline, key)
-        if reading is None:
-            log(f"replica metrics unreadable at {url}: the set counts as busy")
-            return None
-        for name, value in reading.items():
-            total[name] = total.get(name, 0.0) + value
-    return total
+    """This replica's reading plus every peer's, summed; None (busy) while any one cannot be
+    read, for at most `bound` minutes in a row each (None: no bound). Past the bound a source
+    counts as idle: a reading of zeros in its place. This replica's own bound starts once it
+    served (before, the bootstrap deadline governs it)."""
+    now = deadline.clock()
+    total: dict[str, float] = {name: 0.0 for name in REQUIRED}
+    busy = False
+    for url in [own_url, *peer_urls]:
+        own = url == own_url
+        reading = read_metrics(url, deadline, "" if own else key)
+        if own and reading is not None:
+            state["served"] = True
+        if own and not state["served"]:
+            busy = busy or reading is None  # bootstrapping: not counted against the bound
+            continue
+        minutes = unreadable_for(state, url, reading is not None, now)
+        if reading is not None:
+            for name, value in reading.items():
+                total[name] = total.get(name, 0.0) + value
+        elif bound is None or minutes < bound:
+            if not own:
+                log(f"replica metrics unreadable at {url}: the set counts as busy")
+            busy = True
+        else:
+            log(f"metrics unreadable at {url} for {minutes:.0f} min, past "
+                f"{bound:g} (AUTODOWN_UNREADABLE_MINUTES): counted as idle")  # fmt: skip
+    return None if busy else total
 
 
 def droplet_id(metadata_url: str, deadline: Deadline) -> str | None:
@@ -316,6 +357,10 @@ def fresh_state(now: float) -> dict[str, Any]:
         "record_deleted": False,
         # The other replicas this rule has deleted (by id): a later run deletes only the rest.
         "peers_deleted": [],
+        # This replica's own metrics were read once: its bootstrap is over.
+        "served": False,
+        # Per metrics URL, when it began to be unreadable (cleared when it answers).
+        "unreadable_since": {},
     }
 
 
@@ -330,6 +375,12 @@ def _flag(value: object) -> bool:
 def _ids(value: object) -> bool:
     return isinstance(value, list) and all(
         isinstance(i, str) and DROPLET_ID.fullmatch(i) for i in value
+    )
+
+
+def _times(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and _number(v) for k, v in value.items()
     )
 
 
@@ -365,12 +416,17 @@ def load_state(path: Path, now: float) -> tuple[dict[str, Any], str | None]:
         "record_deleted": _flag,
         "deleting": _flag,
         "peers_deleted": _ids,
+        "served": _flag,
+        "unreadable_since": _times,
     }
     for key, valid in kinds.items():
         if key in raw and valid(raw[key]):
             state[key] = raw[key]
         elif key in raw:
             odd.append(key)
+    # Clamped like the times above; an earlier release's state with a reading had served.
+    state["unreadable_since"] = {k: min(v, now) for k, v in state["unreadable_since"].items()}
+    state["served"] = state["served"] or ("served" not in raw and state["counters"] is not None)
     return state, (f"state file had odd {', '.join(odd)}: reset" if odd else None)
 
 
@@ -419,29 +475,44 @@ def busy_now(state: dict[str, Any], metrics: dict[str, float] | None) -> tuple[b
     return False, f"idle ({reading})"
 
 
+@dataclass(frozen=True)
+class Rule:
+    """The limits in force (None: that rule is off)."""
+
+    idle_minutes: float | None
+    max_hours: float | None
+    bootstrap_minutes: float | None = None
+
+
 def decide(
     state: dict[str, Any],
     metrics: dict[str, float] | None,
     now: float,
     started: tuple[float, str],
-    idle_minutes: float | None,
-    max_hours: float | None,
+    rule: Rule,
 ) -> tuple[bool, str]:
     """Update the state from this minute's metrics; return (delete?, the reason line)."""
     busy, what = busy_now(state, metrics)
+    if not state["served"]:
+        busy, what = True, "bootstrapping: this replica has not served yet"
     if busy:
         state["last_activity"] = now
     idle = (now - state["last_activity"]) / 60
     up = (now - started[0]) / 3600
     limits = []
-    if idle_minutes is not None:
-        limits.append(f"idle {idle:.0f}/{idle_minutes:g} min")
-    if max_hours is not None:
-        limits.append(f"up {up:.2f}/{max_hours:g} h since {started[1]}")
+    if not state["served"] and rule.bootstrap_minutes is not None:
+        limits.append(f"bootstrap {up * 60:.0f}/{rule.bootstrap_minutes:g} min since {started[1]}")
+    if rule.idle_minutes is not None:
+        limits.append(f"idle {idle:.0f}/{rule.idle_minutes:g} min")
+    if rule.max_hours is not None:
+        limits.append(f"up {up:.2f}/{rule.max_hours:g} h since {started[1]}")
     reason = f"{what}; {', '.join(limits)}"
-    if max_hours is not None and up >= max_hours:
+    if rule.max_hours is not None and up >= rule.max_hours:
         return True, f"{reason}: past max hours"
-    if idle_minutes is not None and idle >= idle_minutes:
+    late = rule.bootstrap_minutes is not None and up * 60 >= rule.bootstrap_minutes
+    if not state["served"] and late:
+        return True, f"{reason}: not serving by its bootstrap deadline"
+    if rule.idle_minutes is not None and idle >= rule.idle_minutes:
         return True, f"{reason}: idle too long"
     return False, reason
 
@@ -516,8 +587,12 @@ def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = t
     args = parser.parse_args(argv)
     env = os.environ.get
     try:
-        idle_minutes = env_number("AUTODOWN_IDLE_MINUTES")
-        max_hours = env_number("AUTODOWN_MAX_HOURS")
+        rule = Rule(
+            env_number("AUTODOWN_IDLE_MINUTES"),
+            env_number("AUTODOWN_MAX_HOURS"),
+            env_number("AUTODOWN_BOOTSTRAP_MINUTES"),
+        )
+        unreadable = env_number("AUTODOWN_UNREADABLE_MINUTES")
         run_seconds = env_number("AUTODOWN_RUN_SECONDS") or RUN_SECONDS
     except ValueError as err:
         log(f"bad setting: {err}; fix /etc/nemotron/autodown.env (pulumi up rewrites it)")
@@ -543,11 +618,13 @@ def main(argv: list[str] | None = None, now: Clock = time.time, sleep: Sleep = t
         env("AUTODOWN_PEER_METRICS_URLS", "").split(),
         env("AUTODOWN_PEER_METRICS_KEY", ""),
         deadline,
+        state,
+        unreadable,
     )
     started = first_bootstrap(
         Path(env("AUTODOWN_FIRST_BOOTSTRAP", "/var/lib/nemotron/first-bootstrap")), state, start
     )
-    delete, reason = decide(state, metrics, now(), started, idle_minutes, max_hours)
+    delete, reason = decide(state, metrics, now(), started, rule)
     outcome = 0
     if not delete:
         log(f"keep: {reason}")

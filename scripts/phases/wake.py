@@ -125,6 +125,9 @@ RUN_ENDED = "completed"
 REFUSAL_HEAD = "nothing was created:"
 REFUSAL_LINE = re.compile(r"^\s*- (\S.*)$")
 LOG_STAMP = re.compile(r"^\ufeff?\d{4}-\d\d-\d\dT[0-9:.]+Z ")
+# What a failed up left billing: deploy.yml's clean-up (scripts/ci/lease.py --failed-up) prints
+# one line each, headed so, after the up's own output.
+BILLING_HEAD = "billing: "
 LOG_LIMIT = 4_000_000  # bytes of a job's log read: a refused up stops long before
 LOG_SECONDS = 60.0  # and for no longer than this, however slowly it trickles
 # The pipeline looked at on start and every PIPELINE_CHECK_SECONDS (a fine-grained token expires,
@@ -611,6 +614,15 @@ def refusal_in_log(text: str) -> list[str]:
     if problems:
         found = problems
     return list(dict.fromkeys(found))[:5]
+
+
+def billing_in_log(text: str) -> list[str]:
+    """What the failed up's clean-up says still bills or was deleted (its `billing:` lines), or
+    [] when the job's log has none."""
+    lines = (LOG_STAMP.sub("", raw) for raw in text.splitlines())
+    found = [line.removeprefix(BILLING_HEAD).strip()[:300] for line in lines
+             if line.startswith(BILLING_HEAD)]  # fmt: skip
+    return found[:6]
 
 
 def token_expiry(value: str | None) -> float | None:
@@ -1195,12 +1207,14 @@ class Waker:
                 return ""
             steps = [s.get("name") for s in failed[0].get("steps") or []
                      if isinstance(s, dict) and s.get("conclusion") == "failure"]  # fmt: skip
-            problems = refusal_in_log(self.job_log(int(failed[0]["id"])))
+            text = self.job_log(int(failed[0]["id"]))
+            problems, billing = refusal_in_log(text), billing_in_log(text)
         except Exception as err:  # noqa: BLE001 (no answer of GitHub's may keep a wake from failing)
             log("run_reason_unread", error=type(err).__name__)
             return ""
         where = f" in job {failed[0].get('name')}" + (f", step {steps[0]}" if steps else "")
-        return where + (f" (the stack was refused: {'; '.join(problems)})" if problems else "")
+        where += f" (the stack was refused: {'; '.join(problems)})" if problems else ""
+        return where + (f"; billing: {'; '.join(billing)}" if billing else "")
 
     def job_log(self, job_id: int) -> str:
         """A job's log (GitHub answers 302 to a storage URL signed for a minute; it is fetched

@@ -6,9 +6,11 @@ phase took)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import socket
 import ssl
+import subprocess
 import tempfile
 import threading
 import time
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import yaml
 from pulumi_harness import DEFAULT_OFFERS
 
 from components.spec import catalog
@@ -25,7 +28,7 @@ from stack import do_api, github_api, internet, net
 from stack.acme_ca import ACMECA
 from stack.cloud import Account
 from stack.commands import RemoteCommands
-from stack.deploy import Result, Stack
+from stack.deploy import ROOT, Result, Stack
 
 # The names Caddy's default ACME issuers are reached at (Let's Encrypt, then ZeroSSL).
 LETS_ENCRYPT = ("acme-v02.api.letsencrypt.org", "acme.zerossl.com")
@@ -60,6 +63,37 @@ class Emulation:
             }
             self.stacks[name] = Stack(name, providers, self.account)
         return self.stacks[name]
+
+
+# deploy.yml's last step: what a failed or cancelled up made is deleted (lease.py --failed-up).
+CLEAN_UP_STEP = "Delete the GPU Droplets this failed up made"
+
+
+def clean_up_failed_up(
+    emu: Emulation, stack: str, since: float, token: str
+) -> subprocess.CompletedProcess[str]:
+    """deploy.yml's clean-up step as a runner on the internet runs it: the step's own `run:`
+    line under bash, its environment as the step sets it (the deploy's token, the stack, the
+    run's start), api.digitalocean.com at its world address and trusted as the internet's CA
+    signs it (a private /etc/hosts in the command's own mount namespace)."""
+    steps = yaml.safe_load((ROOT / ".github" / "workflows" / "deploy.yml").read_text())
+    [step] = [s for s in steps["jobs"]["deploy"]["steps"] if s.get("name") == CLEAN_UP_STEP]
+    hosts, roots = emu.workdir / "runner-hosts", emu.workdir / "runner-roots.pem"
+    hosts.write_text(f"{net.DO_API} api.digitalocean.com\n")
+    roots.write_text(emu.downloads.root_pem)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "SSL_CERT_FILE": str(roots),
+        "GITHUB_STEP_SUMMARY": str(emu.workdir / "runner-summary.md"),
+        "DIGITALOCEAN_TOKEN": token,
+        "STACK": stack,
+        "SINCE": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)),
+    }
+    script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(hosts),
+            "bash", "-c", step["run"]]  # fmt: skip
+    return subprocess.run(emu.world.argv(argv), cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=step["timeout-minutes"] * 60, check=False)  # fmt: skip
 
 
 @dataclass
