@@ -2,7 +2,8 @@
 """A real run on a real account, bounded by a cost cap: what .github/workflows/real-run.yml runs.
 
     python scripts/ci/real_run.py plan --cost-cap 5 --name real-run-1 --out-dir run
-    read -rs AUTODOWN_TOKEN && export AUTODOWN_TOKEN; python scripts/ci/real_run.py init --stack real-run-1
+    read -rs AUTODOWN_TOKEN && export AUTODOWN_TOKEN   # pasted: no echo, no history
+    python scripts/ci/real_run.py init --stack real-run-1
     python scripts/ci/real_run.py up --stack real-run-1 --minutes 60 -- --policy-pack policy
     python scripts/ci/real_run.py outputs --stack real-run-1 --out run/outputs.json
     python scripts/ci/real_run.py cleanup --stack real-run-1 --minutes 15 --out-dir run
