@@ -778,6 +778,43 @@ def test_a_rolling_update_through_the_front_fails_no_request(tmp_path: Path, rou
         assert all(m.url in listed for m in s.members), listed
 
 
+# A valid body for each POST route of the gate (the model's name added).
+ROUTE_BODIES: dict[str, dict[str, Any]] = {
+    "chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "completions": {"prompt": "hi", "max_tokens": 2},
+    "responses": {"input": "hi", "max_output_tokens": 2},
+    "embeddings": {"input": "hi"},
+}
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_every_route_the_gate_admits_answers_through_the_front(
+    tmp_path: Path, routing: str
+) -> None:
+    """Each route of the gate (gateway.API_ROUTES, which its URI pattern is made of), sent with
+    the key through the front to replicas whose gateways require it, answers as a replica's
+    vLLM itself answers it with the key (a stored response's lookup and cancel: vLLM's 404, it
+    keeps none by default), never a 401, and no replica saw it without the key. With
+    cache-aware, vllm-router 0.1.17 forwards POST /v1/responses without the client's
+    Authorization (server.rs v1_responses -> route_transparent): the replica's gate said 401."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    answers: dict[str, tuple[int, int]] = {}
+    with routed_set(tmp_path, routing, replicas=2) as s:
+        vllm = f"http://127.0.0.1:{s.members[0].vllm_port}"
+        for method, template in gateway.API_ROUTES:
+            path = "/v1/" + template.replace("{id}", "resp_0123abc")
+            body = None
+            if method == "POST" and "{id}" not in template:
+                body = {"model": "nemotron", **ROUTE_BODIES[template]}
+            direct = requests.request(method, vllm + path, headers=auth, json=body, timeout=30)
+            front = s.gw.request(method, path, json=body)
+            answers[f"{method} {path}"] = (front.status_code, direct.status_code)
+        unkeyed = [c for m in s.members for c in m.stats()["api_calls"] if not c[2]]
+    wrong = {route: got for route, got in answers.items() if got[0] != got[1] or got[0] == 401}
+    assert not wrong, f"(front, vLLM itself) per route: {wrong}"
+    assert not unkeyed, unkeyed
+
+
 ROUTER_ADMIN = [
     ("POST", "/add_worker?url=http://203.0.113.9:80"),
     ("POST", "/remove_worker?url=http://127.0.0.2:1"),

@@ -122,6 +122,28 @@ def _resendable() -> str:
     return f"({{http.request.method}} == 'GET' || {buffered})"
 
 
+def routed(import_glob: str, address: str = router.ADDRESS) -> str:
+    """The API routes with balancer.routing cache-aware: to the front's router (router_proxy),
+    but the routes it would forward without the client's key (router.UNKEYED_ROUTES) straight
+    to the replicas, least_conn (reverse_proxy), as with routing least-conn."""
+    assert all("{" not in path for _, path in router.UNKEYED_ROUTES), "exact paths only"
+    unkeyed = " || ".join(
+        f"({{http.request.method}} == '{method}' && "
+        f"{{http.request.uri}}.matches('^/v1/{path}([?][^#]*)?$'))"
+        for method, path in router.UNKEYED_ROUTES
+    )
+    tab = "\n\t"
+    return f"""# The router picks the replica, for every route it passes the client's key on.
+@routed not expression `{unkeyed}`
+handle @routed {{
+	{router_proxy(address).replace(chr(10), tab)}
+}}
+# The others go to the replicas as with routing least-conn.
+handle {{
+	{reverse_proxy(import_glob).replace(chr(10), tab)}
+}}"""
+
+
 def router_proxy(address: str = router.ADDRESS, dial_timeout_seconds: int = 2) -> str:
     """The reverse_proxy block for the front's router (balancer.routing: cache-aware, router.py):
     one upstream, the router on loopback, which picks the replica.

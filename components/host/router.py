@@ -13,6 +13,8 @@ follows from it here:
   routing) and each replica's gateway admits from the front's address alone, with the key:
   the router sends the client's Authorization on (no `--api-key` here: the key never goes on a
   command line). Without token ids it routes to the least loaded.
+- POST /v1/responses is the one route of the gate it forwards WITHOUT the client's
+  Authorization (UNKEYED_ROUTES): Caddy sends it to the replicas itself (balancer.routed).
 - Its admin routes (add_worker, remove_worker, /workers, ...) share the API port with no key:
   hence 127.0.0.1 only, and Caddy forwards nothing but the gate's exact API routes to it.
 - Its Prometheus listener cannot be turned off: 127.0.0.1 as an IP literal (a name such as
@@ -41,6 +43,17 @@ START_SCRIPT = "/usr/local/lib/nemotron/router-start"
 # The gauge of requests in flight per replica (it keeps a removed replica until its last
 # request ends: docs/facts.md), and the label that names the replica.
 RUNNING_GAUGE = "vllm_router_running_requests"
+
+# The gate's routes (gateway.API_ROUTES) the router forwards WITHOUT the client's Authorization:
+# POST /v1/responses goes through its route_transparent, which sends a worker none of the
+# client's headers, only the router's own --api-key (vllm_router 0.1.17 src/server.rs
+# v1_responses; src/routers/http/router.rs route_transparent: client headers only with EPD).
+# The router holds no key (the flag would put it on its command line), so a replica's gate
+# answered that route 401. Chat, completions, embeddings (route_typed_request), models
+# (proxy_get_request) and a stored response's lookup and cancel (route_simple_request) pass the
+# client's headers on. Caddy sends these routes to the replicas itself, least_conn
+# (balancer.routed): they are placed by load, not by prefix, and the router does not count them.
+UNKEYED_ROUTES = (("POST", "responses"),)
 
 # Its health checks of the replicas (GET /health, no key: a replica's gateway answers it):
 # like Caddy's (balancer.py), a replica that stops answering, or drains (503), is out within
