@@ -778,6 +778,88 @@ def test_a_rolling_update_through_the_front_fails_no_request(tmp_path: Path, rou
         assert all(m.url in listed for m in s.members), listed
 
 
+def failed_looks(log: Path) -> Counter[str]:
+    """The front's Caddy's active health checks that failed, per replica (host:port), from its
+    log (healthchecks.go logs each at INFO: a request that failed or timed out, a status)."""
+    failed: Counter[str] = Counter()
+    for line in log.read_text().splitlines():
+        if "health_checker.active" in line:
+            entry = json.loads(line)
+            if entry.get("msg") in ("HTTP request failed", "unexpected status code"):
+                failed[entry["host"]] += 1
+    return failed
+
+
+def router_health(r: Router) -> dict[str, bool]:
+    """The router's view of each replica: healthy by its own checks (GET /workers)."""
+    workers = requests.get(f"{r.url}/workers", timeout=5).json()["workers"]
+    return {w["url"]: w["is_healthy"] for w in workers}
+
+
+def generate_long(m: Member) -> None:
+    """A generation of 40 s sent to replica `m`'s vLLM itself (ended early when it stops)."""
+    body = {"model": "nemotron", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2000}  # fmt: skip
+    with contextlib.suppress(requests.RequestException):
+        requests.post(f"http://127.0.0.1:{m.vllm_port}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60)  # fmt: skip
+
+
+# How long a busy replica's /health takes here: over the 2 s the checks allowed before.
+SLOW_LOOK_SECONDS = 4
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_a_replica_slow_under_load_stays_in_and_a_dead_one_leaves(
+    tmp_path: Path, routing: str
+) -> None:
+    """A saturated vLLM answers /health late (its API server busy: llm-d-benchmark PR #1734, a
+    saturated vLLM missing 1 s probes; ray-project/ray #54070, over 10 s): a slow look must not
+    read as gone, or the front ejects every busy replica at once. Replicas whose /health takes
+    SLOW_LOOK_SECONDS while they serve, under steady load through the front: no look of the
+    front's Caddy fails, the router keeps every replica healthy, no request fails. Then one
+    dies: its looks fail at once (refused), and Caddy and the router both take it out."""
+    timing = ("--ttft", "0.05", "--itl", "0.02", "--tokens", "2000",
+              "--health-delay-under-load", str(SLOW_LOOK_SECONDS))  # fmt: skip
+    with routed_set(tmp_path, routing, timing=timing) as s:
+        # Each replica busy with a long generation of its own (40 s) whatever the front sends
+        # it: its /health stays slow (a saturated engine does not empty when the front stops).
+        busy = [threading.Thread(target=generate_long, args=(m,), daemon=True) for m in s.members]
+        for t in busy:
+            t.start()
+        stop = threading.Event()
+        served, errors, joiner = chat_load(s, workers=6, stop=stop)
+        # The router's view of the replicas, every half second while they are slow.
+        seen_out: set[str] = set()
+        until = time.monotonic() + 4 * SLOW_LOOK_SECONDS
+        while time.monotonic() < until:
+            if s.router:
+                seen_out |= {url for url, ok in router_health(s.router).items() if not ok}
+            time.sleep(0.5)
+        slow_failed = failed_looks(s.gw.log)
+        served_slow, failed_slow = len(served), len(errors)
+        dead = s.members[2]
+        s.kill_member(2)
+        killed = time.monotonic()
+        out_after = None
+        while out_after is None and time.monotonic() < killed + 45:
+            time.sleep(0.5)
+            failed = failed_looks(s.gw.log)[dead.dial] - slow_failed[dead.dial]
+            out_of_caddy = failed >= balancer.HEALTH_FAILS
+            out_of_router = s.router is None or router_health(s.router)[dead.url] is False
+            if out_of_caddy and out_of_router:
+                out_after = round(time.monotonic() - killed, 1)
+        stop.set()
+        joiner.start()
+        joiner.join()
+    print(f"slow looks ({routing}): {served_slow} served, {failed_slow} failed while slow; "
+          f"the dead replica out after {out_after} s; {len(errors)} failed in all")  # fmt: skip
+    assert not slow_failed, f"slow looks read as failures: {slow_failed}"
+    assert not seen_out, f"the router took slow replicas out: {seen_out}"
+    assert served_slow > 50 and not errors, errors[:5]
+    assert out_after is not None, "the dead replica was not taken out within 45 s"
+
+
 # A valid body for each POST route of the gate (the model's name added).
 ROUTE_BODIES: dict[str, dict[str, Any]] = {
     "chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},

@@ -17,13 +17,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec import catalog
 from . import router
 
 # How fast a stopped replica leaves the pool: a failed check every 2 s, out after 2 failures,
 # back after 2 passes (Caddy active health checks: health_interval, health_fails, health_passes).
+# A check may take catalog.REPLICA_LOOK_TIMEOUT_SECONDS (health_timeout): a busy replica answers
+# late, a stopped one fails at once. Caddy 2.11 starts each check on its own (healthchecks.go
+# doActiveHealthCheckForAllHosts: a goroutine per upstream per tick), so a slow replica has a
+# few in flight, and it counts failures until the replica's state changes or the config
+# reloads, not only in a row (hosts.go countHealthFail; a pass does not reset them): a short
+# timeout would take out, sooner or later, every replica that is ever busy.
 HEALTH_INTERVAL_SECONDS = 2
 HEALTH_FAILS = 2
 HEALTH_PASSES = 2
+LOOK = catalog.REPLICA_LOOK_TIMEOUT_SECONDS
 # A request that could not be sent (connection refused) is tried on another replica for this
 # long, every 250 ms: longer than a health check takes to notice, so none fails in between.
 TRY_SECONDS = 2 * HEALTH_INTERVAL_SECONDS * HEALTH_FAILS
@@ -99,10 +107,11 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
 	max_fails 1
 	fail_duration {FAIL_SECONDS}s
 	# Each replica's own /health, every {HEALTH_INTERVAL_SECONDS}s: out after {HEALTH_FAILS}
-	# failures, back after {HEALTH_PASSES} passes.
+	# failures, back after {HEALTH_PASSES} passes. A busy replica answers late: only a look
+	# past {LOOK}s fails (a stopped one fails at once).
 	health_uri /health
 	health_interval {HEALTH_INTERVAL_SECONDS}s
-	health_timeout {HEALTH_INTERVAL_SECONDS}s
+	health_timeout {LOOK}s
 	health_status 200
 	health_fails {HEALTH_FAILS}
 	health_passes {HEALTH_PASSES}

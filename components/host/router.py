@@ -56,8 +56,13 @@ RUNNING_GAUGE = "vllm_router_running_requests"
 UNKEYED_ROUTES = (("POST", "responses"),)
 
 # Its health checks of the replicas (GET /health, no key: a replica's gateway answers it):
-# like Caddy's (balancer.py), a replica that stops answering, or drains (503), is out within
-# HEALTH_SECONDS * HEALTH_FAILS, and back after HEALTH_PASSES answers.
+# like Caddy's (balancer.py), a replica that is stopped (refused, 502) or drains (503) is out
+# within HEALTH_SECONDS * HEALTH_FAILS, and back after HEALTH_PASSES answers. A look may take
+# catalog.REPLICA_LOOK_TIMEOUT_SECONDS (--health-check-timeout-secs): a busy vLLM answers late,
+# and at 2 s the router took every saturated replica out at once (no worker: 503 for all).
+# It looks at the replicas one after another (core/worker_registry.rs start_health_checker),
+# so while some are slow a round takes longer: a replica that refuses or fails its requests
+# leaves sooner by its circuit breaker (BREAKER_FAILS), and Caddy resends what it failed.
 HEALTH_SECONDS = 2
 HEALTH_FAILS = 2
 HEALTH_PASSES = 2
@@ -106,7 +111,7 @@ def args() -> list[str]:
         "--prometheus-port", str(catalog.ROUTER_METRICS_PORT),
         "--health-check-endpoint", "/health",
         "--health-check-interval-secs", str(HEALTH_SECONDS),
-        "--health-check-timeout-secs", str(HEALTH_SECONDS),
+        "--health-check-timeout-secs", str(catalog.REPLICA_LOOK_TIMEOUT_SECONDS),
         "--health-failure-threshold", str(HEALTH_FAILS),
         "--health-success-threshold", str(HEALTH_PASSES),
         "--worker-startup-check-interval", "1",

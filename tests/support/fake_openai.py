@@ -8,7 +8,8 @@ It prints `listening on http://127.0.0.1:PORT` once ready. Streams send one toke
 the first after `--ttft` seconds, the next ones `--itl` apart, then a usage chunk and [DONE],
 like vLLM with `stream_options.include_usage`. Faults for the tests: `--fail-every N` answers
 every Nth chat request with HTTP 500, `--stall-every N` never answers it, `--slow-every N` gives
-every Nth a TTFT of `--slow-ttft`, `--mode empty-deltas` streams empty content, `--mode no-auth`
+every Nth a TTFT of `--slow-ttft`, `--health-delay-under-load S` answers /health after S
+seconds while a chat request is in flight (a saturated vLLM), `--mode empty-deltas` streams empty content, `--mode no-auth`
 accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mode reasoning`
 streams the first half of the tokens as `reasoning` (as vLLM's reasoning parser does since PR
 #27752), `--mode reasoning-content` as `reasoning_content` (vLLM before it, other servers),
@@ -295,6 +296,10 @@ class FakeServer:
         )
 
     async def health(self, _: web.Request) -> web.Response:
+        """200; after `--health-delay-under-load` seconds while a chat request is in flight, as
+        a saturated vLLM's API server answers it late (its event loop busy with the requests)."""
+        if self.in_flight and self.args.health_delay_under_load:
+            await asyncio.sleep(self.args.health_delay_under_load)
         return web.Response(status=200)
 
     async def metrics(self, _: web.Request) -> web.Response:
@@ -702,6 +707,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-tokens", type=int, default=0,
                    help="the KV cache's size in tokens, for vllm:kv_cache_usage_perc (0: reads 0)")  # fmt: skip
     p.add_argument("--slow-ttft", type=float, default=1.0)
+    p.add_argument("--health-delay-under-load", type=float, default=0.0,
+                   help="seconds /health takes while a chat request is in flight (0: none)")  # fmt: skip
     p.add_argument("--thinking", choices=["off", "parsed", "raw"], default="off")
     # Sent back as X-Upstream on every chat answer: which replica served it (balancer tests).
     p.add_argument("--name", default="")
