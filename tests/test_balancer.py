@@ -9,7 +9,9 @@ import dataclasses
 import http.client
 import json
 import os
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +36,7 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_gateway import KEY, Gateway, get_from, replica_gateway, run_caddy, start_gateway
 
-from components.host import balancer, gateway, pool, router
+from components.host import balancer, gateway, phases, pool, router
 from components.spec import catalog, config
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -485,6 +487,31 @@ def running_router(folder: Path, workers: list[str]) -> Iterator[Router]:
         yield Router(url, f"http://{router.HOST}:{metrics}/metrics", proc)
 
 
+def start_script_for(upstreams: Path, port: int, metrics: int, serving: Path) -> str:
+    """router.start_script() as the unit runs it, with this test's binary, folder, ports and
+    the file the router keeps while it serves."""
+    text = router.start_script(str(upstreams))
+    for flag, mine, theirs in (("--port", port, catalog.ROUTER_PORT),
+                               ("--prometheus-port", metrics, catalog.ROUTER_METRICS_PORT)):  # fmt: skip
+        assert f" {flag} {theirs} " in text
+        text = text.replace(f" {flag} {theirs} ", f" {flag} {mine} ")
+    text = text.replace(router.ADDRESS, f"{router.HOST}:{port}")
+    assert router.BIN in text and router.SERVING_FILE in text
+    return text.replace(router.BIN, str(ROUTER_BIN)).replace(router.SERVING_FILE, str(serving))
+
+
+def unit_commands(key: str, script: Path, serving: Path) -> list[list[str]]:
+    """The router unit's `key=` lines (ExecStartPost, ExecStop), in order, as this test runs
+    them: its start script and serving file for the unit's."""
+    found = []
+    for line in router.unit_text().splitlines():
+        if line.startswith(f"{key}="):
+            argv = shlex.split(line.split("=", 1)[1])
+            argv = [str(script) if a == router.START_SCRIPT else a for a in argv]
+            found.append([a.replace(router.SERVING_FILE, str(serving)) for a in argv])
+    return found
+
+
 @dataclass
 class Member:
     """One replica: its fake vLLM's port, its gateway's private address and drain folder."""
@@ -523,6 +550,23 @@ class RoutedSet:
     admin: Path
     router: Router | None
     timing: tuple[str, ...]
+    # With the router: the file it keeps while it serves (router.SERVING_FILE).
+    serving: Path | None = None
+
+    def router_unit(self, key: str) -> None:
+        """The router unit's `key=` commands (ExecStartPost, ExecStop), run as systemd runs
+        them, against this set's router: its start script on this set's ports and file."""
+        assert self.router is not None and self.serving is not None
+        script = self.folder / "router-start"
+        port = urlsplit(self.router.url).port
+        metrics = urlsplit(self.router.metrics).port
+        assert port and metrics
+        script.write_text(start_script_for(self.folder / "upstreams", port, metrics, self.serving))
+        script.chmod(0o755)
+        for argv in unit_commands(key, script, self.serving):
+            done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=90,
+                                  env={"PATH": os.environ["PATH"]})  # fmt: skip
+            assert done.returncode == 0, (argv, done.stderr)
 
     def start_member(self, i: int) -> None:
         """Replica i's fake vLLM (render served, as with --enable-scale-out) and its gateway."""
@@ -643,7 +687,14 @@ def routed_set(
             s.router = stack.enter_context(
                 running_router(tmp_path / "router", [m.url for m in members])
             )
-            listen = dataclasses.replace(listen, router=s.router.url.removeprefix("http://"))
+            # What the unit does once the router answers: the file Caddy routes to it by.
+            s.serving = tmp_path / "router-run" / "serving"
+            s.serving.parent.mkdir()
+            s.router_unit("ExecStartPost")
+            assert s.serving.exists()
+            listen = dataclasses.replace(
+                listen, router=s.router.url.removeprefix("http://"), router_serving=str(s.serving)
+            )
         text = gateway.balancer_site(cfg, "127.0.0.1", listen)
         stack.enter_context(
             contextlib.contextmanager(run_caddy)(tmp_path / "front", text, f"{base}/health")
@@ -884,10 +935,7 @@ def test_every_route_the_gate_admits_answers_through_the_front(
     with routed_set(tmp_path, routing, replicas=2) as s:
         vllm = f"http://127.0.0.1:{s.members[0].vllm_port}"
         for method, template in gateway.API_ROUTES:
-            path = "/v1/" + template.replace("{id}", "resp_0123abc")
-            body = None
-            if method == "POST" and "{id}" not in template:
-                body = {"model": "nemotron", **ROUTE_BODIES[template]}
+            path, body = route_request(method, template)
             direct = requests.request(method, vllm + path, headers=auth, json=body, timeout=30)
             front = s.gw.request(method, path, json=body)
             answers[f"{method} {path}"] = (front.status_code, direct.status_code)
@@ -895,6 +943,79 @@ def test_every_route_the_gate_admits_answers_through_the_front(
     wrong = {route: got for route, got in answers.items() if got[0] != got[1] or got[0] == 401}
     assert not wrong, f"(front, vLLM itself) per route: {wrong}"
     assert not unkeyed, unkeyed
+
+
+def route_request(method: str, template: str) -> tuple[str, dict[str, Any] | None]:
+    """A gate's route (gateway.API_ROUTES) as a request: its path and its body."""
+    path = "/v1/" + template.replace("{id}", "resp_0123abc")
+    if method == "POST" and "{id}" not in template:
+        return path, {"model": "nemotron", **ROUTE_BODIES[template]}
+    return path, None
+
+
+def test_the_router_unit_stops_after_a_long_generation_and_sends_new_requests_past_it() -> None:
+    """The router's unit as systemd reads it. A stop (a restart for new flags or a new lock
+    from `pulumi up`, routing turned off, a reboot) lets the router finish what it holds as
+    long as a replica's drain lets a long generation finish (it was 30 s: a reasoning stream
+    of minutes was cut at a restart), and first removes the file by which Caddy sends it new
+    requests, which its start makes once it answers. The router phase's bound holds the stop."""
+    unit = router.unit_text()
+    conf = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line)
+    assert int(conf["TimeoutStopSec"].removesuffix("s")) >= pool.DRAIN_SECONDS
+    script, serving = Path(router.START_SCRIPT), Path(router.SERVING_FILE)
+    assert unit_commands("ExecStop", script, serving)[0] == ["/bin/rm", "-f", router.SERVING_FILE]
+    assert unit_commands("ExecStartPost", script, serving) == [[router.START_SCRIPT, "--serving"]]
+    assert "/run/" + conf["RuntimeDirectory"] == str(serving.parent)
+    bound = phases.minutes(routed_cfg("cache-aware"), phases.row("router", phases.BALANCER))
+    assert bound * 60 >= router.STOP_SECONDS + 10 * 60, "the phase's own work and the stop"
+
+
+@needs_router
+def test_a_router_stop_finishes_its_streams_while_new_requests_go_past_it(tmp_path: Path) -> None:
+    """The router's unit stopped as systemd stops it (its ExecStop commands, then SIGTERM)
+    while it relays a long stream: the stream ends whole, the router exits 0 only after it,
+    and while it drains every route of the gate through the front answers (before, Caddy sent
+    them to the router's closed port: 502 after its 8 s of retries)."""
+    tokens = 400  # a 8 s stream at 20 ms a token
+    timing = ("--ttft", "0.05", "--itl", "0.02", "--tokens", str(tokens))
+    stream: dict[str, Any] = {}
+    answers: dict[str, tuple[int, int]] = {}
+    with routed_set(tmp_path, "cache-aware", replicas=2, timing=timing) as s:
+        assert s.router is not None
+
+        def long_stream() -> None:
+            body = {"model": "nemotron", "messages": [{"role": "user", "content": "think long"}],
+                    "max_tokens": tokens, "stream": True}  # fmt: skip
+            r = s.gw.post("/v1/chat/completions", json=body, timeout=60)
+            stream.update(status=r.status_code, ended=time.monotonic(),
+                          chunks=r.text.count('"content": " tok"'), done="[DONE]" in r.text)  # fmt: skip
+
+        held = threading.Thread(target=long_stream)
+        held.start()
+        deadline = time.monotonic() + 10
+        while not any(s.router.running(m.url) for m in s.members):
+            assert time.monotonic() < deadline, "the stream never reached the router"
+            time.sleep(0.1)
+        s.router_unit("ExecStop")
+        s.router.proc.send_signal(signal.SIGTERM)
+        auth = {"Authorization": f"Bearer {KEY}"}
+        vllm = f"http://127.0.0.1:{s.members[0].vllm_port}"
+        for method, template in gateway.API_ROUTES:
+            path, body = route_request(method, template)
+            direct = requests.request(method, vllm + path, headers=auth, json=body, timeout=30)
+            front = s.gw.request(method, path, json=body)
+            answers[f"{method} {path}"] = (front.status_code, direct.status_code)
+        draining = s.router.proc.poll() is None
+        code = s.router.proc.wait(timeout=60)
+        exited = time.monotonic()
+        held.join(timeout=60)
+    print(f"router stop: the stream {stream}, the router exited {code} "
+          f"{exited - stream.get('ended', exited):.2f} s after it; meanwhile {answers}")  # fmt: skip
+    assert draining, "the router was still finishing the stream while the routes were asked"
+    wrong = {route: got for route, got in answers.items() if got[0] != got[1]}
+    assert not wrong, f"(front, vLLM itself) while the router drained: {wrong}"
+    assert stream["status"] == 200 and stream["done"] and stream["chunks"] == tokens, stream
+    assert code == 0 and exited >= stream["ended"] - 0.5
 
 
 ROUTER_ADMIN = [

@@ -131,10 +131,15 @@ def _resendable() -> str:
     return f"({{http.request.method}} == 'GET' || {buffered})"
 
 
-def routed(import_glob: str, address: str = router.ADDRESS) -> str:
-    """The API routes with balancer.routing cache-aware: to the front's router (router_proxy),
-    but the routes it would forward without the client's key (router.UNKEYED_ROUTES) straight
-    to the replicas, least_conn (reverse_proxy), as with routing least-conn."""
+def routed(
+    import_glob: str, address: str = router.ADDRESS, serving_file: str = router.SERVING_FILE
+) -> str:
+    """The API routes with balancer.routing cache-aware: to the front's router (router_proxy)
+    while it serves (`serving_file` exists: router.SERVING_FILE), but the routes it would
+    forward without the client's key (router.UNKEYED_ROUTES); those, and all of them while the
+    router starts or stops, straight to the replicas, least_conn (reverse_proxy), as with
+    routing least-conn. Caddy's `file` matcher stats the file for each request
+    (fileserver/matcher.go), so a stop of the router takes effect with no reload."""
     assert all("{" not in path for _, path in router.UNKEYED_ROUTES), "exact paths only"
     unkeyed = " || ".join(
         f"({{http.request.method}} == '{method}' && "
@@ -142,12 +147,19 @@ def routed(import_glob: str, address: str = router.ADDRESS) -> str:
         for method, path in router.UNKEYED_ROUTES
     )
     tab = "\n\t"
-    return f"""# The router picks the replica, for every route it passes the client's key on.
-@routed not expression `{unkeyed}`
+    folder, name = serving_file.rsplit("/", 1)
+    return f"""# The router picks the replica while it serves, for every route it passes the key on.
+@routed {{
+	file {{
+		root {folder}
+		try_files /{name}
+	}}
+	not expression `{unkeyed}`
+}}
 handle @routed {{
 	{router_proxy(address).replace(chr(10), tab)}
 }}
-# The others go to the replicas as with routing least-conn.
+# The others, and all while the router starts or stops: to the replicas, as least-conn.
 handle {{
 	{reverse_proxy(import_glob).replace(chr(10), tab)}
 }}"""

@@ -140,7 +140,9 @@ class Listen:
     # ready.
     waker: str = wake.ADDRESS
     wake_hold_file: str = wake.HOLD_FILE
-    # The front's router (balancer.routing: cache-aware), on loopback.
+    # The front's router (balancer.routing: cache-aware): the file it keeps while it serves,
+    # and its address on loopback (this field's name hides the module below it).
+    router_serving: str = router.SERVING_FILE
     router: str = router.ADDRESS
 
 
@@ -200,7 +202,7 @@ def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
     head, sni = _certificate(https, host, listen)
     block = health = balancer.reverse_proxy(listen.upstreams)
     if cfg.routing == "cache-aware":
-        block = balancer.routed(listen.upstreams, listen.router)
+        block = balancer.routed(listen.upstreams, listen.router, listen.router_serving)
     routes = ""
     if cfg.wake.enabled:
         # The front that wakes the set: while no replica is ready, keyed requests and /health

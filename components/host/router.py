@@ -25,6 +25,11 @@ follows from it here:
   or its circuit breaker take it out: Caddy's retry in front (balancer.py) covers that window.
 - A streamed answer is relayed chunk by chunk; its request timeout also bounds a stream, so it
   is set past any generation the gate lets through.
+- On SIGTERM it stops listening and finishes the requests and streams it holds, with no
+  deadline of its own (server.rs graceful shutdown). Caddy sends it the API routes only while
+  SERVING_FILE exists: the unit makes it once the router answers and removes it first thing
+  on a stop, so while the router finishes a long stream (up to STOP_SECONDS) new requests go
+  to the replicas past it instead of to a closed port.
 - It adds `access-control-allow-origin: *` to every answer: the balancer's site removes it
   (the endpoint is for programs with a key, not for browsers).
 """
@@ -54,6 +59,22 @@ RUNNING_GAUGE = "vllm_router_running_requests"
 # client's headers on. Caddy sends these routes to the replicas itself, least_conn
 # (balancer.routed): they are placed by load, not by prefix, and the router does not count them.
 UNKEYED_ROUTES = (("POST", "responses"),)
+
+# While this file exists the router serves, and Caddy sends it the API routes (balancer.routed,
+# Caddy's `file` matcher, checked per request); otherwise Caddy sends them to the replicas
+# itself, least_conn. In the unit's RuntimeDirectory: the unit's ExecStartPost makes it once
+# the router answers; its ExecStop removes it before the stop's SIGTERM (systemd.service(5):
+# ExecStop runs first, then the remaining processes get KillSignal, systemd.kill(5) KillMode),
+# and systemd removes the folder when the unit stops, a crash included.
+RUN_DIR = "/run/nemotron-router"
+SERVING_FILE = f"{RUN_DIR}/serving"
+# After ExecStop removes the file, the requests Caddy routed a moment before still reach the
+# router while it listens: this long, then SIGTERM.
+STOP_GRACE_SECONDS = 1
+# How long a stop (systemctl restart for new flags or a new lock, routing turned off, a reboot)
+# lets the router finish what it holds before systemd kills it (TimeoutStopSec): a long
+# generation, as a replica's drain waits for one. No new request waits on it meanwhile.
+STOP_SECONDS = catalog.LONG_GENERATION_SECONDS
 
 # Its health checks of the replicas (GET /health, no key: a replica's gateway answers it):
 # like Caddy's (balancer.py), a replica that is stopped (refused, 502) or drains (503) is out
@@ -142,6 +163,14 @@ def start_script(upstreams_dir: str = catalog.BALANCER_UPSTREAMS_DIR) -> str:
 set -euo pipefail
 api=http://{ADDRESS}
 
+# The unit's ExecStartPost (--serving): once the router answers, the file that has Caddy send
+# it the API routes (until then they go to the replicas); the unit's start waits for it.
+if [[ ${{1:-}} == --serving ]]; then
+  until curl --silent --fail --max-time 2 --output /dev/null "$api/liveness"; do sleep 0.5; done
+  : > {SERVING_FILE}
+  exit 0
+fi
+
 # join_later FILE DIAL: the router takes http://DIAL once it answers, while FILE still names
 # it (a replica that left is not added back; one added as it left is taken out again).
 join_later() {{
@@ -189,9 +218,13 @@ exec {command}
 
 
 def unit_text() -> str:
-    """Its own unprivileged user (DynamicUser), restarted at once if it stops, stopped with
-    SIGTERM (it finishes the requests and streams in flight, then exits 0: server.rs) within
-    TimeoutStopSec."""
+    """Its own unprivileged user (DynamicUser), restarted at once if it stops. Caddy routes to
+    it while SERVING_FILE exists: made once it answers (ExecStartPost), removed first on a stop
+    (ExecStop), before SIGTERM, on which it finishes the requests and streams in flight and
+    exits 0 (server.rs), within STOP_SECONDS."""
+    folder = RUN_DIR.removeprefix("/run/")
+    # ExecStart waits for a listed replica's /health before it listens (WORKER_STARTUP_SECONDS).
+    start_seconds = WORKER_STARTUP_SECONDS + 30
     return f"""[Unit]
 Description=nemotron-droplet cache-aware router (vllm-router {catalog.ROUTER_VERSION})
 After=network-online.target
@@ -199,10 +232,19 @@ Wants=network-online.target
 
 [Service]
 DynamicUser=yes
+# {SERVING_FILE}: Caddy sends the router the API routes while it exists (Caddy's user reads it).
+RuntimeDirectory={folder}
+RuntimeDirectoryMode=0755
 ExecStart={START_SCRIPT}
+ExecStartPost={START_SCRIPT} --serving
+TimeoutStartSec={start_seconds}s
+# A stop: new requests go past the router to the replicas first, then SIGTERM, and the router
+# finishes what it holds (a long generation) before it exits.
+ExecStop=/bin/rm -f {SERVING_FILE}
+ExecStop=/bin/sleep {STOP_GRACE_SECONDS}
+TimeoutStopSec={STOP_SECONDS}s
 Restart=always
 RestartSec=1
-TimeoutStopSec=30s
 # One socket from Caddy and one to a replica per request in flight, and its render calls.
 LimitNOFILE=65536
 NoNewPrivileges=yes

@@ -155,6 +155,10 @@ MAX_REPLICAS = 8
 # Each replica's gateway listens here, on its private (VPC) address only; the balancer is the
 # only public entry. Plain HTTP inside the VPC, which carries only this account's traffic.
 REPLICA_PORT = 8080
+# How long an update waits for the requests in flight before it cuts them: a long generation at
+# the largest context (a reasoning model's thinking included) runs minutes. A replica's drain
+# (pool.DRAIN_SECONDS) and the front's router's stop (router.STOP_SECONDS) wait this long.
+LONG_GENERATION_SECONDS = 600
 # How long a look at a replica's /health may take before it counts as failed (the front's Caddy
 # and its router). A saturated vLLM answers it late, its API server busy with the requests it
 # serves: kubelet's 1 s probes marked one NotReady (llm-d/llm-d-benchmark PR #1734, which went to
