@@ -45,7 +45,8 @@ DRAINING_HEADER = "Nemotron-Draining"
 # The 503 also counts as a passive failure, so the retry (and the next requests) pick another
 # replica instead of this one again (least_conn would: it has the fewest in flight). A failure
 # is forgotten after this long, or at the next reload (healthchecks.go countFailure: the old
-# config's context ends it): the next new request then bounces once more.
+# config's context ends it): the next new request then bounces once more. A slow answer is no
+# failure (no unhealthy_latency, no response_header_timeout): a busy replica is not skipped.
 FAIL_SECONDS = HEALTH_INTERVAL_SECONDS * (HEALTH_FAILS + 1)
 # A body is resent only from the balancer's buffer (request_buffers; reverseproxy.go replays a
 # wholly buffered body on each try). 1 MB holds a prompt of some 250k tokens of text; a larger
