@@ -9,7 +9,9 @@ import dataclasses
 import http.client
 import json
 import os
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +36,7 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_gateway import KEY, Gateway, get_from, replica_gateway, run_caddy, start_gateway
 
-from components.host import balancer, gateway, pool, router
+from components.host import balancer, gateway, phases, pool, router
 from components.spec import catalog, config
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -485,6 +487,31 @@ def running_router(folder: Path, workers: list[str]) -> Iterator[Router]:
         yield Router(url, f"http://{router.HOST}:{metrics}/metrics", proc)
 
 
+def start_script_for(upstreams: Path, port: int, metrics: int, serving: Path) -> str:
+    """router.start_script() as the unit runs it, with this test's binary, folder, ports and
+    the file the router keeps while it serves."""
+    text = router.start_script(str(upstreams))
+    for flag, mine, theirs in (("--port", port, catalog.ROUTER_PORT),
+                               ("--prometheus-port", metrics, catalog.ROUTER_METRICS_PORT)):  # fmt: skip
+        assert f" {flag} {theirs} " in text
+        text = text.replace(f" {flag} {theirs} ", f" {flag} {mine} ")
+    text = text.replace(router.ADDRESS, f"{router.HOST}:{port}")
+    assert router.BIN in text and router.SERVING_FILE in text
+    return text.replace(router.BIN, str(ROUTER_BIN)).replace(router.SERVING_FILE, str(serving))
+
+
+def unit_commands(key: str, script: Path, serving: Path) -> list[list[str]]:
+    """The router unit's `key=` lines (ExecStartPost, ExecStop), in order, as this test runs
+    them: its start script and serving file for the unit's."""
+    found = []
+    for line in router.unit_text().splitlines():
+        if line.startswith(f"{key}="):
+            argv = shlex.split(line.split("=", 1)[1])
+            argv = [str(script) if a == router.START_SCRIPT else a for a in argv]
+            found.append([a.replace(router.SERVING_FILE, str(serving)) for a in argv])
+    return found
+
+
 @dataclass
 class Member:
     """One replica: its fake vLLM's port, its gateway's private address and drain folder."""
@@ -523,6 +550,23 @@ class RoutedSet:
     admin: Path
     router: Router | None
     timing: tuple[str, ...]
+    # With the router: the file it keeps while it serves (router.SERVING_FILE).
+    serving: Path | None = None
+
+    def router_unit(self, key: str) -> None:
+        """The router unit's `key=` commands (ExecStartPost, ExecStop), run as systemd runs
+        them, against this set's router: its start script on this set's ports and file."""
+        assert self.router is not None and self.serving is not None
+        script = self.folder / "router-start"
+        port = urlsplit(self.router.url).port
+        metrics = urlsplit(self.router.metrics).port
+        assert port and metrics
+        script.write_text(start_script_for(self.folder / "upstreams", port, metrics, self.serving))
+        script.chmod(0o755)
+        for argv in unit_commands(key, script, self.serving):
+            done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=90,
+                                  env={"PATH": os.environ["PATH"]})  # fmt: skip
+            assert done.returncode == 0, (argv, done.stderr)
 
     def start_member(self, i: int) -> None:
         """Replica i's fake vLLM (render served, as with --enable-scale-out) and its gateway."""
@@ -643,7 +687,14 @@ def routed_set(
             s.router = stack.enter_context(
                 running_router(tmp_path / "router", [m.url for m in members])
             )
-            listen = dataclasses.replace(listen, router=s.router.url.removeprefix("http://"))
+            # What the unit does once the router answers: the file Caddy routes to it by.
+            s.serving = tmp_path / "router-run" / "serving"
+            s.serving.parent.mkdir()
+            s.router_unit("ExecStartPost")
+            assert s.serving.exists()
+            listen = dataclasses.replace(
+                listen, router=s.router.url.removeprefix("http://"), router_serving=str(s.serving)
+            )
         text = gateway.balancer_site(cfg, "127.0.0.1", listen)
         stack.enter_context(
             contextlib.contextmanager(run_caddy)(tmp_path / "front", text, f"{base}/health")
@@ -776,6 +827,195 @@ def test_a_rolling_update_through_the_front_fails_no_request(tmp_path: Path, rou
     assert after["r1"] > 0 and after["r2"] > 0, after
     if routing == "cache-aware":
         assert all(m.url in listed for m in s.members), listed
+
+
+def failed_looks(log: Path) -> Counter[str]:
+    """The front's Caddy's active health checks that failed, per replica (host:port), from its
+    log (healthchecks.go logs each at INFO: a request that failed or timed out, a status)."""
+    failed: Counter[str] = Counter()
+    for line in log.read_text().splitlines():
+        if "health_checker.active" in line:
+            entry = json.loads(line)
+            if entry.get("msg") in ("HTTP request failed", "unexpected status code"):
+                failed[entry["host"]] += 1
+    return failed
+
+
+def router_health(r: Router) -> dict[str, bool]:
+    """The router's view of each replica: healthy by its own checks (GET /workers)."""
+    workers = requests.get(f"{r.url}/workers", timeout=5).json()["workers"]
+    return {w["url"]: w["is_healthy"] for w in workers}
+
+
+def generate_long(m: Member) -> None:
+    """A generation of 40 s sent to replica `m`'s vLLM itself (ended early when it stops)."""
+    body = {"model": "nemotron", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 2000}  # fmt: skip
+    with contextlib.suppress(requests.RequestException):
+        requests.post(f"http://127.0.0.1:{m.vllm_port}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60)  # fmt: skip
+
+
+# How long a busy replica's /health takes here: over the 2 s the checks allowed before.
+SLOW_LOOK_SECONDS = 4
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_a_replica_slow_under_load_stays_in_and_a_dead_one_leaves(
+    tmp_path: Path, routing: str
+) -> None:
+    """A saturated vLLM answers /health late (its API server busy: llm-d-benchmark PR #1734, a
+    saturated vLLM missing 1 s probes; ray-project/ray #54070, over 10 s): a slow look must not
+    read as gone, or the front ejects every busy replica at once. Replicas whose /health takes
+    SLOW_LOOK_SECONDS while they serve, under steady load through the front: no look of the
+    front's Caddy fails, the router keeps every replica healthy, no request fails. Then one
+    dies: its looks fail at once (refused), and Caddy and the router both take it out."""
+    timing = ("--ttft", "0.05", "--itl", "0.02", "--tokens", "2000",
+              "--busy-answer-delay", str(SLOW_LOOK_SECONDS))  # fmt: skip
+    with routed_set(tmp_path, routing, timing=timing) as s:
+        # Each replica busy with a long generation of its own (40 s) whatever the front sends
+        # it: its /health stays slow (a saturated engine does not empty when the front stops).
+        busy = [threading.Thread(target=generate_long, args=(m,), daemon=True) for m in s.members]
+        for t in busy:
+            t.start()
+        stop = threading.Event()
+        served, errors, joiner = chat_load(s, workers=6, stop=stop)
+        # The router's view of the replicas, every half second while they are slow.
+        seen_out: set[str] = set()
+        until = time.monotonic() + 4 * SLOW_LOOK_SECONDS
+        while time.monotonic() < until:
+            if s.router:
+                seen_out |= {url for url, ok in router_health(s.router).items() if not ok}
+            time.sleep(0.5)
+        slow_failed = failed_looks(s.gw.log)
+        served_slow, failed_slow = len(served), len(errors)
+        dead = s.members[2]
+        s.kill_member(2)
+        killed = time.monotonic()
+        out_after = None
+        while out_after is None and time.monotonic() < killed + 45:
+            time.sleep(0.5)
+            failed = failed_looks(s.gw.log)[dead.dial] - slow_failed[dead.dial]
+            out_of_caddy = failed >= balancer.HEALTH_FAILS
+            out_of_router = s.router is None or router_health(s.router)[dead.url] is False
+            if out_of_caddy and out_of_router:
+                out_after = round(time.monotonic() - killed, 1)
+        stop.set()
+        joiner.start()
+        joiner.join()
+    print(f"slow looks ({routing}): {served_slow} served, {failed_slow} failed while slow; "
+          f"the dead replica out after {out_after} s; {len(errors)} failed in all")  # fmt: skip
+    assert not slow_failed, f"slow looks read as failures: {slow_failed}"
+    assert not seen_out, f"the router took slow replicas out: {seen_out}"
+    assert served_slow > 50 and not errors, errors[:5]
+    assert out_after is not None, "the dead replica was not taken out within 45 s"
+
+
+# A valid body for each POST route of the gate (the model's name added).
+ROUTE_BODIES: dict[str, dict[str, Any]] = {
+    "chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "completions": {"prompt": "hi", "max_tokens": 2},
+    "responses": {"input": "hi", "max_output_tokens": 2},
+    "embeddings": {"input": "hi"},
+}
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_every_route_the_gate_admits_answers_through_the_front(
+    tmp_path: Path, routing: str
+) -> None:
+    """Each route of the gate (gateway.API_ROUTES, which its URI pattern is made of), sent with
+    the key through the front to replicas whose gateways require it, answers as a replica's
+    vLLM itself answers it with the key (a stored response's lookup and cancel: vLLM's 404, it
+    keeps none by default), never a 401, and no replica saw it without the key. With
+    cache-aware, vllm-router 0.1.17 forwards POST /v1/responses without the client's
+    Authorization (server.rs v1_responses -> route_transparent): the replica's gate said 401."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    answers: dict[str, tuple[int, int]] = {}
+    with routed_set(tmp_path, routing, replicas=2) as s:
+        vllm = f"http://127.0.0.1:{s.members[0].vllm_port}"
+        for method, template in gateway.API_ROUTES:
+            path, body = route_request(method, template)
+            direct = requests.request(method, vllm + path, headers=auth, json=body, timeout=30)
+            front = s.gw.request(method, path, json=body)
+            answers[f"{method} {path}"] = (front.status_code, direct.status_code)
+        unkeyed = [c for m in s.members for c in m.stats()["api_calls"] if not c[2]]
+    wrong = {route: got for route, got in answers.items() if got[0] != got[1] or got[0] == 401}
+    assert not wrong, f"(front, vLLM itself) per route: {wrong}"
+    assert not unkeyed, unkeyed
+
+
+def route_request(method: str, template: str) -> tuple[str, dict[str, Any] | None]:
+    """A gate's route (gateway.API_ROUTES) as a request: its path and its body."""
+    path = "/v1/" + template.replace("{id}", "resp_0123abc")
+    if method == "POST" and "{id}" not in template:
+        return path, {"model": "nemotron", **ROUTE_BODIES[template]}
+    return path, None
+
+
+def test_the_router_unit_stops_after_a_long_generation_and_sends_new_requests_past_it() -> None:
+    """The router's unit as systemd reads it. A stop (a restart for new flags or a new lock
+    from `pulumi up`, routing turned off, a reboot) lets the router finish what it holds as
+    long as a replica's drain lets a long generation finish (it was 30 s: a reasoning stream
+    of minutes was cut at a restart), and first removes the file by which Caddy sends it new
+    requests, which its start makes once it answers. The router phase's bound holds the stop."""
+    unit = router.unit_text()
+    conf = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line)
+    assert int(conf["TimeoutStopSec"].removesuffix("s")) >= pool.DRAIN_SECONDS
+    script, serving = Path(router.START_SCRIPT), Path(router.SERVING_FILE)
+    assert unit_commands("ExecStop", script, serving)[0] == ["/bin/rm", "-f", router.SERVING_FILE]
+    assert unit_commands("ExecStartPost", script, serving) == [[router.START_SCRIPT, "--serving"]]
+    assert "/run/" + conf["RuntimeDirectory"] == str(serving.parent)
+    bound = phases.minutes(routed_cfg("cache-aware"), phases.row("router", phases.BALANCER))
+    assert bound * 60 >= router.STOP_SECONDS + 10 * 60, "the phase's own work and the stop"
+
+
+@needs_router
+def test_a_router_stop_finishes_its_streams_while_new_requests_go_past_it(tmp_path: Path) -> None:
+    """The router's unit stopped as systemd stops it (its ExecStop commands, then SIGTERM)
+    while it relays a long stream: the stream ends whole, the router exits 0 only after it,
+    and while it drains every route of the gate through the front answers (before, Caddy sent
+    them to the router's closed port: 502 after its 8 s of retries)."""
+    tokens = 400  # a 8 s stream at 20 ms a token
+    timing = ("--ttft", "0.05", "--itl", "0.02", "--tokens", str(tokens))
+    stream: dict[str, Any] = {}
+    answers: dict[str, tuple[int, int]] = {}
+    with routed_set(tmp_path, "cache-aware", replicas=2, timing=timing) as s:
+        assert s.router is not None
+
+        def long_stream() -> None:
+            body = {"model": "nemotron", "messages": [{"role": "user", "content": "think long"}],
+                    "max_tokens": tokens, "stream": True}  # fmt: skip
+            r = s.gw.post("/v1/chat/completions", json=body, timeout=60)
+            stream.update(status=r.status_code, ended=time.monotonic(),
+                          chunks=r.text.count('"content": " tok"'), done="[DONE]" in r.text)  # fmt: skip
+
+        held = threading.Thread(target=long_stream)
+        held.start()
+        deadline = time.monotonic() + 10
+        while not any(s.router.running(m.url) for m in s.members):
+            assert time.monotonic() < deadline, "the stream never reached the router"
+            time.sleep(0.1)
+        s.router_unit("ExecStop")
+        s.router.proc.send_signal(signal.SIGTERM)
+        auth = {"Authorization": f"Bearer {KEY}"}
+        vllm = f"http://127.0.0.1:{s.members[0].vllm_port}"
+        for method, template in gateway.API_ROUTES:
+            path, body = route_request(method, template)
+            direct = requests.request(method, vllm + path, headers=auth, json=body, timeout=30)
+            front = s.gw.request(method, path, json=body)
+            answers[f"{method} {path}"] = (front.status_code, direct.status_code)
+        draining = s.router.proc.poll() is None
+        code = s.router.proc.wait(timeout=60)
+        exited = time.monotonic()
+        held.join(timeout=60)
+    print(f"router stop: the stream {stream}, the router exited {code} "
+          f"{exited - stream.get('ended', exited):.2f} s after it; meanwhile {answers}")  # fmt: skip
+    assert draining, "the router was still finishing the stream while the routes were asked"
+    wrong = {route: got for route, got in answers.items() if got[0] != got[1]}
+    assert not wrong, f"(front, vLLM itself) while the router drained: {wrong}"
+    assert stream["status"] == 200 and stream["done"] and stream["chunks"] == tokens, stream
+    assert code == 0 and exited >= stream["ended"] - 0.5
 
 
 ROUTER_ADMIN = [

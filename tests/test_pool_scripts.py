@@ -607,6 +607,8 @@ class Front(Balancer):
             f" --prometheus-port {catalog.ROUTER_METRICS_PORT} ",
             f" --prometheus-port {self.metrics_port} ",
         )
+        # Where the script itself asks the router (the unit's ExecStartPost, its late joins).
+        start = start.replace(router.ADDRESS, f"127.0.0.1:{self.port}")
         s.update(
             NEMO_UV_WHEEL_URL=self.uv_url,
             NEMO_UV_WHEEL_SHA256=self.uv_sha,
@@ -665,6 +667,9 @@ def test_the_front_installs_the_router_from_its_lock_runs_it_on_loopback_then_re
     unit = box.file(f"/etc/systemd/system/{catalog.ROUTER_UNIT}").read_text()
     start = box.file(router.START_SCRIPT).read_text()
     assert unit == router.unit_text() + "\n"
+    # Its unit's start made the file by which Caddy routes to it, once it answered.
+    serving = box.run_dir / router.SERVING_FILE.removeprefix("/run/")
+    assert serving.exists()
     # Nothing secret on its command line: no key in its unit or start script, nor a key flag.
     for text in (unit, start):
         assert API_KEY not in text and "--api-key" not in text and "api_key" not in text.lower()
@@ -706,6 +711,7 @@ def test_the_front_installs_the_router_from_its_lock_runs_it_on_loopback_then_re
     for path in ROUTER_PATHS:
         assert not box.file(path).exists(), path
     assert listeners(f.port, f.metrics_port) == [], "the router stopped"
+    assert not serving.exists(), "its stop removed the file first"
     quiet = f.run("router")
     assert quiet.returncode == 0 and quiet.result["changed"] is False
     assert "no router installed" in quiet.stderr
@@ -767,6 +773,10 @@ def test_with_the_router_a_replica_joins_it_and_leaves_it_drained(
         member = b.settings("member", replica=0, private_ip="127.0.0.1")
         assert member["NEMO_ROUTER"] == "on"
         assert b.run("preflight").returncode == 0
+        # What the router's unit makes once it answers (its ExecStartPost): Caddy routes to it.
+        serving = box.run_dir / router.SERVING_FILE.removeprefix("/run/")
+        serving.parent.mkdir(parents=True, exist_ok=True)
+        serving.touch()
         first = b.run("gateway")
         assert first.returncode == 0, first.stderr
         wait_listening(b.url)

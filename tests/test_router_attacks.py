@@ -25,29 +25,16 @@ import requests
 from sandbox import free_port
 from test_balancer import (
     KEY,
-    ROUTER_BIN,
     needs_router,
     replica,
     routed_cfg,
     router_process,
     running_router,
+    start_script_for,
 )
 from test_gateway import run_caddy
 
 from components.host import balancer, gateway, router
-from components.spec import catalog
-
-
-def start_script_for(upstreams: Path, port: int, metrics: int) -> str:
-    """router.start_script() as the unit runs it, with this test's binary, folder and ports."""
-    text = router.start_script(str(upstreams))
-    for flag, mine, theirs in (("--port", port, catalog.ROUTER_PORT),
-                               ("--prometheus-port", metrics, catalog.ROUTER_METRICS_PORT)):  # fmt: skip
-        assert f" {flag} {theirs} " in text
-        text = text.replace(f" {flag} {theirs} ", f" {flag} {mine} ")
-    text = text.replace(router.ADDRESS, f"{router.HOST}:{port}")
-    assert router.BIN in text
-    return text.replace(router.BIN, str(ROUTER_BIN))
 
 
 @contextmanager
@@ -56,7 +43,7 @@ def started_by_its_script(folder: Path, upstreams: Path) -> Iterator[str]:
     stopped at the end: the router and anything the script left running)."""
     port, metrics = free_port(), free_port()
     script = folder / "router-start"
-    script.write_text(start_script_for(upstreams, port, metrics))
+    script.write_text(start_script_for(upstreams, port, metrics, folder / "serving"))
     script.chmod(0o755)
     with router_process(["bash", str(script)], folder, port) as (url, _):
         yield url
@@ -171,7 +158,12 @@ def front_with_router(tmp_path: Path, workers: list[str]) -> Iterator[tuple[str,
         (tmp_path / "upstreams").mkdir()
         listen = gateway.Listen(http_port=http_port, upstreams=f"{tmp_path}/upstreams/*.caddy",
                                 admin_socket=str(sock_dir / "admin.sock"))  # fmt: skip
-        listen = dataclasses.replace(listen, router=r.url.removeprefix("http://"))
+        # The file the router's unit keeps while it serves (made here as it would be).
+        serving = tmp_path / "serving"
+        serving.touch()
+        listen = dataclasses.replace(
+            listen, router=r.url.removeprefix("http://"), router_serving=str(serving)
+        )
         text = gateway.balancer_site(cfg, "127.0.0.1", listen)
         stack.enter_context(
             contextlib.contextmanager(run_caddy)(tmp_path / "front", text, f"{base}/not-a-route")

@@ -17,13 +17,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec import catalog
 from . import router
 
 # How fast a stopped replica leaves the pool: a failed check every 2 s, out after 2 failures,
 # back after 2 passes (Caddy active health checks: health_interval, health_fails, health_passes).
+# A check may take catalog.REPLICA_LOOK_TIMEOUT_SECONDS (health_timeout): a busy replica answers
+# late, a stopped one fails at once. Caddy 2.11 starts each check on its own (healthchecks.go
+# doActiveHealthCheckForAllHosts: a goroutine per upstream per tick), so a slow replica has a
+# few in flight, and it counts failures until the replica's state changes or the config
+# reloads, not only in a row (hosts.go countHealthFail; a pass does not reset them): a short
+# timeout would take out, sooner or later, every replica that is ever busy.
 HEALTH_INTERVAL_SECONDS = 2
 HEALTH_FAILS = 2
 HEALTH_PASSES = 2
+LOOK = catalog.REPLICA_LOOK_TIMEOUT_SECONDS
 # A request that could not be sent (connection refused) is tried on another replica for this
 # long, every 250 ms: longer than a health check takes to notice, so none fails in between.
 TRY_SECONDS = 2 * HEALTH_INTERVAL_SECONDS * HEALTH_FAILS
@@ -37,7 +45,8 @@ DRAINING_HEADER = "Nemotron-Draining"
 # The 503 also counts as a passive failure, so the retry (and the next requests) pick another
 # replica instead of this one again (least_conn would: it has the fewest in flight). A failure
 # is forgotten after this long, or at the next reload (healthchecks.go countFailure: the old
-# config's context ends it): the next new request then bounces once more.
+# config's context ends it): the next new request then bounces once more. A slow answer is no
+# failure (no unhealthy_latency, no response_header_timeout): a busy replica is not skipped.
 FAIL_SECONDS = HEALTH_INTERVAL_SECONDS * (HEALTH_FAILS + 1)
 # A body is resent only from the balancer's buffer (request_buffers; reverseproxy.go replays a
 # wholly buffered body on each try). 1 MB holds a prompt of some 250k tokens of text; a larger
@@ -99,10 +108,11 @@ def reverse_proxy(import_glob: str, dial_timeout_seconds: int = 2) -> str:
 	max_fails 1
 	fail_duration {FAIL_SECONDS}s
 	# Each replica's own /health, every {HEALTH_INTERVAL_SECONDS}s: out after {HEALTH_FAILS}
-	# failures, back after {HEALTH_PASSES} passes.
+	# failures, back after {HEALTH_PASSES} passes. A busy replica answers late: only a look
+	# past {LOOK}s fails (a stopped one fails at once).
 	health_uri /health
 	health_interval {HEALTH_INTERVAL_SECONDS}s
-	health_timeout {HEALTH_INTERVAL_SECONDS}s
+	health_timeout {LOOK}s
 	health_status 200
 	health_fails {HEALTH_FAILS}
 	health_passes {HEALTH_PASSES}
@@ -120,6 +130,40 @@ def _resendable() -> str:
     length = "{http.request.header.Content-Length}"
     buffered = f"{length}.matches('^[0-9]+$') && int({length}) <= {RETRY_BUFFER_BYTES}"
     return f"({{http.request.method}} == 'GET' || {buffered})"
+
+
+def routed(
+    import_glob: str, address: str = router.ADDRESS, serving_file: str = router.SERVING_FILE
+) -> str:
+    """The API routes with balancer.routing cache-aware: to the front's router (router_proxy)
+    while it serves (`serving_file` exists: router.SERVING_FILE), but the routes it would
+    forward without the client's key (router.UNKEYED_ROUTES); those, and all of them while the
+    router starts or stops, straight to the replicas, least_conn (reverse_proxy), as with
+    routing least-conn. Caddy's `file` matcher stats the file for each request
+    (fileserver/matcher.go), so a stop of the router takes effect with no reload."""
+    assert all("{" not in path for _, path in router.UNKEYED_ROUTES), "exact paths only"
+    unkeyed = " || ".join(
+        f"({{http.request.method}} == '{method}' && "
+        f"{{http.request.uri}}.matches('^/v1/{path}([?][^#]*)?$'))"
+        for method, path in router.UNKEYED_ROUTES
+    )
+    tab = "\n\t"
+    folder, name = serving_file.rsplit("/", 1)
+    return f"""# The router picks the replica while it serves, for every route it passes the key on.
+@routed {{
+	file {{
+		root {folder}
+		try_files /{name}
+	}}
+	not expression `{unkeyed}`
+}}
+handle @routed {{
+	{router_proxy(address).replace(chr(10), tab)}
+}}
+# The others, and all while the router starts or stops: to the replicas, as least-conn.
+handle {{
+	{reverse_proxy(import_glob).replace(chr(10), tab)}
+}}"""
 
 
 def router_proxy(address: str = router.ADDRESS, dial_timeout_seconds: int = 2) -> str:

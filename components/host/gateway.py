@@ -68,10 +68,25 @@ def endpoint(cfg: StackConfig, host: str) -> str:
     return f"https://{host}/v1" if cfg.access.https else f"http://{host}/v1"
 
 
-# The only paths that reach vLLM, exactly as they are forwarded: the OpenAI-compatible routes a
-# Nemotron chat model serves (vLLM's entrypoints/openai api_server), and a stored response.
-API_PATHS = ("models", "chat/completions", "completions", "responses", "embeddings")
-_API_URI = "^/v1/(" + "|".join(API_PATHS) + "|responses/[A-Za-z0-9_-]+(/cancel)?)([?][^#]*)?$"
+# The only routes that reach vLLM, exactly as they are forwarded: the OpenAI-compatible routes a
+# Nemotron chat model serves (vLLM 0.33's entrypoints/openai/*/api_router.py), and a stored
+# response (`{id}`). The gate matches the path (under /v1/) alone, whatever the method (vLLM
+# answers another one 405); the method is what vLLM serves there, for the tests that send each.
+API_ROUTES = (
+    ("GET", "models"),
+    ("POST", "chat/completions"),
+    ("POST", "completions"),
+    ("POST", "responses"),
+    ("POST", "embeddings"),
+    ("GET", "responses/{id}"),
+    ("POST", "responses/{id}/cancel"),
+)
+RESPONSE_ID = "[A-Za-z0-9_-]+"
+_API_URI = (
+    "^/v1/("
+    + "|".join(path.replace("{id}", RESPONSE_ID) for _, path in API_ROUTES)
+    + ")([?][^#]*)?$"
+)
 
 
 @dataclass(frozen=True)
@@ -125,7 +140,9 @@ class Listen:
     # ready.
     waker: str = wake.ADDRESS
     wake_hold_file: str = wake.HOLD_FILE
-    # The front's router (balancer.routing: cache-aware), on loopback.
+    # The front's router (balancer.routing: cache-aware): the file it keeps while it serves,
+    # and its address on loopback (this field's name hides the module below it).
+    router_serving: str = router.SERVING_FILE
     router: str = router.ADDRESS
 
 
@@ -177,14 +194,15 @@ def balancer_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
     replicas' gateways (balancer.py, the files they join by) instead of a local vLLM; the admin
     API on a root-only socket, for graceful reloads (replicas joining and leaving, a new
     Caddyfile). With balancer.routing cache-aware the API routes go to the front's router
-    (router.py), which picks the replica; `GET /health` still goes straight to the replicas:
+    (router.py), which picks the replica (but those it would forward without the client's key:
+    balancer.routed); `GET /health` still goes straight to the replicas:
     the router's own /health is 503 while ANY replica is unhealthy, which would make the whole
     front look down through a rolling update."""
     https = cfg.access.https
     head, sni = _certificate(https, host, listen)
     block = health = balancer.reverse_proxy(listen.upstreams)
     if cfg.routing == "cache-aware":
-        block = balancer.router_proxy(listen.router)
+        block = balancer.routed(listen.upstreams, listen.router, listen.router_serving)
     routes = ""
     if cfg.wake.enabled:
         # The front that wakes the set: while no replica is ready, keyed requests and /health

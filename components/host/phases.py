@@ -15,7 +15,7 @@ from typing import Any
 
 from ..spec.schema import StackConfig
 from . import phase_settings as ps
-from . import pool
+from . import pool, router
 from .phase_settings import Inputs, Setting
 
 SettingsFn = Callable[[StackConfig, Inputs], dict[str, Setting]]
@@ -163,8 +163,15 @@ BALANCER: tuple[Phase, ...] = (
     ),
     # The cache-aware router (balancer.routing: cache-aware; else it removes one an earlier run
     # installed): before the gateway, whose Caddyfile then proxies to it. Its bound: uv and the
-    # router's wheels from PyPI (a few MB), and its start.
-    Phase("router", (), 10, ps.balancer_router, delete_minutes=LEAVE_MINUTES),
+    # router's wheels from PyPI (a few MB), its start, and a restart's stop, which lets the
+    # router finish the streams it holds (router.STOP_SECONDS).
+    Phase(
+        "router",
+        (),
+        10 + -(-router.STOP_SECONDS // 60),
+        ps.balancer_router,
+        delete_minutes=LEAVE_MINUTES,
+    ),
     Phase(
         "gateway",
         (),

@@ -19,7 +19,7 @@ from . import balancer
 
 # How long a drain may wait for the requests in flight to finish before it restarts anyway:
 # a long generation at the largest context runs minutes.
-DRAIN_SECONDS = 600
+DRAIN_SECONDS = catalog.LONG_GENERATION_SECONDS
 # One look at vLLM's /metrics (curl --max-time) and the pause between looks (lib.sh drain): the
 # last look may start just before DRAIN_SECONDS is up and end this much later.
 DRAIN_POLL_SECONDS = 2

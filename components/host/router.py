@@ -13,6 +13,8 @@ follows from it here:
   routing) and each replica's gateway admits from the front's address alone, with the key:
   the router sends the client's Authorization on (no `--api-key` here: the key never goes on a
   command line). Without token ids it routes to the least loaded.
+- POST /v1/responses is the one route of the gate it forwards WITHOUT the client's
+  Authorization (UNKEYED_ROUTES): Caddy sends it to the replicas itself (balancer.routed).
 - Its admin routes (add_worker, remove_worker, /workers, ...) share the API port with no key:
   hence 127.0.0.1 only, and Caddy forwards nothing but the gate's exact API routes to it.
 - Its Prometheus listener cannot be turned off: 127.0.0.1 as an IP literal (a name such as
@@ -23,6 +25,11 @@ follows from it here:
   or its circuit breaker take it out: Caddy's retry in front (balancer.py) covers that window.
 - A streamed answer is relayed chunk by chunk; its request timeout also bounds a stream, so it
   is set past any generation the gate lets through.
+- On SIGTERM it stops listening and finishes the requests and streams it holds, with no
+  deadline of its own (server.rs graceful shutdown). Caddy sends it the API routes only while
+  SERVING_FILE exists: the unit makes it once the router answers and removes it first thing
+  on a stop, so while the router finishes a long stream (up to STOP_SECONDS) new requests go
+  to the replicas past it instead of to a closed port.
 - It adds `access-control-allow-origin: *` to every answer: the balancer's site removes it
   (the endpoint is for programs with a key, not for browsers).
 """
@@ -42,9 +49,41 @@ START_SCRIPT = "/usr/local/lib/nemotron/router-start"
 # request ends: docs/facts.md), and the label that names the replica.
 RUNNING_GAUGE = "vllm_router_running_requests"
 
+# The gate's routes (gateway.API_ROUTES) the router forwards WITHOUT the client's Authorization:
+# POST /v1/responses goes through its route_transparent, which sends a worker none of the
+# client's headers, only the router's own --api-key (vllm_router 0.1.17 src/server.rs
+# v1_responses; src/routers/http/router.rs route_transparent: client headers only with EPD).
+# The router holds no key (the flag would put it on its command line), so a replica's gate
+# answered that route 401. Chat, completions, embeddings (route_typed_request), models
+# (proxy_get_request) and a stored response's lookup and cancel (route_simple_request) pass the
+# client's headers on. Caddy sends these routes to the replicas itself, least_conn
+# (balancer.routed): they are placed by load, not by prefix, and the router does not count them.
+UNKEYED_ROUTES = (("POST", "responses"),)
+
+# While this file exists the router serves, and Caddy sends it the API routes (balancer.routed,
+# Caddy's `file` matcher, checked per request); otherwise Caddy sends them to the replicas
+# itself, least_conn. In the unit's RuntimeDirectory: the unit's ExecStartPost makes it once
+# the router answers; its ExecStop removes it before the stop's SIGTERM (systemd.service(5):
+# ExecStop runs first, then the remaining processes get KillSignal, systemd.kill(5) KillMode),
+# and systemd removes the folder when the unit stops, a crash included.
+RUN_DIR = "/run/nemotron-router"
+SERVING_FILE = f"{RUN_DIR}/serving"
+# After ExecStop removes the file, the requests Caddy routed a moment before still reach the
+# router while it listens: this long, then SIGTERM.
+STOP_GRACE_SECONDS = 1
+# How long a stop (systemctl restart for new flags or a new lock, routing turned off, a reboot)
+# lets the router finish what it holds before systemd kills it (TimeoutStopSec): a long
+# generation, as a replica's drain waits for one. No new request waits on it meanwhile.
+STOP_SECONDS = catalog.LONG_GENERATION_SECONDS
+
 # Its health checks of the replicas (GET /health, no key: a replica's gateway answers it):
-# like Caddy's (balancer.py), a replica that stops answering, or drains (503), is out within
-# HEALTH_SECONDS * HEALTH_FAILS, and back after HEALTH_PASSES answers.
+# like Caddy's (balancer.py), a replica that is stopped (refused, 502) or drains (503) is out
+# within HEALTH_SECONDS * HEALTH_FAILS, and back after HEALTH_PASSES answers. A look may take
+# catalog.REPLICA_LOOK_TIMEOUT_SECONDS (--health-check-timeout-secs): a busy vLLM answers late,
+# and at 2 s the router took every saturated replica out at once (no worker: 503 for all).
+# It looks at the replicas one after another (core/worker_registry.rs start_health_checker),
+# so while some are slow a round takes longer: a replica that refuses or fails its requests
+# leaves sooner by its circuit breaker (BREAKER_FAILS), and Caddy resends what it failed.
 HEALTH_SECONDS = 2
 HEALTH_FAILS = 2
 HEALTH_PASSES = 2
@@ -93,7 +132,7 @@ def args() -> list[str]:
         "--prometheus-port", str(catalog.ROUTER_METRICS_PORT),
         "--health-check-endpoint", "/health",
         "--health-check-interval-secs", str(HEALTH_SECONDS),
-        "--health-check-timeout-secs", str(HEALTH_SECONDS),
+        "--health-check-timeout-secs", str(catalog.REPLICA_LOOK_TIMEOUT_SECONDS),
         "--health-failure-threshold", str(HEALTH_FAILS),
         "--health-success-threshold", str(HEALTH_PASSES),
         "--worker-startup-check-interval", "1",
@@ -123,6 +162,14 @@ def start_script(upstreams_dir: str = catalog.BALANCER_UPSTREAMS_DIR) -> str:
 # the others join once they do.
 set -euo pipefail
 api=http://{ADDRESS}
+
+# The unit's ExecStartPost (--serving): once the router answers, the file that has Caddy send
+# it the API routes (until then they go to the replicas); the unit's start waits for it.
+if [[ ${{1:-}} == --serving ]]; then
+  until curl --silent --fail --max-time 2 --output /dev/null "$api/liveness"; do sleep 0.5; done
+  : > {SERVING_FILE}
+  exit 0
+fi
 
 # join_later FILE DIAL: the router takes http://DIAL once it answers, while FILE still names
 # it (a replica that left is not added back; one added as it left is taken out again).
@@ -171,9 +218,13 @@ exec {command}
 
 
 def unit_text() -> str:
-    """Its own unprivileged user (DynamicUser), restarted at once if it stops, stopped with
-    SIGTERM (it finishes the requests and streams in flight, then exits 0: server.rs) within
-    TimeoutStopSec."""
+    """Its own unprivileged user (DynamicUser), restarted at once if it stops. Caddy routes to
+    it while SERVING_FILE exists: made once it answers (ExecStartPost), removed first on a stop
+    (ExecStop), before SIGTERM, on which it finishes the requests and streams in flight and
+    exits 0 (server.rs), within STOP_SECONDS."""
+    folder = RUN_DIR.removeprefix("/run/")
+    # ExecStart waits for a listed replica's /health before it listens (WORKER_STARTUP_SECONDS).
+    start_seconds = WORKER_STARTUP_SECONDS + 30
     return f"""[Unit]
 Description=nemotron-droplet cache-aware router (vllm-router {catalog.ROUTER_VERSION})
 After=network-online.target
@@ -181,10 +232,19 @@ Wants=network-online.target
 
 [Service]
 DynamicUser=yes
+# {SERVING_FILE}: Caddy sends the router the API routes while it exists (Caddy's user reads it).
+RuntimeDirectory={folder}
+RuntimeDirectoryMode=0755
 ExecStart={START_SCRIPT}
+ExecStartPost={START_SCRIPT} --serving
+TimeoutStartSec={start_seconds}s
+# A stop: new requests go past the router to the replicas first, then SIGTERM, and the router
+# finishes what it holds (a long generation) before it exits.
+ExecStop=/bin/rm -f {SERVING_FILE}
+ExecStop=/bin/sleep {STOP_GRACE_SECONDS}
+TimeoutStopSec={STOP_SECONDS}s
 Restart=always
 RestartSec=1
-TimeoutStopSec=30s
 # One socket from Caddy and one to a replica per request in flight, and its render calls.
 LimitNOFILE=65536
 NoNewPrivileges=yes

@@ -188,6 +188,18 @@ MAX_REPLICAS = 8
 # Each replica's gateway listens here, on its private (VPC) address only; the balancer is the
 # only public entry. Plain HTTP inside the VPC, which carries only this account's traffic.
 REPLICA_PORT = 8080
+# How long an update waits for the requests in flight before it cuts them: a long generation at
+# the largest context (a reasoning model's thinking included) runs minutes. A replica's drain
+# (pool.DRAIN_SECONDS) and the front's router's stop (router.STOP_SECONDS) wait this long.
+LONG_GENERATION_SECONDS = 600
+# How long a look at a replica's /health may take before it counts as failed (the front's Caddy
+# and its router). A saturated vLLM answers it late, its API server busy with the requests it
+# serves: kubelet's 1 s probes marked one NotReady (llm-d/llm-d-benchmark PR #1734, which went to
+# 15 s); 1,280 requests at once kept one past 10 s (ray-project/ray #54070). A slow look is a busy
+# replica, not a gone one: one that is gone fails fast (its gateway answers 502 for a stopped
+# vLLM, 503 while it drains; a stopped gateway refuses the connection, a vanished Droplet fails
+# the checks' 2 s dial). Only a replica that accepts and never answers waits this long to leave.
+REPLICA_LOOK_TIMEOUT_SECONDS = 15
 # A replica being updated answers /health with 503 while this file exists (the service phase
 # writes it before a restart, the ready phase removes it), so the balancer stops sending it new
 # requests before it goes down. Under /run: a reboot ends a drain left behind by a failed

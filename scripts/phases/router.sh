@@ -118,6 +118,9 @@ if printf '%s\n' "$NEMO_ROUTER_UNIT_TEXT" | install_unit "$NEMO_ROUTER_UNIT"; th
 fi
 
 step start "enable and (re)start ${NEMO_ROUTER_UNIT}"
+# A restart sends new requests past the old router first (its unit's ExecStop removes the file
+# Caddy routes to it by), then waits while it finishes the streams it holds (TimeoutStopSec,
+# router.STOP_SECONDS; this phase's bound holds it); its start waits until it answers.
 start_unit "$NEMO_ROUTER_UNIT" "$restart"
 
 # /liveness answers 200 once it listens, with or without replicas (/health and chat do not

@@ -8,7 +8,8 @@ It prints `listening on http://127.0.0.1:PORT` once ready. Streams send one toke
 the first after `--ttft` seconds, the next ones `--itl` apart, then a usage chunk and [DONE],
 like vLLM with `stream_options.include_usage`. Faults for the tests: `--fail-every N` answers
 every Nth chat request with HTTP 500, `--stall-every N` never answers it, `--slow-every N` gives
-every Nth a TTFT of `--slow-ttft`, `--mode empty-deltas` streams empty content, `--mode no-auth`
+every Nth a TTFT of `--slow-ttft`, `--health-delay-under-load S` answers /health after S
+seconds while a chat request is in flight (a saturated vLLM), `--mode empty-deltas` streams empty content, `--mode no-auth`
 accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mode reasoning`
 streams the first half of the tokens as `reasoning` (as vLLM's reasoning parser does since PR
 #27752), `--mode reasoning-content` as `reasoning_content` (vLLM before it, other servers),
@@ -54,8 +55,11 @@ in `content` between think tags (no reasoning parser); `--tools parsed` answers 
 tools with a parsed `tool_calls` entry (streamed as vLLM streams one: id and name first, then the
 arguments in pieces), `--tools raw` with the model's tool-call markup as text (the wrong tool-call
 parser), `--tools off` refuses `tool_choice: auto` with vLLM's own message.
-`GET /_stats` reports requests seen, the most streams in flight at once, and when each chat
-request arrived (seconds, monotonic) with its messages.
+The other routes the gate admits answer at once, with the key: `POST /v1/completions`,
+`/v1/embeddings`, `/v1/responses` (non-streamed), and a stored response's `GET
+/v1/responses/{id}` and `POST .../cancel` (404: vLLM keeps no responses by default).
+`GET /_stats` reports requests seen, the most streams in flight at once, when each chat
+request arrived (seconds, monotonic) with its messages, and each call to those other routes.
 
 The tests start it with `running(*args, key=...)` (or `start` and `stop`): one process, the key
 in its environment, ready when it has printed its line.
@@ -184,6 +188,9 @@ class FakeServer:
         self.prefill_slots = asyncio.Semaphore(args.prefill_slots) if args.prefill_slots else None
         self.renders = 0
         self.render_auth: list[str | None] = []
+        # Each request to the other OpenAI routes (api_route): method, path, whether its key
+        # was right.
+        self.api_calls: list[tuple[str, str, bool]] = []
         self.seqs = SeqGate(args.max_num_seqs) if args.max_num_seqs else None
         self.kv_used = 0  # tokens the running requests hold (--kv-cache-tokens)
         self.tokenize_requests = 0  # POST /tokenize (--tokenize)
@@ -387,8 +394,40 @@ class FakeServer:
                 "renders": self.renders,
                 "render_auth": self.render_auth,
                 "tokenize_requests": self.tokenize_requests,
+                "api_calls": self.api_calls,
             }
         )
+
+    async def api_route(self, request: web.Request) -> web.Response:
+        """The rest of what the gate admits, answered at once as vLLM 0.33 answers it: a
+        completion, an embedding, a Responses API answer, and a stored response looked up or
+        cancelled: 404, as vLLM stores none unless VLLM_ENABLE_RESPONSES_API_STORE is set
+        (entrypoints/openai/responses/serving.py: store off by default, _make_not_found_error)."""
+        ok = self.authorized(request)
+        self.api_calls.append((request.method, request.path, ok))
+        if not ok:
+            return self.unauthorized()
+        if "id" in request.match_info:
+            message = f"Response with id '{request.match_info['id']}' not found."
+            return self.error(message, "invalid_request_error", 404)
+        body = await request.json()
+        if body.get("model") != self.args.model:
+            return self.error(
+                f"The model `{body.get('model')}` does not exist.", "NotFoundError", 404
+            )
+        text = " tok" * self.args.tokens
+        kind = request.path.removeprefix("/v1/")
+        answers: dict[str, dict[str, Any]] = {
+            "completions": {"object": "text_completion",
+                            "choices": [{"index": 0, "text": text, "finish_reason": "length"}]},
+            "embeddings": {"object": "list",
+                           "data": [{"object": "embedding", "index": 0, "embedding": [0.0] * 8}]},
+            "responses": {"object": "response", "status": "completed",
+                          "output": [{"type": "message", "role": "assistant",
+                                      "content": [{"type": "output_text", "text": text}]}]},
+        }  # fmt: skip
+        answer = {"id": f"{kind[:4]}-{uuid.uuid4().hex}", "model": self.args.model, **answers[kind]}
+        return web.json_response(answer, headers=self.name_header())
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         arrived = time.monotonic()
@@ -669,6 +708,10 @@ def build_app(args: argparse.Namespace) -> web.Application:
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/chat/completions", server.chat)
     app.router.add_post("/v1/chat/completions/render", server.render)
+    for path in ("/v1/completions", "/v1/embeddings", "/v1/responses",
+                 "/v1/responses/{id}/cancel"):  # fmt: skip
+        app.router.add_post(path, server.api_route)
+    app.router.add_get("/v1/responses/{id}", server.api_route)
     app.router.add_get("/health", server.health)
     app.router.add_get("/_stats", server.stats)
     app.router.add_get("/metrics", server.metrics)

@@ -19,7 +19,7 @@ The routing modes, each in front of three fresh replicas (empty caches):
   --enable-scale-out` does.
 - `cache-aware-no-render`: the same, with replicas that answer render 403, as vLLM 0.33 does
   without --enable-scale-out (our replicas today, whose gateways refuse the path besides:
-  gateway.API_PATHS); the router then has no token ids and picks the least loaded replica
+  gateway.API_ROUTES); the router then has no token ids and picks the least loaded replica
   (cache_aware.rs select_prepared: "missing_tokens").
 The router's own settings (Router: --cache-threshold, --balance-abs-threshold,
 --balance-rel-threshold) are the front's, chosen by this harness's measurement (Router's
