@@ -268,8 +268,11 @@ def lb_hourly_price(nodes: int) -> float:
 # refuse it, `pulumi up` would fail on the Load Balancer, naming the field.
 LB_IDLE_TIMEOUT_SECONDS = 600
 # Health checks: the provider's bounds are interval and timeout 3-300 s, thresholds 2-10
-# (resource_loadbalancer.go); the fastest: out after 2 failed checks 3 s apart, back after 2.
-LB_CHECK_INTERVAL_SECONDS = 3
+# (resource_loadbalancer.go). The timeout is a replica's look, as Caddy's and the router's: a
+# saturated vLLM answers /health late, and 3 s (the fastest) took busy replicas out, all of them
+# under a burst. The interval equals it (a timeout no longer than the interval, as the checks
+# always had): a dead replica leaves after 2 failed checks, 30-45 s, where 3 s apart took 6-9 s.
+LB_CHECK_INTERVAL_SECONDS = REPLICA_LOOK_TIMEOUT_SECONDS
 LB_UNHEALTHY_THRESHOLD = 2
 LB_HEALTHY_THRESHOLD = 2
 
