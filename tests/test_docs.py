@@ -135,7 +135,7 @@ ASSIGNED = re.compile(rf"\b({SECRET_NAMES})=(?![\"']?[${{])(\S+)")
 # A secret in a flag or a header: --api-key sk-..., -H "Authorization: Bearer sk-...".
 FLAGGED = re.compile(
     r"(--(?:api-key|token|hf-token|password)[ =]|-H ['\"]Authorization: Bearer )"
-    r"(?![\"']?\$)(?![a-z]+(?:[\s`'\",)]|$))([^\s`'\",)]+)"  # a plain word after it is prose
+    r"(?![\"']?\$)(?![a-z]+(?:[\s`'\",)]|$))([^\s`'\",()]+)"  # a plain word or "(" is prose
 )
 CONFIG_SET = re.compile(r"pulumi config set\b([^`\n|#;&)]*)")
 VALUED_FLAGS = {"--stack", "-s", "--type", "--config-file"}
@@ -197,6 +197,7 @@ def test_the_secret_check_finds_what_it_is_for() -> None:
         "read -rs DIGITALOCEAN_TOKEN && export DIGITALOCEAN_TOKEN",
         "flags (`--endpoint`, `--api-key`, `--stack`)",
         "vLLM's --api-key guards only some routes",
+        "only the router's own --api-key (vllm_router 0.1.17 src/server.rs",
         'f"VLLM_API_KEY={api_key}"',
         "pulumi config set --secret hfToken   (only for gated models)",
         "send it as `Authorization: Bearer <apiKey>`",
