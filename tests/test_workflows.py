@@ -123,7 +123,7 @@ def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment(
     assert wf[True]["push"] == {"branches": ["main"]}
     job = wf["jobs"]["deploy"]
     assert job["environment"] == "${{ inputs.stack || 'dev' }}"
-    assert wf["concurrency"]["cancel-in-progress"] is False
+    assert job["concurrency"]["cancel-in-progress"] is False
 
 
 def test_secrets_only_reach_steps_through_env_or_inputs_never_a_run_line() -> None:
@@ -148,7 +148,6 @@ def test_deploy_runs_the_suite_only_for_a_commit_that_has_not_passed_it() -> Non
     it says so, `deploy` after a pass now or before and never after a failure."""
     wf = load("deploy.yml")
     assert wf["run-name"] == "deploy ${{ inputs.stack || 'dev' }} ${{ inputs.command || 'up' }}"
-    assert wf["concurrency"]["group"] == "deploy-${{ inputs.stack || 'dev' }}"
     jobs = wf["jobs"]
     assert list(jobs) == ["tested", "test", "deploy"]
     assert "needs" not in jobs["tested"]
@@ -164,3 +163,25 @@ def test_deploy_runs_the_suite_only_for_a_commit_that_has_not_passed_it() -> Non
     assert jobs["test"]["if"] == "needs.tested.outputs.run-tests == 'true'"
     assert jobs["deploy"]["needs"] == ["tested", "test"]
     assert jobs["deploy"]["if"].startswith("${{ !failure() && !cancelled() && ")
+
+
+def test_a_wake_waits_for_a_running_deploy_of_its_stack_never_for_tests_and_none_is_dropped() -> None:
+    """Issue 42: the stack's lock is on the `deploy` job alone. With the group on the workflow, a
+    wake (the front's dispatch) waited for a push's whole run, its ./check of ~10 minutes
+    included; and GitHub's default queue of one cancels a pending run when another queues, so
+    a push could drop a waiting wake or destroy. Two deploys of one stack still never overlap
+    (docs.github.com, "Control the concurrency of workflows and jobs": `queue: max`)."""
+    wf = load("deploy.yml")
+    assert "concurrency" not in wf, "a run-wide group holds a wake behind a push's tests"
+    jobs = wf["jobs"]
+    assert "concurrency" not in jobs["tested"] and "concurrency" not in jobs["test"]
+    assert jobs["deploy"]["concurrency"] == {
+        "group": "deploy-${{ inputs.stack || 'dev' }}",  # a push deploys dev: its group too
+        "cancel-in-progress": False,  # never cut a pulumi up half-way
+        "queue": "max",  # a pending wake, scale step or destroy is never replaced
+    }
+    # No other workflow takes a stack's group: real runs deploy throwaway stacks of their own.
+    for name in ("preview.yml", "lease.yml", "real-run.yml"):
+        group = str(load(name).get("concurrency", {}).get("group", ""))
+        assert not group.startswith("deploy-"), (name, group)
+
