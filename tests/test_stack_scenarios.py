@@ -9,9 +9,10 @@ Each scenario prints its contract line (scenario.summary) in the run's summary. 
 CI) runs scenarios 1, 2 (both entries), 4, 6, 8 and 9; those of minutes, 3 (a rolling update under
 load, about 4 minutes beside the other tests), 5 (autodown, then refresh and up) and 7 (scale to
 zero: autodown deletes, a keyed request wakes the set through the pipeline), are marked
-stack_long and left out by default (pyproject addopts) to keep CI near six minutes, as is 10
+stack_long and left out by default (pyproject addopts) to keep CI near ten minutes, as is 10
 (autoscale: out to three replicas under an open-loop load, in to one, then to zero; about 15
-minutes): `./check -m stack` runs all of them, and only them.
+minutes): `./check -m stack` runs all of them, and only them; `./check -m stack_long` the long
+ones, which GitHub runs on every pull request and push (.github/workflows/stack-long.yml).
 """
 
 from __future__ import annotations

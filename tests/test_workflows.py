@@ -33,7 +33,7 @@ def load(name: str) -> dict[str, Any]:
 
 
 def test_actionlint_passes_on_every_workflow() -> None:
-    names = ["deploy.yml", "lease.yml", "preview.yml", "real-run.yml"]
+    names = ["deploy.yml", "lease.yml", "preview.yml", "real-run.yml", "stack-long.yml"]
     assert [w.name for w in WORKFLOWS] == names
     proc = actionlint(*WORKFLOWS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -185,3 +185,19 @@ def test_a_wake_waits_for_a_running_deploy_of_its_stack_never_for_tests_and_none
         group = str(load(name).get("concurrency", {}).get("group", ""))
         assert not group.startswith("deploy-"), (name, group)
 
+
+def test_the_long_stack_scenarios_run_where_a_failure_is_seen() -> None:
+    """Issue 42: ./check's default run leaves stack_long out (pyproject addopts); stack-long.yml
+    runs them on every pull request and push to main, in a job nothing waits for."""
+    assert "-m 'not stack_long'" in (ROOT / "pyproject.toml").read_text()
+    wf = load("stack-long.yml")
+    assert wf[True]["pull_request"] == {"branches": ["main"]}
+    assert wf[True]["push"] == {"branches": ["main"]} and "workflow_dispatch" in wf[True]
+    [job] = wf["jobs"].values()
+    assert [s.get("run") for s in job["steps"] if "run" in s] == [
+        "scripts/ci/check-on-runner.sh -m stack_long"
+    ]
+    assert job["timeout-minutes"] >= 45  # about 20 minutes of scenarios, 25 with the setup
+    for other in ("deploy.yml", "preview.yml"):
+        for name, other_job in load(other)["jobs"].items():
+            assert "stack-long" not in str(other_job.get("needs", "")), (other, name)
