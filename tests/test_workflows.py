@@ -165,7 +165,7 @@ def test_deploy_runs_the_suite_only_for_a_commit_that_has_not_passed_it() -> Non
     assert jobs["deploy"]["if"].startswith("${{ !failure() && !cancelled() && ")
 
 
-def test_a_wake_waits_for_a_running_deploy_of_its_stack_never_for_tests_and_none_is_dropped() -> None:
+def test_a_wake_waits_for_a_deploy_of_its_stack_never_for_tests_and_none_is_dropped() -> None:
     """Issue 42: the stack's lock is on the `deploy` job alone. With the group on the workflow, a
     wake (the front's dispatch) waited for a push's whole run, its ./check of ~10 minutes
     included; and GitHub's default queue of one cancels a pending run when another queues, so
