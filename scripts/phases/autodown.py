@@ -200,7 +200,8 @@ def droplet_id(
             return None
         try:
             with urllib.request.urlopen(metadata_url, timeout=timeout) as response:  # noqa: S310 (link-local metadata service)
-                text = response.read(64).decode("ascii", "replace").strip()
+                body: bytes = response.read(64)
+            text = body.decode("ascii", "replace").strip()
         except urllib.error.HTTPError as err:
             why, again = f"HTTP {err.code}", err.code >= 500
         except Exception as err:  # noqa: BLE001 (no answer of any kind: ask again)
