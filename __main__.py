@@ -7,12 +7,14 @@ build the components, export what a user needs.
 import pulumi
 import pulumi_random as random
 
-from components.cloud import dns, endpoint, outputs, scale, stack_config
+from components.cloud import dns, endpoint, outputs, runner, scale, stack_config
 from components.cloud.site import plan_site
 
 # With autoscale, the count is the cloud's (or a scale step's), within autoscale.min and max.
 cfg, count = scale.resolve(stack_config.load())
 dns.check_zone(cfg)
+# The machine running `pulumi up` (a GitHub-hosted runner too) must reach the Droplets' SSH.
+runner.check(cfg)
 # Where it goes, what it keeps, what the entry costs: refused here before anything is created.
 site = plan_site(cfg)
 

@@ -87,6 +87,10 @@ class Cloud:
         self.metrics_status = 200
         self.hang_seconds = 0.0  # how long /metrics takes to answer
         self.droplet_id = DROPLET
+        # Statuses the metadata service answers first, one a request, before the id; and how
+        # many times it was asked.
+        self.metadata_failures: list[int] = []
+        self.metadata_asked = 0
         # What each token may do (DigitalOcean answers 401 to an unknown token, 403 to a scope
         # it lacks), and the account's Droplets when a test names them (None: any id exists;
         # deleting one that does not exist answers 404).
@@ -108,7 +112,11 @@ class Cloud:
                     cloud.stop.wait(cloud.hang_seconds)
                     self._send(cloud.metrics_status, cloud.metrics)
                 elif self.path == "/metadata/v1/id":
-                    self._send(200, cloud.droplet_id)
+                    cloud.metadata_asked += 1
+                    if cloud.metadata_failures:
+                        self._send(cloud.metadata_failures.pop(0), "unavailable")
+                    else:
+                        self._send(200, cloud.droplet_id)
                 else:
                     self._send(503, "unavailable")
 
@@ -598,6 +606,40 @@ def test_a_droplet_id_that_is_not_a_number_is_never_deleted(
     assert cloud.deletes == [], "never DELETE /v2/droplets/ with an empty or odd id"
     cloud.droplet_id = DROPLET
     assert "deleted" in autodown.run().stdout, "the next run tries again"
+
+
+def test_a_metadata_service_that_fails_a_moment_is_asked_again_within_the_run(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    """Issue 42: one failed look at the metadata service (a 5xx, a reset or a timeout) cost the
+    whole run ("idle ...: but the metadata service gave no numeric Droplet id"). It is asked
+    again within the run's deadline, and each miss is logged with its reason."""
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    cloud.metadata_failures = [503, 500]
+    proc = autodown.run()
+    assert proc.returncode == 0, proc.stdout
+    assert "metadata service, attempt 1/4: HTTP 503; asking again" in proc.stdout
+    assert "metadata service, attempt 2/4: HTTP 500; asking again" in proc.stdout
+    assert f"delete droplet {DROPLET}: " in proc.stdout and cloud.metadata_asked == 3
+    assert [d["path"] for d in cloud.deletes] == [f"/v2/droplets/{DROPLET}"]
+
+
+@pytest.mark.parametrize(("status", "asked"), [(404, 1), (503, 4)])
+def test_a_metadata_service_that_keeps_failing_deletes_nothing_and_says_why(
+    autodown: Autodown, cloud: Cloud, status: int, asked: int
+) -> None:
+    """A 404 (no such Droplet as far as the service knows) is an answer, asked once; a 5xx that
+    lasts is asked a few times. Either way nothing is deleted, the journal says why, and the
+    next minute's run tries again."""
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    cloud.metadata_failures = [status] * 10
+    proc = autodown.run()
+    assert proc.returncode == 1
+    assert f"HTTP {status}" in proc.stdout
+    assert "the metadata service gave no numeric Droplet id; not deleting" in proc.stdout
+    assert cloud.metadata_asked == asked and cloud.deletes == []
 
 
 @pytest.mark.parametrize("setting", ["AUTODOWN_IDLE_MINUTES", "AUTODOWN_MAX_HOURS"])

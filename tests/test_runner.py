@@ -800,6 +800,25 @@ def test_the_test_job_runs_check_whole_as_root_through_sudo(runner: Runner, work
     assert "the tests need root" in proc.stderr
 
 
+def test_the_long_stack_scenarios_run_in_a_job_of_their_own_as_root_through_sudo(
+    runner: Runner,
+) -> None:
+    """Issue 42: the stack_long scenarios, which ./check leaves out by default, run on every pull
+    request and push in stack-long.yml: ./check whole as root (they need namespaces, nftables,
+    sshd), with `-m stack_long` handed to pytest."""
+    runner.fake("sudo", 0)
+    ctx = context("http://127.0.0.1:9", None)
+    job = Job(runner, ctx)
+    wf = load(".github/workflows/stack-long.yml")
+    proc = job.steps(wf["jobs"]["stack-long"]["steps"], ctx)
+    assert proc is not None and proc.returncode == 0, proc and proc.stderr
+    assert runner.calls("sudo") == [
+        ["-n", "true"],
+        ["-n", "env", f"PATH={runner.tool}/bin:{runner.bin}", f"LD_LIBRARY_PATH={runner.tool}/lib",
+         "./check", "-m", "stack_long"],
+    ]  # fmt: skip
+
+
 def test_the_deploy_job_sets_up_as_the_runner_user_up_to_pulumi_up(runner: Runner) -> None:
     ctx = context("http://127.0.0.1:9", "up", PULUMI_STATE_BUCKET="my-state")
     job = Job(runner, ctx)

@@ -483,9 +483,11 @@ def test_a_wake_cancelled_in_the_concurrency_group_fails_naming_the_run_that_rep
     front_factory: Callable[..., Front],
 ) -> None:
     """A push deploys (in progress); the wake's run queues behind it (pending); a second push
-    queues and GitHub cancels the pending wake run, even with cancel-in-progress: false. The
-    wake fails saying so, and the push run is not taken for the wake's own."""
-    github = FakeGitHub()
+    queues and GitHub cancels the pending wake run, even with cancel-in-progress: false, in a
+    pipeline whose group keeps GitHub's default queue (deploy.yml's `queue: max` never does:
+    test_a_push_queued_behind_a_pending_wake_cancels_nothing). The wake fails saying so, and
+    the push run is not taken for the wake's own."""
+    github = FakeGitHub(queue="single")
     github.push()
     front = front_factory(github)
     answers = front.wake_in_background()
@@ -503,6 +505,21 @@ def test_a_wake_cancelled_in_the_concurrency_group_fails_naming_the_run_that_rep
     message = answer.json()["error"]["message"]
     assert f"the deploy run was cancelled by the newer push run {newer['html_url']}" in message
     assert wake_run["html_url"] in message
+
+
+def test_a_push_queued_behind_a_pending_wake_cancels_nothing() -> None:
+    """deploy.yml's group keeps every pending run (`queue: max`): a push queued behind a wake
+    that waits for a running deploy leaves the wake's run to run next, then the push's."""
+    github = FakeGitHub()
+    assert github.queue == "max", "the fake reads deploy.yml's queue"
+    running = github.push()
+    wake = github.wake()
+    newer = github.push()
+    assert [r["status"] for r in github.runs] == ["in_progress", "pending", "pending"]
+    github.finish_run("success", run_id=running["id"])
+    assert [r["status"] for r in github.runs[1:]] == ["in_progress", "pending"]
+    assert github.runs[1]["id"] == wake["id"] and github.runs[2]["id"] == newer["id"]
+    assert all(r["conclusion"] != "cancelled" for r in github.runs)
 
 
 def test_an_older_github_without_run_details_is_followed_by_the_runs_title(

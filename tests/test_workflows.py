@@ -34,7 +34,7 @@ def load(name: str) -> dict[str, Any]:
 
 
 def test_actionlint_passes_on_every_workflow() -> None:
-    names = ["deploy.yml", "lease.yml", "preview.yml", "real-run.yml"]
+    names = ["deploy.yml", "lease.yml", "preview.yml", "real-run.yml", "stack-long.yml"]
     assert [w.name for w in WORKFLOWS] == names
     proc = actionlint(*WORKFLOWS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -124,7 +124,7 @@ def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment(
     assert wf[True]["push"] == {"branches": ["main"]}
     job = wf["jobs"]["deploy"]
     assert job["environment"] == "${{ inputs.stack || 'dev' }}"
-    assert wf["concurrency"]["cancel-in-progress"] is False
+    assert job["concurrency"]["cancel-in-progress"] is False
 
 
 CLEAN_UP = "Delete the GPU Droplets this failed up made"
@@ -188,7 +188,6 @@ def test_deploy_runs_the_suite_only_for_a_commit_that_has_not_passed_it() -> Non
     it says so, `deploy` after a pass now or before and never after a failure."""
     wf = load("deploy.yml")
     assert wf["run-name"] == "deploy ${{ inputs.stack || 'dev' }} ${{ inputs.command || 'up' }}"
-    assert wf["concurrency"]["group"] == "deploy-${{ inputs.stack || 'dev' }}"
     jobs = wf["jobs"]
     assert list(jobs) == ["tested", "test", "deploy"]
     assert "needs" not in jobs["tested"]
@@ -204,3 +203,41 @@ def test_deploy_runs_the_suite_only_for_a_commit_that_has_not_passed_it() -> Non
     assert jobs["test"]["if"] == "needs.tested.outputs.run-tests == 'true'"
     assert jobs["deploy"]["needs"] == ["tested", "test"]
     assert jobs["deploy"]["if"].startswith("${{ !failure() && !cancelled() && ")
+
+
+def test_a_wake_waits_for_a_deploy_of_its_stack_never_for_tests_and_none_is_dropped() -> None:
+    """Issue 42: the stack's lock is on the `deploy` job alone. With the group on the workflow, a
+    wake (the front's dispatch) waited for a push's whole run, its ./check of ~10 minutes
+    included; and GitHub's default queue of one cancels a pending run when another queues, so
+    a push could drop a waiting wake or destroy. Two deploys of one stack still never overlap
+    (docs.github.com, "Control the concurrency of workflows and jobs": `queue: max`)."""
+    wf = load("deploy.yml")
+    assert "concurrency" not in wf, "a run-wide group holds a wake behind a push's tests"
+    jobs = wf["jobs"]
+    assert "concurrency" not in jobs["tested"] and "concurrency" not in jobs["test"]
+    assert jobs["deploy"]["concurrency"] == {
+        "group": "deploy-${{ inputs.stack || 'dev' }}",  # a push deploys dev: its group too
+        "cancel-in-progress": False,  # never cut a pulumi up half-way
+        "queue": "max",  # a pending wake, scale step or destroy is never replaced
+    }
+    # No other workflow takes a stack's group: real runs deploy throwaway stacks of their own.
+    for name in ("preview.yml", "lease.yml", "real-run.yml"):
+        group = str(load(name).get("concurrency", {}).get("group", ""))
+        assert not group.startswith("deploy-"), (name, group)
+
+
+def test_the_long_stack_scenarios_run_where_a_failure_is_seen() -> None:
+    """Issue 42: ./check's default run leaves stack_long out (pyproject addopts); stack-long.yml
+    runs them on every pull request and push to main, in a job nothing waits for."""
+    assert "-m 'not stack_long'" in (ROOT / "pyproject.toml").read_text()
+    wf = load("stack-long.yml")
+    assert wf[True]["pull_request"] == {"branches": ["main"]}
+    assert wf[True]["push"] == {"branches": ["main"]} and "workflow_dispatch" in wf[True]
+    [job] = wf["jobs"].values()
+    assert [s.get("run") for s in job["steps"] if "run" in s] == [
+        "scripts/ci/check-on-runner.sh -m stack_long"
+    ]
+    assert job["timeout-minutes"] >= 45  # about 20 minutes of scenarios, 25 with the setup
+    for other in ("deploy.yml", "preview.yml"):
+        for name, other_job in load(other)["jobs"].items():
+            assert "stack-long" not in str(other_job.get("needs", "")), (other, name)

@@ -203,8 +203,11 @@ class AccessConfig(_Section):
     ssh_cidrs: list[str] = Field(
         default_factory=lambda: list(catalog.ANYWHERE),
         description="Who may reach SSH (key-only). Must include the public address of the "
-        "machine that runs `pulumi up`: the bootstrap runs over SSH. Documentation, private, "
-        "loopback and other ranges no client connects from are refused.",
+        "machine that runs `pulumi up`: the bootstrap runs over SSH. A GitHub-hosted runner "
+        "(deploy.yml: pushes, wakes, scale steps) connects from no address you can list: a "
+        "stack CI deploys keeps anywhere, and an `up` there with a narrower list is refused "
+        "(docs/ci.md). Documentation, private, loopback and other ranges no client connects "
+        "from are refused.",
     )
     ssh_key_fingerprints: list[str] = Field(
         default_factory=list,

@@ -88,6 +88,7 @@ ZONE = re.compile(r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
 # Per-request ceilings; the run's deadline lowers them as it nears.
 METRICS_TIMEOUT = 10.0
 METADATA_TIMEOUT = 10.0
+METADATA_PAUSE = 1.0  # between two looks at the metadata service, within one run
 API_TIMEOUT = 30.0
 RUN_SECONDS = 45.0
 # A first-bootstrap time further ahead than this is a broken clock or file, not a time.
@@ -225,18 +226,38 @@ def read_set_metrics(
     return None if busy else total
 
 
-def droplet_id(metadata_url: str, deadline: Deadline) -> str | None:
+def droplet_id(
+    metadata_url: str, deadline: Deadline, sleep: Sleep, attempts: int = 4
+) -> str | None:
     """The Droplet's id from the metadata service; None unless it is a plain number (an empty
-    or odd answer must never turn into DELETE /v2/droplets/)."""
-    timeout = deadline.timeout(METADATA_TIMEOUT)
-    if timeout is None:
-        return None
-    try:
-        with urllib.request.urlopen(metadata_url, timeout=timeout) as response:  # noqa: S310 (link-local metadata service)
-            text = response.read(64).decode("ascii").strip()
-    except Exception:  # noqa: BLE001
-        return None
-    return text if DROPLET_ID.fullmatch(text) else None
+    or odd answer must never turn into DELETE /v2/droplets/). A service that did not answer
+    (refused, reset, timed out, a 5xx) is asked again within the run's deadline, a second
+    apart: one miss must not cost a run that decided to delete. A 4xx or an odd answer is an
+    answer, not asked again. Each miss is logged with its reason."""
+    for attempt in range(1, attempts + 1):
+        timeout = deadline.timeout(METADATA_TIMEOUT)
+        if timeout is None:
+            log("metadata service: no time left in this run to ask it")
+            return None
+        try:
+            with urllib.request.urlopen(metadata_url, timeout=timeout) as response:  # noqa: S310 (link-local metadata service)
+                body: bytes = response.read(64)
+            text = body.decode("ascii", "replace").strip()
+        except urllib.error.HTTPError as err:
+            why, again = f"HTTP {err.code}", err.code >= 500
+        except Exception as err:  # noqa: BLE001 (no answer of any kind: ask again)
+            why, again = type(err).__name__, True
+        else:
+            if DROPLET_ID.fullmatch(text):
+                return text
+            why, again = f"answered {text[:20]!r}, not a Droplet id", False
+        again = again and attempt < attempts and deadline.left() > METADATA_PAUSE + 1
+        tail = "; asking again" if again else ""
+        log(f"metadata service, attempt {attempt}/{attempts}: {why}{tail}")
+        if not again:
+            return None
+        sleep(METADATA_PAUSE)
+    return None
 
 
 def retry_after(header: str | None, now: float) -> float | None:
@@ -522,7 +543,7 @@ def remove(state: dict[str, Any], reason: str, token: str, deadline: Deadline, s
     DigitalOcean accepted the Droplet's delete."""
     env = os.environ.get
     droplet = droplet_id(
-        env("AUTODOWN_METADATA_URL", "http://169.254.169.254/metadata/v1/id"), deadline
+        env("AUTODOWN_METADATA_URL", "http://169.254.169.254/metadata/v1/id"), deadline, sleep
     )
     if droplet is None:
         log(f"{reason}: but the metadata service gave no numeric Droplet id; not deleting")

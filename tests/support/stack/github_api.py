@@ -13,8 +13,11 @@ REST description says of these endpoints; docs/facts.md what was found besides):
   with workflow_run_id, run_url and html_url, else 204 and no body;
 - runs as GitHub names them: `display_title` (deploy.yml's run-name), `event`, `status`
   (queued, pending, waiting for a reviewer's approval, in_progress, completed), `conclusion`;
-- deploy.yml's concurrency group: one run in progress per group; a newer run queued behind it
-  cancels the one already pending (GitHub does so even with cancel-in-progress: false);
+- deploy.yml's concurrency group, on its deploy job: one in progress per group; with `queue:
+  max` (deploy.yml's) the others wait in turn, with GitHub's default (`single`) a newer one
+  cancels the one already pending, even with cancel-in-progress: false. A run whose deploy
+  waits for the group shows here as `pending` (on GitHub its earlier jobs run meanwhile: the
+  run is under way either way, which is what a client reads from it);
 - the workflow itself (GET .../actions/workflows/{workflow}: its `state`), and the token's
   expiry in the `github-authentication-token-expiration` header of every answer when set;
 - a run's jobs (GET .../actions/runs/{id}/jobs), named and stepped as deploy.yml names them, and
@@ -77,8 +80,14 @@ def run_name(inputs: dict[str, Any]) -> str:
     return _evaluate(str(_workflow()["run-name"]), inputs)
 
 
+def deploy_concurrency() -> dict[str, Any]:
+    """deploy.yml's concurrency: the deploy job's (the stack's lock), its group and queue."""
+    data: dict[str, Any] = _workflow()["jobs"]["deploy"]["concurrency"]
+    return data
+
+
 def concurrency_group(inputs: dict[str, Any]) -> str:
-    return _evaluate(str(_workflow()["concurrency"]["group"]), inputs)
+    return _evaluate(str(deploy_concurrency()["group"]), inputs)
 
 
 def check_inputs(declared: dict[str, dict[str, Any]], given: dict[str, Any]) -> str | None:
@@ -187,6 +196,9 @@ class GitHub:
     # The deploy job's environment has required reviewers (a protection rule): a run waits,
     # status `waiting`, until `approve` (GitHub's "Review pending deployments").
     reviewers: bool = False
+    # The group's queue: deploy.yml's (max: every pending run waits its turn), or GitHub's
+    # default, single (a newer run cancels the pending one), as a pipeline of the user's may set.
+    queue: str = field(default_factory=lambda: str(deploy_concurrency().get("queue", "single")))
     # Seconds an accepted dispatch's answer takes (its run already queued): a client stopped
     # while it waits has been heard without knowing it.
     dispatch_delay: float = 0.0
@@ -299,15 +311,15 @@ class GitHub:
         return 204, None
 
     def _queue(self, event: str, inputs: dict[str, Any], ref: str) -> dict[str, Any]:
-        """Under the lock: a new run in its concurrency group. One runs at a time; a newer one
-        cancels the run still pending in the same group."""
+        """Under the lock: a new run in its concurrency group. One runs at a time; the others
+        wait in turn, or with a `single` queue a newer one cancels the run still pending."""
         group = concurrency_group(inputs)
         number = len(self.runs) + 1
         busy = False
         for other in self.runs:
             if other["_group"] != group or other["status"] == "completed":
                 continue
-            if other["status"] == "pending":
+            if other["status"] == "pending" and self.queue == "single":
                 other.update(status="completed", conclusion="cancelled", updated_at=_now())
             else:
                 busy = True
