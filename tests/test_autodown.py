@@ -929,8 +929,9 @@ def test_env_file_renders_the_rule_with_the_token() -> None:
     assert "\nAUTODOWN_DNS_RECORD=\n" in text
     assert f"\nAUTODOWN_DNS_RECORD={RECORD}\n" in env_text(cfg, RECORD)
     # A lone Droplet watches itself and deletes itself only.
-    assert text.endswith(
-        "\nAUTODOWN_PEER_METRICS_URLS=\nAUTODOWN_PEER_METRICS_KEY=\nAUTODOWN_PEER_DROPLET_IDS="
+    assert (
+        "\nAUTODOWN_PEER_METRICS_URLS=\nAUTODOWN_PEER_METRICS_KEY=\nAUTODOWN_PEER_DROPLET_IDS=\n"
+        in text
     )
     assert TOKEN not in repr(cfg), "the config model masks the token"
 
@@ -1074,7 +1075,7 @@ def test_the_set_rule_renders_on_replica_0_only() -> None:
         in text
     )
     assert f"AUTODOWN_PEER_METRICS_KEY={PEER_KEY}\n" in text
-    assert text.endswith(f"AUTODOWN_PEER_DROPLET_IDS={' '.join(PEER_IDS)}")
+    assert f"\nAUTODOWN_PEER_DROPLET_IDS={' '.join(PEER_IDS)}\n" in text
     # The endpoint's name is the balancer's: autodown leaves its record alone.
     assert "\nAUTODOWN_DNS_RECORD=\n" in text
     other = phases.settings(cfg, "autodown", api_key=PEER_KEY, replica=1)

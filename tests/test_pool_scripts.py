@@ -105,12 +105,13 @@ def test_replica_settings_listen_privately_and_drain() -> None:
     assert ready["NEMO_REJOIN_SECONDS"] == 6
     assert ready["NEMO_PROBE_URL"] == "http://10.110.0.3:8080/v1/chat/completions"
     assert ready["NEMO_ACME_PATIENCE"] == 0, "no certificate on a replica"
-    # The managed Load Balancer checks every 3 s: its notice is longer.
+    # The managed Load Balancer checks every 15 s (a look waits 15 s: a busy vLLM answers
+    # late): its notice is 2 failures plus one interval.
     raw["access"] = {**raw["access"], "domain": "api.example.com", "dnsZone": "example.com"}
     raw["access"]["acmeEmail"] = "ops@example.com"
     managed = config.parse(raw, "dev")
     assert managed.balancer_kind == "managed"
-    assert phase_settings_for(managed, "service")["NEMO_DRAIN_NOTICE_SECONDS"] == 9
+    assert phase_settings_for(managed, "service")["NEMO_DRAIN_NOTICE_SECONDS"] == 45
 
 
 def phase_settings_for(cfg: config.StackConfig, phase: str) -> dict[str, Any]:
