@@ -1,9 +1,10 @@
 """KEDA on the Kubernetes platform (components/cloud/kube/scaling.py, autoscaler.py) under
-Pulumi's mocks: the pinned chart and its values against the chart's own values.yaml, the
-ScaledObject and TriggerAuthentication against the CRD schemas the pinned chart installs
-(tests/data/keda-2.20.2/, sources in their `$comment` and docs/facts.md), the reader's core
-objects against Kubernetes 1.36, a broken copy of each refused; Pulumi's hands off
-`spec.replicas` once KEDA owns it; the metric names in the pinned vLLM's source."""
+Pulumi's mocks: KEDA's and Prometheus' pinned charts and their values against each chart's own
+values.yaml (and Prometheus' values.schema.json), the ScaledObject against the CRD schema the
+pinned KEDA chart installs (tests/data/, sources in tests/data/README.md and docs/facts.md), a
+broken copy of each refused; the triggers ask the server the chart makes for the jobs it
+scrapes; Pulumi's hands off `spec.replicas` once KEDA owns it; vLLM's metric name in the pinned
+vLLM's source."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jsonschema
-import kubernetes_validate
 import pulumi
 import pytest
 import yaml
@@ -26,13 +26,13 @@ from test_kube import KubeCloud, KubeRecorder, platform, stack
 
 from components.cloud.kube import autoscaler, cluster, manifests, model, scaling
 from components.spec import catalog
-from components.spec.kube import KUBERNETES_SCHEMA_VERSION, KubePlatformConfig
+from components.spec.kube import KubePlatformConfig
 from components.spec.schema import StackConfig
 
 DATA = ROOT / "tests" / "data" / "keda-2.20.2"
+PROMETHEUS_DATA = ROOT / "tests" / "data" / "prometheus-29.27.0"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
-TRIGGER_AUTH = "kubernetes:keda.sh/v1alpha1:TriggerAuthentication"
 STATEFUL_SET = "kubernetes:apps/v1:StatefulSet"
 
 
@@ -56,6 +56,12 @@ class Run:
 
     def one(self, type_: str) -> Registration:
         (found,) = [r for r in self.registrations if r.type == type_]
+        return found
+
+    def release(self, chart: str) -> Registration:
+        (found,) = [
+            r for r in self.registrations if r.type == RELEASE and r.inputs["chart"] == chart
+        ]
         return found
 
     def obj(self, type_: str) -> dict[str, Any]:
@@ -123,88 +129,138 @@ def validate_custom(obj: dict[str, Any]) -> None:
     jsonschema.validate(obj, crd_schema(obj["kind"]), cls=jsonschema.Draft7Validator)
 
 
-def leaves(values: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple, Any]]:
+def leaves(
+    values: dict[str, Any], defaults: dict[str, Any], path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], Any]]:
     """Each key path we set, down to a value the chart takes whole (a scalar, or a map the
-    chart's default leaves empty for the user to fill: nodeSelector, labels)."""
+    chart's default leaves empty for the user to fill: nodeSelector)."""
     for key, value in values.items():
-        if isinstance(value, dict) and value and not path_is_open((*path, key)):
-            yield from leaves(value, (*path, key))
+        if isinstance(value, dict) and value and not is_open(defaults, (*path, key)):
+            yield from leaves(value, defaults, (*path, key))
         else:
             yield (*path, key), value
 
 
-CHART_DEFAULTS = yaml.safe_load((DATA / "chart-values.yaml").read_text())
-
-
-def default_at(path: tuple[str, ...]) -> Any:
-    node: Any = CHART_DEFAULTS
+def default_at(defaults: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = defaults
     for key in path:
         if not isinstance(node, dict) or key not in node:
-            raise KeyError(
-                f"{'.'.join(path)}: not a value of the keda chart {scaling.KEDA_VERSION}"
-            )
+            raise KeyError(f"{'.'.join(path)}: not a value of the chart")
         node = node[key]
     return node
 
 
-def path_is_open(path: tuple[str, ...]) -> bool:
+def is_open(defaults: dict[str, Any], path: tuple[str, ...]) -> bool:
     try:
-        return default_at(path) == {}
+        return default_at(defaults, path) == {}
     except KeyError:
         return False
 
 
-def check_values(values: dict[str, Any]) -> None:
-    """Every value we set is one the chart has, of the type of its default (the chart ships no
-    values.schema.json at this tag: its values.yaml is the contract)."""
-    for path, value in leaves(values):
-        default = default_at(path)
+def check_values(values: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Every value we set is one the chart has, of the type of its default (KEDA's chart ships
+    no values.schema.json at its tag: its values.yaml is the contract)."""
+    for path, value in leaves(values, defaults):
+        default = default_at(defaults, path)
         if not isinstance(value, type(default)):
             raise TypeError(f"{'.'.join(path)}: {value!r} is not a {type(default).__name__}")
 
 
-def test_the_stored_contracts_are_the_pinned_release() -> None:
-    for kind in ("ScaledObject", "TriggerAuthentication"):
-        comment = json.loads((DATA / f"{kind.lower()}.schema.json").read_text())["$comment"]
-        assert f"tag v{scaling.KEDA_VERSION}" in comment, kind
-    assert (
-        f"tag v{scaling.KEDA_VERSION}" in (DATA / "chart-values.yaml").read_text().splitlines()[0]
-    )
+KEDA_DEFAULTS = yaml.safe_load((DATA / "chart-values.yaml").read_text())
+PROMETHEUS_DEFAULTS = yaml.safe_load((PROMETHEUS_DATA / "chart-values.yaml").read_text())
+PROMETHEUS_SCHEMA = json.loads((PROMETHEUS_DATA / "values.schema.json").read_text())
+
+
+def check_prometheus_values(values: dict[str, Any]) -> None:
+    """The chart's own values.schema.json, and its values.yaml's keys and types for all but
+    scrapeConfigs, a map of jobs by name (the chart: "Further scrapeConfigs can be added as
+    new keys")."""
+    # Its `$schema` names no draft; draft 7 reads every keyword it uses.
+    jsonschema.validate(values, PROMETHEUS_SCHEMA, cls=jsonschema.Draft7Validator)
+    check_values({k: v for k, v in values.items() if k != "scrapeConfigs"}, PROMETHEUS_DEFAULTS)
+
+
+def test_the_stored_contracts_are_the_pinned_releases() -> None:
+    comment = json.loads((DATA / "scaledobject.schema.json").read_text())["$comment"]
+    assert f"tag v{scaling.KEDA_VERSION}" in comment
+    assert f"tag v{scaling.KEDA_VERSION}" in (DATA / "chart-values.yaml").read_text()
+    first = (PROMETHEUS_DATA / "chart-values.yaml").read_text().splitlines()[0]
+    assert f"tag prometheus-{scaling.PROMETHEUS_VERSION}" in first
 
 
 def test_keda_is_the_pinned_chart_with_checked_values(deployed) -> None:
     result, _ = deployed
-    release = result.one(RELEASE)
-    assert release.inputs["chart"] == "keda"
+    release = result.release("keda")
     assert release.inputs["version"] == "2.20.2"
     assert release.inputs["repositoryOpts"] == {"repo": "https://kedacore.github.io/charts"}
     assert release.inputs["namespace"] == "keda" and release.inputs["createNamespace"] is True
     assert release.inputs["atomic"] is True
     values = release.inputs["values"]
     assert values == scaling.keda_values()
-    check_values(values)
+    check_values(values, KEDA_DEFAULTS)
     # On the always-on CPU pool (the label cluster.py puts on it), never on a GPU node.
     assert values["nodeSelector"] == {manifests.GPU_POOL_LABEL: "cpu"}
     assert values["watchNamespace"] == catalog.PROJECT
 
 
-@pytest.mark.parametrize(
-    "broken",
-    [{"nodeSelectors": {"a": "b"}}, {"crds": {"install": "yes"}}, {"operator": {"replica": 2}}],
-    ids=["a key the chart lacks", "a bool as text", "a nested key the chart lacks"],
-)
-def test_the_values_check_refuses_what_the_chart_lacks(broken: dict[str, Any]) -> None:
-    check_values(scaling.keda_values())
+def test_prometheus_is_the_pinned_server_alone_scraping_two_jobs(deployed) -> None:
+    result, _ = deployed
+    release = result.release("prometheus")
+    assert release.inputs["version"] == "29.27.0"
+    assert release.inputs["repositoryOpts"] == {
+        "repo": "https://prometheus-community.github.io/helm-charts"
+    }
+    assert release.inputs["namespace"] == "monitoring" and release.inputs["atomic"] is True
+    values = release.inputs["values"]
+    assert values == scaling.prometheus_values()
+    check_prometheus_values(values)
+    for sub in ("alertmanager", "kube-state-metrics", "prometheus-node-exporter",
+                "prometheus-pushgateway"):  # fmt: skip
+        assert values[sub] == {"enabled": False}, sub
+    assert values["server"]["nodeSelector"] == {manifests.GPU_POOL_LABEL: "cpu"}
+    # Every job the chart scrapes by default is off (a new default in a chart bump fails
+    # here): only the router's page and the model servers' are read.
+    jobs = values["scrapeConfigs"]
+    assert set(PROMETHEUS_DEFAULTS["scrapeConfigs"]) <= set(jobs)
+    enabled = {name for name, job in jobs.items() if job.get("enabled", True)}
+    assert enabled == {"llm-d-router", "vllm"}
+    # Scraped as often as KEDA polls.
+    assert values["server"]["global"]["scrape_interval"] == "15s"
+
+
+VALUE_BREAKS = {
+    "a key the chart lacks": {"nodeSelectors": {"a": "b"}},
+    "a bool as text": {"crds": {"install": "yes"}},
+    "a nested key the chart lacks": {"operator": {"replica": 2}},
+}
+
+
+@pytest.mark.parametrize("what", list(VALUE_BREAKS))
+def test_the_values_check_refuses_what_the_chart_lacks(what: str) -> None:
+    check_values(scaling.keda_values(), KEDA_DEFAULTS)
     with pytest.raises((KeyError, TypeError)):
-        check_values({**scaling.keda_values(), **broken})
+        check_values({**scaling.keda_values(), **VALUE_BREAKS[what]}, KEDA_DEFAULTS)
 
 
-def test_the_custom_objects_are_valid_for_the_pinned_crds(deployed) -> None:
+PROMETHEUS_BREAKS = {
+    "a key the chart lacks": {"servers": {"retention": "1d"}},
+    "a bool as text": {"alertmanager": {"enabled": "no"}},
+    "a scrape interval as a number": {"server": {"global": {"scrape_interval": 15}}},
+}
+
+
+@pytest.mark.parametrize("what", list(PROMETHEUS_BREAKS))
+def test_the_prometheus_values_check_refuses_a_broken_copy(what: str) -> None:
+    check_prometheus_values(scaling.prometheus_values())
+    with pytest.raises((KeyError, TypeError, jsonschema.ValidationError)):
+        check_prometheus_values({**scaling.prometheus_values(), **PROMETHEUS_BREAKS[what]})
+
+
+def test_the_scaled_object_is_valid_for_the_pinned_crd(deployed) -> None:
     result, kube = deployed
     declared = result.obj(SCALED_OBJECT)
     assert declared["spec"] == scaling.scaled_object(kube)["spec"]
     validate_custom(declared)
-    validate_custom(result.obj(TRIGGER_AUTH))
 
 
 def broken_scaled_objects() -> dict[str, dict[str, Any]]:
@@ -237,26 +293,6 @@ def test_the_crd_check_refuses_a_broken_scaled_object(what: str) -> None:
         validate_custom(broken_scaled_objects()[what])
 
 
-def test_a_broken_trigger_authentication_is_refused() -> None:
-    bad = scaling.trigger_authentication()
-    bad["spec"]["secretTargetRef"][0]["secret"] = bad["spec"]["secretTargetRef"][0].pop("name")
-    with pytest.raises(jsonschema.ValidationError):
-        validate_custom(bad)
-
-
-def test_the_readers_core_objects_are_valid_for_the_pinned_version(deployed) -> None:
-    result, _ = deployed
-    kinds = ("ServiceAccount", "Secret", "ClusterRole", "ClusterRoleBinding")
-    declared = [
-        {k: v for k, v in r.inputs.items() if not k.startswith("__")}
-        for r in result.registrations
-        if r.name.startswith("vllm-reader")
-    ]
-    assert sorted(o["kind"] for o in declared) == sorted(kinds)
-    for obj in declared:
-        kubernetes_validate.validate(obj, KUBERNETES_SCHEMA_VERSION, strict=True)
-
-
 # --- what the objects say -------------------------------------------------------------------
 
 
@@ -277,55 +313,54 @@ def test_the_scaled_object_moves_the_servers_between_min_and_max(deployed) -> No
     assert {w["stabilizationWindowSeconds"] for w in behavior.values()} == {300}
 
 
-def test_the_router_queue_wakes_and_each_trigger_reads_a_real_endpoint(deployed) -> None:
+def test_the_triggers_ask_the_charts_server_for_the_jobs_it_scrapes(deployed) -> None:
     result, _ = deployed
     triggers = {t["name"]: t for t in result.obj(SCALED_OBJECT)["spec"]["triggers"]}
-    assert set(triggers) == {"router-queue", "router-running", "vllm-waiting"}
-    assert all(t["type"] == "metrics-api" and t["metricType"] == "AverageValue"
-               for t in triggers.values())  # fmt: skip
+    assert list(triggers) == ["router-queue", "router-running", "vllm-waiting"]
     meta = {name: t["metadata"] for name, t in triggers.items()}
-    # Anything queued in the router wakes a sleeping model; targets per server.
-    assert meta["router-queue"]["activationTargetValue"] == "0"
-    assert [meta[n]["targetValue"] for n in triggers] == ["1", "16", "1"]
-    assert [meta[n]["valueLocation"] for n in triggers] == [
-        "llm_d_epp_flow_control_queue_size",
-        "llm_d_epp_request_running",
-        "vllm:num_requests_waiting",
+    assert all(t["type"] == "prometheus" and t["metricType"] == "AverageValue"
+               for t in triggers.values())  # fmt: skip
+    # Anything queued in the router wakes a sleeping model; targets per server; no series is 0.
+    assert meta["router-queue"]["activationThreshold"] == "0"
+    assert [m["threshold"] for m in meta.values()] == ["1", "16", "1"]
+    assert {m["ignoreNullValues"] for m in meta.values()} == {"true"}
+    assert [m["query"] for m in meta.values()] == [
+        'sum(llm_d_epp_flow_control_queue_size{job="llm-d-router"})',
+        'sum(llm_d_epp_request_running{job="llm-d-router"})',
+        'sum(vllm:num_requests_waiting{job="vllm"})',
     ]
-    # The router's page, with the reader's token: the auth names the token Secret of the
-    # account the ClusterRole binding lets GET /metrics.
-    auth = result.obj(TRIGGER_AUTH)
-    for name in ("router-queue", "router-running"):
-        assert triggers[name]["authenticationRef"] == {"name": auth["metadata"]["name"]}
-        assert meta[name]["authModes"] == "bearer"
-        url = urlsplit(meta[name]["url"])
-        assert (url.hostname, url.port, url.path) == (
-            f"router-epp.{catalog.PROJECT}.svc",
-            9090,
-            "/metrics",
-        )
-    (ref,) = auth["spec"]["secretTargetRef"]
-    assert ref["parameter"] == "bearerToken" and ref["key"] == "token"
-    token = next(r for r in result.registrations if r.name == "vllm-reader-token").inputs
-    assert token["metadata"]["name"] == ref["name"]
-    assert token["type"] == "kubernetes.io/service-account-token"
-    assert "data" not in token and "stringData" not in token  # Kubernetes fills it
-    account = token["metadata"]["annotations"]["kubernetes.io/service-account.name"]
-    role = next(r for r in result.registrations if r.name == "vllm-reader-role").inputs
-    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
-    binding = next(r for r in result.registrations if r.name == "vllm-reader-binding").inputs
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account, "namespace": catalog.PROJECT}
-    ]
-    # vLLM's page on every server: its Service's endpoints, at the container's own port
-    # (KEDA dials each pod at the URL's port), summed.
-    url = urlsplit(meta["vllm-waiting"]["url"])
+    # The server the Prometheus release makes: `<release>-server` (its name holds the chart's),
+    # in the release's namespace, on the chart's service port.
+    prometheus = result.release("prometheus").inputs
+    assert prometheus["name"] == "prometheus"
+    port = PROMETHEUS_DEFAULTS["server"]["service"]["servicePort"]
+    url = urlsplit(meta["router-queue"]["serverAddress"])
+    assert (url.scheme, url.hostname, url.port) == (
+        "http",
+        f"prometheus-server.{prometheus['namespace']}.svc",
+        port,
+    )
+    assert {m["serverAddress"] for m in meta.values()} == {meta["router-queue"]["serverAddress"]}
+    jobs = prometheus["values"]["scrapeConfigs"]
+    # The router's page: its Service and metrics port, with the server's own account token.
+    router = jobs["llm-d-router"]
+    assert router["static_configs"] == [{"targets": [f"router-epp.{catalog.PROJECT}.svc:9090"]}]
+    assert router["authorization"] == {
+        "credentials_file": "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    }
+    # vLLM's page on every ready server: the model Service's endpoints, its named port.
     svc = next(r for r in result.registrations if r.type == "kubernetes:core/v1:Service").inputs
-    assert url.hostname == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
-    (port,) = result.obj(STATEFUL_SET)["spec"]["template"]["spec"]["containers"][0]["ports"]
-    assert url.port == port["containerPort"] and url.path == "/metrics"
-    assert meta["vllm-waiting"]["aggregateFromKubeServiceEndpoints"] == "true"
-    assert meta["vllm-waiting"]["aggregationType"] == "sum"
+    vllm = jobs["vllm"]
+    assert vllm["kubernetes_sd_configs"] == [
+        {"role": "endpointslice", "namespaces": {"names": [svc["metadata"]["namespace"]]}}
+    ]
+    keep = {r["source_labels"][0]: r["regex"] for r in vllm["relabel_configs"]}
+    assert all(r["action"] == "keep" for r in vllm["relabel_configs"])
+    (svc_port,) = svc["spec"]["ports"]
+    assert keep == {
+        "__meta_kubernetes_service_name": svc["metadata"]["name"],
+        "__meta_kubernetes_endpointslice_port_name": svc_port["name"],
+    }
 
 
 def test_pulumi_leaves_the_count_to_keda(deployed) -> None:
@@ -340,12 +375,11 @@ def test_pulumi_leaves_the_count_to_keda(deployed) -> None:
     assert [u for u, fields in result.ignored.items() if fields] == [servers.urn]
 
 
-def test_the_scaled_object_waits_for_keda_and_the_servers(deployed) -> None:
+def test_the_scaled_object_waits_for_keda_prometheus_and_the_servers(deployed) -> None:
     result, _ = deployed
     deps = result.one(SCALED_OBJECT).dependencies
-    assert result.one(RELEASE).urn in deps and result.one(STATEFUL_SET).urn in deps
-    assert result.one(TRIGGER_AUTH).urn in deps
-    assert result.one(RELEASE).urn in result.one(TRIGGER_AUTH).dependencies
+    for dep in (result.release("keda"), result.release("prometheus"), result.one(STATEFUL_SET)):
+        assert dep.urn in deps, dep.name
 
 
 def test_no_secret_in_any_plain_input(deployed) -> None:

@@ -1,11 +1,13 @@
-"""KEDA on the cluster, and the ScaledObject that moves the model servers between the platform's
-min and max, declared with pulumi-kubernetes exactly as scaling.py builds them.
+"""KEDA and the Prometheus server it asks, and the ScaledObject that moves the model servers
+between the platform's min and max, declared with pulumi-kubernetes exactly as scaling.py builds
+them.
 
-KEDA is a `helm.v3.Release`, not a `helm.v4.Chart`: a Release is one custom resource that Helm
-installs, upgrades and rolls back as `helm` itself would, so `helm list` on the cluster shows
-the pinned version, and its inputs (chart, version, repository, values) are what the tests read
-under Pulumi's mocks; a v4 Chart is a component the provider renders remotely (pulumi-kubernetes
-4.34.2 helm/v4/Chart.py: `remote=True`), whose objects exist only with a real provider and Helm.
+Each chart is a `helm.v3.Release`, not a `helm.v4.Chart`: a Release is one custom resource that
+Helm installs, upgrades and rolls back as `helm` itself would, so `helm list` on the cluster
+shows the pinned versions, and its inputs (chart, version, repository, values) are what the tests
+read under Pulumi's mocks; a v4 Chart is a component the provider renders remotely
+(pulumi-kubernetes 4.34.2 helm/v4/Chart.py: `remote=True`), whose objects exist only with a real
+provider and Helm, so nothing of it could be checked here.
 """
 
 from __future__ import annotations
@@ -20,22 +22,28 @@ from ...spec.kube import KubePlatformConfig
 from . import scaling
 
 
-def _custom(
-    name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions
-) -> kubernetes.apiextensions.CustomResource:
-    return kubernetes.apiextensions.CustomResource(
+def _release(
+    name: str, chart: str, version: str, repo: str, namespace: str, values: dict[str, Any],
+    opts: pulumi.ResourceOptions,
+) -> kubernetes.helm.v3.Release:  # fmt: skip
+    return kubernetes.helm.v3.Release(
         name,
-        api_version=obj["apiVersion"],
-        kind=obj["kind"],
-        metadata=obj["metadata"],
-        spec=obj["spec"],
+        name=chart,
+        chart=chart,
+        version=version,
+        repository_opts=kubernetes.helm.v3.RepositoryOptsArgs(repo=repo),
+        namespace=namespace,
+        create_namespace=True,
+        values=values,
+        # A failed install or upgrade is rolled back, not left half applied.
+        atomic=True,
         opts=opts,
     )
 
 
 class Autoscaler(pulumi.ComponentResource):
     """`servers` is the model's StatefulSet (model.ModelServer.servers): the ScaledObject waits
-    for it, and for KEDA's release (its CRDs), so that neither is applied against nothing."""
+    for it, for KEDA's release (its CRDs) and for Prometheus (what its triggers ask)."""
 
     def __init__(
         self,
@@ -47,49 +55,24 @@ class Autoscaler(pulumi.ComponentResource):
     ) -> None:
         super().__init__(f"{catalog.PROJECT}:kube:Autoscaler", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=provider)
-        self.keda = kubernetes.helm.v3.Release(
-            f"{name}-keda",
-            name=scaling.KEDA_CHART,
-            chart=scaling.KEDA_CHART,
-            version=scaling.KEDA_VERSION,
-            repository_opts=kubernetes.helm.v3.RepositoryOptsArgs(repo=scaling.KEDA_REPO),
-            namespace=scaling.KEDA_NAMESPACE,
-            create_namespace=True,
-            values=scaling.keda_values(),
-            # A failed install or upgrade is rolled back, not left half applied.
-            atomic=True,
-            opts=child,
-        )
-        # The reader lives in the model's namespace: after the servers (and so the namespace).
-        in_ns = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[servers]))
-        account, token, role, binding = scaling.metrics_reader()
-        reader = [
-            kubernetes.core.v1.ServiceAccount(
-                f"{name}-reader", metadata=account["metadata"], opts=in_ns
-            ),
-            kubernetes.core.v1.Secret(
-                f"{name}-reader-token", metadata=token["metadata"], type=token["type"], opts=in_ns
-            ),
-            kubernetes.rbac.v1.ClusterRole(
-                f"{name}-reader-role", metadata=role["metadata"], rules=role["rules"], opts=child
-            ),
-            kubernetes.rbac.v1.ClusterRoleBinding(
-                f"{name}-reader-binding",
-                metadata=binding["metadata"],
-                role_ref=binding["roleRef"],
-                subjects=binding["subjects"],
-                opts=child,
-            ),
-        ]
-        after = pulumi.ResourceOptions.merge(
-            child, pulumi.ResourceOptions(depends_on=[self.keda, *reader])
-        )
-        self.trigger_auth = _custom(f"{name}-auth", scaling.trigger_authentication(), after)
-        self.scaled_object = _custom(
+        self.keda = _release(
+            f"{name}-keda", scaling.KEDA_CHART, scaling.KEDA_VERSION, scaling.KEDA_REPO,
+            scaling.KEDA_NAMESPACE, scaling.keda_values(), child,
+        )  # fmt: skip
+        self.prometheus = _release(
+            f"{name}-prometheus", scaling.PROMETHEUS_CHART, scaling.PROMETHEUS_VERSION,
+            scaling.PROMETHEUS_REPO, scaling.PROMETHEUS_NAMESPACE, scaling.prometheus_values(),
+            child,
+        )  # fmt: skip
+        obj = scaling.scaled_object(kube)
+        self.scaled_object = kubernetes.apiextensions.CustomResource(
             name,
-            scaling.scaled_object(kube),
-            pulumi.ResourceOptions.merge(
-                after, pulumi.ResourceOptions(depends_on=[self.trigger_auth, servers])
+            api_version=obj["apiVersion"],
+            kind=obj["kind"],
+            metadata=obj["metadata"],
+            spec=obj["spec"],
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=[self.keda, self.prometheus, servers])
             ),
         )
         self.register_outputs({})

@@ -1,16 +1,15 @@
-"""What scales the model servers, as plain dicts (no Pulumi): KEDA's Helm values at the pinned
-chart, and the objects that tell KEDA when to run more or fewer servers (a ScaledObject on the
-StatefulSet, and the credential it reads the router's metrics with). autoscaler.py declares them.
+"""What scales the model servers, as plain dicts (no Pulumi): the Helm values of KEDA and of the
+Prometheus server it asks, each at its pinned chart, and the ScaledObject that tells KEDA when to
+run more or fewer servers. autoscaler.py declares them.
 
-Every outside fact here is in docs/facts.md ("KEDA"), with its source; tests/data/keda-2.20.2/
-holds the pinned chart's values and CRD schemas the tests validate these objects against.
+Every outside fact here is in docs/facts.md ("KEDA"), with its source; tests/data/ holds the
+pinned charts' values and schemas the tests validate these objects against.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...spec import catalog
 from ...spec.kube import KubePlatformConfig
 from . import manifests
 
@@ -21,26 +20,36 @@ KEDA_VERSION = "2.20.2"
 KEDA_REPO = "https://kedacore.github.io/charts"
 KEDA_NAMESPACE = "keda"
 
-# The router's metrics, as llm-d's router chart serves them: its Service is `<release>-epp` with
-# the port `http-metrics` on 9090 (llm-d/llm-d-router config/charts/routerlib/templates/
-# _service.yaml and _helpers.tpl), /metrics behind a Kubernetes bearer token by default
-# (`--metrics-endpoint-auth`, default true). The router's own step declares that release.
-ROUTER_RELEASE = "router"
-ROUTER_SERVICE = f"{ROUTER_RELEASE}-epp"
-ROUTER_METRICS_PORT = 9090
-ROUTER_METRICS_URL = (
-    f"http://{ROUTER_SERVICE}.{manifests.NAMESPACE}.svc:{ROUTER_METRICS_PORT}/metrics"
-)
-# vLLM's own /metrics on every server, through its Service's endpoints (KEDA reads each pod at
-# the URL's port); vLLM's key guards only /v1 and the like, not /metrics (docs/facts.md).
-VLLM_METRICS_URL = f"http://{manifests.NAME}.{manifests.NAMESPACE}.svc:{catalog.VLLM_PORT}/metrics"
+# Prometheus, pinned (prometheus-community/helm-charts tag prometheus-29.27.0: chart 29.27.0,
+# Prometheus v3.14.0): the server alone, which scrapes the router and the model servers and
+# answers KEDA's queries. KEDA's prometheus scaler, as llm-d's KEDA guide uses it: a `sum()`
+# over no series is an empty answer, read as 0 (`ignoreNullValues`, default true), where
+# KEDA's metrics-api scaler, reading a page directly, errs on a missing series, and a trigger
+# that errs keeps KEDA from scaling to zero (docs/facts.md): the router's queue gauge has a
+# series per flow, dropped when the flow is collected.
+PROMETHEUS_CHART = "prometheus"
+PROMETHEUS_VERSION = "29.27.0"
+PROMETHEUS_REPO = "https://prometheus-community.github.io/helm-charts"
+PROMETHEUS_NAMESPACE = "monitoring"
+# The chart's server Service: `<release>-server` when the release's name contains the chart's
+# (templates/_helpers.tpl, prometheus.server.fullname), port 80 (server.service.servicePort).
+PROMETHEUS_URL = f"http://{PROMETHEUS_CHART}-server.{PROMETHEUS_NAMESPACE}.svc:80"
+# A history long enough for the 300 s windows below; metrics for scaling, not an archive, so
+# no Volume: a restarted server starts empty and reads the next scrape.
+PROMETHEUS_RETENTION = "1d"
 
-# Who reads the router's metrics: a service account whose token KEDA presents (a
-# TriggerAuthentication from a service-account-token Secret, as llm-d's KEDA guide does on
-# OpenShift), allowed nothing but GET /metrics.
-METRICS_READER = "keda-metrics-reader"
-METRICS_TOKEN_SECRET = f"{METRICS_READER}-token"
-TRIGGER_AUTH = "router-metrics"
+# The router's metrics, as llm-d's router chart serves them: its Service is `<release>-epp`, port
+# 9090 (llm-d/llm-d-router config/charts/routerlib/templates/_service.yaml and _helpers.tpl),
+# /metrics behind a Kubernetes bearer token by default (`--metrics-endpoint-auth`): Prometheus
+# presents its own service account's, which the chart allows GET /metrics (templates/
+# clusterrole.yaml). The router's own step declares that release.
+ROUTER_RELEASE = "router"
+ROUTER_TARGET = f"{ROUTER_RELEASE}-epp.{manifests.NAMESPACE}.svc:9090"
+ROUTER_JOB = "llm-d-router"
+# vLLM's own /metrics on every ready server (its Service's endpoints); vLLM's key guards only
+# /v1 and the like, not /metrics (docs/facts.md).
+VLLM_JOB = "vllm"
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105
 
 # When and how far: llm-d's KEDA guide (guides/workload-autoscaling/keda-epp,
 # optimized-baseline/overlays/k8s/queue/scaledobject.yaml): the router's flow-control queue,
@@ -71,74 +80,68 @@ def keda_values() -> dict[str, Any]:
     }
 
 
-def metrics_reader() -> list[dict[str, Any]]:
-    """The service account KEDA reads the router's /metrics as, its token Secret (filled by
-    Kubernetes, never by us), and the one permission it has: GET /metrics."""
-    meta = {"name": METRICS_READER, "namespace": manifests.NAMESPACE, "labels": manifests.LABELS}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                **meta,
-                "name": METRICS_TOKEN_SECRET,
-                "annotations": {"kubernetes.io/service-account.name": METRICS_READER},
-            },
-            "type": "kubernetes.io/service-account-token",
+def _scrape_configs() -> dict[str, Any]:
+    """Only the two pages scaling reads, every 15 s (KEDA's polling): the chart's own jobs
+    (the API server, nodes, every annotated pod) are off."""
+    defaults = (
+        "prometheus", "kubernetes-api-servers", "kubernetes-nodes", "kubernetes-nodes-cadvisor",
+        "kubernetes-service-endpoints", "kubernetes-service-endpoints-slow",
+        "prometheus-pushgateway", "kubernetes-services", "kubernetes-pods", "kubernetes-pods-slow",
+    )  # fmt: skip
+    vllm_endpoints = {"role": "endpointslice", "namespaces": {"names": [manifests.NAMESPACE]}}
+    return {
+        **{job: {"enabled": False} for job in defaults},
+        ROUTER_JOB: {
+            "static_configs": [{"targets": [ROUTER_TARGET]}],
+            "authorization": {"credentials_file": SERVICE_ACCOUNT_TOKEN},
         },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": METRICS_READER, "labels": manifests.LABELS},
-            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": METRICS_READER, "labels": manifests.LABELS},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": METRICS_READER,
-            },
-            "subjects": [
+        VLLM_JOB: {
+            "kubernetes_sd_configs": [vllm_endpoints],
+            "relabel_configs": [
                 {
-                    "kind": "ServiceAccount",
-                    "name": METRICS_READER,
-                    "namespace": manifests.NAMESPACE,
-                }
+                    "source_labels": ["__meta_kubernetes_service_name"],
+                    "regex": manifests.NAME,
+                    "action": "keep",
+                },
+                {
+                    "source_labels": ["__meta_kubernetes_endpointslice_port_name"],
+                    "regex": "http",
+                    "action": "keep",
+                },
             ],
         },
-    ]
-
-
-def trigger_authentication() -> dict[str, Any]:
-    """The bearer token KEDA sends to the router, from the reader's token Secret."""
-    token = {"parameter": "bearerToken", "name": METRICS_TOKEN_SECRET, "key": "token"}
-    return {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "TriggerAuthentication",
-        "metadata": {"name": TRIGGER_AUTH, "namespace": manifests.NAMESPACE},
-        "spec": {"secretTargetRef": [token]},
     }
 
 
-def _metrics_api(name: str, url: str, series: str, target: int, **more: str) -> dict[str, Any]:
-    """A metrics-api trigger reading a Prometheus text page directly (KEDA's `format:
-    prometheus`): no Prometheus server in the cluster to run, pay for or keep up. It reads the
-    first series named `series`; the router and vLLM each write one per model, and a server
-    serves one model. AverageValue: the target is per server, so the HPA asks for
-    ceil(value / target) servers."""
+def prometheus_values() -> dict[str, Any]:
+    """The server only (no Alertmanager, exporters or push gateway), on the CPU pool."""
     return {
-        "type": "metrics-api",
+        "alertmanager": {"enabled": False},
+        "kube-state-metrics": {"enabled": False},
+        "prometheus-node-exporter": {"enabled": False},
+        "prometheus-pushgateway": {"enabled": False},
+        "server": {
+            "nodeSelector": {manifests.GPU_POOL_LABEL: manifests.CPU_POOL_VALUE},
+            "retention": PROMETHEUS_RETENTION,
+            "persistentVolume": {"enabled": False},
+            "global": {"scrape_interval": f"{POLLING_SECONDS}s"},
+        },
+        "scrapeConfigs": _scrape_configs(),
+    }
+
+
+def _prometheus(name: str, query: str, target: int, **more: str) -> dict[str, Any]:
+    """A prometheus trigger: AverageValue, so the target is per server and the HPA asks for
+    ceil(sum / target) servers."""
+    return {
+        "type": "prometheus",
         "name": name,
         "metricType": "AverageValue",
         "metadata": {
-            "url": url,
-            "format": "prometheus",
-            "valueLocation": series,
-            "targetValue": str(target),
+            "serverAddress": PROMETHEUS_URL,
+            "query": query,
+            "threshold": str(target),
+            "ignoreNullValues": "true",
             **more,
         },
     }
@@ -149,34 +152,17 @@ def triggers() -> list[dict[str, Any]]:
     adds servers; its running requests and vLLM's own queue add servers under load. Only a
     request that passed the edge's key gate reaches the router, so only a keyed request
     queues: a request without the key wakes nothing."""
-    router = {"authModes": "bearer"}
-    auth = {"authenticationRef": {"name": TRIGGER_AUTH}}
     return [
-        {
-            **_metrics_api(
-                "router-queue",
-                ROUTER_METRICS_URL,
-                ROUTER_QUEUE,
-                QUEUE_TARGET,
-                activationTargetValue="0",
-                **router,
-            ),
-            **auth,
-        },
-        {
-            **_metrics_api(
-                "router-running", ROUTER_METRICS_URL, ROUTER_RUNNING, RUNNING_TARGET, **router
-            ),
-            **auth,
-        },
-        _metrics_api(
-            "vllm-waiting",
-            VLLM_METRICS_URL,
-            VLLM_WAITING,
-            WAITING_TARGET,
-            aggregateFromKubeServiceEndpoints="true",
-            aggregationType="sum",
+        _prometheus(
+            "router-queue",
+            f'sum({ROUTER_QUEUE}{{job="{ROUTER_JOB}"}})',
+            QUEUE_TARGET,
+            activationThreshold="0",
         ),
+        _prometheus(
+            "router-running", f'sum({ROUTER_RUNNING}{{job="{ROUTER_JOB}"}})', RUNNING_TARGET
+        ),
+        _prometheus("vllm-waiting", f'sum({VLLM_WAITING}{{job="{VLLM_JOB}"}})', WAITING_TARGET),
     ]
 
 
