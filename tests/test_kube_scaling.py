@@ -282,6 +282,9 @@ def broken_scaled_objects() -> dict[str, dict[str, Any]]:
     behavior = bad["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     behavior["scaleUp"] = {**behavior["scaleUp"], "stabilizationWindowSeconds": 4000}
     out["a window past the chart's bound"] = bad
+    bad = copy.deepcopy(good)
+    bad["spec"]["triggers"][0]["metadata"]["ignoreNullValues"] = True
+    out["a trigger's value not text"] = bad
     return out
 
 
