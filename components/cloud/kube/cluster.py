@@ -51,7 +51,7 @@ class DoksCluster(pulumi.ComponentResource):
                 name=f"{name}-cpu",
                 size=kube.cpu_pool.size,
                 node_count=kube.cpu_pool.count,
-                labels={manifests.GPU_POOL_LABEL: "cpu"},
+                labels={manifests.GPU_POOL_LABEL: manifests.CPU_POOL_VALUE},
             ),
             tags=[catalog.PROJECT],
             opts=child,

@@ -28,6 +28,8 @@ LABELS = {
 # nodeSelector, so a GPU pod never waits on a CPU node and the autoscaler knows which pool to grow.
 GPU_POOL_LABEL = f"{catalog.PROJECT}/pool"
 GPU_POOL_VALUE = "gpu"
+# The same label on the always-on CPU pool: where KEDA, the router and the edge run.
+CPU_POOL_VALUE = "cpu"
 SECRET = "vllm-secrets"  # noqa: S105 (the Secret's name)
 # The keys of the Secret: vLLM and hf read these variables by these names.
 HF_TOKEN_KEY = "HF_TOKEN"  # noqa: S105 (a key's name)
@@ -196,7 +198,8 @@ def model_server(cfg: StackConfig, kube: KubePlatformConfig) -> dict[str, Any]:
     """A StatefulSet, not a Deployment: each server gets a Volume of its own from the claim
     template (block storage attaches to one node at a time, so servers cannot share one), and
     keeps it when scaled to zero (whenScaled: Retain), so its next start is warm. Replicas start
-    at the platform's minimum; KEDA (a later step) moves them between min and max."""
+    at the platform's minimum (no GPU bills at min 0 before anything asked for one); from then
+    on KEDA moves them between min and max (scaling.py), and model.py stops writing them."""
     weights = {
         "metadata": {"name": CLAIM},
         "spec": {

@@ -16,6 +16,9 @@ from ...spec.kube import KubePlatformConfig
 from ...spec.schema import StackConfig
 from . import manifests
 
+# The StatefulSet's count, as ignore_changes names it (a path in the resource's inputs).
+REPLICAS_FIELD = "spec.replicas"
+
 
 class ModelServer(pulumi.ComponentResource):
     """`api_key` and `hf_token` (None: a public model) are Pulumi secrets: they go into the
@@ -68,6 +71,12 @@ class ModelServer(pulumi.ComponentResource):
                 pulumi.ResourceOptions(
                     depends_on=[self.secret],
                     custom_timeouts=pulumi.CustomTimeouts(create="60m", update="60m"),
+                    # KEDA's HPA owns the count once the StatefulSet exists (scaling.py): with
+                    # the field ignored, server-side apply leaves it out of every later patch,
+                    # so Pulumi neither resets a scaled set to `min` nor meets a field-manager
+                    # conflict over it (pulumi-kubernetes#2258: ignoreChanges is the way; the
+                    # conflict it avoids: pulumi-kubernetes#2491, #2569, the latter on DOKS).
+                    ignore_changes=[REPLICAS_FIELD],
                 ),
             ),
         )
