@@ -930,19 +930,26 @@ def test_every_route_the_gate_admits_answers_through_the_front(
     keeps none by default), never a 401, and no replica saw it without the key. With
     cache-aware, vllm-router 0.1.17 forwards POST /v1/responses without the client's
     Authorization (server.rs v1_responses -> route_transparent): the replica's gate said 401."""
-    auth = {"Authorization": f"Bearer {KEY}"}
-    answers: dict[str, tuple[int, int]] = {}
     with routed_set(tmp_path, routing, replicas=2) as s:
-        vllm = f"http://127.0.0.1:{s.members[0].vllm_port}"
-        for method, template in gateway.API_ROUTES:
-            path, body = route_request(method, template)
-            direct = requests.request(method, vllm + path, headers=auth, json=body, timeout=30)
-            front = s.gw.request(method, path, json=body)
-            answers[f"{method} {path}"] = (front.status_code, direct.status_code)
+        answers = every_route(s)
         unkeyed = [c for m in s.members for c in m.stats()["api_calls"] if not c[2]]
     wrong = {route: got for route, got in answers.items() if got[0] != got[1] or got[0] == 401}
     assert not wrong, f"(front, vLLM itself) per route: {wrong}"
     assert not unkeyed, unkeyed
+
+
+def every_route(s: Any) -> dict[str, tuple[int, int]]:
+    """Each route the gate admits (gateway.API_ROUTES), with the key, through the front and to
+    the first replica's vLLM itself: "METHOD path" -> (the front's status, vLLM's)."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    vllm = f"http://127.0.0.1:{s.members[0].vllm_port}"
+    answers = {}
+    for method, template in gateway.API_ROUTES:
+        path, body = route_request(method, template)
+        direct = requests.request(method, vllm + path, headers=auth, json=body, timeout=30)
+        front = s.gw.request(method, path, json=body)
+        answers[f"{method} {path}"] = (front.status_code, direct.status_code)
+    return answers
 
 
 def route_request(method: str, template: str) -> tuple[str, dict[str, Any] | None]:
@@ -998,13 +1005,7 @@ def test_a_router_stop_finishes_its_streams_while_new_requests_go_past_it(tmp_pa
             time.sleep(0.1)
         s.router_unit("ExecStop")
         s.router.proc.send_signal(signal.SIGTERM)
-        auth = {"Authorization": f"Bearer {KEY}"}
-        vllm = f"http://127.0.0.1:{s.members[0].vllm_port}"
-        for method, template in gateway.API_ROUTES:
-            path, body = route_request(method, template)
-            direct = requests.request(method, vllm + path, headers=auth, json=body, timeout=30)
-            front = s.gw.request(method, path, json=body)
-            answers[f"{method} {path}"] = (front.status_code, direct.status_code)
+        answers.update(every_route(s))
         draining = s.router.proc.poll() is None
         code = s.router.proc.wait(timeout=60)
         exited = time.monotonic()
