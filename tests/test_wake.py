@@ -2013,3 +2013,28 @@ def test_a_replica_that_accepts_no_connection_is_gone_not_busy(
         for client in filling:
             client.close()
         full.close()
+
+
+def test_a_replica_that_stops_answering_is_counted_ready_no_longer_than_caddy_waits(
+    front_factory: Callable[..., Front],
+) -> None:
+    """A replica that served, then hangs: it accepts connections (the kernel completes them for
+    a stopped or wedged process) and answers nothing. Busy kept it ready for ever: the front
+    said awake (no hold file) while Caddy's own checks, which fail a look past 15 s, had taken
+    it out, so keyed requests met Caddy's bare 503 and no wake or hold ever came. Past
+    WAKE_BUSY_SECONDS without an answer it is counted as existing, not ready: the front is
+    unready (the hold file back, /health 503) until it answers again."""
+    front = front_factory(WAKE_BUSY_SECONDS="1")
+    fake = fake_openai.start("--ttft", "60", "--busy-answer-delay", "60", key=API_KEY)
+    front.replicas.append(fake.proc)
+    front.join("r0", fake.port)
+    front.wait_mode("awake")
+    in_background(lambda: requests.post(f"{fake.url}/v1/chat/completions", json=CHAT,
+                                        headers=KEYED, timeout=90))  # fmt: skip
+    front.wait_mode("unready", seconds=10)
+    state = front.state()
+    assert state["replicas_busy"] == 1 and state["replicas_healthy"] == 0, state
+    assert front.hold_file.exists()
+    assert requests.get(f"{front.url}/health", timeout=5).status_code == 503
+    front.stop_replicas()
+    front.wait_mode("asleep")

@@ -21,7 +21,9 @@ Asleep means no replica exists: no upstream file, or every upstream refused the 
 replica that answers anything, a 503 while it drains for a `pulumi up`, exists: the requests
 are held until it is ready, and nothing is woken. One that accepts the connection but does not
 answer within LOOK_TIMEOUT is busy (a saturated vLLM answers late), never gone: it stays what
-its last answer said, so a ready replica under load keeps the front awake.
+its last answer said, so a ready replica under load keeps the front awake, for WAKE_BUSY_SECONDS
+at most (Caddy's own health checks wait as long): one that answers nothing for longer is hung,
+there but not ready.
 
 A wake starts the user's own deploy pipeline, which holds the cloud secrets (this service holds
 no DigitalOcean token and never creates or deletes a Droplet): GitHub Actions' workflow_dispatch
@@ -54,7 +56,8 @@ WAKE_TRIGGER, WAKE_STACK, WAKE_GITHUB_API, WAKE_GITHUB_REPO, WAKE_GITHUB_WORKFLO
 WAKE_GITHUB_REF, WAKE_WEBHOOK_URL, WAKE_WEBHOOK_HEADER, WAKE_HOLD_SECONDS,
 WAKE_EXPECTED_SECONDS, WAKE_COOLDOWN_MINUTES, WAKE_MAX_PER_DAY, WAKE_DEADLINE_MINUTES,
 WAKE_STATE_FILE, WAKE_HEALTH_SECONDS, WAKE_COMMENT_SECONDS, WAKE_ASLEEP_SECONDS,
-WAKE_ASLEEP_LOOKS, WAKE_MAX_HELD, WAKE_MAX_HELD_BYTES, WAKE_RUN_POLL_SECONDS.
+WAKE_ASLEEP_LOOKS, WAKE_BUSY_SECONDS, WAKE_MAX_HELD, WAKE_MAX_HELD_BYTES,
+WAKE_RUN_POLL_SECONDS.
 
 Autoscale (issue 33; on when SCALE_MAX is set and the API key is in WAKE_API_KEY_FILE, a
 second systemd credential): every SCALE_SAMPLE_SECONDS while awake, each replica's vLLM
@@ -174,6 +177,7 @@ class Settings:
     comment_seconds: float
     asleep_seconds: float
     asleep_looks: int
+    busy_seconds: float
     max_held: int
     max_held_bytes: int
     run_poll_seconds: float
@@ -224,6 +228,7 @@ class Settings:
             comment_seconds=float(env.get("WAKE_COMMENT_SECONDS", "10")),
             asleep_seconds=float(env.get("WAKE_ASLEEP_SECONDS", "10")),
             asleep_looks=int(env.get("WAKE_ASLEEP_LOOKS", "3")),
+            busy_seconds=float(env.get("WAKE_BUSY_SECONDS", "15")),
             max_held=int(env.get("WAKE_MAX_HELD", "2000")),
             max_held_bytes=int(env.get("WAKE_MAX_HELD_BYTES", "200000000")),
             run_poll_seconds=float(env.get("WAKE_RUN_POLL_SECONDS", "10")),
@@ -689,6 +694,8 @@ class Waker:
     # replicas the last look found busy.
     answered: dict[tuple[str, int], str] = field(default_factory=dict)
     busy: list[tuple[str, int]] = field(default_factory=list)
+    # When each busy replica's run of unanswered looks began (WAKE_BUSY_SECONDS bounds it).
+    busy_since: dict[tuple[str, int], float] = field(default_factory=dict)
     held: int = 0
     reading: int = 0  # requests whose bodies are still arriving (counted in held_bytes)
     held_bytes: int = 0
@@ -1295,17 +1302,27 @@ class Waker:
     def heard(self, ups: list[tuple[str, int]], looks: list[str]) -> list[str]:
         """Each replica's state after a look. A busy one (it accepts connections, but did not
         answer within LOOK_TIMEOUT) is what its last answer said: a ready replica too loaded to
-        answer in time stays ready, however long (the front stays awake and Caddy keeps
-        proxying to it), one never heard from is there (it exists: never gone). Each replica
-        turning busy is logged once."""
+        answer in time stays ready (the front stays awake and Caddy keeps proxying to it), one
+        never heard from is there (it exists: never gone). For WAKE_BUSY_SECONDS at most: one
+        that has answered no look for longer is there, not ready, as Caddy's own checks (which
+        fail a look past catalog.REPLICA_LOOK_TIMEOUT_SECONDS) have taken it out by then; a
+        hung replica (a wedged process: the kernel still accepts its connections) must not
+        keep the front awake for ever. Each replica turning busy is logged once, and once more
+        past the bound."""
+        now = self.clock()
         found = []
         for upstream, seen in zip(ups, looks, strict=True):
             name = f"{upstream[0]}:{upstream[1]}"
-            self.once(f"busy {name}", seen if seen == BUSY else "", "replica_busy",
-                      replica=name, counted_as=self.answered.get(upstream, THERE),
-                      budget_seconds=LOOK_TIMEOUT)  # fmt: skip
+            if seen != BUSY:
+                self.busy_since.pop(upstream, None)
+            since = self.busy_since.setdefault(upstream, now) if seen == BUSY else now
+            late = now - since > self.s.busy_seconds
+            counted = THERE if late else self.answered.get(upstream, THERE)
+            self.once(f"busy {name}", f"{seen} {late}" if seen == BUSY else "", "replica_busy",
+                      replica=name, counted_as=counted, budget_seconds=LOOK_TIMEOUT,
+                      unanswered_seconds=round(now - since, 1))  # fmt: skip
             if seen == BUSY:
-                found.append(self.answered.get(upstream, THERE))
+                found.append(counted)
                 continue
             found.append(seen)
             if seen == GONE:
@@ -1313,6 +1330,7 @@ class Waker:
             else:
                 self.answered[upstream] = seen
         self.answered = {u: seen for u, seen in self.answered.items() if u in ups}
+        self.busy_since = {u: t for u, t in self.busy_since.items() if u in ups}
         self.busy = [u for u, seen in zip(ups, looks, strict=True) if seen == BUSY]
         listed = {f"busy {host}:{port}" for host, port in ups}
         self.said = {k: v for k, v in self.said.items() if not k.startswith("busy ") or k in listed}
