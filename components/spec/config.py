@@ -77,10 +77,21 @@ def _accepted_keys(model: type[BaseModel]) -> str:
     return ", ".join(f.alias or n for n, f in model.model_fields.items())
 
 
-def _number_for_text(given: float) -> str:
+def _secret_at(model: type[BaseModel], loc: tuple[Any, ...]) -> bool:
+    """Whether the field at `loc` holds a secret (a SecretStr): its value is never quoted."""
+    holder = _model_at(model, loc[:-1]) if loc else None
+    fields = holder.model_fields.items() if holder is not None else []
+    field = next((f for n, f in fields if loc[-1] in (n, f.alias)), None)
+    return field is not None and "SecretStr" in str(field.annotation)
+
+
+def _number_for_text(given: float, secret: bool) -> str:
     """An unquoted `version: 0.33` or `branch: 580` is a number to YAML, and stays one through
     Pulumi's JSON: say to quote it. A float has already lost what it was written as (0.30 is
-    0.3 by now), so the user is told to write the digits they meant."""
+    0.3 by now), so the user is told to write the digits they meant. A secret's value (a
+    token of digits) is never quoted: this line goes to `pulumi up`'s output."""
+    if secret:
+        return "a number here, and this field takes text: quote it (a secret: not shown)"
     message = f"{given!r} is a number here, and this field takes text: write it quoted: '{given}'"
     if isinstance(given, float):
         message += " (an unquoted 0.30 reads as 0.3 in YAML: quote the digits you meant)"
@@ -99,7 +110,7 @@ def _section_problems(name: str, model: type[_Section], err: ValidationError) ->
         message = e["msg"].removeprefix("Value error, ")
         given = e.get("input")
         if e["type"] == "string_type" and type(given) in (int, float):
-            message = _number_for_text(given)
+            message = _number_for_text(given, _secret_at(model, loc))
         if e["type"] == "list_type":
             # `regions: nyc2` in YAML is a string: say what a list looks like, with theirs.
             given = e.get("input")
@@ -676,7 +687,10 @@ def read_stack_file(path: Path) -> dict[str, Any]:
     """A stack file's YAML; a ConfigError at `file:line:column` (where editors jump) when it is
     not YAML. What, not PyYAML's quote of the line: a value there may be a secret."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        problem = f"{path}: not UTF-8 text (byte {err.start}): save it as UTF-8"
+        raise ConfigError([problem]) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
