@@ -493,3 +493,21 @@ def test_a_stack_file_that_is_not_utf8_is_one_line_naming_the_file(tmp_path: Pat
     assert run.returncode == 2, (run.returncode, run.stderr)
     assert "Traceback" not in run.stderr, run.stderr
     assert f"{path}: not UTF-8 text" in run.stderr, run.stderr
+
+
+def test_an_alias_bomb_is_refused_in_a_short_line(tmp_path: Path) -> None:
+    """YAML aliases share one list, a few hundred bytes for a million leaves (the "billion
+    laughs"). PyYAML loads it shared, but the refusal quoted the value with repr(), which
+    expands it: 7 MB of message here, 7 GB at nine levels (validate and `pulumi up` out of
+    memory). A quoted value is cut short."""
+    levels = ['b0: &b0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"b{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 10)}]" for i in range(1, 6)]
+    dev = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    bombs = "\n".join(f"  {line}" for line in levels)
+    text = dev.replace("config:\n", f"x-bombs:\n{bombs}\nconfig:\n", 1)
+    for shape, bomb in (("section", "  nemotron-droplet:balancer: *b5\n"),
+                        ("list", "  nemotron-droplet:replicas: *b5\n")):  # fmt: skip
+        (tmp_path / f"Pulumi.{shape}.yaml").write_text(text + bomb)
+        run = validate("--stack", shape, stacks=tmp_path)
+        assert run.returncode == 2, run.stderr[:2000]
+        assert len(run.stderr) < 4000, f"{shape}: {len(run.stderr)} characters of refusal"

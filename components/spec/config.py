@@ -9,6 +9,7 @@ keys from the engine, calls `parse()`, and raises before anything is created or 
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,18 @@ def _secret_at(model: type[BaseModel], loc: tuple[Any, ...]) -> bool:
     return field is not None and "SecretStr" in str(field.annotation)
 
 
+# A value quoted in a refusal: repr() of a YAML alias bomb (one list shared a million times,
+# a few hundred bytes of file) is gigabytes; reprlib stops at a depth and a count, then a cut.
+_QUOTE = reprlib.Repr()  # its limits as attributes: Python 3.11 takes no keyword arguments
+_QUOTE.maxlevel, _QUOTE.maxlist, _QUOTE.maxdict, _QUOTE.maxstring, _QUOTE.maxother = 2, 4, 4, 60, 60
+
+
+def shown(value: object) -> str:
+    """A value from the stack file, quoted short (repr's form)."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
 def _number_for_text(given: float, secret: bool) -> str:
     """An unquoted `version: 0.33` or `branch: 580` is a number to YAML, and stays one through
     Pulumi's JSON: say to quote it. A float has already lost what it was written as (0.30 is
@@ -115,7 +128,7 @@ def _section_problems(name: str, model: type[_Section], err: ValidationError) ->
             # `regions: nyc2` in YAML is a string: say what a list looks like, with theirs.
             given = e.get("input")
             example = f"[{given}]" if isinstance(given, str) and given else "[nyc2, tor1]"
-            message = f"{given!r} is not a list; accepted: a YAML list such as {example}"
+            message = f"{shown(given)} is not a list; accepted: a YAML list such as {example}"
         problems.append(f"{_path(name, loc)}: {message}")
     return problems
 
@@ -582,7 +595,7 @@ def parse(
     for name, model in SECTIONS.items():
         value = raw.get(name, {})
         if not isinstance(value, Mapping):
-            problems.append(f"{name}: expected an object (a YAML mapping); got {value!r}")
+            problems.append(f"{name}: expected an object (a YAML mapping); got {shown(value)}")
             bad.add(name)
             value = {}
         parsed[name] = _validate_section(name, model, value, problems, bad)
@@ -676,7 +689,7 @@ def _replicas(value: Any, problems: list[str]) -> int | None:
         or not (1 <= value <= catalog.MAX_REPLICAS)
     ):
         problems.append(
-            f"replicas: {value!r}: accepted: a whole number from 1 (one Droplet) to "
+            f"replicas: {shown(value)}: accepted: a whole number from 1 (one Droplet) to "
             f"{catalog.MAX_REPLICAS}"
         )
         return None
