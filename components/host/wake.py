@@ -43,9 +43,9 @@ EXPECTED_SECONDS = 900
 # the set counts as asleep (a replica draining for a `pulumi up` answers, so it never does); the
 # deploy run looked at every RUN_POLL_SECONDS (90 calls in a 15-minute wake, within GitHub's
 # 5,000 an hour for a token); at most MAX_HELD requests and MAX_HELD_BYTES of their bodies held
-# (a 1 GB front: the bodies are held whole until a replica is ready). A replica that accepts
-# connections but answers no look for WAKE_BUSY_SECONDS (catalog.REPLICA_LOOK_TIMEOUT_SECONDS,
-# Caddy's health_timeout: its checks have taken it out by then) is no longer counted ready.
+# (a 1 GB front: the bodies are held whole until a replica is ready). A look at a busy replica
+# waits WAKE_BUSY_SECONDS for its answer (catalog.REPLICA_LOOK_TIMEOUT_SECONDS, Caddy's
+# health_timeout): one that gets none is hung, and no longer counted ready.
 HEALTH_SECONDS = 2
 COMMENT_SECONDS = 10
 ASLEEP_SECONDS = 10
