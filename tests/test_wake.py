@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import itertools
 import json
 import os
 import re
@@ -2059,5 +2060,9 @@ def test_a_replica_that_answers_late_for_longer_than_the_bound_stays_ready(
     assert [a.result().status_code for a in load] == [200] * 4
     modes = [mode for mode, _ in states]
     assert set(modes) == {"awake"}, f"a replica answering late was called unready: {modes}"
-    assert 1 in [busy for _, busy in states], "the looks found it busy while it served"
+    busy = [count for _, count in states]
+    assert 1 in busy, "the looks found it busy while it served"
+    # Busy while it answers late, not busy and ready by turns (a journal line each time).
+    flips = sum(1 for a, b in itertools.pairwise(busy) if a != b)
+    assert flips <= 2, f"the busy count flickered: {busy}"
     assert not front.hold_file.exists()

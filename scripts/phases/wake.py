@@ -696,6 +696,7 @@ class Waker:
     busy: list[tuple[str, int]] = field(default_factory=list)
     # The /health look still waiting on each busy replica (look_one): up to WAKE_BUSY_SECONDS.
     late_looks: dict[tuple[str, int], asyncio.Future[str]] = field(default_factory=dict)
+    answered_late: set[tuple[str, int]] = field(default_factory=set)
     held: int = 0
     reading: int = 0  # requests whose bodies are still arriving (counted in held_bytes)
     held_bytes: int = 0
@@ -1305,11 +1306,12 @@ class Waker:
         its look goes on: the next look waits on it rather than asking again, so a replica that
         answers late (a saturated vLLM, 3 s, 10 s) is heard, however long its load lasts. A
         look that gets no answer within WAKE_BUSY_SECONDS ends as THERE: hung, not ready."""
-        task = self.late_looks.pop(upstream, None) or asyncio.ensure_future(
-            _look_at(session, upstream, self.s.busy_seconds)
-        )
+        late = self.late_looks.pop(upstream, None)
+        task = late or asyncio.ensure_future(_look_at(session, upstream, self.s.busy_seconds))
         done, _ = await asyncio.wait({task}, timeout=LOOK_TIMEOUT)
         if done:
+            if late is not None:
+                self.answered_late.add(upstream)  # still busy: its answer came late
             return task.result()
         if await _connects(*upstream):
             self.late_looks[upstream] = task
@@ -1326,12 +1328,14 @@ class Waker:
         Caddy's own checks (a look past catalog.REPLICA_LOOK_TIMEOUT_SECONDS fails) have taken
         it out by then: a hung replica (a wedged process: the kernel still accepts its
         connections) must not keep the front awake for ever. Each replica turning busy is
-        logged once."""
+        logged once (one answering late is still busy: no line each time it answers)."""
         found = []
+        late, self.answered_late = self.answered_late, set()
+        busy = [u for u, seen in zip(ups, looks, strict=True) if seen == BUSY or u in late]
         for upstream, seen in zip(ups, looks, strict=True):
             name = f"{upstream[0]}:{upstream[1]}"
             counted = self.answered.get(upstream, THERE)
-            self.once(f"busy {name}", seen if seen == BUSY else "", "replica_busy",
+            self.once(f"busy {name}", "busy" if upstream in busy else "", "replica_busy",
                       replica=name, counted_as=counted, budget_seconds=LOOK_TIMEOUT)  # fmt: skip
             if seen == BUSY:
                 found.append(counted)
@@ -1344,7 +1348,7 @@ class Waker:
         self.answered = {u: seen for u, seen in self.answered.items() if u in ups}
         for upstream in set(self.late_looks) - set(ups):
             self.late_looks.pop(upstream).cancel()
-        self.busy = [u for u, seen in zip(ups, looks, strict=True) if seen == BUSY]
+        self.busy = busy
         listed = {f"busy {host}:{port}" for host, port in ups}
         self.said = {k: v for k, v in self.said.items() if not k.startswith("busy ") or k in listed}
         return found
