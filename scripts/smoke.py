@@ -313,6 +313,11 @@ def run(target: target_mod.Target, timeout: float, strict: bool = False) -> list
             detail, ok = reach.describe_failure(err, target, timeout), False
         except ValueError as err:  # a body that is not the JSON it should be
             detail, ok = f"an answer that is not valid JSON: {err}", False
+        except (AttributeError, TypeError, KeyError, IndexError) as err:
+            # JSON, but not OpenAI's shape (a list, null, a string where an object goes): a
+            # proxy's page or another API on the port. The check fails; the others still run.
+            detail = f"an answer not in the OpenAI shape ({type(err).__name__}: {err})"
+            ok = False
         results.append(Result(name, ok, time.perf_counter() - start, detail, status))
     return results
 

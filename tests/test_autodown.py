@@ -1118,3 +1118,28 @@ def test_the_set_goes_on_the_stack_api_with_a_token_of_exactly_its_scopes(
     ]
     assert set(account.droplets) == others
     assert cloud.deletes == [], "nothing went to this file's fake"
+
+
+def test_a_rule_new_to_a_serving_droplet_gives_it_a_bootstrap_window_of_its_own(
+    autodown: Autodown, cloud: Cloud
+) -> None:
+    """A Droplet that has served for days, with no state of this rule's (autodown turned on
+    later, or its state file lost): its first run cannot know that it served. Its vLLM
+    unreadable that minute (restarted by the same `pulumi up`, or too busy to answer) made it
+    a bootstrap 5 h past its 60-minute deadline, deleted at once. The deadline counts from
+    the rule's own first run then: it is kept, and deleted only if vLLM never answers within
+    the window."""
+    autodown.env["AUTODOWN_BOOTSTRAP_MINUTES"] = "60"
+    now = time.time()
+    autodown.first_bootstrap.write_text(f"{now - 5 * 3600}\n")
+    assert not autodown.state.exists()
+    cloud.metrics = None
+    proc = autodown.run()
+    assert cloud.deletes == [], proc.stdout
+    assert "keep: bootstrapping: this replica has not served yet; bootstrap 0/60 min" in \
+        proc.stdout, proc.stdout  # fmt: skip
+    # Never answering for the whole window, it is deleted at its end.
+    state = json.loads(autodown.state.read_text())
+    state["started_at"] -= 61 * 60
+    autodown.state.write_text(json.dumps(state))
+    assert "not serving by its bootstrap deadline: deleted" in autodown.run().stdout

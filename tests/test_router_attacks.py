@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -267,3 +268,31 @@ def test_the_router_passes_what_the_gate_admits_to_vllm_unchanged_in_meaning(
         broken.append(f"`strict` dropped from a tool: {got[-1]['tools'][0]}")
     if broken:
         pytest.xfail("vllm-router 0.1.17 rewrites bodies: " + "; ".join(broken))
+
+
+@needs_router
+def test_a_replica_busy_when_the_router_starts_is_a_worker_as_it_starts_serving(
+    tmp_path: Path,
+) -> None:
+    """The router restarts under load (a crash and systemd's Restart, a new lock): its start
+    script gave each replica's /health 2 s, so a busy one (a saturated vLLM answers it late:
+    catalog.REPLICA_LOOK_TIMEOUT_SECONDS) was left to the late join, and the router listened,
+    and Caddy sent it every API request (its serving file), with no worker: 503 until the join
+    came. A replica busy for a look's time is a worker from the start (the router listens once
+    its own startup check passes; until then Caddy sends the routes to the replicas)."""
+    upstreams, ports = upstream_files(tmp_path, 1)
+    with ExitStack() as stack:
+        stack.enter_context(replica("r0", ports[0], "--scale-out", "--ttft", "10",
+                                    "--busy-answer-delay", "4"))  # fmt: skip
+        chat = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}]}
+        threading.Thread(target=lambda: requests.post(
+            f"http://127.0.0.1:{ports[0]}/v1/chat/completions", json=chat, timeout=60,
+            headers={"Authorization": f"Bearer {KEY}"}), daemon=True).start()  # fmt: skip
+        time.sleep(1)  # the chat is in flight: /health now answers 4 s late
+        started = time.monotonic()
+        with pytest.raises(requests.Timeout):
+            requests.get(f"http://127.0.0.1:{ports[0]}/health", timeout=2)
+        url = stack.enter_context(started_by_its_script(tmp_path, upstreams))
+        workers = workers_of(url)
+        print(f"serving {time.monotonic() - started:.1f} s after the busy look began")
+        assert f"127.0.0.1:{ports[0]}" in workers, f"no worker as it began to serve: {workers}"

@@ -1528,3 +1528,23 @@ def test_no_route_to_the_endpoint_is_one_line(tool: str) -> None:
     )  # fmt: skip
     line = one_error_line(proc)
     assert "no route from this machine to 192.0.2.1:8443: its network cannot reach" in line
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["[]", "null", '{"data": ["nemotron"]}', '{"data": [{"id": "nemotron"}], "choices": [1]}'],
+)
+def test_smoke_against_a_200_of_the_wrong_shape_fails_its_checks_without_a_traceback(
+    body: str,
+) -> None:
+    """A server that answers 200 with JSON that is not OpenAI's shape (a list, null, a model
+    list of strings, a choice that is a number: a proxy's page, another API on the port):
+    smoke crashed on the first `.get` (AttributeError, a traceback, the other checks never
+    run). Each check fails saying what came back, and the run exits 1."""
+    with answering(200, body) as base:
+        proc = smoke(base, "--model", "nemotron", "--timeout", "3", env={"OPENAI_API_KEY": KEY})
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = smoke_lines(proc)
+    assert len(lines) == 8, proc.stdout
+    assert any("not in the OpenAI shape" in line for _, line in lines.values()), proc.stdout

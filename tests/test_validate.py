@@ -469,3 +469,45 @@ def test_ok_says_when_nothing_will_stop_the_bill(tmp_path: Path) -> None:
     run = validate("--stack", "deletes", stacks=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "nothing will stop the bill" not in run.stdout
+
+
+@pytest.mark.parametrize("section", ["autodown", "wake"])
+def test_the_unquoted_number_hint_never_quotes_a_secret_token(section: str) -> None:
+    """A token set as a secret that is all digits (a webhook's shared secret may well be) is a
+    number to YAML; the hint that says to quote it echoed the value, into `pulumi up`'s output
+    and validate's: it names the field and keeps the value out."""
+    token = 918273645546372819918273645546  # digits only: YAML reads a number
+    with pytest.raises(ConfigError) as err:
+        parse({section: {"token": token}}, "dev", secret_keys=frozenset({section}))
+    said = "\n".join(err.value.problems)
+    assert f"{section}.token: a number here, and this field takes text: quote it" in said, said
+    assert str(token) not in said, said
+
+
+def test_a_stack_file_that_is_not_utf8_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """A stack file saved in Latin-1 (a comment with an accented letter) is not text Pulumi
+    reads either: validate says so, naming the file, with no traceback."""
+    path = stack_file(tmp_path, "latin", {"nemotron-droplet:droplet": {"size": "gpu-h100x1-80gb"}})
+    path.write_bytes(b"# r\xe9gion: nyc2\n" + path.read_bytes())
+    run = validate("--stack", "latin", stacks=tmp_path)
+    assert run.returncode == 2, (run.returncode, run.stderr)
+    assert "Traceback" not in run.stderr, run.stderr
+    assert f"{path}: not UTF-8 text" in run.stderr, run.stderr
+
+
+def test_an_alias_bomb_is_refused_in_a_short_line(tmp_path: Path) -> None:
+    """YAML aliases share one list, a few hundred bytes for a million leaves (the "billion
+    laughs"). PyYAML loads it shared, but the refusal quoted the value with repr(), which
+    expands it: 7 MB of message here, 7 GB at nine levels (validate and `pulumi up` out of
+    memory). A quoted value is cut short."""
+    levels = ['b0: &b0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"b{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 10)}]" for i in range(1, 6)]
+    dev = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    bombs = "\n".join(f"  {line}" for line in levels)
+    text = dev.replace("config:\n", f"x-bombs:\n{bombs}\nconfig:\n", 1)
+    for shape, bomb in (("section", "  nemotron-droplet:balancer: *b5\n"),
+                        ("list", "  nemotron-droplet:replicas: *b5\n")):  # fmt: skip
+        (tmp_path / f"Pulumi.{shape}.yaml").write_text(text + bomb)
+        run = validate("--stack", shape, stacks=tmp_path)
+        assert run.returncode == 2, run.stderr[:2000]
+        assert len(run.stderr) < 4000, f"{shape}: {len(run.stderr)} characters of refusal"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import itertools
 import json
 import os
 import re
@@ -1868,11 +1869,11 @@ def test_a_look_that_began_before_a_replica_joined_does_not_answer_a_request_aft
     settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
                                          "WAKE_HOLD_FILE": str(tmp_path / "hold")})  # fmt: skip
 
-    async def slow_look(_: object, upstream: tuple[str, int]) -> str:
+    async def slow_look(_: object, __: object, upstream: tuple[str, int]) -> str:
         await asyncio.sleep(0.3)
         return str(module.READY)
 
-    monkeypatch.setattr(module, "_look_one", slow_look)
+    monkeypatch.setattr(module.Waker, "look_one", slow_look)
 
     async def scene() -> list[tuple[str, int]]:
         waker = module.Waker(settings)
@@ -1901,10 +1902,10 @@ def test_a_replica_that_just_joined_is_not_called_gone_by_the_looks_before_it(
                                          "WAKE_HOLD_FILE": str(tmp_path / "hold"),
                                          "WAKE_ASLEEP_SECONDS": "0"})  # fmt: skip
 
-    async def gone(_: object, upstream: tuple[str, int]) -> str:
+    async def gone(_: object, __: object, upstream: tuple[str, int]) -> str:
         return str(module.GONE)
 
-    monkeypatch.setattr(module, "_look_one", gone)
+    monkeypatch.setattr(module.Waker, "look_one", gone)
 
     async def scene() -> list[str]:
         waker = module.Waker(settings)
@@ -2030,3 +2031,55 @@ def test_a_replica_that_accepts_no_connection_is_gone_not_busy(
         for client in filling:
             client.close()
         full.close()
+
+
+def test_a_replica_that_stops_answering_is_counted_ready_no_longer_than_caddy_waits(
+    front_factory: Callable[..., Front],
+) -> None:
+    """A replica that served, then hangs: it accepts connections (the kernel completes them for
+    a stopped or wedged process) and answers nothing. Busy kept it ready for ever: the front
+    said awake (no hold file) while Caddy's own checks, which fail a look past 15 s, had taken
+    it out, so keyed requests met Caddy's bare 503 and no wake or hold ever came. A look that
+    gets no answer within WAKE_BUSY_SECONDS counts it as existing, not ready: the front is
+    unready (the hold file back, /health 503) until it answers again."""
+    front = front_factory(WAKE_BUSY_SECONDS="3")
+    fake = fake_openai.start("--ttft", "60", "--busy-answer-delay", "60", key=API_KEY)
+    front.replicas.append(fake.proc)
+    front.join("r0", fake.port)
+    front.wait_mode("awake")
+    in_background(lambda: requests.post(f"{fake.url}/v1/chat/completions", json=CHAT,
+                                        headers=KEYED, timeout=90))  # fmt: skip
+    front.wait_mode("unready", seconds=10)
+    state = front.state()
+    assert state["replicas_healthy"] == 0, state
+    assert front.hold_file.exists()
+    assert requests.get(f"{front.url}/health", timeout=5).status_code == 503
+    front.stop_replicas()
+    front.wait_mode("asleep")
+
+
+def test_a_replica_that_answers_late_for_longer_than_the_bound_stays_ready(
+    front_factory: Callable[..., Front],
+) -> None:
+    """The bound is on one look's answer, not on a run of looks past LOOK_TIMEOUT: a replica
+    that answers every /health 3 s late (saturated, but serving) through a load that lasts
+    longer than WAKE_BUSY_SECONDS is heard each time (the next look waits on the late one), so
+    it stays ready and the front awake, as Caddy (15 s per check) keeps it."""
+    front = front_factory(WAKE_BUSY_SECONDS="5")
+    fake = fake_openai.start("--ttft", "10", "--busy-answer-delay", "3", key=API_KEY)
+    front.replicas.append(fake.proc)
+    front.join("r0", fake.port)
+    front.wait_mode("awake")
+    with ThreadPoolExecutor(4) as pool:
+        load = [pool.submit(requests.post, f"{fake.url}/v1/chat/completions", json=CHAT,
+                            headers=KEYED, timeout=30) for _ in range(4)]  # fmt: skip
+        states = states_while(front, lambda: not all(a.done() for a in load))
+    assert [a.result().status_code for a in load] == [200] * 4
+    modes = [mode for mode, _ in states]
+    assert set(modes) == {"awake"}, f"a replica answering late was called unready: {modes}"
+    busy = [count for _, count in states]
+    assert 1 in busy, "the looks found it busy while it served"
+    # Busy while it answers late, not busy and ready by turns (a journal line each time).
+    flips = sum(1 for a, b in itertools.pairwise(busy) if a != b)
+    assert flips <= 2, f"the busy count flickered: {busy}"
+    assert not front.hold_file.exists()

@@ -147,7 +147,8 @@ def args() -> list[str]:
 
 def start_script(upstreams_dir: str = catalog.BALANCER_UPSTREAMS_DIR) -> str:
     """The unit's ExecStart: the router with the replicas whose upstream files the member phase
-    wrote and whose /health answers now. One that does not answer is left out of the command
+    wrote and whose /health answers within a look's time (catalog.REPLICA_LOOK_TIMEOUT_SECONDS,
+    all looked at together). One that does not answer is left out of the command
     line: the router would wait for a listed replica before it listens (router.rs startup), and
     a set asleep has none. It joins once it answers: a helper the script leaves behind calls
     add_worker for it (which waits for its /health, WORKER_STARTUP_SECONDS at a time) until the
@@ -157,6 +158,7 @@ def start_script(upstreams_dir: str = catalog.BALANCER_UPSTREAMS_DIR) -> str:
     no request again: member.sh adds a replica only when its Droplet or address changes."""
     command = " ".join(shlex.quote(a) for a in args())
     join_seconds = WORKER_STARTUP_SECONDS + 10
+    look_seconds = catalog.REPLICA_LOOK_TIMEOUT_SECONDS
     return f"""#!/bin/bash
 # nemotron-droplet: the front's router, with the replicas in {upstreams_dir} that answer;
 # the others join once they do.
@@ -190,15 +192,27 @@ join_later() {{
   done
 }}
 
-workers=()
-later=()
+# Every listed replica's /health at once, each given a look's time: a busy vLLM answers late,
+# and one left to the late join meant a router that served (its serving file made) with no
+# worker, every request 503, until the join came.
+files=()
+dials=()
+checks=()
 for file in {upstreams_dir}/*.caddy; do
   [[ -f $file ]] || continue
   read -r _ dial < "$file" || continue
-  if curl --silent --fail --max-time 2 --output /dev/null "http://$dial/health"; then
-    workers+=("http://$dial")
+  files+=("$file")
+  dials+=("$dial")
+  curl --silent --fail --max-time {look_seconds} --output /dev/null "http://$dial/health" &
+  checks+=("$!")
+done
+workers=()
+later=()
+for i in "${{!dials[@]}}"; do
+  if wait "${{checks[i]}}"; then
+    workers+=("http://${{dials[i]}}")
   else
-    later+=("$file" "$dial")
+    later+=("${{files[i]}}" "${{dials[i]}}")
   fi
 done
 if (( ${{#later[@]}} )); then
@@ -223,8 +237,9 @@ def unit_text() -> str:
     (ExecStop), before SIGTERM, on which it finishes the requests and streams in flight and
     exits 0 (server.rs), within STOP_SECONDS."""
     folder = RUN_DIR.removeprefix("/run/")
-    # ExecStart waits for a listed replica's /health before it listens (WORKER_STARTUP_SECONDS).
-    start_seconds = WORKER_STARTUP_SECONDS + 30
+    # ExecStart looks at the replicas (REPLICA_LOOK_TIMEOUT_SECONDS, all at once), then waits
+    # for a listed replica's /health before it listens (WORKER_STARTUP_SECONDS).
+    start_seconds = catalog.REPLICA_LOOK_TIMEOUT_SECONDS + WORKER_STARTUP_SECONDS + 30
     return f"""[Unit]
 Description=nemotron-droplet cache-aware router (vllm-router {catalog.ROUTER_VERSION})
 After=network-online.target

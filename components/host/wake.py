@@ -43,7 +43,9 @@ EXPECTED_SECONDS = 900
 # the set counts as asleep (a replica draining for a `pulumi up` answers, so it never does); the
 # deploy run looked at every RUN_POLL_SECONDS (90 calls in a 15-minute wake, within GitHub's
 # 5,000 an hour for a token); at most MAX_HELD requests and MAX_HELD_BYTES of their bodies held
-# (a 1 GB front: the bodies are held whole until a replica is ready).
+# (a 1 GB front: the bodies are held whole until a replica is ready). A look at a busy replica
+# waits WAKE_BUSY_SECONDS for its answer (catalog.REPLICA_LOOK_TIMEOUT_SECONDS, Caddy's
+# health_timeout): one that gets none is hung, and no longer counted ready.
 HEALTH_SECONDS = 2
 COMMENT_SECONDS = 10
 ASLEEP_SECONDS = 10
@@ -86,6 +88,7 @@ def env_text(cfg: StackConfig, price_hourly: float | None = None) -> str:
         "WAKE_COMMENT_SECONDS": str(COMMENT_SECONDS),
         "WAKE_ASLEEP_SECONDS": str(ASLEEP_SECONDS),
         "WAKE_ASLEEP_LOOKS": str(ASLEEP_LOOKS),
+        "WAKE_BUSY_SECONDS": str(catalog.REPLICA_LOOK_TIMEOUT_SECONDS),
         "WAKE_RUN_POLL_SECONDS": str(RUN_POLL_SECONDS),
         "WAKE_MAX_HELD": str(MAX_HELD),
         "WAKE_MAX_HELD_BYTES": str(MAX_HELD_BYTES),

@@ -9,6 +9,7 @@ keys from the engine, calls `parse()`, and raises before anything is created or 
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,33 @@ def _accepted_keys(model: type[BaseModel]) -> str:
     return ", ".join(f.alias or n for n, f in model.model_fields.items())
 
 
-def _number_for_text(given: float) -> str:
+def _secret_at(model: type[BaseModel], loc: tuple[Any, ...]) -> bool:
+    """Whether the field at `loc` holds a secret (a SecretStr): its value is never quoted."""
+    holder = _model_at(model, loc[:-1]) if loc else None
+    fields = holder.model_fields.items() if holder is not None else []
+    field = next((f for n, f in fields if loc[-1] in (n, f.alias)), None)
+    return field is not None and "SecretStr" in str(field.annotation)
+
+
+# A value quoted in a refusal: repr() of a YAML alias bomb (one list shared a million times,
+# a few hundred bytes of file) is gigabytes; reprlib stops at a depth and a count, then a cut.
+_QUOTE = reprlib.Repr()  # its limits as attributes: Python 3.11 takes no keyword arguments
+_QUOTE.maxlevel, _QUOTE.maxlist, _QUOTE.maxdict, _QUOTE.maxstring, _QUOTE.maxother = 2, 4, 4, 60, 60
+
+
+def shown(value: object) -> str:
+    """A value from the stack file, quoted short (repr's form)."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _number_for_text(given: float, secret: bool) -> str:
     """An unquoted `version: 0.33` or `branch: 580` is a number to YAML, and stays one through
     Pulumi's JSON: say to quote it. A float has already lost what it was written as (0.30 is
-    0.3 by now), so the user is told to write the digits they meant."""
+    0.3 by now), so the user is told to write the digits they meant. A secret's value (a
+    token of digits) is never quoted: this line goes to `pulumi up`'s output."""
+    if secret:
+        return "a number here, and this field takes text: quote it (a secret: not shown)"
     message = f"{given!r} is a number here, and this field takes text: write it quoted: '{given}'"
     if isinstance(given, float):
         message += " (an unquoted 0.30 reads as 0.3 in YAML: quote the digits you meant)"
@@ -99,12 +123,12 @@ def _section_problems(name: str, model: type[_Section], err: ValidationError) ->
         message = e["msg"].removeprefix("Value error, ")
         given = e.get("input")
         if e["type"] == "string_type" and type(given) in (int, float):
-            message = _number_for_text(given)
+            message = _number_for_text(given, _secret_at(model, loc))
         if e["type"] == "list_type":
             # `regions: nyc2` in YAML is a string: say what a list looks like, with theirs.
             given = e.get("input")
             example = f"[{given}]" if isinstance(given, str) and given else "[nyc2, tor1]"
-            message = f"{given!r} is not a list; accepted: a YAML list such as {example}"
+            message = f"{shown(given)} is not a list; accepted: a YAML list such as {example}"
         problems.append(f"{_path(name, loc)}: {message}")
     return problems
 
@@ -571,7 +595,7 @@ def parse(
     for name, model in SECTIONS.items():
         value = raw.get(name, {})
         if not isinstance(value, Mapping):
-            problems.append(f"{name}: expected an object (a YAML mapping); got {value!r}")
+            problems.append(f"{name}: expected an object (a YAML mapping); got {shown(value)}")
             bad.add(name)
             value = {}
         parsed[name] = _validate_section(name, model, value, problems, bad)
@@ -665,7 +689,7 @@ def _replicas(value: Any, problems: list[str]) -> int | None:
         or not (1 <= value <= catalog.MAX_REPLICAS)
     ):
         problems.append(
-            f"replicas: {value!r}: accepted: a whole number from 1 (one Droplet) to "
+            f"replicas: {shown(value)}: accepted: a whole number from 1 (one Droplet) to "
             f"{catalog.MAX_REPLICAS}"
         )
         return None
@@ -676,7 +700,10 @@ def read_stack_file(path: Path) -> dict[str, Any]:
     """A stack file's YAML; a ConfigError at `file:line:column` (where editors jump) when it is
     not YAML. What, not PyYAML's quote of the line: a value there may be a secret."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        problem = f"{path}: not UTF-8 text (byte {err.start}): save it as UTF-8"
+        raise ConfigError([problem]) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -496,6 +496,19 @@ def busy_now(state: dict[str, Any], metrics: dict[str, float] | None) -> tuple[b
     return False, f"idle ({reading})"
 
 
+def bootstrap_clock(
+    state: dict[str, Any], started: tuple[float, str], minutes: float | None
+) -> tuple[float, str]:
+    """When the bootstrap deadline counts from: the first bootstrap, as a rule installed right
+    after preflight sees it. A rule whose own state began with that deadline already past (turned
+    on for a Droplet that serves, or its state file lost) cannot know that the Droplet served,
+    and its vLLM may be restarting for the same `pulumi up` or too busy to answer this minute:
+    it gives the Droplet a window of its own, from its first run, still bounded."""
+    if minutes is not None and state["started_at"] - started[0] >= minutes * 60:
+        return float(state["started_at"]), "this rule's first run"
+    return started
+
+
 @dataclass(frozen=True)
 class Rule:
     """The limits in force (None: that rule is off)."""
@@ -520,9 +533,11 @@ def decide(
         state["last_activity"] = now
     idle = (now - state["last_activity"]) / 60
     up = (now - started[0]) / 3600
+    booting = bootstrap_clock(state, started, rule.bootstrap_minutes)
+    booted = (now - booting[0]) / 60
     limits = []
     if not state["served"] and rule.bootstrap_minutes is not None:
-        limits.append(f"bootstrap {up * 60:.0f}/{rule.bootstrap_minutes:g} min since {started[1]}")
+        limits.append(f"bootstrap {booted:.0f}/{rule.bootstrap_minutes:g} min since {booting[1]}")
     if rule.idle_minutes is not None:
         limits.append(f"idle {idle:.0f}/{rule.idle_minutes:g} min")
     if rule.max_hours is not None:
@@ -530,7 +545,7 @@ def decide(
     reason = f"{what}; {', '.join(limits)}"
     if rule.max_hours is not None and up >= rule.max_hours:
         return True, f"{reason}: past max hours"
-    late = rule.bootstrap_minutes is not None and up * 60 >= rule.bootstrap_minutes
+    late = rule.bootstrap_minutes is not None and booted >= rule.bootstrap_minutes
     if not state["served"] and late:
         return True, f"{reason}: not serving by its bootstrap deadline"
     if rule.idle_minutes is not None and idle >= rule.idle_minutes:

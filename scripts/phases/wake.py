@@ -21,7 +21,9 @@ Asleep means no replica exists: no upstream file, or every upstream refused the 
 replica that answers anything, a 503 while it drains for a `pulumi up`, exists: the requests
 are held until it is ready, and nothing is woken. One that accepts the connection but does not
 answer within LOOK_TIMEOUT is busy (a saturated vLLM answers late), never gone: it stays what
-its last answer said, so a ready replica under load keeps the front awake.
+its last answer said, so a ready replica under load keeps the front awake, for WAKE_BUSY_SECONDS
+at most (a look waits that long for its answer, as Caddy's own health checks do): one whose
+look gets no answer in that time is hung, there but not ready.
 
 A wake starts the user's own deploy pipeline, which holds the cloud secrets (this service holds
 no DigitalOcean token and never creates or deletes a Droplet): GitHub Actions' workflow_dispatch
@@ -54,7 +56,8 @@ WAKE_TRIGGER, WAKE_STACK, WAKE_GITHUB_API, WAKE_GITHUB_REPO, WAKE_GITHUB_WORKFLO
 WAKE_GITHUB_REF, WAKE_WEBHOOK_URL, WAKE_WEBHOOK_HEADER, WAKE_HOLD_SECONDS,
 WAKE_EXPECTED_SECONDS, WAKE_COOLDOWN_MINUTES, WAKE_MAX_PER_DAY, WAKE_DEADLINE_MINUTES,
 WAKE_STATE_FILE, WAKE_HEALTH_SECONDS, WAKE_COMMENT_SECONDS, WAKE_ASLEEP_SECONDS,
-WAKE_ASLEEP_LOOKS, WAKE_MAX_HELD, WAKE_MAX_HELD_BYTES, WAKE_RUN_POLL_SECONDS.
+WAKE_ASLEEP_LOOKS, WAKE_BUSY_SECONDS, WAKE_MAX_HELD, WAKE_MAX_HELD_BYTES,
+WAKE_RUN_POLL_SECONDS.
 
 Autoscale (issue 33; on when SCALE_MAX is set and the API key is in WAKE_API_KEY_FILE, a
 second systemd credential): every SCALE_SAMPLE_SECONDS while awake, each replica's vLLM
@@ -174,6 +177,7 @@ class Settings:
     comment_seconds: float
     asleep_seconds: float
     asleep_looks: int
+    busy_seconds: float
     max_held: int
     max_held_bytes: int
     run_poll_seconds: float
@@ -224,6 +228,7 @@ class Settings:
             comment_seconds=float(env.get("WAKE_COMMENT_SECONDS", "10")),
             asleep_seconds=float(env.get("WAKE_ASLEEP_SECONDS", "10")),
             asleep_looks=int(env.get("WAKE_ASLEEP_LOOKS", "3")),
+            busy_seconds=float(env.get("WAKE_BUSY_SECONDS", "15")),
             max_held=int(env.get("WAKE_MAX_HELD", "2000")),
             max_held_bytes=int(env.get("WAKE_MAX_HELD_BYTES", "200000000")),
             run_poll_seconds=float(env.get("WAKE_RUN_POLL_SECONDS", "10")),
@@ -689,6 +694,9 @@ class Waker:
     # replicas the last look found busy.
     answered: dict[tuple[str, int], str] = field(default_factory=dict)
     busy: list[tuple[str, int]] = field(default_factory=list)
+    # The /health look still waiting on each busy replica (look_one): up to WAKE_BUSY_SECONDS.
+    late_looks: dict[tuple[str, int], asyncio.Future[str]] = field(default_factory=dict)
+    answered_late: set[tuple[str, int]] = field(default_factory=set)
     held: int = 0
     reading: int = 0  # requests whose bodies are still arriving (counted in held_bytes)
     held_bytes: int = 0
@@ -1261,7 +1269,7 @@ class Waker:
         asked, as one that read the files before a member phase wrote one."""
         began = self.clock()
         ups = self.upstreams()
-        found = self.heard(ups, await asyncio.gather(*(_look_one(session, u) for u in ups)))
+        found = self.heard(ups, await asyncio.gather(*(self.look_one(session, u) for u in ups)))
         now = self.clock()
         self.checked_at = began
         self.healthy = [u for u, f in zip(ups, found, strict=True) if f == READY]
@@ -1292,20 +1300,45 @@ class Waker:
             self.admit()
             self.notify()
 
+    async def look_one(self, session: ClientSession, upstream: tuple[str, int]) -> str:
+        """One replica's /health, READY or THERE as it answers, GONE when it cannot be reached.
+        One that has not answered within LOOK_TIMEOUT but accepts a bare connection is BUSY, and
+        its look goes on: the next look waits on it rather than asking again, so a replica that
+        answers late (a saturated vLLM, 3 s, 10 s) is heard, however long its load lasts. A
+        look that gets no answer within WAKE_BUSY_SECONDS ends as THERE: hung, not ready."""
+        late = self.late_looks.pop(upstream, None)
+        task = late or asyncio.ensure_future(_look_at(session, upstream, self.s.busy_seconds))
+        done, _ = await asyncio.wait({task}, timeout=LOOK_TIMEOUT)
+        if done:
+            if late is not None:
+                self.answered_late.add(upstream)  # still busy: its answer came late
+            return task.result()
+        if await _connects(*upstream):
+            self.late_looks[upstream] = task
+            return BUSY
+        task.cancel()
+        return GONE
+
     def heard(self, ups: list[tuple[str, int]], looks: list[str]) -> list[str]:
         """Each replica's state after a look. A busy one (it accepts connections, but did not
         answer within LOOK_TIMEOUT) is what its last answer said: a ready replica too loaded to
-        answer in time stays ready, however long (the front stays awake and Caddy keeps
-        proxying to it), one never heard from is there (it exists: never gone). Each replica
-        turning busy is logged once."""
+        answer in time stays ready (the front stays awake and Caddy keeps proxying to it), one
+        never heard from is there (it exists: never gone). For WAKE_BUSY_SECONDS at most: one
+        whose look got no answer at all in that time is there, not ready (look_one), as
+        Caddy's own checks (a look past catalog.REPLICA_LOOK_TIMEOUT_SECONDS fails) have taken
+        it out by then: a hung replica (a wedged process: the kernel still accepts its
+        connections) must not keep the front awake for ever. Each replica turning busy is
+        logged once (one answering late is still busy: no line each time it answers)."""
         found = []
+        late, self.answered_late = self.answered_late, set()
+        busy = [u for u, seen in zip(ups, looks, strict=True) if seen == BUSY or u in late]
         for upstream, seen in zip(ups, looks, strict=True):
             name = f"{upstream[0]}:{upstream[1]}"
-            self.once(f"busy {name}", seen if seen == BUSY else "", "replica_busy",
-                      replica=name, counted_as=self.answered.get(upstream, THERE),
-                      budget_seconds=LOOK_TIMEOUT)  # fmt: skip
+            counted = self.answered.get(upstream, THERE)
+            self.once(f"busy {name}", "busy" if upstream in busy else "", "replica_busy",
+                      replica=name, counted_as=counted, budget_seconds=LOOK_TIMEOUT)  # fmt: skip
             if seen == BUSY:
-                found.append(self.answered.get(upstream, THERE))
+                found.append(counted)
                 continue
             found.append(seen)
             if seen == GONE:
@@ -1313,7 +1346,9 @@ class Waker:
             else:
                 self.answered[upstream] = seen
         self.answered = {u: seen for u, seen in self.answered.items() if u in ups}
-        self.busy = [u for u, seen in zip(ups, looks, strict=True) if seen == BUSY]
+        for upstream in set(self.late_looks) - set(ups):
+            self.late_looks.pop(upstream).cancel()
+        self.busy = busy
         listed = {f"busy {host}:{port}" for host, port in ups}
         self.said = {k: v for k, v in self.said.items() if not k.startswith("busy ") or k in listed}
         return found
@@ -1689,18 +1724,19 @@ class Waker:
             self.spawn(self.follow_step(step))
 
 
-async def _look_one(session: ClientSession, upstream: tuple[str, int]) -> str:
+async def _look_at(session: ClientSession, upstream: tuple[str, int], seconds: float) -> str:
+    """A replica's /health given `seconds` to answer: READY (200), THERE (any other answer, or
+    none in time: it accepted the connection, Waker.look_one asked, so it is hung, not gone),
+    GONE (refused, unreachable). aiohttp's total timeout does not say which part ran out (3.8's
+    timeout errors have no subclass for it): look_one's bare connect at LOOK_TIMEOUT does."""
     host, port = upstream
     try:
         async with session.get(f"http://{host}:{port}/health",
-                               timeout=ClientTimeout(total=LOOK_TIMEOUT)) as resp:  # fmt: skip
+                               timeout=ClientTimeout(total=seconds)) as resp:  # fmt: skip
             return READY if resp.status == 200 else THERE
     except TimeoutError:
-        # No answer in time: connected and slow (a busy replica) exists; a connect that timed
-        # out is gone. A bare connect of its own tells them apart (aiohttp's total timeout
-        # does not say which part ran out, and 3.8's timeout errors have no subclass for it).
-        return BUSY if await _connects(host, port) else GONE
-    except (ClientError, OSError):
+        return THERE
+    except (ClientError, OSError, RuntimeError):  # RuntimeError: the session closed (a stop)
         return GONE
 
 
