@@ -145,34 +145,12 @@ def args() -> list[str]:
     ]  # fmt: skip
 
 
-def start_script(upstreams_dir: str = catalog.BALANCER_UPSTREAMS_DIR) -> str:
-    """The unit's ExecStart: the router with the replicas whose upstream files the member phase
-    wrote and whose /health answers within a look's time (catalog.REPLICA_LOOK_TIMEOUT_SECONDS,
-    all looked at together). One that does not answer is left out of the command
-    line: the router would wait for a listed replica before it listens (router.rs startup), and
-    a set asleep has none. It joins once it answers: a helper the script leaves behind calls
-    add_worker for it (which waits for its /health, WORKER_STARTUP_SECONDS at a time) until the
-    router takes it or its file goes (member.sh's leave). Without it a replica that was down
-    or draining when the router (re)started (systemd's Restart after a crash, a new lock, a
-    switch to cache-aware while the replicas restart with --enable-scale-out, a reboot) got
-    no request again: member.sh adds a replica only when its Droplet or address changes."""
-    command = " ".join(shlex.quote(a) for a in args())
+def join_later_text() -> str:
+    """The start script's join_later: a replica left out of the command line joins the router
+    (add_worker, which waits for its /health WORKER_STARTUP_SECONDS at a time) once it answers,
+    while its upstream file still names it. It calls the router at $api, set by the script."""
     join_seconds = WORKER_STARTUP_SECONDS + 10
-    look_seconds = catalog.REPLICA_LOOK_TIMEOUT_SECONDS
-    return f"""#!/bin/bash
-# nemotron-droplet: the front's router, with the replicas in {upstreams_dir} that answer;
-# the others join once they do.
-set -euo pipefail
-api=http://{ADDRESS}
-
-# The unit's ExecStartPost (--serving): once the router answers, the file that has Caddy send
-# it the API routes (until then they go to the replicas); the unit's start waits for it.
-if [[ ${{1:-}} == --serving ]]; then
-  until curl --silent --fail --max-time 2 --output /dev/null "$api/liveness"; do sleep 0.5; done
-  : > {SERVING_FILE}
-  exit 0
-fi
-
+    return f"""\
 # join_later FILE DIAL: the router takes http://DIAL once it answers, while FILE still names
 # it (a replica that left is not added back; one added as it left is taken out again).
 join_later() {{
@@ -190,7 +168,37 @@ join_later() {{
     fi
     sleep 2
   done
-}}
+}}"""
+
+
+def start_script(upstreams_dir: str = catalog.BALANCER_UPSTREAMS_DIR) -> str:
+    """The unit's ExecStart: the router with the replicas whose upstream files the member phase
+    wrote and whose /health answers within a look's time (catalog.REPLICA_LOOK_TIMEOUT_SECONDS,
+    all looked at together). One that does not answer is left out of the command
+    line: the router would wait for a listed replica before it listens (router.rs startup), and
+    a set asleep has none. It joins once it answers: a helper the script leaves behind calls
+    add_worker for it (which waits for its /health, WORKER_STARTUP_SECONDS at a time) until the
+    router takes it or its file goes (member.sh's leave). Without it a replica that was down
+    or draining when the router (re)started (systemd's Restart after a crash, a new lock, a
+    switch to cache-aware while the replicas restart with --enable-scale-out, a reboot) got
+    no request again: member.sh adds a replica only when its Droplet or address changes."""
+    command = " ".join(shlex.quote(a) for a in args())
+    look_seconds = catalog.REPLICA_LOOK_TIMEOUT_SECONDS
+    return f"""#!/bin/bash
+# nemotron-droplet: the front's router, with the replicas in {upstreams_dir} that answer;
+# the others join once they do.
+set -euo pipefail
+api=http://{ADDRESS}
+
+# The unit's ExecStartPost (--serving): once the router answers, the file that has Caddy send
+# it the API routes (until then they go to the replicas); the unit's start waits for it.
+if [[ ${{1:-}} == --serving ]]; then
+  until curl --silent --fail --max-time 2 --output /dev/null "$api/liveness"; do sleep 0.5; done
+  : > {SERVING_FILE}
+  exit 0
+fi
+
+{join_later_text()}
 
 # Every listed replica's /health at once, each given a look's time: a busy vLLM answers late,
 # and one left to the late join meant a router that served (its serving file made) with no
