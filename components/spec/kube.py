@@ -1,8 +1,9 @@
 """The Kubernetes platform's own config (issue 43, the foundation): a DOKS cluster with a small
 always-on CPU pool and a GPU pool under the cluster autoscaler, and the model server on it.
 
-Not yet a section of the stack config: the platform has no API-key gate at its edge so far, and a
-platform without it must not be deployable (docs/kubernetes.md). components/cloud/kube/ takes
+Not yet a section of the stack config: its edge (the API-key gate, kube/edge.py) exists, but the
+router that holds requests while the model wakes does not, and no stack key selects the platform
+until it does (docs/kubernetes.md). components/cloud/kube/ takes
 this model; the tests build it directly. Every fact it pins is sourced in docs/facts.md
 ("DigitalOcean Kubernetes").
 """
