@@ -140,6 +140,7 @@ def test_the_caddyfile_is_the_droplets_gate_for_the_load_balancers_address(deplo
         upstream_host=f"vllm.{catalog.PROJECT}.svc.cluster.local",
         upstream_port=catalog.VLLM_PORT,
         admin_socket=None,
+        written_by="Pulumi (the edge ConfigMap)",
     )
     assert text == gateway.lone_site(cfg, LB_IP, listen)
     assert f"reverse_proxy vllm.{catalog.PROJECT}.svc.cluster.local:{catalog.VLLM_PORT}" in text

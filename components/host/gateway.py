@@ -146,6 +146,8 @@ class Listen:
     # and its address on loopback (this field's name hides the module below it).
     router_serving: str = router.SERVING_FILE
     router: str = router.ADDRESS
+    # Who writes the file, for its first line (the Kubernetes edge's is a ConfigMap).
+    written_by: str = "the gateway phase"
 
 
 DROPLET = Listen()
@@ -293,7 +295,7 @@ def _global_options(
         else """# No admin API: nothing on the Droplet may reconfigure the gateway but this file.
 	admin off"""
     )
-    return f"""# nemotron-droplet gateway: written by the gateway phase; edits are overwritten.
+    return f"""# nemotron-droplet gateway: written by {listen.written_by}; edits are overwritten.
 {{
 	{admin}
 	# Never touch the system trust store (Caddy would add its local CA root to it).

@@ -65,6 +65,7 @@ LISTEN = gateway.Listen(
     upstream_host=MODEL.host,
     upstream_port=MODEL.port,
     admin_socket=None,
+    written_by="Pulumi (the edge ConfigMap)",
 )
 
 
