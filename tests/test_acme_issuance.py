@@ -5,11 +5,13 @@ test server, Debian's package) over http-01 for an IP address, and serves it to 
 
 Caddy hands loopback (and private) addresses to its internal CA even with an ACME issuer, so the
 gateway gets a test address of its own: a network namespace with a veth pair, made here and
-removed after. pebble 2.4.0 serves no ACME profiles (Caddy refuses `profile shortlived` against
+removed after. The Kubernetes edge's Caddyfile runs the same way, behind a stand-in for its Load
+Balancer's port mapping. pebble 2.4.0 serves no ACME profiles (Caddy refuses `profile shortlived` against
 it), so this run leaves the profile out; test_gateway proves it is in the adapted config."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -29,6 +31,7 @@ import pytest
 from pulumi_harness import stack_config
 from sandbox import CADDY
 
+from components.cloud.kube import edge_manifests
 from components.host import gateway
 from components.spec import config
 
@@ -156,10 +159,40 @@ def start_pebble(tmp: Path, procs: Processes) -> tuple[str, Path]:
     return directory, cert
 
 
+# The Load Balancer in front of the Kubernetes edge, as far as Caddy can tell: TCP to the
+# address's ports 80 and 443 arrives, unchanged, on the pod's 8080 and 8443 (the Service's
+# targetPorts; kube-proxy's DNAT on the node). The rules live in the test's namespace alone.
+LOAD_BALANCER = f"""table ip lb {{
+	chain prerouting {{
+		type nat hook prerouting priority dstnat; policy accept;
+		tcp dport {gateway.HTTP_PORT} redirect to :{edge_manifests.HTTP_PORT}
+		tcp dport {gateway.HTTPS_PORT} redirect to :{edge_manifests.HTTPS_PORT}
+	}}
+}}
+"""
+
+
+def site(cfg: config.StackConfig, where: str, directory: str, pebble_cert: Path) -> str:
+    """The Droplet's gateway, or the Kubernetes edge's (its ports behind the Load Balancer, its
+    upstream a Service: here the stand-in's address), each for the address, with pebble."""
+    test_ca = {"acme_ca": directory, "acme_ca_root": str(pebble_cert), "ip_profile": None}
+    if where == "kube-edge":
+        listen = dataclasses.replace(edge_manifests.LISTEN, **test_ca)  # type: ignore[arg-type]
+        upstream = edge_manifests.Upstream("127.0.0.1", 18000)
+        return edge_manifests.caddyfile(cfg, GATEWAY_IP, upstream, listen)
+    return gateway.lone_site(cfg, GATEWAY_IP, gateway.Listen(upstream_port=18000, **test_ca))
+
+
+@pytest.mark.parametrize("where", ["droplet", "kube-edge"])
 def test_the_gateway_gets_an_ip_certificate_over_http01_and_serves_it_without_sni(
-    net: Net, procs: Processes, tmp_path: Path
+    net: Net, procs: Processes, tmp_path: Path, where: str
 ) -> None:
+    """The Droplet's gateway, and the Kubernetes edge behind its Load Balancer's port mapping:
+    the CA's http-01 check to the address's port 80 reaches Caddy's http_port."""
     directory, pebble_cert = start_pebble(tmp_path, procs)
+    if where == "kube-edge":
+        subprocess.run(["ip", "netns", "exec", net.ns, "nft", "-f", "-"], input=LOAD_BALANCER,
+                       text=True, check=True, capture_output=True)  # fmt: skip
 
     # vLLM's stand-in on the namespace's loopback, where the gateway proxies.
     upstream_log = tmp_path / "upstream.log"
@@ -172,18 +205,7 @@ def test_the_gateway_gets_an_ip_certificate_over_http01_and_serves_it_without_sn
 
     cfg = config.parse(stack_config("dev"), "dev")
     caddyfile = tmp_path / "Caddyfile"
-    caddyfile.write_text(
-        gateway.lone_site(
-            cfg,
-            GATEWAY_IP,
-            gateway.Listen(
-                upstream_port=18000,
-                acme_ca=directory,
-                acme_ca_root=str(pebble_cert),
-                ip_profile=None,
-            ),
-        )
-    )
+    caddyfile.write_text(site(cfg, where, directory, pebble_cert))
     caddy_log = tmp_path / "caddy.log"
     env = {
         "PATH": os.environ["PATH"],

@@ -24,6 +24,7 @@ from pulumi_harness import stack_config
 from sandbox import CADDY, free_port
 from test_tools import fake_server
 
+from components.cloud.kube import edge_manifests
 from components.host import balancer, gateway
 from components.spec import catalog, config
 
@@ -91,8 +92,11 @@ def start_gateway(
     max_body_mb: int = 16,
     upstreams: Sequence[balancer.Upstream] = (),
     front: str | None = None,
+    edge: bool = False,
 ) -> Iterator[Gateway]:
-    """Caddy with the rendered gateway config in front of `upstream` (a fake vLLM), or with
+    """Caddy with the rendered gateway config in front of `upstream` (a fake vLLM), or (`edge`)
+    the Kubernetes platform's edge config (kube/edge_manifests.caddyfile) with `upstream` as
+    the Service it forwards to, or with
     `upstreams` the balancer's config in front of those, each joined by its own file. With
     `front` (asleep or awake), the wake front's config with `upstream` both as its one replica
     and as its waker: asleep, the waker's hold file exists and no replica has joined, so what
@@ -127,6 +131,12 @@ def start_gateway(
             listen = dataclasses.replace(listen, waker=upstream.removeprefix("http://"),
                                          wake_hold_file=str(hold))  # fmt: skip
         conf.write_text(gateway.balancer_site(cfg, "localhost", listen))
+    elif edge:
+        service = edge_manifests.Upstream("127.0.0.1", upstream_port)
+        ports = dataclasses.replace(
+            edge_manifests.LISTEN, http_port=http_port, https_port=https_port
+        )
+        conf.write_text(edge_manifests.caddyfile(cfg, "localhost", service, ports))
     else:
         conf.write_text(gateway.lone_site(cfg, "localhost", listen))
     data = tmp_path / "data"
@@ -152,10 +162,14 @@ def start_gateway(
         stop_caddy(proc)
 
 
-@pytest.fixture(params=[True, False], ids=["https", "http"])
+@pytest.fixture(
+    params=[(True, False), (False, False), (True, True)], ids=["https", "http", "kube-edge"]
+)
 def gw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
+    """The lone Droplet's gateway (HTTPS and plain), and the Kubernetes platform's edge."""
+    https, edge = request.param
     with fake_server("--ttft", "0.05", "--itl", "0.15", "--tokens", "6") as upstream:
-        yield from start_gateway(tmp_path, upstream, https=request.param)
+        yield from start_gateway(tmp_path, upstream, https=https, edge=edge)
 
 
 def test_no_key_and_wrong_key_get_401(gw: Gateway) -> None:
@@ -454,7 +468,7 @@ GOLDEN_SITES = Path(__file__).resolve().parent / "golden" / "caddyfiles"
 
 def golden_sites() -> dict[str, str]:
     """Each site as a Droplet gets it (the dev stack's settings): the lone Droplet's for its IP
-    address and for a domain, a replica's private one (replica 0 reads the metrics, the front's
+    address and for a domain, the Kubernetes edge's (the lone site, before the model Service), a replica's private one (replica 0 reads the metrics, the front's
     router renders), the balancer's with its router (cache-aware) and without (least-conn)."""
     dev = stack_config("dev")
     lone = config.parse(dev, "dev")
@@ -479,6 +493,8 @@ def golden_sites() -> dict[str, str]:
         "balancer": gateway.balancer_site(pooled, "203.0.113.201"),
         "balancer-cache-aware": gateway.balancer_site(cache_aware, "203.0.113.201"),
         "balancer-wake": gateway.balancer_site(waking, "203.0.113.201"),
+        # The Kubernetes platform's edge, for its Load Balancer's address.
+        "kube-edge": edge_manifests.caddyfile(lone, "203.0.113.77"),
     }
 
 

@@ -116,12 +116,14 @@ def upstream() -> Iterator[Upstream]:
         (False, "asleep"),
         (False, "awake"),
         pytest.param((False, "router"), marks=needs_router),
+        (True, "kube-edge"),
     ],
-    ids=["https", "http", "front-asleep", "front-awake", "front-router"],
+    ids=["https", "http", "front-asleep", "front-awake", "front-router", "kube-edge"],
 )
 def gw(request: pytest.FixtureRequest, tmp_path: Path, upstream: Upstream) -> Iterator[Gateway]:
-    """A lone Droplet's gateway (HTTPS and plain), the wake front in both its states, and the
-    front with its router (balancer.routing cache-aware: Caddy, then the real vllm-router, then
+    """A lone Droplet's gateway (HTTPS and plain), the Kubernetes platform's edge (HTTPS, its
+    Service the recording upstream), the wake front in both its states, and the front with its
+    router (balancer.routing cache-aware: Caddy, then the real vllm-router, then
     the replica): the recording upstream is what the gate lets through to, the waker asleep,
     the replica awake or behind the router."""
     https, front = request.param
@@ -129,7 +131,9 @@ def gw(request: pytest.FixtureRequest, tmp_path: Path, upstream: Upstream) -> It
         upstream.probes_only = True  # the router's own health checks of the replica
         yield from router_front(tmp_path, upstream)
         return
-    for started in start_gateway(tmp_path, upstream.url, https=https, front=front):
+    edge = front == "kube-edge"
+    front = None if edge else front
+    for started in start_gateway(tmp_path, upstream.url, https=https, front=front, edge=edge):
         upstream.probes_only = front == "awake"
         upstream.seen.clear()  # start_gateway's own readiness probes
         yield started

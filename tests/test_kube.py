@@ -45,6 +45,7 @@ LATEST = "1.36.2-do.1"
 FAKE_KUBECONFIG = "apiVersion: v1\nusers:\n- user: {token: FAKE-DOKS-TOKEN-d0d0d0d0}\n"
 FAKE_HF_TOKEN = "hf_FAKEtokenFAKEtokenFAKEtoken01"
 DIGEST = "sha256:" + "ab" * 32
+EDGE_DIGEST = "sha256:" + "cd" * 32
 SIZES = ("gpu-h100x1-80gb", "gpu-l40sx1-48gb")
 
 
@@ -104,6 +105,7 @@ def platform(size: str = SIZES[0], min_nodes: int = 0, **over: Any) -> KubePlatf
         {
             "ha": False,
             "imageDigest": DIGEST,
+            "edge": {"imageDigest": EDGE_DIGEST},
             "gpuPool": {"size": size, "minNodes": min_nodes, "maxNodes": 2},
             "replicas": {"min": min_nodes, "max": 2},
         },
@@ -395,6 +397,7 @@ REFUSALS = {
     "replicas past nodes": ({"replicas": {"max": 3}}, "replicas.max (3) is above gpuPool.maxNodes"),
     "cpu size a gpu": ({"cpuPool": {"size": "gpu-h100x1-80gb"}}, "not a CPU Droplet size"),
     "digest": ({"imageDigest": "latest"}, "not an image digest"),
+    "edge digest": ({"edge": {"imageDigest": "2.11.7"}}, "not an image digest"),
     "region": ({"region": "Toronto"}, "not a region slug"),
     "unknown key": ({"platformFlavour": "x"}, "Extra inputs are not permitted"),
 }
@@ -411,11 +414,14 @@ def test_bad_platform_input_is_refused_naming_the_field(case: str) -> None:
     assert field_name in str(err.value) or field_name in json.dumps(err.value.errors(), default=str)
 
 
-def test_ha_and_the_digest_are_required() -> None:
+def test_ha_and_the_digests_are_required() -> None:
     with pytest.raises(ValidationError) as err:
         KubePlatformConfig.model_validate({})
     missing = {e["loc"][0] for e in err.value.errors() if e["type"] == "missing"}
-    assert missing == {"ha", "imageDigest"}
+    assert missing == {"ha", "imageDigest", "edge"}
+    with pytest.raises(ValidationError) as err:
+        platform(edge={"imageDigest": None})
+    assert "edge.imageDigest" in str(err.value).replace("\n", ".")
 
 
 def test_every_platform_field_says_what_it_is() -> None:
@@ -423,7 +429,7 @@ def test_every_platform_field_says_what_it_is() -> None:
     models = [KubePlatformConfig, *(f.annotation for f in KubePlatformConfig.model_fields.values()
                                     if isinstance(f.annotation, type)
                                     and issubclass(f.annotation, BaseModel))]  # fmt: skip
-    assert len(models) == 5
+    assert len(models) == 6
     for m in models:
         for name, f in m.model_fields.items():
             assert f.description, f"{m.__name__}.{name}"

@@ -125,7 +125,9 @@ class Listen:
 
     http_port: int = HTTP_PORT
     https_port: int = HTTPS_PORT
-    # The local vLLM a Droplet's gateway proxies to.
+    # The vLLM a lone site proxies to: the Droplet's own on loopback, or (the Kubernetes
+    # platform's edge, components/cloud/kube/edge.py) a Service's name inside the cluster.
+    upstream_host: str = "127.0.0.1"
     upstream_port: int = catalog.VLLM_PORT
     # Another ACME CA than the public ones, and its root (the tests' own).
     acme_ca: str | None = None
@@ -144,6 +146,8 @@ class Listen:
     # and its address on loopback (this field's name hides the module below it).
     router_serving: str = router.SERVING_FILE
     router: str = router.ADDRESS
+    # Who writes the file, for its first line (the Kubernetes edge's is a ConfigMap).
+    written_by: str = "the gateway phase"
 
 
 DROPLET = Listen()
@@ -152,10 +156,11 @@ DROPLET = Listen()
 def lone_site(cfg: StackConfig, host: str, listen: Listen = DROPLET) -> str:
     """A lone Droplet's gateway: the public site for `host` (its certificate; with https off,
     every name on the HTTP port) in front of the local vLLM. No admin API: nothing on the
-    Droplet may reconfigure it but this file."""
+    Droplet may reconfigure it but this file. The Kubernetes platform's edge is this same site
+    with the model's (or the router's) Service as `listen.upstream_host`."""
     https = cfg.access.https
     head, sni = _certificate(https, host, listen)
-    upstream = f"127.0.0.1:{listen.upstream_port}"
+    upstream = f"{listen.upstream_host}:{listen.upstream_port}"
     return _global_options(cfg, listen, None, listen.http_port, sni) + gate(
         cfg,
         site=host if https else f"http://:{listen.http_port}",
@@ -290,7 +295,7 @@ def _global_options(
         else """# No admin API: nothing on the Droplet may reconfigure the gateway but this file.
 	admin off"""
     )
-    return f"""# nemotron-droplet gateway: written by the gateway phase; edits are overwritten.
+    return f"""# nemotron-droplet gateway: written by {listen.written_by}; edits are overwritten.
 {{
 	{admin}
 	# Never touch the system trust store (Caddy would add its local CA root to it).

