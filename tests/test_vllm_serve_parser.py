@@ -92,7 +92,12 @@ def kube_cases() -> dict[str, list[str]]:
         raw = merged(prod, {"droplet": {"size": size, "image": None}})
         raw["droplet"] = {k: v for k, v in raw["droplet"].items() if v is not None}
         platform = kube.KubePlatformConfig.model_validate(
-            {"ha": False, "imageDigest": "sha256:" + "0" * 64, "gpuPool": {"size": size}}
+            {
+                "ha": False,
+                "imageDigest": "sha256:" + "0" * 64,
+                "edge": {"imageDigest": "sha256:" + "1" * 64},
+                "gpuPool": {"size": size},
+            }
         )
         args = manifests.container(config.parse(raw, "prod"), platform)["args"]
         assert args[0] == "serve" and "0.0.0.0" in args
