@@ -15,12 +15,16 @@ import errno
 import socket
 import ssl
 import sys
+import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import requests
 import target as target_mod
+import urllib3
 
+# The most a model list may be: vLLM's is a few hundred bytes a model.
+MAX_BODY_BYTES = 4 * 2**20
 # How long a probe waits for the TCP (and TLS) connection: a firewall that drops says nothing,
 # and waiting the tool's whole --timeout (bench: 600 s) for that is no use.
 CONNECT_SECONDS = 15.0
@@ -114,6 +118,12 @@ def describe_failure(
             f"{where} took the request but sent no answer within {seconds:g} s (a sleeping "
             f"endpoint holds requests while it wakes: `python scripts/wake.py --stack {stack}`)",
         ),
+        (
+            any(isinstance(c, urllib3.exceptions.ProtocolError) for c in causes),
+            f"{where} closed the connection before its answer ended (a proxy, or the server "
+            "restarting mid-request): try again; if it lasts, read the endpoint's logs "
+            f"(`python scripts/logs.py --stack {stack}`)",
+        ),
     )
     return next((message for holds, message in cases if holds), f"no answer from {where}: {err}")
 
@@ -140,18 +150,56 @@ def describe_status(response: requests.Response, target: target_mod.Target) -> s
 
 
 def probe(target: target_mod.Target, seconds: float) -> requests.Response:
-    """GET /v1/models with the key, once. Raises EndpointError when there is no answer or one
-    that says the endpoint cannot serve (401, 403, 502, 503, 504); returns any other answer."""
+    """GET /v1/models with the key, once, its whole answer within `seconds`. Raises
+    EndpointError when there is no answer or one that says the endpoint cannot serve (401, 403,
+    502, 503, 504); returns any other answer, its body read."""
+    deadline = time.monotonic() + seconds
     try:
         response = requests.get(
             target.url("models"),
             headers=target.headers,
             timeout=(min(CONNECT_SECONDS, seconds), seconds),
             verify=target.verify,
+            stream=True,
         )
+        _read_by(response, deadline, seconds)
     except requests.RequestException as err:
         raise EndpointError(describe_failure(err, target, seconds)) from None
     problem = describe_status(response, target)
     if problem:
         raise EndpointError(problem)
     return response
+
+
+def _read_by(response: requests.Response, deadline: float, seconds: float) -> None:
+    """The body, whole by `deadline` and at most MAX_BODY_BYTES: requests bounds each read, not
+    the answer, so a server that sends a byte at a time (or without end) held the tool for ever."""
+    chunks, size = [], 0
+    # urllib3 2's read1 returns what has come; its read(n), under iter_content, waits for all n.
+    read1 = getattr(response.raw, "read1", None)
+    with response:
+        while True:
+            try:
+                if read1 is not None:
+                    chunk = read1(64 * 1024, decode_content=True)
+                else:
+                    chunk = response.raw.read(1024, decode_content=True)
+            except urllib3.exceptions.ReadTimeoutError as err:  # as requests' own reads say it
+                raise requests.exceptions.ReadTimeout(err, response=response) from err
+            except urllib3.exceptions.HTTPError as err:  # cut mid-body, a bad chunk, decoding
+                raise requests.exceptions.ConnectionError(err, response=response) from err
+            if not chunk:
+                break
+            size += len(chunk)
+            chunks.append(chunk)
+            if size > MAX_BODY_BYTES:
+                raise EndpointError(
+                    f"{response.url} sent over {MAX_BODY_BYTES // 2**20} MiB for a model list "
+                    f"(HTTP {response.status_code}): that is no vLLM; check --endpoint"
+                )
+            if time.monotonic() > deadline:
+                raise EndpointError(
+                    f"{response.url} answered HTTP {response.status_code} but its body did not "
+                    f"end within {seconds:g} s (--timeout): a proxy or a server that trickles"
+                )
+    response._content = b"".join(chunks)  # what .content and .json() read (requests models.py)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -1280,6 +1281,42 @@ def dropping_port() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
 
 
+@contextmanager
+def sending(pause: float, chunk: bytes, count: int = 0) -> Iterator[str]:
+    """A server on loopback that answers 200 and then sends `chunk` every `pause` seconds
+    without end (a trickling proxy, or a body that never ends: requests bounds each read, so
+    only a deadline on the whole answer stops it), or `count` times and then closes the
+    connection short of its Content-Length (a connection cut mid-body)."""
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 1000000000\r\n\r\n")  # fmt: skip
+                sent = 0
+                while not stop.is_set() and (count == 0 or sent < count):
+                    conn.sendall(chunk)
+                    sent += 1
+                    time.sleep(pause)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
 UNUSABLE = {
     "refused": (
         closed_port,
@@ -1302,6 +1339,18 @@ UNUSABLE = {
         lambda: answering(502, ""),
         "the gateway answers but vLLM behind it does not (HTTP 502): the model may still be "
         "loading; `python scripts/logs.py --stack NAME`",
+    ),
+    "trickle": (
+        lambda: sending(0.2, b" "),
+        "answered HTTP 200 but its body did not end within 2 s (--timeout)",
+    ),
+    "cut": (
+        lambda: sending(0.0, b"[", count=1),
+        "127.0.0.1:{port} closed the connection before its answer ended",
+    ),
+    "endless": (
+        lambda: sending(0.0, b" " * 65536),
+        "sent over 4 MiB for a model list (HTTP 200): that is no vLLM",
     ),
     "503": (
         lambda: answering(503, "waking the GPU set: retry in 60 s"),

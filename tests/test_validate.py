@@ -296,6 +296,21 @@ def test_a_stack_file_that_is_not_yaml_says_where_and_quotes_nothing(tmp_path: P
     assert "sk-do-not-echo-me" not in run.stderr
 
 
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the last of a repeated key: the size above it would be dropped unseen."""
+    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    (tmp_path / "Pulumi.twice.yaml").write_text(
+        text + "  nemotron-droplet:replicas: 2\n  nemotron-droplet:replicas: 3\n"
+    )
+    lines = len(text.splitlines())
+    run = validate("--stack", "twice", stacks=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert (
+        f"Pulumi.twice.yaml:{lines + 2}:3: not YAML: 'nemotron-droplet:replicas' is given twice "
+        f"(lines {lines + 1} and {lines + 2})"
+    ) in run.stderr, run.stderr
+
+
 # ---- wake: the deploy workflow must take the wake's dispatch (GitHub answers 422 otherwise) ----
 
 WAKE_TOKEN = "github_pat_VALIDATEwakeTOKEN00000000000000000"

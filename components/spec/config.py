@@ -696,11 +696,31 @@ def _replicas(value: Any, problems: list[str]) -> int | None:
     return value
 
 
+class _StackFileLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, less its silence on a key given twice in one mapping: it keeps the
+    last, so the value above it (a size, a CIDR list) is dropped without a word. YAML 1.2 says
+    a mapping's keys are unique (yaml.org/spec/1.2.2, 3.2.1.1); Go's gopkg.in/yaml.v3 refuses
+    a repeated one ("mapping key ... already defined at line N")."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice (lines {seen[key]} and {line})",
+                    key_node.start_mark,
+                )  # fmt: skip
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_stack_file(path: Path) -> dict[str, Any]:
     """A stack file's YAML; a ConfigError at `file:line:column` (where editors jump) when it is
     not YAML. What, not PyYAML's quote of the line: a value there may be a secret."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StackFileLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError as err:
         problem = f"{path}: not UTF-8 text (byte {err.start}): save it as UTF-8"
         raise ConfigError([problem]) from None
