@@ -120,25 +120,38 @@ def stack(size: str = SIZES[0]) -> StackConfig:
     return config.parse(raw, "prod")
 
 
-def run(cfg: StackConfig, kube: KubePlatformConfig, hf_token: str | None = FAKE_HF_TOKEN) -> Run:
-    cloud = KubeCloud(DEFAULT_OFFERS)
-    monitor = KubeRecorder(cloud)
+def mock(cloud: FakeCloud, monitor: Recorder) -> None:
+    """Pulumi's mocks for one program of the platform: `cloud` answers, `monitor` records."""
     pulumi_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(cloud, project=PROJECT, stack="kube", preview=False, monitor=monitor)
     pulumi.runtime.set_all_config({}, [])
+
+
+def cluster_and_server(
+    cfg: StackConfig, kube: KubePlatformConfig, hf_token: str | None = FAKE_HF_TOKEN
+) -> tuple[cluster.DoksCluster, model.ModelServer]:
+    """The cluster and the model server, as every program of the platform declares them."""
+    doks = cluster.DoksCluster("nemotron-kube", kube)
+    server = model.ModelServer(
+        "vllm",
+        cfg,
+        kube,
+        api_key=pulumi.Output.secret(FAKE_API_KEY),
+        hf_token=None if hf_token is None else pulumi.Output.secret(hf_token),
+        provider=doks.provider,
+    )
+    return doks, server
+
+
+def run(cfg: StackConfig, kube: KubePlatformConfig, hf_token: str | None = FAKE_HF_TOKEN) -> Run:
+    cloud = KubeCloud(DEFAULT_OFFERS)
+    monitor = KubeRecorder(cloud)
+    mock(cloud, monitor)
     result = Run(registrations=monitor.registrations, cloud=cloud, providers=monitor.providers)
 
     @pulumi.runtime.test
     def program():
-        doks = cluster.DoksCluster("nemotron-kube", kube)
-        server = model.ModelServer(
-            "vllm",
-            cfg,
-            kube,
-            api_key=pulumi.Output.secret(FAKE_API_KEY),
-            hf_token=None if hf_token is None else pulumi.Output.secret(hf_token),
-            provider=doks.provider,
-        )
+        _, server = cluster_and_server(cfg, kube, hf_token)
         return server.service.id
 
     try:

@@ -16,11 +16,9 @@ import kubernetes_validate
 import pulumi
 import pytest
 from pulumi.runtime import mocks as pulumi_mocks
-from pulumi.runtime import settings as pulumi_settings
 from pulumi_harness import (
     DEFAULT_OFFERS,
     FAKE_API_KEY,
-    PROJECT,
     Registration,
     plain_strings,
     stack_config,
@@ -33,12 +31,14 @@ from test_kube import (
     FAKE_KUBECONFIG,
     KubeCloud,
     KubeRecorder,
+    cluster_and_server,
     kubernetes_object,
+    mock,
     platform,
     stack,
 )
 
-from components.cloud.kube import cluster, edge, edge_manifests, manifests, model
+from components.cloud.kube import edge, edge_manifests, manifests
 from components.host import gateway
 from components.spec import catalog, config
 from components.spec.kube import KUBERNETES_SCHEMA_VERSION, KubePlatformConfig
@@ -80,22 +80,12 @@ class Run:
 def run(cfg: StackConfig, kube: KubePlatformConfig) -> Run:
     cloud = EdgeCloud(DEFAULT_OFFERS)
     monitor = KubeRecorder(cloud)
-    pulumi_settings.ROOT.set(None)
-    pulumi.runtime.set_mocks(cloud, project=PROJECT, stack="kube", preview=False, monitor=monitor)
-    pulumi.runtime.set_all_config({}, [])
+    mock(cloud, monitor)
     result = Run(monitor.registrations, None)
 
     @pulumi.runtime.test
     def program():
-        doks = cluster.DoksCluster("nemotron-kube", kube)
-        server = model.ModelServer(
-            "vllm",
-            cfg,
-            kube,
-            api_key=pulumi.Output.secret(FAKE_API_KEY),
-            hf_token=pulumi.Output.secret(FAKE_HF_TOKEN),
-            provider=doks.provider,
-        )
+        doks, server = cluster_and_server(cfg, kube)
         gate = edge.Edge("edge", cfg, kube, server.secret, doks.provider)
 
         def keep(endpoint: str) -> None:

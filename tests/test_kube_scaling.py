@@ -20,11 +20,10 @@ import jsonschema
 import pulumi
 import pytest
 import yaml
-from pulumi.runtime import settings as pulumi_settings
-from pulumi_harness import DEFAULT_OFFERS, FAKE_API_KEY, PROJECT, ROOT, Registration, plain_strings
-from test_kube import KubeCloud, KubeRecorder, platform, stack
+from pulumi_harness import DEFAULT_OFFERS, FAKE_API_KEY, ROOT, Registration, plain_strings
+from test_kube import KubeCloud, KubeRecorder, cluster_and_server, mock, platform, stack
 
-from components.cloud.kube import autoscaler, cluster, manifests, model, scaling
+from components.cloud.kube import autoscaler, manifests, scaling
 from components.spec import catalog
 from components.spec.kube import KubePlatformConfig
 from components.spec.schema import StackConfig
@@ -71,16 +70,11 @@ class Run:
 def run(cfg: StackConfig, kube: KubePlatformConfig) -> Run:
     cloud = KubeCloud(DEFAULT_OFFERS)
     monitor = ScalingRecorder(cloud)
-    pulumi_settings.ROOT.set(None)
-    pulumi.runtime.set_mocks(cloud, project=PROJECT, stack="kube", preview=False, monitor=monitor)
-    pulumi.runtime.set_all_config({}, [])
+    mock(cloud, monitor)
 
     @pulumi.runtime.test
     def program():
-        doks = cluster.DoksCluster("nemotron-kube", kube)
-        server = model.ModelServer(
-            "vllm", cfg, kube, pulumi.Output.secret(FAKE_API_KEY), None, doks.provider
-        )
+        doks, server = cluster_and_server(cfg, kube, hf_token=None)
         scaler = autoscaler.Autoscaler("vllm", kube, server.servers, doks.provider)
         return scaler.scaled_object.id
 
