@@ -935,8 +935,15 @@ def test_a_wake_whose_bootstrap_fails_bills_no_further_than_its_pipeline_or_its_
         machine = emu.account.machines[replica]
         began_at = float(machine.box.file(catalog.FIRST_BOOTSTRAP_FILE).read_text())
         fire_autodown(emu, replica)  # its first minute: bootstrapping
-        # Its deadline passes (the clock moved on: the recorded start moved back as far).
-        machine.box.file(catalog.FIRST_BOOTSTRAP_FILE, f"{began_at - deadline_minutes * 60}\n")
+        # Its deadline passes: the clock moves on, so every time the Droplet recorded (the first
+        # bootstrap, and the rule's own state from its first minute) moves back as far.
+        shift = deadline_minutes * 60
+        machine.box.file(catalog.FIRST_BOOTSTRAP_FILE, f"{began_at - shift}\n")
+        state_file = machine.box.file(f"{catalog.STATE_DIR}/autodown.json")
+        state = json.loads(state_file.read_text())
+        state["started_at"] -= shift
+        state["last_activity"] -= shift
+        state_file.write_text(json.dumps(state))
         fired = fire_autodown(emu, replica)
         journal = fired.stdout + fired.stderr
         assert "not serving by its bootstrap deadline" in journal, journal
