@@ -8,8 +8,9 @@ It prints `listening on http://127.0.0.1:PORT` once ready. Streams send one toke
 the first after `--ttft` seconds, the next ones `--itl` apart, then a usage chunk and [DONE],
 like vLLM with `stream_options.include_usage`. Faults for the tests: `--fail-every N` answers
 every Nth chat request with HTTP 500, `--stall-every N` never answers it, `--slow-every N` gives
-every Nth a TTFT of `--slow-ttft`, `--health-delay-under-load S` answers /health after S
-seconds while a chat request is in flight (a saturated vLLM), `--mode empty-deltas` streams empty content, `--mode no-auth`
+every Nth a TTFT of `--slow-ttft`, `--busy-answer-delay S` answers /health and /metrics
+after S seconds while a chat request is in flight (a saturated vLLM), `--mode empty-deltas`
+streams empty content, `--mode no-auth`
 accepts any key, `--mode one-chunk` streams the whole answer in one chunk, `--mode reasoning`
 streams the first half of the tokens as `reasoning` (as vLLM's reasoning parser does since PR
 #27752), `--mode reasoning-content` as `reasoning_content` (vLLM before it, other servers),
