@@ -31,6 +31,16 @@ release's own source and reads it back):
   its API server a little earlier at `non-default args: %s`
   (entrypoints/common/startup.py; 0.26: entrypoints/serve/utils/api_utils.py), and it serves
   from `Starting vLLM server on %s` (0.33) or `Available routes are:` (0.26)
+- `Resolved architecture: %s` (config/model.py), logged once the model's class is inspected:
+  in a subprocess that imports it, 17 s on the GPU run, unless vLLM's cache of that inspection
+  (`VLLM_CACHE_ROOT/modelinfos`, model_executor/models/registry.py) has it: under a second
+- with `TRITON_PRINT_AUTOTUNING=1` (the unit sets it), Triton's own `Triton autotuning for
+  function %s,` and `finished after %.2fs,` (triton/runtime/autotuner.py): each kernel a start
+  benchmarked, and for how long; on the GPU run, 7 of them made 59.5 s of a 62 s warm-up
+- systemd's `Started vllm.service ...` in the unit's journal (`journalctl --output short-iso`,
+  what logs.py prints): the launch itself. What comes before vLLM's first line, Python's
+  imports of vLLM and torch, is timed only from it (17-18 s on the GPU run): a log without it
+  says so.
 
 Each line carries the logger's time (`INFO 12-05 18:30:01 [file.py:12]`, to the second), so the
 start is also a sequence of phases, each from one of these lines to the next (`timeline`):
@@ -66,6 +76,9 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "kv_cache_gib": re.compile(rf"Available KV cache memory: {NUMBER} GiB"),
 }
 KV_TOKENS = re.compile(r"KV cache size: ([0-9][0-9,]*) tokens")
+# Triton's autotuner, when TRITON_PRINT_AUTOTUNING is set: one run per kernel and key.
+AUTOTUNED = re.compile(r"Triton autotuning for function (\w+)")
+AUTOTUNE_TOOK = re.compile(rf"finished after {NUMBER}s")
 MAMBA_WARMUP = "Warming up Mamba2 SSD Triton kernels"
 # The phase that ends at that line, and the one that follows it (vLLM logs no end: the next line).
 MAMBA_MARK = "profiling run up to the Mamba2 warm-up"
@@ -74,11 +87,26 @@ MAMBA_PHASE = "Mamba2 SSD kernel warm-up (Triton compile, autotune)"
 STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[")
 # The API server's first line of a start (its arguments), before the engine's.
 LAUNCH = re.compile(r"non-default args: ")
+# systemd's line for the unit's launch, in `journalctl --output short-iso` (logs.py): its local
+# time, as vLLM's logger prints its own.
+SYSTEMD_STARTED = re.compile(
+    r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\S*\s+\S+\s+systemd\[1\]: Started "
+)
+# The phase from that launch to vLLM's first line, and what the report says without it.
+IMPORTS = "launch to vLLM's first line: Python's imports (torch, vLLM)"
+NO_LAUNCH = (
+    "  launch to vLLM's first line: not in this log (Python's imports, 17-18 s on an H100 "
+    "host; a journal read with logs.py has systemd's launch line, which times it)"
+)
 # The phases of a start, each named for what happens between the line before and its own line,
 # in the order vLLM prints them.
 MARKS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
-        "API server: imports, config, the engine's process",
+        "API server: config, model class inspected (modelinfos)",
+        re.compile(r"Resolved architecture: "),
+    ),
+    (
+        "API server: the engine's process (its imports)",
         re.compile(r"Initializing a V1 LLM engine"),
     ),
     ("engine process: device and workers", re.compile(r"Starting to load model")),
@@ -112,21 +140,36 @@ def stamp(line: str) -> float | None:
     match = STAMP.search(line)
     if not match:
         return None
-    month, day, hour, minute, second = (int(g) for g in match.groups())
-    # Days before each month of a leap year: only differences are used, within one start.
+    return within_year(*(int(g) for g in match.groups()))
+
+
+def within_year(month: int, day: int, hour: int, minute: int, second: int) -> float:
+    """A local time as seconds within a year (only differences are used, within one start)."""
+    # Days before each month of a leap year.
     before = (0, 31, 60, 91, 121, 152, 182, 213, 244, 274, 305, 335)
     return (((before[month - 1] + day) * 24 + hour) * 60 + minute) * 60.0 + second
 
 
+def launched(line: str) -> float | None:
+    """systemd's launch of the unit, in stamp()'s seconds, or None for any other line."""
+    match = SYSTEMD_STARTED.search(line)
+    if not match:
+        return None
+    return within_year(*(int(g) for g in match.groups()[1:]))
+
+
 def this_start(lines: list[str]) -> list[str]:
-    """The last start's lines: from its API server's arguments (or its engine's first line)."""
+    """The last start's lines: from systemd's launch of it, else its API server's arguments
+    (or its engine's first line)."""
     starts = [i for i, line in enumerate(lines) if START.search(line)]
     if not starts:
         return lines
     first = starts[-1]
     earlier = starts[-2] if len(starts) > 1 else -1
     launches = [i for i in range(earlier + 1, first) if LAUNCH.search(lines[i])]
-    return lines[launches[-1] if launches else first :]
+    begin = launches[-1] if launches else first
+    systemd = [i for i in range(earlier + 1, begin) if launched(lines[i]) is not None]
+    return lines[systemd[-1] if systemd else begin :]
 
 
 def phases(lines: list[str]) -> tuple[list[tuple[str, float]], list[str], str | None]:
@@ -136,6 +179,7 @@ def phases(lines: list[str]) -> tuple[list[tuple[str, float]], list[str], str | 
     timed = [(i, t) for i, line in enumerate(lines) if (t := stamp(line)) is not None]
     if not timed:
         return [], [], None
+    launch = next((t for line in lines if (t := launched(line)) is not None), None)
     found: list[tuple[int, float, str]] = []
     for name, pattern in MARKS:
         hit = next(((i, t) for i, t in timed if pattern.search(lines[i])), None)
@@ -144,6 +188,8 @@ def phases(lines: list[str]) -> tuple[list[tuple[str, float]], list[str], str | 
     found.sort()
     out: list[tuple[str, float]] = []
     previous = timed[0][1]
+    if launch is not None and launch <= previous:
+        out.append((IMPORTS, previous - launch))
     after_mamba = False
     for _, t, name in found:
         out.append((MAMBA_PHASE if after_mamba else name, t - previous))
@@ -168,6 +214,8 @@ def parse(text: str) -> dict[str, Any]:
     out["checkpoint_gib"] = None  # the checkpoint's files, on that filesystem
     out["kv_tokens"] = None  # the KV cache, in tokens
     out["mamba_warmup_s"] = None  # its line to the next timed line
+    out["autotuned"] = 0  # Triton autotuning runs (printed with TRITON_PRINT_AUTOTUNING=1)
+    out["autotune_s"] = None  # their seconds together
     hits = misses = 0
     for index, line in enumerate(lines):
         for key, pattern in PATTERNS.items():
@@ -186,6 +234,9 @@ def parse(text: str) -> dict[str, Any]:
         if MAMBA_WARMUP in line and (began := stamp(line)) is not None:
             ended = next((t for x in lines[index + 1 :] if (t := stamp(x)) is not None), None)
             out["mamba_warmup_s"] = None if ended is None else ended - began
+        out["autotuned"] += bool(AUTOTUNED.search(line))
+        if took := AUTOTUNE_TOOK.search(line):
+            out["autotune_s"] = (out["autotune_s"] or 0.0) + float(took[1])
         hits += bool(CACHE_HIT.search(line))
         misses += bool(CACHE_MISS.search(line))
     out["compile_cache"] = (
@@ -223,6 +274,10 @@ def report(parts: dict[str, Any]) -> str:
     }
     rows = [f"  {label:<42} {parts[key]:8.1f} s" for key, label in names.items()
             if parts.get(key) is not None]  # fmt: skip
+    if parts.get("autotune_s") is not None:
+        runs = f"of it: Triton autotuning ({parts['autotuned']} kernels)"
+        after = next((i + 1 for i, row in enumerate(rows) if "Mamba2" in row), len(rows))
+        rows.insert(after, f"  {runs:<42} {parts['autotune_s']:8.1f} s")
     if parts.get("checkpoint_fs") is not None:
         rows.insert(0, f"  {'weights read from':<42} {parts['checkpoint_gib']:.1f} GiB on "
                        f"{parts['checkpoint_fs']}")  # fmt: skip
@@ -246,7 +301,11 @@ def report(parts: dict[str, Any]) -> str:
     if timeline:
         rows.append("  phases, from the log's times (to the second):")
         rows += [f"    {name:<54} {seconds:6.0f} s" for name, seconds in timeline]
-        rows.append(f"    {'launch to the last line':<54} {sum(s for _, s in timeline):6.0f} s")
+        total = sum(s for _, s in timeline)
+        span = "launch to the last line" if timeline[0][0] == IMPORTS else "first line to last"
+        rows.append(f"    {span:<54} {total:6.0f} s")
+        if timeline[0][0] != IMPORTS:
+            rows.append(NO_LAUNCH)
     rows += [f"  no line for {name!r}: its time is in the phase after it"
              for name in parts.get("missing") or []]  # fmt: skip
     reached = parts.get("reached")

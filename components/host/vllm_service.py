@@ -156,11 +156,20 @@ def compile_cache_env() -> dict[str, str]:
     - TRITON_CACHE_AUTOTUNING=1: Triton keeps each autotuned kernel's timings beside it and
       reads them back instead of benchmarking every config again. vLLM sets it itself (0.26
       and 0.33: env_override.py, setdefault); said here so that a release that stops doing so
-      does not silently bring the benchmarks back."""
+      does not silently bring the benchmarks back.
+    - TRITON_PRINT_AUTOTUNING=1: Triton logs each kernel it benchmarks and for how long, three
+      lines a kernel and only when it benchmarks, so the journal says why a start's warm-up
+      was long (on the lent H100, 7 autotuned kernels made 59.5 s of a 62 s warm-up) and
+      scripts/vllm_startup.py adds them up.
+
+    Measured on the lent H100 (docs/cache.md, "vLLM's start on a GPU"): with these set, the
+    first warm start after a cold one took 54.9 s to /health (warm-up 1 s); with
+    TRITON_CACHE_DIR unset, 132.1 s (warm-up 62 s)."""
     return {
         "VLLM_CACHE_ROOT": catalog.VLLM_CACHE_ROOT,
         "TRITON_CACHE_DIR": catalog.TRITON_CACHE_DIR,
         "TRITON_CACHE_AUTOTUNING": "1",
+        "TRITON_PRINT_AUTOTUNING": "1",
     }
 
 
