@@ -164,6 +164,8 @@ def test_the_units_compile_caches_are_on_the_volume_the_cache_phase_binds(
         if line.startswith("Environment=")
     )
     assert env.get("TRITON_CACHE_AUTOTUNING") == "1", unit
+    # The journal names each kernel a start benchmarks (vllm_startup.py adds them up).
+    assert env.get("TRITON_PRINT_AUTOTUNING") == "1", unit
     for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
         assert name in env, f"{name} not in the unit:\n{unit}"
         path = env[name]
