@@ -18,6 +18,8 @@
 #                 environment; a cold start, a warm start (the fix), then a warm start with
 #                 TRITON_CACHE_DIR unset (the compile cache hits, so Inductor leaves the variable
 #                 alone and Triton looks in ~/.triton/cache: a warm start before the fix)
+#   MODE pair:    caches cleared, the unit's environment: a cold start and a warm one (the
+#                 after, e.g. with the project's own flags)
 #   MODE split:   with the fix's folders warm, one start without the Triton cache, one without
 #                 the compile cache: which of the two the warm-up needs
 # e.g. bash tests/support/gpu_mamba_cache.sh /tmp/md_tiny tiny unset --max-model-len 4096 \
@@ -79,10 +81,14 @@ case $MODE in
     start 1 "$@"; start 2 "$@"
     unset TRITON_CACHE_DIR
     start 3 "$@" ;;
+  pair)
+    clear_caches
+    export TRITON_CACHE_DIR=/tmp/vol/triton VLLM_CACHE_ROOT=/tmp/vol/vllm TRITON_CACHE_AUTOTUNING=1
+    start 1 "$@"; start 2 "$@" ;;
   split)
     export TRITON_CACHE_DIR=/tmp/vol2/triton VLLM_CACHE_ROOT=/tmp/vol2/vllm
     mv /tmp/vol2/triton /tmp/triton.kept; start 4 "$@"
     rm -rf /tmp/vol2/triton; mv /tmp/triton.kept /tmp/vol2/triton
     rm -rf /tmp/vol2/vllm; start 5 "$@" ;;
-  *) echo "gpu_mamba_cache: MODE is unset, before, set, study or split" >&2; exit 2 ;;
+  *) echo "gpu_mamba_cache: MODE is unset, before, set, study, pair or split" >&2; exit 2 ;;
 esac
