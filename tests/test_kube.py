@@ -203,6 +203,9 @@ def test_the_cluster_pins_its_version_ha_and_pools(deployed) -> None:
             "labels": {manifests.GPU_POOL_LABEL: "cpu"},
         },
         "tags": [catalog.PROJECT],
+        # What the cluster's controllers made (its Load Balancer, the claims' Volumes) goes
+        # with it: nothing bills after `pulumi destroy`.
+        "destroyAllAssociatedResources": True,
     }
     pool = result.one(NODE_POOL)
     assert pool.inputs == {

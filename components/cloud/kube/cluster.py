@@ -54,6 +54,12 @@ class DoksCluster(pulumi.ComponentResource):
                 labels={manifests.GPU_POOL_LABEL: manifests.CPU_POOL_VALUE},
             ),
             tags=[catalog.PROJECT],
+            # `pulumi destroy` stops every bill the cluster made: the Load Balancer and the
+            # Volumes its controllers created for Services and claims (the model servers'
+            # weights, Caddy's certificates) are not Pulumi's resources, and left to the default
+            # they outlive the cluster and keep billing (terraform-provider-digitalocean #1007:
+            # "load balancers, volumes, and volume snapshots"; docs/facts.md).
+            destroy_all_associated_resources=True,
             opts=child,
         )
         self.gpu_pool = digitalocean.KubernetesNodePool(
