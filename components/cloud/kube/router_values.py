@@ -32,8 +32,9 @@ from . import manifests, scaling
 # The standalone chart (EPP + Envoy, no Gateway API), as the release's CI publishes it: an OCI
 # artifact at oci://ghcr.io/llm-d/charts, its version the release tag (llm-d/llm-d-router
 # v0.10.0 hack/push-chart.sh: `helm package --version ${EXTRA_TAG}`, `helm push ...
-# oci://${IMAGE_REGISTRY}/charts`). In the model's namespace: the EPP discovers the servers
-# there (its Role reads pods in the release's namespace: routerlib templates/_rbac.yaml).
+# oci://${IMAGE_REGISTRY}/charts`); a helm.v3.Release takes an `oci://` chart with its version
+# and no repository (pulumi-kubernetes#1892). In the model's namespace: the EPP discovers the
+# servers there (its Role reads pods in the release's namespace: routerlib templates/_rbac.yaml).
 CHART = "oci://ghcr.io/llm-d/charts/llm-d-router-standalone"
 CHART_VERSION = ROUTER_VERSION
 NAMESPACE = manifests.NAMESPACE
