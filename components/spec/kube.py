@@ -153,7 +153,8 @@ class ReplicasConfig(_Section):
         0,
         ge=0,
         le=MAX_GPU_NODES,
-        description="Fewest model servers. 0: the model sleeps when idle (KEDA, a later step).",
+        description="Fewest model servers. 0: the model sleeps when idle (KEDA), and the "
+        "router holds the next request while a server wakes.",
     )
     max: int = Field(1, ge=1, le=MAX_GPU_NODES, description="Most model servers.")
 
