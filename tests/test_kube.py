@@ -46,6 +46,8 @@ FAKE_KUBECONFIG = "apiVersion: v1\nusers:\n- user: {token: FAKE-DOKS-TOKEN-d0d0d
 FAKE_HF_TOKEN = "hf_FAKEtokenFAKEtokenFAKEtoken01"
 DIGEST = "sha256:" + "ab" * 32
 EDGE_DIGEST = "sha256:" + "cd" * 32
+EPP_DIGEST = "sha256:" + "ef" * 32
+PROXY_DIGEST = "sha256:" + "01" * 32
 SIZES = ("gpu-h100x1-80gb", "gpu-l40sx1-48gb")
 
 
@@ -106,6 +108,7 @@ def platform(size: str = SIZES[0], min_nodes: int = 0, **over: Any) -> KubePlatf
             "ha": False,
             "imageDigest": DIGEST,
             "edge": {"imageDigest": EDGE_DIGEST},
+            "router": {"eppImageDigest": EPP_DIGEST, "proxyImageDigest": PROXY_DIGEST},
             "gpuPool": {"size": size, "minNodes": min_nodes, "maxNodes": 2},
             "replicas": {"min": min_nodes, "max": 2},
         },
@@ -434,7 +437,7 @@ def test_ha_and_the_digests_are_required() -> None:
     with pytest.raises(ValidationError) as err:
         KubePlatformConfig.model_validate({})
     missing = {e["loc"][0] for e in err.value.errors() if e["type"] == "missing"}
-    assert missing == {"ha", "imageDigest", "edge"}
+    assert missing == {"ha", "imageDigest", "edge", "router"}
     with pytest.raises(ValidationError) as err:
         platform(edge={"imageDigest": None})
     assert "edge.imageDigest" in str(err.value).replace("\n", ".")
@@ -445,7 +448,7 @@ def test_every_platform_field_says_what_it_is() -> None:
     models = [KubePlatformConfig, *(f.annotation for f in KubePlatformConfig.model_fields.values()
                                     if isinstance(f.annotation, type)
                                     and issubclass(f.annotation, BaseModel))]  # fmt: skip
-    assert len(models) == 6
+    assert len(models) == 7
     for m in models:
         for name, f in m.model_fields.items():
             assert f.description, f"{m.__name__}.{name}"

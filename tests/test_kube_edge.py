@@ -121,19 +121,20 @@ def deployed() -> tuple[Run, StackConfig, KubePlatformConfig]:
 
 def test_the_caddyfile_is_the_droplets_gate_for_the_load_balancers_address(deployed) -> None:
     """One renderer: gateway.lone_site for the Load Balancer's IPv4 address (the IP
-    certificate, as a Droplet gets by default), in front of the model's ClusterIP Service."""
+    certificate, as a Droplet gets by default), in front of the router's Envoy (llm-d's
+    standalone chart: the `router-epp` Service, port 8081), which reaches the model servers."""
     result, cfg, _ = deployed
     text = result.obj(CONFIG_MAP)["data"]["Caddyfile"]
     listen = gateway.Listen(
         http_port=8080,
         https_port=8443,
-        upstream_host=f"vllm.{catalog.PROJECT}.svc.cluster.local",
-        upstream_port=catalog.VLLM_PORT,
+        upstream_host=f"router-epp.{catalog.PROJECT}.svc.cluster.local",
+        upstream_port=8081,
         admin_socket=None,
         written_by="Pulumi (the edge ConfigMap)",
     )
     assert text == gateway.lone_site(cfg, LB_IP, listen)
-    assert f"reverse_proxy vllm.{catalog.PROJECT}.svc.cluster.local:{catalog.VLLM_PORT}" in text
+    assert f"reverse_proxy router-epp.{catalog.PROJECT}.svc.cluster.local:8081" in text
     assert f"profile {gateway.IP_PROFILE}" in text and f"default_sni {LB_IP}" in text
     assert "admin off" in text
     assert result.endpoint == f"https://{LB_IP}/v1"
@@ -305,7 +306,7 @@ def test_narrow_api_cidrs_over_plain_http_are_the_allow_rules() -> None:
 def test_the_pinned_caddy_runs_the_edges_caddyfile_as_deployed(deployed, tmp_path: Path) -> None:
     """The ConfigMap's text through the pinned Caddy (`caddy adapt`): the IP certificate from
     the public CA with the IP profile, the listeners on the container's ports, the proxy to the
-    model's Service by its cluster name."""
+    router's Service by its cluster name."""
     result, _, _ = deployed
     adapted, _ = adapt(tmp_path, result.obj(CONFIG_MAP)["data"]["Caddyfile"])
     [policy] = adapted["apps"]["tls"]["automation"]["policies"]
@@ -318,7 +319,7 @@ def test_the_pinned_caddy_runs_the_edges_caddyfile_as_deployed(deployed, tmp_pat
     assert http["servers"]["srv0"]["listen"] == [":8443"]
     assert "admin" in adapted and adapted["admin"]["disabled"] is True
     dials = {u["dial"] for u in walk_upstreams(adapted)}
-    assert dials == {f"vllm.{catalog.PROJECT}.svc.cluster.local:{catalog.VLLM_PORT}"}
+    assert dials == {f"router-epp.{catalog.PROJECT}.svc.cluster.local:8081"}
 
 
 def walk_upstreams(node: Any) -> list[dict[str, Any]]:

@@ -96,6 +96,10 @@ def kube_cases() -> dict[str, list[str]]:
                 "ha": False,
                 "imageDigest": "sha256:" + "0" * 64,
                 "edge": {"imageDigest": "sha256:" + "1" * 64},
+                "router": {
+                    "eppImageDigest": "sha256:" + "2" * 64,
+                    "proxyImageDigest": "sha256:" + "3" * 64,
+                },
                 "gpuPool": {"size": size},
             }
         )

@@ -1,10 +1,10 @@
 """The Kubernetes platform's own config (issue 43, the foundation): a DOKS cluster with a small
 always-on CPU pool and a GPU pool under the cluster autoscaler, and the model server on it.
 
-Not yet a section of the stack config: its edge (the API-key gate, kube/edge.py) exists, but the
-router that holds requests while the model wakes does not, and no stack key selects the platform
-until it does (docs/kubernetes.md). components/cloud/kube/ takes
-this model; the tests build it directly. Every fact it pins is sourced in docs/facts.md
+Not yet a section of the stack config: the edge (the API-key gate, kube/edge.py) and llm-d's
+router that holds requests while the model wakes (kube/router.py) exist; the stack key that
+selects the platform is its own step (docs/kubernetes.md). components/cloud/kube/ takes this
+model; the tests build it directly. Every fact it pins is sourced in docs/facts.md
 ("DigitalOcean Kubernetes").
 """
 
@@ -47,6 +47,8 @@ DEFAULT_CPU_COUNT = 2
 MAX_GPU_NODES = 16
 
 _CPU_SIZE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)+$")
+# DigitalOcean's size slugs state a size's shape: `s-2vcpu-4gb`, `g-2vcpu-8gb`, `s-4vcpu-8gb-amd`.
+_CPU_SHAPE = re.compile(r"-(?P<vcpus>[0-9]+)vcpu-(?P<gb>[0-9]+)gb(-|$)")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -75,9 +77,30 @@ class CpuPoolConfig(_Section):
         if v.startswith("gpu-") or not _CPU_SIZE.match(v):
             raise ValueError(
                 f"{v!r} is not a CPU Droplet size; accepted: a CPU size slug such as "
-                f"{DEFAULT_CPU_SIZE} or c-4 (GPU sizes go to gpuPool.size)"
+                f"{DEFAULT_CPU_SIZE} or s-4vcpu-8gb (GPU sizes go to gpuPool.size)"
+            )
+        if not _CPU_SHAPE.search(v):
+            # The pool's capacity is checked against what runs on it (cloud/kube/capacity.py),
+            # so the slug must say it; c-4 and the like name only their vCPUs.
+            raise ValueError(
+                f"{v!r} does not state its vCPUs and memory; accepted: a CPU size slug that "
+                f"does, such as {DEFAULT_CPU_SIZE}, s-4vcpu-8gb or g-2vcpu-8gb"
             )
         return v
+
+    @property
+    def node_millicpu(self) -> int:
+        """One node's vCPUs, as its slug states them (`s-2vcpu-4gb`: 2), in millicores."""
+        match = _CPU_SHAPE.search(self.size)
+        assert match is not None  # the validator requires it
+        return int(match["vcpus"]) * 1000
+
+    @property
+    def node_memory_mib(self) -> int:
+        """One node's memory, as its slug states it (`s-2vcpu-4gb`: 4 GiB), in MiB."""
+        match = _CPU_SHAPE.search(self.size)
+        assert match is not None  # the validator requires it
+        return int(match["gb"]) * 1024
 
 
 class GpuPoolConfig(_Section):
@@ -130,7 +153,8 @@ class ReplicasConfig(_Section):
         0,
         ge=0,
         le=MAX_GPU_NODES,
-        description="Fewest model servers. 0: the model sleeps when idle (KEDA, a later step).",
+        description="Fewest model servers. 0: the model sleeps when idle (KEDA), and the "
+        "router holds the next request while a server wakes.",
     )
     max: int = Field(1, ge=1, le=MAX_GPU_NODES, description="Most model servers.")
 
@@ -187,6 +211,44 @@ class EdgeConfig(_Section):
         return _check_digest(v)
 
 
+# llm-d's router, pinned: the release (llm-d/llm-d-router tag v0.10.0, commit 71f4f099) whose
+# standalone chart router_values.py installs, its endpoint picker (EPP) image at the same tag
+# (the release's hack/push-chart.sh writes registry ghcr.io/llm-d, repository
+# llm-d-router-endpoint-picker, tag = the release tag into the packaged chart), and the Envoy
+# image its standalone chart runs beside the EPP (config/charts/llm-d-router-standalone/
+# values.yaml at that tag: router.proxy.presets.envoy.image). docs/facts.md has each source.
+ROUTER_VERSION = "v0.10.0"
+EPP_REGISTRY = "ghcr.io/llm-d"
+EPP_REPOSITORY = "llm-d-router-endpoint-picker"
+EPP_IMAGE = f"{EPP_REGISTRY}/{EPP_REPOSITORY}"
+ENVOY_IMAGE = "docker.io/envoyproxy/envoy"
+ENVOY_TAG = "distroless-v1.33.2"
+
+
+class RouterConfig(_Section):
+    """llm-d's router (components/cloud/kube/router_values.py pins its release): the EPP's
+    image and its Envoy sidecar's, each by digest, as `imageDigest` is."""
+
+    epp_image_digest: str = Field(
+        ...,
+        description="The sha256 digest of llm-d's endpoint picker image at the pinned router "
+        "release (`docker buildx imagetools inspect "
+        f"{EPP_IMAGE}:{ROUTER_VERSION}`). Required: no sourced digest is known offline, and a "
+        "tag alone can move.",
+    )
+    proxy_image_digest: str = Field(
+        ...,
+        description="The sha256 digest of the Envoy image the pinned router chart runs beside "
+        "the EPP (`docker buildx imagetools inspect "
+        f"{ENVOY_IMAGE}:{ENVOY_TAG}`). Required, as eppImageDigest.",
+    )
+
+    @field_validator("epp_image_digest", "proxy_image_digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        return _check_digest(v)
+
+
 class KubePlatformConfig(_Section):
     region: str = Field("tor1", description="DOKS region slug (one cluster, one region).")
     ha: bool = Field(
@@ -218,6 +280,13 @@ class KubePlatformConfig(_Section):
         ...,
         description="The API-key gate in front of the model: Caddy behind a DigitalOcean Load "
         "Balancer (docs/kubernetes.md, the edge). Required for its image digest.",
+    )
+
+    router: RouterConfig = Field(
+        ...,
+        description="llm-d's router between the edge and the model servers: it holds requests "
+        "while a server wakes and routes on the prompt's prefix (docs/kubernetes.md, the "
+        "router). Required for its images' digests.",
     )
 
     @field_validator("region")
@@ -260,3 +329,14 @@ CADDY_IMAGE = "docker.io/library/caddy"
 
 def caddy_image(kube: KubePlatformConfig) -> str:
     return f"{CADDY_IMAGE}:{catalog.CADDY_VERSION}@{kube.edge.image_digest}"
+
+
+def epp_image_tag(kube: KubePlatformConfig) -> str:
+    """The EPP's tag as the chart takes it (`registry/repository:tag`): the release's tag, for
+    a reader, and its digest, what pulls (llm-d's own KEDA guide pins it so: guides/
+    workload-autoscaling/keda-epp/kind/router.values.yaml, `tag: v0.9.0@sha256:...`)."""
+    return f"{ROUTER_VERSION}@{kube.router.epp_image_digest}"
+
+
+def proxy_image(kube: KubePlatformConfig) -> str:
+    return f"{ENVOY_IMAGE}:{ENVOY_TAG}@{kube.router.proxy_image_digest}"

@@ -43,8 +43,8 @@ def lb_ipv4(status: object) -> str:
 
 
 class Edge(pulumi.ComponentResource):
-    """The edge in front of `upstream` (the model's Service; the router's once it exists). It
-    reads the API key from the model server's Secret (`secret`), which it waits for."""
+    """The edge in front of `upstream` (the router's Envoy: router.Router.upstream). It reads
+    the API key from the model server's Secret (`secret`), which it waits for."""
 
     def __init__(
         self,
@@ -53,7 +53,7 @@ class Edge(pulumi.ComponentResource):
         kube: KubePlatformConfig,
         secret: kubernetes.core.v1.Secret,
         provider: kubernetes.Provider,
-        upstream: edge_manifests.Upstream = edge_manifests.MODEL,
+        upstream: edge_manifests.Upstream = edge_manifests.ROUTER,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         svc = edge_manifests.service(cfg)  # refuses apiCidrs it cannot serve, before anything

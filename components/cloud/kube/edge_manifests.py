@@ -4,8 +4,9 @@ certificate choice) run by the official Caddy image on the CPU pool, behind a Di
 Balancer that passes TCP through, so Caddy terminates TLS and owns the certificate. edge.py
 declares them with pulumi-kubernetes unchanged.
 
-The upstream is the model's ClusterIP Service today; the router's step passes its own Service as
-`upstream` (the one seam), and nothing else here changes.
+The upstream is llm-d's router (router_values.py: its Envoy on the `router-epp` Service), which
+holds a request while a model server wakes and picks the server; `Upstream` is the one seam, and
+nothing else here differs from the Droplet's gate.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ...host import gateway
 from ...spec import catalog
 from ...spec.kube import KubePlatformConfig, caddy_image
 from ...spec.schema import StackConfig
-from . import manifests
+from . import manifests, router_values, scaling
 
 NAME = "edge"
 LABELS = {
@@ -43,6 +44,8 @@ CADDYFILE_SHA = f"{catalog.PROJECT}/caddyfile-sha256"
 HTTP_PORT = 8080
 HTTPS_PORT = 8443
 RUN_AS = 1000
+# Caddy's requests on the CPU pool (capacity.py sums them with the others there).
+RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,24 +56,28 @@ class Upstream:
     port: int
 
 
-# Today's upstream: the model servers' ClusterIP Service (manifests.service). The router step
-# gives its Service here instead (llm-d's standalone chart: `router-epp`, port 8081).
-MODEL = Upstream(f"{manifests.NAME}.{manifests.NAMESPACE}.svc.cluster.local", catalog.VLLM_PORT)
+# The gate's upstream: the router's Envoy, on the port the chart adds to the EPP's Service
+# (`router-epp`, 8081); the model servers' own Service (manifests.service) is reached by the
+# router alone.
+ROUTER = Upstream(
+    f"{scaling.ROUTER_SERVICE}.{router_values.NAMESPACE}.svc.cluster.local",
+    router_values.PROXY_PORT,
+)
 
 # The edge's listener: the container's ports, no admin API (nothing in the cluster may
 # reconfigure the gate but its ConfigMap), the public CAs and the IP profile as on a Droplet.
 LISTEN = gateway.Listen(
     http_port=HTTP_PORT,
     https_port=HTTPS_PORT,
-    upstream_host=MODEL.host,
-    upstream_port=MODEL.port,
+    upstream_host=ROUTER.host,
+    upstream_port=ROUTER.port,
     admin_socket=None,
     written_by="Pulumi (the edge ConfigMap)",
 )
 
 
 def caddyfile(
-    cfg: StackConfig, host: str, upstream: Upstream = MODEL, listen: gateway.Listen = LISTEN
+    cfg: StackConfig, host: str, upstream: Upstream = ROUTER, listen: gateway.Listen = LISTEN
 ) -> str:
     """The edge's Caddyfile: gateway.lone_site, the Droplet's own site, for `host` (the Load
     Balancer's IPv4 address or access.domain: gateway.hostname decides, as on a Droplet) in
@@ -149,10 +156,7 @@ def deployment(kube: KubePlatformConfig, text: str) -> dict[str, Any]:
             {"name": "config", "mountPath": CONFIG_DIR},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 (the pod's own emptyDir)
         ],
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "128Mi"},
-            "limits": {"memory": "512Mi"},
-        },
+        "resources": RESOURCES,
         # The port, not /health: /health goes through to the model, which may be asleep.
         "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 15,

@@ -71,8 +71,8 @@ def namespace() -> dict[str, Any]:
 
 
 def service() -> dict[str, Any]:
-    """A ClusterIP Service only: nothing outside the cluster reaches vLLM (the edge, a later
-    step, is the way in, behind the API-key gate)."""
+    """A ClusterIP Service only: nothing outside the cluster reaches vLLM (the way in is the
+    edge's API-key gate, then llm-d's router, which picks a server by its pod's labels)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -42,9 +42,12 @@ PROMETHEUS_RETENTION = "1d"
 # 9090 (llm-d/llm-d-router config/charts/routerlib/templates/_service.yaml and _helpers.tpl),
 # /metrics behind a Kubernetes bearer token by default (`--metrics-endpoint-auth`): Prometheus
 # presents its own service account's, which the chart allows GET /metrics (templates/
-# clusterrole.yaml). The router's own step declares that release.
+# clusterrole.yaml). router_values.py installs that release under this name: the names below
+# are the one place both modules read.
 ROUTER_RELEASE = "router"
-ROUTER_TARGET = f"{ROUTER_RELEASE}-epp.{manifests.NAMESPACE}.svc:9090"
+ROUTER_SERVICE = f"{ROUTER_RELEASE}-epp"
+ROUTER_METRICS_PORT = 9090
+ROUTER_TARGET = f"{ROUTER_SERVICE}.{manifests.NAMESPACE}.svc:{ROUTER_METRICS_PORT}"
 ROUTER_JOB = "llm-d-router"
 # vLLM's own /metrics on every ready server (its Service's endpoints); vLLM's key guards only
 # /v1 and the like, not /metrics (docs/facts.md).
