@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pulumi
+
 from ...spec.schema import StackConfig
 from .. import outputs, region, stack_config
 from ..stack_config import StackConfigError
@@ -59,6 +61,13 @@ def build(cfg: StackConfig) -> None:
     autoscaler.Autoscaler("vllm", kube, server.servers, doks.provider)
     upstream = edge_manifests.MODEL
     # ROUTER (the lead fills this line at merge): upstream = Router(..., doks.provider).upstream
+    # and drops the warning under it, which holds only while no router queues a request.
+    if kube.replicas.min == 0:
+        pulumi.log.warn(
+            "kubernetes.replicas.min 0: until llm-d's router is wired in, nothing holds a "
+            "request while no model server runs (the edge answers 502) and nothing wakes one; "
+            "set kubernetes.replicas.min 1 (docs/kubernetes.md)"
+        )
     gate = edge.Edge("edge", cfg, kube, server.secret, doks.provider, upstream=upstream)
     outputs.export_kubernetes(
         cfg,
