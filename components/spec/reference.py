@@ -43,7 +43,7 @@ def reference_markdown() -> str:
             shown = default if default == "required" else f"`{default}`"
             rows.append(f"| `{key}` | {shown} | {field.description} |")
 
-    rows.append(f"| `platform` | `\"droplet\"` | {PLATFORM_DESCRIPTION} |")
+    rows.append(f'| `platform` | `"droplet"` | {PLATFORM_DESCRIPTION} |')
     rows.append(f"| `replicas` | `1` | {REPLICAS_DESCRIPTION} |")
     for section, model in SECTIONS.items():
         walk(section, model)
