@@ -34,7 +34,7 @@ import requests
 
 from . import render
 from .host import autodown, vllm_service
-from .spec import bill, config, transport
+from .spec import bill, catalog, config, transport
 from .spec.kube import DOKS_MINOR
 from .spec.schema import StackConfig
 
@@ -65,7 +65,8 @@ def file_problems(
         cfg = config.parse(raw, stack, secret)
     except config.ConfigError as err:
         return [f"{where}: {p}" for p in err.problems], None
-    return [f"{where}: {p}" for p in autoscale_budget_problems(cfg)], cfg
+    budget = [*autoscale_budget_problems(cfg), *kube_budget_problems(cfg)]
+    return [f"{where}: {p}" for p in budget], cfg
 
 
 POLICY_CONFIG = ROOT / "policy" / "config.json"
@@ -90,6 +91,28 @@ def autoscale_budget_problems(cfg: StackConfig, policy: Path = POLICY_CONFIG) ->
         f"policy pack's stack-within-budget (${float(ceiling):g}/h for {cfg.stack}): a step out "
         "to it would be refused in the pipeline; lower autoscale.max, or raise "
         "maxTotalHourlyPriceUsd in policy/config.json"
+    ]
+
+
+def kube_budget_problems(cfg: StackConfig, policy: Path = POLICY_CONFIG) -> list[str]:
+    """A GPU pool whose most nodes list over the policy pack's stack-within-budget (its
+    rules.set_outside_budget counts maxNodes at the size's list price): said here, not when the
+    pipeline's preview refuses it."""
+    if cfg.platform != "kubernetes" or not policy.exists():
+        return []
+    pool = cfg.kube.gpu_pool
+    price = catalog.SIZES[pool.size].list_price_usd_hour
+    rule = json.loads(policy.read_text()).get("stack-within-budget") or {}
+    ceiling = {**rule, **((rule.get("stacks") or {}).get(cfg.stack) or {})}.get(
+        "maxTotalHourlyPriceUsd"
+    )
+    if ceiling is None or price is None or pool.max_nodes * price <= float(ceiling):
+        return []
+    return [
+        f"kubernetes.gpuPool.maxNodes: {pool.max_nodes} x {pool.size} lists at "
+        f"${pool.max_nodes * price:.2f}/h, over the policy pack's stack-within-budget "
+        f"(${float(ceiling):g}/h for {cfg.stack}): the pipeline's preview would refuse it; lower "
+        "maxNodes, or raise maxTotalHourlyPriceUsd in policy/config.json"
     ]
 
 

@@ -608,3 +608,14 @@ def test_a_token_without_kubernetes_read_is_named(doks: DigitalOceanAPI, tmp_pat
     assert "may not read DOKS's options (HTTP 403): it needs the scope kubernetes:read" in (
         run.stderr
     )
+
+
+def test_a_gpu_pool_over_the_policy_packs_budget_is_refused_offline(tmp_path: Path) -> None:
+    """Five H100 nodes list at $16.95/h, over the default $16/h: the preview's policy pack
+    would refuse it (policy/rules.py set_outside_budget counts the pool's maxNodes)."""
+    pool = {"size": "gpu-h100x1-80gb", "minNodes": 0, "maxNodes": 5}
+    run = validate("--stack", "kube", stacks=kube_stack(tmp_path, gpuPool=pool))
+    assert run.returncode == 2
+    assert "kubernetes.gpuPool.maxNodes: 5 x gpu-h100x1-80gb lists at $16.95/h, over the " in (
+        run.stderr
+    )
