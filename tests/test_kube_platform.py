@@ -158,3 +158,21 @@ def test_the_edges_sources_and_the_weights_volume_are_refused_before_anything() 
     raw["kubernetes"] = {**raw["kubernetes"], "weights": {"sizeGb": 20}}
     (problem,) = problems(raw)
     assert problem.startswith("kubernetes.weights.sizeGb: 20 GiB cannot hold"), problem
+
+
+def test_a_dns_zone_not_in_the_account_is_refused_before_anything_is_declared() -> None:
+    raw = _kube("gpu-h100x1-80gb", 0)
+    raw["access"] = {**raw["access"], "domain": "llm.example.com", "dnsZone": "example.com",
+                     "acmeEmail": "ops@example.com"}  # fmt: skip
+    result = run(raw)
+    assert "access.dnsZone: example.com is not a domain of this DigitalOcean account" in str(
+        result.error
+    )
+    assert result.registrations == []
+    kept = run_program(raw, secrets=HF, cloud_type=EdgeCloud, stack="kube", zones=("example.com",))
+    assert kept.error is None, kept.error
+    (record,) = [
+        r for r in kept.registrations if r.type == "digitalocean:index/dnsRecord:DnsRecord"
+    ]
+    assert record.inputs["value"] == LB_IP and record.inputs["name"] == "llm"
+    assert kept.outputs["endpoint"].value == "https://llm.example.com/v1"

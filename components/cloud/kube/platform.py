@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pulumi
 
 from ...spec.schema import StackConfig
-from .. import outputs, region, stack_config
+from .. import dns, outputs, region, stack_config
 from ..stack_config import StackConfigError
 from . import autoscaler, cluster, edge, edge_manifests, model
 
@@ -54,6 +54,8 @@ def build(cfg: StackConfig) -> None:
     """Declare the platform and export its outputs (outputs.export_kubernetes)."""
     kube = cfg.kube
     listed = prices(cfg)
+    # The edge keeps access.domain's record in access.dnsZone, as a Droplet's gateway does.
+    dns.check_zone(cfg)
     api_key = stack_config.api_key_or_new()
     hf_token = stack_config.hf_token()
     doks = cluster.DoksCluster(cfg.droplet_name, kube)
