@@ -1,27 +1,15 @@
-"""nemotron-droplet: a private OpenAI-compatible Nemotron endpoint on a DigitalOcean GPU Droplet.
+"""nemotron-droplet: a private OpenAI-compatible Nemotron endpoint on DigitalOcean: GPU Droplets
+(`platform: droplet`, the default) or a DOKS cluster (`platform: kubernetes`).
 
-Thin wiring only: validate the config (nothing is declared if it is wrong), plan the site,
-build the components, export what a user needs.
+Thin wiring only: validate the config (nothing is declared if it is wrong), then build the
+stack's platform, which plans, declares and exports what a user needs.
 """
 
-import pulumi
-import pulumi_random as random
+from components.cloud import droplets, stack_config
+from components.cloud.kube import platform
 
-from components.cloud import dns, endpoint, outputs, runner, scale, stack_config
-from components.cloud.site import plan_site
-
-# With autoscale, the count is the cloud's (or a scale step's), within autoscale.min and max.
-cfg, count = scale.resolve(stack_config.load())
-dns.check_zone(cfg)
-# The machine running `pulumi up` (a GitHub-hosted runner too) must reach the Droplets' SSH.
-runner.check(cfg)
-# Where it goes, what it keeps, what the entry costs: refused here before anything is created.
-site = plan_site(cfg)
-
-# The key every request needs: given as a secret, or made once per stack.
-api_key: pulumi.Output[str] = pulumi.Output.secret(
-    stack_config.api_key() or random.RandomPassword("api-key", length=48, special=False).result
-)
-
-built = endpoint.build(cfg, site.placement, site.cache_plans, site.live, api_key)
-outputs.export(cfg, site, built, api_key, count)
+cfg = stack_config.load()
+if cfg.platform == "kubernetes":
+    platform.build(cfg)
+else:
+    droplets.build(cfg)

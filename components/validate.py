@@ -34,7 +34,8 @@ import requests
 
 from . import render
 from .host import autodown, vllm_service
-from .spec import bill, config, transport
+from .spec import bill, catalog, config, transport
+from .spec.kube import DOKS_MINOR
 from .spec.schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,8 @@ def file_problems(
         cfg = config.parse(raw, stack, secret)
     except config.ConfigError as err:
         return [f"{where}: {p}" for p in err.problems], None
-    return [f"{where}: {p}" for p in autoscale_budget_problems(cfg)], cfg
+    budget = [*autoscale_budget_problems(cfg), *kube_budget_problems(cfg)]
+    return [f"{where}: {p}" for p in budget], cfg
 
 
 POLICY_CONFIG = ROOT / "policy" / "config.json"
@@ -89,6 +91,28 @@ def autoscale_budget_problems(cfg: StackConfig, policy: Path = POLICY_CONFIG) ->
         f"policy pack's stack-within-budget (${float(ceiling):g}/h for {cfg.stack}): a step out "
         "to it would be refused in the pipeline; lower autoscale.max, or raise "
         "maxTotalHourlyPriceUsd in policy/config.json"
+    ]
+
+
+def kube_budget_problems(cfg: StackConfig, policy: Path = POLICY_CONFIG) -> list[str]:
+    """A GPU pool whose most nodes list over the policy pack's stack-within-budget (its
+    rules.set_outside_budget counts maxNodes at the size's list price): said here, not when the
+    pipeline's preview refuses it."""
+    if cfg.platform != "kubernetes" or not policy.exists():
+        return []
+    pool = cfg.kube.gpu_pool
+    price = catalog.SIZES[pool.size].list_price_usd_hour
+    rule = json.loads(policy.read_text()).get("stack-within-budget") or {}
+    ceiling = {**rule, **((rule.get("stacks") or {}).get(cfg.stack) or {})}.get(
+        "maxTotalHourlyPriceUsd"
+    )
+    if ceiling is None or price is None or pool.max_nodes * price <= float(ceiling):
+        return []
+    return [
+        f"kubernetes.gpuPool.maxNodes: {pool.max_nodes} x {pool.size} lists at "
+        f"${pool.max_nodes * price:.2f}/h, over the policy pack's stack-within-budget "
+        f"(${float(ceiling):g}/h for {cfg.stack}): the pipeline's preview would refuse it; lower "
+        "maxNodes, or raise maxTotalHourlyPriceUsd in policy/config.json"
     ]
 
 
@@ -190,6 +214,24 @@ def size_problems(cfg: StackConfig, size: dict[str, Any], notes: list[str]) -> l
     return problems
 
 
+def droplet_offer_problems(
+    cfg: StackConfig, offered: dict[str, Any], notes: list[str]
+) -> list[str]:
+    """The Droplet's size sold to this account now, in one of droplet.regions, and its disks."""
+    size = offered.get(cfg.droplet.size)
+    if size is None or not size.get("available", False):
+        return [f"droplet.size: {cfg.droplet.size} is not offered to this account now"]
+    problems = size_problems(cfg, size, notes)
+    regions = [r for r in cfg.droplet.regions if r in size.get("regions", [])]
+    if not regions:
+        where = ", ".join(size.get("regions", [])) or "no region right now"
+        problems.append(
+            f"droplet.regions: {cfg.droplet.size} is offered in none of "
+            f"{', '.join(cfg.droplet.regions)} now (it is in: {where})"
+        )
+    return problems
+
+
 def cloud_problems(
     cfg: StackConfig, token: str, api_url: str = API_URL, notes: list[str] | None = None
 ) -> list[str]:
@@ -203,6 +245,9 @@ def cloud_problems(
         return session.get(f"{api_url.rstrip('/')}{path}", params=params, timeout=TIMEOUT_SECONDS)
 
     problems: list[str] = []
+    if cfg.platform == "kubernetes":
+        # The nodes are Droplets of the pools' sizes, priced and offered as Droplets are.
+        problems += kube_problems(cfg, get)
     sizes = get("/v2/sizes", per_page=200)
     if sizes.status_code == 401:
         return ["DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP 401): not a valid token"]
@@ -213,18 +258,10 @@ def cloud_problems(
         ]
     sizes.raise_for_status()
     offered = {s["slug"]: s for s in sizes.json().get("sizes", [])}
-    size = offered.get(cfg.droplet.size)
-    if size is None or not size.get("available", False):
-        problems.append(f"droplet.size: {cfg.droplet.size} is not offered to this account now")
+    if cfg.platform == "kubernetes":
+        problems += pool_offer_problems(cfg, offered)
     else:
-        problems += size_problems(cfg, size, notes if notes is not None else [])
-        regions = [r for r in cfg.droplet.regions if r in size.get("regions", [])]
-        if not regions:
-            where = ", ".join(size.get("regions", [])) or "no region right now"
-            problems.append(
-                f"droplet.regions: {cfg.droplet.size} is offered in none of "
-                f"{', '.join(cfg.droplet.regions)} now (it is in: {where})"
-            )
+        problems += droplet_offer_problems(cfg, offered, notes if notes is not None else [])
     zone = cfg.access.dns_zone
     if zone:
         found = get(f"/v2/domains/{zone}")
@@ -240,7 +277,7 @@ def cloud_problems(
             )
         elif found.status_code >= 400:
             problems.append(f"access.dnsZone: could not read {zone} (HTTP {found.status_code})")
-    for read in reads(cfg):
+    for read in reads(cfg) if cfg.platform == "droplet" else ():
         answer = get(read.path, per_page=1)
         if answer.status_code == 403:
             problems.append(
@@ -251,6 +288,64 @@ def cloud_problems(
         elif answer.status_code >= 400:
             problems.append(f"DIGITALOCEAN_TOKEN: could not read {read.what} "
                             f"(HTTP {answer.status_code})")  # fmt: skip
+    return problems
+
+
+# What DOKS offers now (GET /v2/kubernetes/options, scope kubernetes:read: DigitalOcean
+# OpenAPI specification/resources/kubernetes/kubernetes_list_options.yml at 7c1300c4; its
+# response, models/options.yml: `options` with `versions` [{slug, kubernetes_version,
+# supported_features}], `sizes` [{name, slug}] and `regions` [{name, slug}]).
+KUBE_OPTIONS = "/v2/kubernetes/options"
+KUBE_SCOPES = ("kubernetes:read",)
+
+
+def kube_problems(cfg: StackConfig, get: Any) -> list[str]:
+    """A Kubernetes minor, region or node size DOKS does not offer, named by its field, before
+    anything bills: the cluster takes the newest patch of DOKS_MINOR (kube/cluster.py), so a
+    minor DOKS has retired or not yet released fails the create half-way."""
+    answer = get(KUBE_OPTIONS)
+    if answer.status_code == 403:
+        return [
+            "DIGITALOCEAN_TOKEN: may not read DOKS's options (HTTP 403): it needs the scope "
+            f"{' and '.join(KUBE_SCOPES)} (kubernetes/kubernetes_list_options.yml)"
+        ]
+    if answer.status_code >= 400:
+        return [f"DIGITALOCEAN_TOKEN: could not read DOKS's options (HTTP {answer.status_code})"]
+    options = answer.json().get("options") or {}
+    k = cfg.kube
+    problems = []
+    minors = sorted({".".join(str(v.get("kubernetes_version", "")).split(".")[:2])
+                     for v in options.get("versions") or []})  # fmt: skip
+    if DOKS_MINOR not in minors:
+        problems.append(
+            f"kubernetes: the program pins Kubernetes {DOKS_MINOR} (spec/kube.py DOKS_MINOR), "
+            f"which DOKS does not offer now (it offers: {', '.join(minors) or 'none'}); a "
+            "release of this program that pins an offered minor is needed"
+        )
+    regions = [r.get("slug") for r in options.get("regions") or []]
+    if k.region not in regions:
+        problems.append(f"kubernetes.region: DOKS does not offer {k.region} now (it offers: "
+                        f"{', '.join(sorted(map(str, regions))) or 'none'})")  # fmt: skip
+    sizes = {z.get("slug") for z in options.get("sizes") or []}
+    for field, size in (("gpuPool", k.gpu_pool.size), ("cpuPool", k.cpu_pool.size)):
+        if size not in sizes:
+            problems.append(f"kubernetes.{field}.size: {size} is not a node size DOKS offers "
+                            "now (GET /v2/kubernetes/options)")  # fmt: skip
+    return problems
+
+
+def pool_offer_problems(cfg: StackConfig, offered: dict[str, Any]) -> list[str]:
+    """Each pool's size sold in kubernetes.region now: what `pulumi up` refuses first
+    (kube/platform.py prices), from the same sizes list."""
+    k, problems = cfg.kube, []
+    for field, slug in (("gpuPool", k.gpu_pool.size), ("cpuPool", k.cpu_pool.size)):
+        size = offered.get(slug)
+        if size is None or not size.get("available", False):
+            problems.append(f"kubernetes.{field}.size: {slug} is not offered to this account now")
+        elif k.region not in size.get("regions", []):
+            where = ", ".join(size.get("regions", [])) or "no region right now"
+            problems.append(f"kubernetes.region: {slug} (kubernetes.{field}.size) is not "
+                            f"offered in {k.region} now (it is in: {where})")  # fmt: skip
     return problems
 
 
@@ -326,6 +421,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     assert cfg is not None
     cloud = "checked with DigitalOcean" if token else "not checked (no DIGITALOCEAN_TOKEN)"
+    if cfg.platform == "kubernetes":
+        k = cfg.kube
+        print(
+            f"{args.stack}: ok: kubernetes: DOKS {DOKS_MINOR} in {k.region}, "
+            f"{k.replicas.min} to {k.replicas.max} x {k.gpu_pool.size}, serving {cfg.model.id}; "
+            f"the cloud: {cloud}"
+        )
+        print(
+            f"{args.stack}: the cluster bills until `pulumi destroy`, idle or not (its CPU pool, "
+            f"Load Balancer and Volumes); each GPU node its size's price while it exists"
+            + (f" ({k.replicas.min} always)" if k.replicas.min else "")
+        )
+        return 0
     print(
         f"{args.stack}: ok: {cfg.replicas} x {cfg.droplet.size} in the first of "
         f"{', '.join(cfg.droplet.regions)} that offers it, serving {cfg.model.id}; "

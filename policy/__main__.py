@@ -29,7 +29,8 @@ def _tags(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 
 def _size(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if args.resource_type == rules.DROPLET:
+    # A Kubernetes GPU pool's nodes are Droplets of its size: the same allowlist and ceiling.
+    if args.resource_type in (rules.DROPLET, rules.NODE_POOL):
         budget = rules.budget_for(args.get_config(), args.urn)
         _report(rules.size_outside_budget(args.props, budget), report)
 

@@ -17,6 +17,14 @@ from components.spec import catalog  # after the path is set
 DROPLET = "digitalocean:index/droplet:Droplet"
 FIREWALL = "digitalocean:index/firewall:Firewall"
 LOAD_BALANCER = "digitalocean:index/loadBalancer:LoadBalancer"
+# A `platform: kubernetes` stack's GPU pool: each node is a Droplet of its size, at its price.
+NODE_POOL = "digitalocean:index/kubernetesNodePool:KubernetesNodePool"
+
+
+def pool_nodes(props: Mapping[str, Any]) -> int:
+    """The most nodes a node pool may bill: the autoscaler's max, else its fixed count."""
+    key = "maxNodes" if props.get("autoScale") else "nodeCount"
+    return int(props.get(key) or 0)
 
 
 def stack_of(urn: str) -> str:
@@ -120,6 +128,10 @@ def list_price(type_: str, props: Mapping[str, Any]) -> float:
         return known.list_price_usd_hour or 0.0 if known else 0.0
     if type_ == LOAD_BALANCER:
         return catalog.lb_hourly_price(int(props.get("sizeUnit") or 1))
+    if type_ == NODE_POOL:
+        known = catalog.SIZES.get(str(props.get("size")))
+        price = known.list_price_usd_hour or 0.0 if known else 0.0
+        return pool_nodes(props) * price
     return 0.0
 
 
@@ -136,10 +148,15 @@ def set_outside_budget(
         for type_, props in resources
         if type_ == DROPLET and str(props.get("size")).startswith("gpu-")
     )
+    nodes = sum(pool_nodes(props) for type_, props in resources if type_ == NODE_POOL)
+    what, fewer = f"{gpus} GPU Droplet(s) and the balancer", "fewer replicas"
+    if nodes:
+        what = f"{nodes} GPU node(s), the most the cluster autoscaler may add"
+        fewer = "a lower kubernetes.gpuPool.maxNodes"
     if total > float(ceiling):
         return [
-            f"the stack lists at ${total:.2f}/h ({gpus} GPU Droplet(s) and the balancer), above "
-            f"the ceiling ${ceiling}/h: fewer replicas, a smaller size, or a larger "
+            f"the stack lists at ${total:.2f}/h ({what}), above "
+            f"the ceiling ${ceiling}/h: {fewer}, a smaller size, or a larger "
             "maxTotalHourlyPriceUsd in policy/config.json"
         ]
     return []

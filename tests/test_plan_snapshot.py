@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 from pulumi_harness import Registration, run_program, stack_config
+from test_kube import DIGEST, EDGE_DIGEST, EPP_DIGEST, FAKE_HF_TOKEN, PROXY_DIGEST
+from test_kube_edge import EdgeCloud
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "plans"
@@ -27,6 +29,22 @@ def _dev(**changes: Any) -> dict[str, Any]:
     config = stack_config("dev")
     for key, value in changes.items():
         config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+def _kube(size: str, floor: int) -> dict[str, Any]:
+    """The shipped Kubernetes example with its two image digests set (the tests' own), on a
+    GPU size at a floor of `floor` nodes and servers."""
+    config = stack_config("kube")
+    kube = config["kubernetes"]
+    config["kubernetes"] = {
+        **kube,
+        "imageDigest": DIGEST,
+        "edge": {**kube["edge"], "imageDigest": EDGE_DIGEST},
+        "router": {"eppImageDigest": EPP_DIGEST, "proxyImageDigest": PROXY_DIGEST},
+        "gpuPool": {**kube["gpuPool"], "size": size, "minNodes": floor},
+        "replicas": {**kube["replicas"], "min": floor},
+    }
     return config
 
 
@@ -50,6 +68,16 @@ STACKS: dict[str, tuple[dict[str, Any], dict[str, str], dict[str, Any]]] = {
         {"autodown": json.dumps({"idleMinutes": 30, "maxHours": 8, "token": AUTODOWN_TOKEN})},
         {"zones": ("example.com",)},
     ),
+    # platform: kubernetes, asleep (min 0) and with a floor of one node, on two GPU sizes.
+    **{
+        f"kube-{size.split('-')[1][:4]}-min{floor}": (
+            _kube(size, floor),
+            {"hfToken": FAKE_HF_TOKEN},
+            {"cloud_type": EdgeCloud, "stack": "kube"},
+        )
+        for size in ("gpu-h100x1-80gb", "gpu-l40sx1-48gb")
+        for floor in (0, 1)
+    },
 }
 
 

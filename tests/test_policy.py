@@ -227,3 +227,42 @@ def test_a_set_over_its_stacks_ceiling_is_refused_and_the_balancer_size_is_allow
         "'s-2vcpu-2gb'] (policy/config.json: allowedBalancerSizes, or its entry under \"stacks\" "
         "for this stack alone)"
     ]
+
+
+def _kube_run(max_nodes: int) -> Any:
+    """The Kubernetes example (test_plan_snapshot's) with its GPU pool's ceiling at max_nodes."""
+    from test_kube_edge import EdgeCloud  # noqa: PLC0415 (the Kubernetes fakes, here alone)
+    from test_plan_snapshot import STACKS  # noqa: PLC0415
+
+    config, secrets, _ = STACKS["kube-h100-min0"]
+    kube = config["kubernetes"]
+    config = {**config, "kubernetes": {**kube, "gpuPool": {**kube["gpuPool"],
+                                                           "maxNodes": max_nodes}}}  # fmt: skip
+    run = run_program(config, secrets=secrets, cloud_type=EdgeCloud, stack="kube")
+    assert run.error is None, run.error
+    return run
+
+
+def test_a_kubernetes_gpu_pool_is_held_to_the_sizes_and_the_stacks_ceiling() -> None:
+    """A GPU pool's nodes are Droplets of its size: the allowlist and the per-size ceiling apply
+    to it, and the stack's ceiling counts the most nodes its autoscaler may add."""
+    run = _kube_run(2)
+    assert check_stack("stack-within-budget", run) == []
+    for reg in run.registrations:
+        for name, policy in POLICIES.items():
+            if policy.enforcement_level == EnforcementLevel.MANDATORY:
+                assert check(name, reg.type, reg.inputs, reg.urn) == [], (reg.type, name)
+    assert check_stack("stack-within-budget", _kube_run(5)) == [
+        "the stack lists at $16.95/h (5 GPU node(s), the most the cluster autoscaler may add), "
+        "above the ceiling $16.0/h: a lower kubernetes.gpuPool.maxNodes, a smaller size, or a "
+        "larger maxTotalHourlyPriceUsd in policy/config.json"
+    ]
+    pool = "digitalocean:index/kubernetesNodePool:KubernetesNodePool"
+    assert violations("droplet-size-within-budget", pool, {"size": "gpu-h100x8-640gb"}) == [
+        "size gpu-h100x8-640gb is not in the allowlist ['gpu-4000adax1-20gb', "
+        "'gpu-6000adax1-48gb', 'gpu-l40sx1-48gb', 'gpu-h100x1-80gb'] (policy/config.json: "
+        'allowedSizes, or its entry under "stacks" for this stack alone)',
+        "size gpu-h100x8-640gb lists at $23.92/h, above the ceiling $4.0/h "
+        '(policy/config.json: maxHourlyPriceUsd, or its entry under "stacks" for this stack '
+        "alone)",
+    ]

@@ -96,7 +96,7 @@ def test_keys_under_another_namespace_are_refused_naming_ours(tmp_path: Path) ->
 
 def test_a_missing_stack_file_names_the_ones_there() -> None:
     run = validate("--stack", "nope")
-    assert run.returncode == 2 and "stacks there: dev, prod, super" in run.stderr
+    assert run.returncode == 2 and "stacks there: dev, kube, prod, super" in run.stderr
 
 
 # ---- with a token: the account ------------------------------------------------------------------
@@ -333,7 +333,7 @@ def test_a_stack_the_deploy_workflow_does_not_offer_is_refused_before_the_first_
     run = validate("--stack", "staging", stacks=wake_stack(tmp_path, "staging"))
     assert run.returncode == 2
     assert "wake: deploy.yml does not offer the stack `staging`" in run.stderr
-    assert "its `stack` options: dev, prod, super" in run.stderr
+    assert "its `stack` options: dev, prod, super, kube" in run.stderr
     ok = validate("--stack", "dev", stacks=wake_stack(tmp_path, "dev"))
     assert ok.returncode == 0, ok.stderr
 
@@ -526,3 +526,101 @@ def test_an_alias_bomb_is_refused_in_a_short_line(tmp_path: Path) -> None:
         run = validate("--stack", shape, stacks=tmp_path)
         assert run.returncode == 2, run.stderr[:2000]
         assert len(run.stderr) < 4000, f"{shape}: {len(run.stderr)} characters of refusal"
+
+
+# ---- platform: kubernetes ------------------------------------------------------------------------
+
+DIGESTS = {
+    "imageDigest": "sha256:" + "ab" * 32,
+    "edge": {"imageDigest": "sha256:" + "cd" * 32},
+    "router": {"eppImageDigest": "sha256:" + "ef" * 32, "proxyImageDigest": "sha256:" + "12" * 32},
+}
+
+
+def kube_stack(folder: Path, **kube: Any) -> Path:
+    """The shipped Kubernetes example with its digests set (and `kube` over its section)."""
+    config = shipped("kube")
+    section = config["nemotron-droplet:kubernetes"]
+    edge = {**section["edge"], **DIGESTS["edge"]}
+    config["nemotron-droplet:kubernetes"] = {**section, **DIGESTS, "edge": edge, **kube}
+    stack_file(folder, "kube", config)
+    return folder
+
+
+def test_the_kubernetes_example_is_refused_until_its_digests_are_set(tmp_path: Path) -> None:
+    shipped_run = validate("--stack", "kube")
+    assert shipped_run.returncode == 2
+    errors = [line for line in shipped_run.stderr.splitlines() if line.startswith("error: ")]
+    assert [e.split(": ", 3)[2] for e in errors] == [
+        "kubernetes.imageDigest", "kubernetes.edge.imageDigest",
+        "kubernetes.router.eppImageDigest", "kubernetes.router.proxyImageDigest",
+    ], shipped_run.stderr  # fmt: skip
+    ok = validate("--stack", "kube", stacks=kube_stack(tmp_path))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("kube: ok: kubernetes: DOKS 1.36 in tor1, 0 to 2 x gpu-h100x1-80gb")
+
+
+@pytest.fixture
+def doks() -> Iterator[DigitalOceanAPI]:
+    """The fake DigitalOcean offering DOKS 1.36 and 1.35 in tor1 with both pools' sizes, and
+    those sizes as Droplets in tor1; TOKEN may read them (kubernetes:read, sizes:read)."""
+    account = Account()
+    account.offered |= {"gpu-h100x1-80gb": ["tor1", "nyc2"], "s-2vcpu-4gb": ["tor1", "nyc2"]}
+    account.kube_versions = ["1.36.2-do.1", "1.35.4-do.2"]
+    account.kube_sizes = ["s-2vcpu-4gb", "gpu-h100x1-80gb", "gpu-l40sx1-48gb"]
+    account.kube_regions = ["tor1", "nyc2"]
+    account.add_token("deploy", [*READ_SCOPES, "kubernetes:read"], secret=TOKEN)
+    with DigitalOceanAPI(account) as fake:
+        yield fake
+
+
+def test_with_a_token_doks_must_offer_the_minor_the_region_and_the_pools_sizes(
+    doks: DigitalOceanAPI, tmp_path: Path
+) -> None:
+    env = {"DIGITALOCEAN_TOKEN": TOKEN}
+    stacks = kube_stack(tmp_path)
+    ok = validate("--stack", "kube", "--api-url", doks.url, env=env, stacks=stacks)
+    assert ok.returncode == 0 and "checked with DigitalOcean" in ok.stdout, ok.stderr
+    asked = {seen.path for seen in doks.requests}
+    assert "/v2/kubernetes/options" in asked and {s.method for s in doks.requests} == {"GET"}
+    assert all(seen.status == 200 for seen in doks.requests)
+    doks.account.kube_versions = ["1.35.4-do.2", "1.37.0-do.0"]
+    doks.account.kube_sizes.remove("gpu-h100x1-80gb")
+    doks.account.kube_regions = ["nyc2"]
+    gone = validate("--stack", "kube", "--api-url", doks.url, env=env, stacks=stacks)
+    assert gone.returncode == 2
+    assert (
+        "kubernetes: the program pins Kubernetes 1.36 (spec/kube.py DOKS_MINOR), which DOKS "
+        "does not offer now (it offers: 1.35, 1.37)"
+    ) in gone.stderr
+    assert "kubernetes.region: DOKS does not offer tor1 now (it offers: nyc2)" in gone.stderr
+    assert "kubernetes.gpuPool.size: gpu-h100x1-80gb is not a node size DOKS offers" in gone.stderr
+    doks.account.offered["gpu-h100x1-80gb"] = ["nyc2"]
+    where = validate("--stack", "kube", "--api-url", doks.url, env=env, stacks=stacks)
+    assert (
+        "kubernetes.region: gpu-h100x1-80gb (kubernetes.gpuPool.size) is not offered in tor1 "
+        "now (it is in: nyc2)"
+    ) in where.stderr
+    assert TOKEN not in ok.stdout + ok.stderr + gone.stdout + gone.stderr
+
+
+def test_a_token_without_kubernetes_read_is_named(doks: DigitalOceanAPI, tmp_path: Path) -> None:
+    other = "dop_v1_VALIDATEnoKUBEtoken0000000000000000000"
+    doks.account.add_token("no-kube", READ_SCOPES, secret=other)
+    run = validate("--stack", "kube", "--api-url", doks.url,
+                   env={"DIGITALOCEAN_TOKEN": other}, stacks=kube_stack(tmp_path))  # fmt: skip
+    assert run.returncode == 2
+    assert "may not read DOKS's options (HTTP 403): it needs the scope kubernetes:read" in (
+        run.stderr
+    )
+
+
+def test_a_gpu_pool_over_the_policy_packs_budget_is_refused_offline(tmp_path: Path) -> None:
+    """Five H100 nodes list at $16.95/h, over the default $16/h: the preview's policy pack
+    would refuse it (policy/rules.py set_outside_budget counts the pool's maxNodes)."""
+    pool = {"size": "gpu-h100x1-80gb", "minNodes": 0, "maxNodes": 5}
+    run = validate("--stack", "kube", stacks=kube_stack(tmp_path, gpuPool=pool))
+    assert run.returncode == 2
+    assert "kubernetes.gpuPool.maxNodes: 5 x gpu-h100x1-80gb lists at $16.95/h, over the " in (
+        run.stderr
+    )

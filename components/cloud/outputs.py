@@ -5,12 +5,13 @@ several parts (the set's price, each replica, the entry, each cache).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 
 from ..host import balancer, gateway, phases, wake
-from ..spec import catalog
+from ..spec import catalog, kube
 from ..spec.bill import balancer_hourly_price, bill_warning, set_hourly_price
 from ..spec.schema import StackConfig, set_secret
 from . import cache
@@ -239,4 +240,56 @@ def balancer_output(
         return managed.ipv4.apply(lambda address: balancer_fields(cfg, caddy_price, address))
     return pulumi.Output.all(caddy.ipv4, caddy.host.ipv4, caddy.host.host_public_key).apply(
         lambda v: balancer_fields(cfg, caddy_price, v[0], v[1], v[2])
+    )
+
+
+@dataclass(frozen=True)
+class KubeBuilt:
+    """What the Kubernetes platform's outputs read from its components (kube/platform.py)."""
+
+    endpoint: pulumi.Output[str]
+    host: pulumi.Output[str]
+    ipv4: pulumi.Output[str]
+    cluster_id: pulumi.Output[str]
+    cluster_name: pulumi.Output[str]
+    version: pulumi.Output[str]
+
+
+def export_kubernetes(
+    cfg: StackConfig, built: KubeBuilt, api_key: pulumi.Output[str], cpu_node: float,
+    gpu_node: float,
+) -> None:  # fmt: skip
+    """A `platform: kubernetes` stack's outputs: the Droplet's names where they mean the same
+    (docs/outputs.md), the cluster's own, and the costs at the sizes offer's prices."""
+    k = cfg.kube
+    pulumi.export("endpoint", built.endpoint)
+    pulumi.export("endpointTls", cfg.access.https)
+    pulumi.export("certificate", built.host.apply(lambda host: gateway.certificate(cfg, host)))
+    pulumi.export("apiKey", api_key)
+    pulumi.export("servedModelName", cfg.model.served_name)
+    pulumi.export("ipv4", built.ipv4)
+    pulumi.export("region", k.region)
+    pulumi.export("size", k.gpu_pool.size)
+    parts = kube.idle_monthly_parts(k, cpu_node)
+    idle_monthly = round(sum(parts.values()), 2)
+    # Hourly without the Volumes, as a Droplet's hourlyPriceUsd leaves its cache Volume out.
+    idle_hourly = round((idle_monthly - parts["volumes"]) / catalog.HOURS_PER_BILLING_MONTH, 5)
+    pulumi.export("hourlyPriceUsd", round(idle_hourly + k.replicas.min * gpu_node, 5))
+    pulumi.export("idleHourlyPriceUsd", idle_hourly)
+    pulumi.export("idleMonthlyPriceUsd", idle_monthly)
+    pulumi.export("idleMonthlyParts", parts)
+    pulumi.export("cacheMonthlyPriceUsd", parts["volumes"])
+    pulumi.export("gpuNodeHourlyPriceUsd", gpu_node)
+    pulumi.export("maxHourlyPriceUsd", round(idle_hourly + k.replicas.max * gpu_node, 5))
+    pulumi.export(
+        "cluster",
+        pulumi.Output.all(built.cluster_id, built.cluster_name, built.version).apply(
+            lambda v: {"id": v[0], "name": v[1], "version": v[2], "ha": k.ha}
+        ),
+    )
+    # doctl writes the credentials into ~/.kube/config (merged, made the current context) and
+    # prints none of them; no secret output is needed (docs/kubernetes.md).
+    pulumi.export(
+        "kubeconfigCommand",
+        built.cluster_id.apply(lambda cid: f"doctl kubernetes cluster kubeconfig save {cid}"),
     )

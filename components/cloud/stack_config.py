@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import pulumi
+import pulumi_random as random
 
 from ..spec import config
 from ..spec.schema import NAMESPACE, SECRET_KEYS, StackConfig
@@ -70,3 +71,11 @@ def hf_token() -> pulumi.Output[str] | None:
 def api_key() -> pulumi.Output[str] | None:
     """The API key given in the config (secret), or None to generate one."""
     return pulumi.Config(NAMESPACE).get_secret("apiKey")
+
+
+def api_key_or_new() -> pulumi.Output[str]:
+    """The key every request needs, a secret: given in the config, or made once per stack.
+    Each platform asks for it after its own refusals, so a refused stack declares nothing."""
+    return pulumi.Output.secret(
+        api_key() or random.RandomPassword("api-key", length=48, special=False).result
+    )

@@ -18,9 +18,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import apikey, catalog
+from .kube import KubePlatformConfig, edge_sources
 from .schema import (
+    KUBERNETES_SECTION,
     LOCKS_DIR,
     NAMESPACE,
+    PLATFORMS,
     SECRET_KEYS,
     SECTIONS,
     AccessConfig,
@@ -111,7 +114,7 @@ def _number_for_text(given: float, secret: bool) -> str:
     return message
 
 
-def _section_problems(name: str, model: type[_Section], err: ValidationError) -> list[str]:
+def _section_problems(name: str, model: type[BaseModel], err: ValidationError) -> list[str]:
     problems = []
     for e in err.errors():
         loc = tuple(e["loc"])
@@ -304,7 +307,8 @@ def _install_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[s
             "bootstrap.driver.runfileSha256 (NVIDIA publishes both for each driver release)"
         )
 
-    wheel = vllm.install == "wheel"
+    # On Kubernetes the official image brings vLLM: no lock file is installed from.
+    wheel = vllm.install == "wheel" and parsed.get("platform") != "kubernetes"
     lock = LOCKS_DIR / catalog.lock_name(vllm.version, bootstrap.python)
     if ok("vllm.version", "vllm.install", "bootstrap.python") and wheel and not lock.exists():
         problems.append(
@@ -512,6 +516,31 @@ def _autoscale_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list
     return problems
 
 
+def _kube_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
+    """What the Kubernetes platform's edge admits, and a weights Volume that holds the model."""
+    kube: KubePlatformConfig | None = parsed.get(KUBERNETES_SECTION)
+    if parsed.get("platform") != "kubernetes" or kube is None:
+        return []
+    problems: list[str] = []
+    access: AccessConfig = parsed["access"]
+    if ok("access.apiCidrs", "access.https"):
+        try:
+            edge_sources(access.api_cidrs, access.https)
+        except ValueError as err:
+            problems.append(str(err))
+    model: ModelConfig = parsed["model"]
+    known = catalog.MODELS.get(model.id)
+    disk = model.disk_gb or (known.disk_gb if known else model.vram_gb or 0)
+    need = disk + catalog.CACHE_OVERHEAD_GB
+    if ok("model", "kubernetes.weights") and kube.weights.size_gb < need:
+        problems.append(
+            f"kubernetes.weights.sizeGb: {kube.weights.size_gb} GiB cannot hold {model.id} "
+            f"(about {disk} GB) and vLLM's compile caches ({catalog.CACHE_OVERHEAD_GB} GB); "
+            f"accepted: {need} to {catalog.VOLUME_MAX_GIB}"
+        )
+    return problems
+
+
 def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
     """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
     value gives one message, not a cascade; the other rules still run."""
@@ -522,6 +551,7 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
         return not prefixes & bad
 
     rules = (
+        _kube_rules,
         _hardware_rules,
         _version_rules,
         _install_rules,
@@ -574,10 +604,11 @@ def parse(
     given_key = (secret_values or {}).get("apiKey")
     if given_key is not None and "apiKey" in secret_keys:
         problems.extend(f"apiKey: {p}" for p in apikey.problems(given_key))
-    known = set(SECTIONS) | set(SECRET_KEYS) | {"replicas"}
-    for key in sorted(set(raw) - known):
-        accepted = ", ".join([*SECTIONS, "replicas", *SECRET_KEYS])
+    for key in sorted(set(raw) - KNOWN_KEYS):
+        accepted = ", ".join(["platform", *SECTIONS, KUBERNETES_SECTION, "replicas", *SECRET_KEYS])
         problems.append(f"{key}: unknown key; accepted: {accepted}")
+    bad: set[str] = set()
+    platform, kube, raw = _platform(raw, problems, bad)
     replicas = _replicas(raw.get("replicas", 1), problems)
     for section in ("autodown", "wake"):
         value = raw.get(section)
@@ -590,8 +621,7 @@ def parse(
         if key in raw and key not in secret_keys:
             problems.append(f"{key}: stored in plain text; set it as a secret: {set_secret(key)}")
 
-    parsed: dict[str, Any] = {}
-    bad: set[str] = set()
+    parsed: dict[str, Any] = {"platform": platform, KUBERNETES_SECTION: kube}
     for name, model in SECTIONS.items():
         value = raw.get(name, {})
         if not isinstance(value, Mapping):
@@ -666,6 +696,86 @@ def wake_pipeline_problems(
     return problems
 
 
+# The sections and keys that mean something on Droplets only, and what does their work on
+# Kubernetes: each is refused there by name, so nothing a stack says is silently dropped.
+_NO_SSH = "no SSH reaches the cluster's nodes; kubectl does, with the kubeconfig output"
+_IMAGE = (
+    "the model server runs the official vLLM image of vllm.version, pinned by "
+    "kubernetes.imageDigest: nothing is installed"
+)
+DROPLET_ONLY = {
+    "droplet": "the nodes are the cluster's: the GPU size is kubernetes.gpuPool.size, the "
+    "region kubernetes.region",
+    "replicas": "KEDA keeps the count between kubernetes.replicas.min and max",
+    "bootstrap": "nothing is bootstrapped over SSH: " + _IMAGE,
+    "autodown": "nothing deletes a node: at kubernetes.replicas.min 0 KEDA takes the model to "
+    "zero and the cluster autoscaler removes its GPU node",
+    "cache": "each model server keeps its weights on a Volume of its own: kubernetes.weights",
+    "balancer": "the entry is the edge, Caddy behind a DigitalOcean Load Balancer, always",
+    "wake": "a keyed request wakes a sleeping model through the router's queue and KEDA "
+    "(kubernetes.replicas.min 0)",
+    "autoscale": "KEDA moves the model servers between kubernetes.replicas.min and max",
+    "access.sshCidrs": _NO_SSH,
+    "access.sshKeyFingerprints": _NO_SSH,
+    "vllm.install": _IMAGE,
+    "vllm.gitRef": _IMAGE,
+}
+KNOWN_KEYS = {"platform", *SECTIONS, KUBERNETES_SECTION, "replicas", *SECRET_KEYS}
+
+
+def _platform(
+    raw: Mapping[str, Any], problems: list[str], bad: set[str]
+) -> tuple[str, KubePlatformConfig | None, dict[str, Any]]:
+    """The stack's platform, its Kubernetes section, and the raw keys its sections read: on
+    Kubernetes the Droplet-only keys are refused by name and dropped, and `droplet.size` is the
+    GPU pool's (the serve flags read it), so the model's fit is checked against that size."""
+    out = dict(raw)
+    platform = raw.get("platform", "droplet")
+    if platform not in PLATFORMS:
+        problems.append(f"platform: {shown(platform)}: accepted: {', '.join(PLATFORMS)}")
+        bad.add("platform")
+        out.pop(KUBERNETES_SECTION, None)
+        return "droplet", None, out
+    section = out.pop(KUBERNETES_SECTION, None)
+    if platform == "droplet":
+        if section is not None:
+            problems.append(
+                f"{KUBERNETES_SECTION}: read only with platform: kubernetes, and this stack's "
+                "platform is droplet (the default): set platform: kubernetes, or remove it"
+            )
+        return platform, None, out
+    for key, why in DROPLET_ONLY.items():
+        top, _, sub = key.partition(".")
+        held, path = out.get(top), key
+        if sub and isinstance(held, Mapping) and sub in held:
+            out[top] = {k: v for k, v in held.items() if k != sub}
+        elif sub or top not in out:
+            continue
+        else:
+            # A section by the keys it gives (droplet.regions, droplet.size), else by its name.
+            keys = sorted(held) if isinstance(held, Mapping) and held else []
+            path = ", ".join(f"{top}.{k}" for k in keys) or top
+            del out[top]
+        problems.append(f"{path}: means nothing with platform: kubernetes ({why}); remove it")
+    kube = None
+    if not isinstance(section, Mapping):
+        problems.append(
+            f"{KUBERNETES_SECTION}: platform: kubernetes needs this section (a YAML mapping with "
+            "at least ha, imageDigest and edge.imageDigest: docs/kubernetes.md); got "
+            f"{shown(section)}"
+        )
+    else:
+        try:
+            kube = KubePlatformConfig.model_validate(section)
+        except ValidationError as err:
+            problems.extend(_section_problems(KUBERNETES_SECTION, KubePlatformConfig, err))
+    if kube is None:
+        bad.update({KUBERNETES_SECTION, "droplet.size"})
+    else:
+        out["droplet"] = {"size": kube.gpu_pool.size}
+    return platform, kube, out
+
+
 def _autoscaled_replicas(scale: AutoscaleConfig, given: bool, problems: list[str]) -> int:
     """With autoscale the count is not the config's: `replicas` beside it is refused, and the
     parsed count is what a new stack starts with (components/cloud/scale.py decides each
@@ -737,7 +847,7 @@ def namespace_problems(keys: Iterable[str], where: str = "the stack") -> list[st
     defaults would plan a GPU Droplet nobody chose), or keys of ours under another namespace (a
     typo that would leave them unread). `keys` are full config keys, `namespace:key[.path]`."""
     ours = f"{NAMESPACE}:"
-    known = set(SECTIONS) | set(SECRET_KEYS) | {"replicas"}
+    known = KNOWN_KEYS
     problems = [
         f"{key}: {key.split(':', 1)[0]!r} is not this project's namespace: it reads "
         f"{ours}{key.split(':', 1)[1]} (pulumi config set {ours}{key.split(':', 1)[1]} ...)"

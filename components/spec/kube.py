@@ -1,11 +1,8 @@
-"""The Kubernetes platform's own config (issue 43, the foundation): a DOKS cluster with a small
-always-on CPU pool and a GPU pool under the cluster autoscaler, and the model server on it.
-
-Not yet a section of the stack config: the edge (the API-key gate, kube/edge.py) and llm-d's
-router that holds requests while the model wakes (kube/router.py) exist; the stack key that
-selects the platform is its own step (docs/kubernetes.md). components/cloud/kube/ takes this
-model; the tests build it directly. Every fact it pins is sourced in docs/facts.md
-("DigitalOcean Kubernetes").
+"""The Kubernetes platform's own config (issue 43): a DOKS cluster with a small always-on CPU
+pool and a GPU pool under the cluster autoscaler, the model server on it, llm-d's router and
+the edge. It is the stack's `kubernetes:` section, read when `platform: kubernetes`
+(spec/config.py decides which other sections carry over); components/cloud/kube/ takes this
+model. Every fact it pins is sourced in docs/facts.md ("DigitalOcean Kubernetes").
 """
 
 from __future__ import annotations
@@ -45,6 +42,9 @@ DEFAULT_CPU_SIZE = "s-2vcpu-4gb"
 DEFAULT_CPU_COUNT = 2
 # A GPU pool holds at most this many nodes here: a bound on what an autoscaler may bill.
 MAX_GPU_NODES = 16
+# The control plane is free; a highly available one costs $40 per month (shared FACTS.md,
+# "DigitalOcean Kubernetes (DOKS)"; docs/facts.md), billed hourly like a Droplet.
+HA_PRICE_MONTH = 40.0
 
 _CPU_SIZE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)+$")
 # DigitalOcean's size slugs state a size's shape: `s-2vcpu-4gb`, `g-2vcpu-8gb`, `s-4vcpu-8gb-amd`.
@@ -340,3 +340,54 @@ def epp_image_tag(kube: KubePlatformConfig) -> str:
 
 def proxy_image(kube: KubePlatformConfig) -> str:
     return f"{ENVOY_IMAGE}:{ENVOY_TAG}@{kube.router.proxy_image_digest}"
+
+
+def edge_sources(api_cidrs: list[str], https: bool) -> list[str]:
+    """Who the edge's Load Balancer admits (`loadBalancerSourceRanges`, which DigitalOcean's
+    controller makes its allow rules; [] admits everyone), or a ValueError naming
+    access.apiCidrs. Its rules cover every port, unlike the Droplet's firewall, which opens
+    port 80 to anyone for the CA's checks and only the API port to apiCidrs: with HTTPS on, the
+    CA's checks come through this same Load Balancer from the internet, so apiCidrs must be
+    everyone; with HTTPS off, they are the allow rules. No SSH tunnel leads to the cluster's
+    edge, so `[]` (the Droplet's closed API port) is refused. spec/config.py asks this before
+    anything is declared; the edge's Service takes its answer."""
+    cidrs = list(api_cidrs)
+    if not cidrs:
+        raise ValueError(
+            "access.apiCidrs is [] (the API reached by SSH tunnel alone), which the Kubernetes "
+            "platform's edge cannot serve; accepted: the sources that may reach the API"
+        )
+    if set(cidrs) <= set(catalog.ANYWHERE):
+        return []
+    if https:
+        raise ValueError(
+            f"access.apiCidrs {cidrs}: the Kubernetes platform's Load Balancer admits the same "
+            "sources on every port, and the ACME CA validates the certificate from the internet "
+            f"through it; accepted: {list(catalog.ANYWHERE)} (every route still needs the key), "
+            "or access.https false"
+        )
+    return cidrs
+
+
+# The edge's Load Balancer: DigitalOcean's cloud controller makes it with one node unless the
+# Service says otherwise (digitalocean-cloud-controller-manager docs/controllers/services/
+# annotations.md at 70d527e3, `do-loadbalancer-size-unit`: "Defaults to `1`"); the edge sets no
+# size, so it is one node at catalog.LB_NODE_PRICE_MONTH.
+EDGE_LB_NODES = 1
+
+
+def idle_monthly_parts(kube: KubePlatformConfig, cpu_node_hourly: float) -> dict[str, float]:
+    """What the platform costs per month with no GPU node, part by part: the control plane
+    (free, HA_PRICE_MONTH with `ha`), the CPU pool at its size's hourly price (the sizes
+    offer, as a Droplet's), the edge's Load Balancer, and the Volumes: the edge's and one
+    weights Volume per model server that ever ran, up to replicas.max (each is kept at zero:
+    `whenScaled: Retain`). A month is catalog.HOURS_PER_BILLING_MONTH hours, as DigitalOcean
+    bills Droplets and Load Balancers."""
+    hours = catalog.HOURS_PER_BILLING_MONTH
+    volume_gib = kube.edge.storage_gb + kube.replicas.max * kube.weights.size_gb
+    return {
+        "controlPlane": HA_PRICE_MONTH if kube.ha else 0.0,
+        "cpuPool": round(kube.cpu_pool.count * cpu_node_hourly * hours, 2),
+        "loadBalancer": round(catalog.lb_hourly_price(EDGE_LB_NODES) * hours, 2),
+        "volumes": round(volume_gib * catalog.VOLUME_PRICE_GIB_MONTH, 2),
+    }

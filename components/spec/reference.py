@@ -9,10 +9,19 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import apikey, catalog
-from .schema import REPLICAS_DESCRIPTION, SECTIONS, set_secret
+from .kube import KubePlatformConfig
+from .schema import (
+    KUBERNETES_SECTION,
+    PLATFORM_DESCRIPTION,
+    REPLICAS_DESCRIPTION,
+    SECTIONS,
+    set_secret,
+)
 
 
 def _default_text(field: Any) -> str:
+    if field.is_required():
+        return "required"
     value = field.default_factory() if field.default_factory is not None else field.default
     if isinstance(value, BaseModel):
         return "see below"
@@ -30,11 +39,16 @@ def reference_markdown() -> str:
             if isinstance(annotation, type) and issubclass(annotation, BaseModel):
                 walk(key, annotation)
                 continue
-            rows.append(f"| `{key}` | `{_default_text(field)}` | {field.description} |")
+            default = _default_text(field)
+            shown = default if default == "required" else f"`{default}`"
+            rows.append(f"| `{key}` | {shown} | {field.description} |")
 
+    rows.append(f'| `platform` | `"droplet"` | {PLATFORM_DESCRIPTION} |')
     rows.append(f"| `replicas` | `1` | {REPLICAS_DESCRIPTION} |")
     for section, model in SECTIONS.items():
         walk(section, model)
+    # Read only with `platform: kubernetes` (spec/config.py); required there.
+    walk(KUBERNETES_SECTION, KubePlatformConfig)
     rows.append(
         "| `hfToken` | unset | Hugging Face token for gated models. Secret only: "
         f"{set_secret('hfToken')}. |"

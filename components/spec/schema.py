@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic.alias_generators import to_camel
 
 from . import catalog, cidrs
+from .kube import KubePlatformConfig
 
 NAMESPACE = catalog.PROJECT
 LOCKS_DIR = Path(__file__).resolve().parents[2] / catalog.LOCKS_PATH
@@ -883,6 +884,16 @@ REPLICAS_DESCRIPTION = (
     "address does not change as replicas come and go; updates roll one replica at a time."
 )
 SECRET_KEYS = ("hfToken", "apiKey")
+# Where the endpoint runs: the top-level `platform` and, for Kubernetes, its own section.
+PLATFORMS = ("droplet", "kubernetes")
+PLATFORM_DESCRIPTION = (
+    "Where the endpoint runs. `droplet`: GPU Droplets, everything above. `kubernetes`: a DOKS "
+    "cluster whose GPU pool the cluster autoscaler takes from 0 to N nodes, with the same "
+    "`model`, `vllm` (not `install`, `gitRef`: the official image runs), `access` (not SSH), "
+    "`apiKey` and `hfToken`; its own settings are the `kubernetes` section below "
+    "(docs/kubernetes.md). The Droplet-only sections are refused there, naming each."
+)
+KUBERNETES_SECTION = "kubernetes"
 
 
 class StackConfig(BaseModel):
@@ -904,6 +915,16 @@ class StackConfig(BaseModel):
     # The count: `replicas` as given, or with autoscale what components/cloud/scale.py decided
     # (the live count within autoscale's min and max; 0 only with min 0, asleep).
     replicas: int = 1
+    # `platform: kubernetes`: the cluster's section (config.py sets `droplet.size` to its GPU
+    # pool's size, which the serve flags read: tensor parallelism, the batch default).
+    platform: Literal["droplet", "kubernetes"] = "droplet"
+    kubernetes: KubePlatformConfig | None = None
+
+    @property
+    def kube(self) -> KubePlatformConfig:
+        """The Kubernetes section of a `platform: kubernetes` stack."""
+        assert self.kubernetes is not None, "validated: platform kubernetes has its section"
+        return self.kubernetes
 
     @property
     def size(self) -> catalog.GpuSize:

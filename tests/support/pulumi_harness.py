@@ -102,6 +102,8 @@ DEFAULT_OFFERS = {
     "gpu-l40sx1-48gb": offer("gpu-l40sx1-48gb", ["tor1"], 1.57),
     # The Caddy balancer's CPU size, sold everywhere.
     "s-1vcpu-1gb": offer("s-1vcpu-1gb", ["nyc2", "tor1", "ams3"], 0.00893),
+    # The Kubernetes platform's CPU pool size.
+    "s-2vcpu-4gb": offer("s-2vcpu-4gb", ["nyc2", "tor1", "ams3"], 0.03571),
 }
 # The Load Balancer's and the Reserved IP's addresses as the mocks give them.
 FAKE_LB_IPV4 = "203.0.113.200"
@@ -433,12 +435,14 @@ def run_program(
     stack: str = "dev",
     secrets: dict[str, str] | None = None,
     offers: dict[str, dict] | None = None,
+    cloud_type: type[FakeCloud] | None = None,
     **account: Any,
 ) -> Run:
     """Run __main__.py with `config` (keys without namespace; plain values JSON-encoded the way
     the engine passes structured config) and `secrets` (marked secret), against a FakeCloud
     with these `offers` and `account` (its other arguments: droplets, volumes, zones, ...)."""
-    cloud = FakeCloud(DEFAULT_OFFERS if offers is None else offers, **account)
+    # `cloud_type`: a FakeCloud that answers more (the Kubernetes platform's, tests/test_kube*).
+    cloud = (cloud_type or FakeCloud)(DEFAULT_OFFERS if offers is None else offers, **account)
     monitor = Recorder(cloud)
     pulumi_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(cloud, project=PROJECT, stack=stack, preview=False, monitor=monitor)

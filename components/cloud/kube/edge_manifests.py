@@ -17,7 +17,7 @@ from typing import Any
 
 from ...host import gateway
 from ...spec import catalog
-from ...spec.kube import KubePlatformConfig, caddy_image
+from ...spec.kube import KubePlatformConfig, caddy_image, edge_sources
 from ...spec.schema import StackConfig
 from . import manifests, router_values, scaling
 
@@ -205,28 +205,9 @@ LB_ANNOTATIONS = {
 
 
 def source_ranges(cfg: StackConfig) -> list[str]:
-    """Who the Load Balancer admits (`loadBalancerSourceRanges`, which the controller makes its
-    allow rules; none: everyone). Its rules cover every port, unlike the Droplet's firewall,
-    which opens port 80 to anyone for the CA's checks and only the API port to apiCidrs: with
-    HTTPS on, the CA's checks come through this same Load Balancer from the internet, so
-    apiCidrs must be everyone; with HTTPS off, they are the allow rules. No SSH tunnel leads to
-    the cluster's edge, so `[]` (the Droplet's closed API port) is refused."""
-    cidrs = list(cfg.access.api_cidrs)
-    if not cidrs:
-        raise ValueError(
-            "access.apiCidrs is [] (the API reached by SSH tunnel alone), which the Kubernetes "
-            "platform's edge cannot serve; accepted: the sources that may reach the API"
-        )
-    if set(cidrs) <= set(catalog.ANYWHERE):
-        return []
-    if cfg.access.https:
-        raise ValueError(
-            f"access.apiCidrs {cidrs}: the Kubernetes platform's Load Balancer admits the same "
-            "sources on every port, and the ACME CA validates the certificate from the internet "
-            f"through it; accepted: {list(catalog.ANYWHERE)} (every route still needs the key), "
-            "or access.https false"
-        )
-    return cidrs
+    """Who the Load Balancer admits (none: everyone): spec/kube.py's edge_sources, which the
+    config's validation already asked (a refusal comes before anything is declared)."""
+    return edge_sources(cfg.access.api_cidrs, cfg.access.https)
 
 
 def service(cfg: StackConfig) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pulumi_kubernetes as kubernetes
 from ...spec import catalog
 from ...spec.kube import KubePlatformConfig
 from ...spec.schema import StackConfig
-from . import capacity, edge_manifests, model, router_values, scaling
+from . import edge_manifests, model, router_values, scaling
 
 
 class Router(pulumi.ComponentResource):
@@ -34,7 +34,6 @@ class Router(pulumi.ComponentResource):
         provider: kubernetes.Provider,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        capacity.check_cpu_pool(kube)  # refuses a CPU pool too small, before anything
         values = router_values.values(cfg, kube)
         super().__init__(f"{catalog.PROJECT}:kube:Router", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=provider)

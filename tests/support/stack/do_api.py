@@ -71,6 +71,8 @@ OPERATIONS = (
     ("GET", "/v2/tags"),
     ("GET", "/v2/reserved_ips"),
     ("GET", "/v2/load_balancers"),
+    # And for a `platform: kubernetes` stack, what DOKS offers (kubernetes_list_options.yml).
+    ("GET", "/v2/kubernetes/options"),
 )
 
 # Error bodies: the examples of specification/shared/responses/*.yml.
@@ -287,6 +289,10 @@ class Account:
         self.offered: dict[str, list[str]] = {}
         # A size of another shape than the catalog's (its disks, its memory) for a test.
         self.shapes: dict[str, Size] = {}
+        # What DOKS offers (GET /v2/kubernetes/options): version slugs, node sizes, regions.
+        self.kube_versions: list[str] = []
+        self.kube_sizes: list[str] = []
+        self.kube_regions: list[str] = []
         self._ids = itertools.count(400_000_001)
         self._hosts = itertools.count(10)
         # Called with a Droplet's id once a DELETE removed it (the emulation powers it off).
@@ -653,6 +659,7 @@ class DigitalOceanAPI:
             ("GET", "/v2/tags"): self._list_tags,
             ("GET", "/v2/reserved_ips"): self._empty("reserved_ips", "/v2/reserved_ips"),
             ("GET", "/v2/load_balancers"): self._empty("load_balancers", "/v2/load_balancers"),
+            ("GET", "/v2/kubernetes/options"): self._kube_options,
         }
         return handlers[method, template]
 
@@ -667,6 +674,24 @@ class DigitalOceanAPI:
             item.update(regions=list(regions), available=bool(regions))
             items.append(item)
         return _page("sizes", items, query, f"http://{host}/v2/sizes")
+
+    def _kube_options(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        """kubernetes/kubernetes_list_options.yml, models/options.yml: one object `options`
+        with `regions` (name, slug), `versions` (slug, kubernetes_version,
+        supported_features) and `sizes` (name, slug); not paginated."""
+        a = self.account
+        versions = [
+            {"slug": v, "kubernetes_version": v.split("-", 1)[0],
+             "supported_features": ["cluster-autoscaler", "token-authentication"]}
+            for v in a.kube_versions
+        ]  # fmt: skip
+        return Reply(200, {"options": {
+            "regions": [{"name": r, "slug": r} for r in a.kube_regions],
+            "versions": versions,
+            "sizes": [{"name": z, "slug": z} for z in a.kube_sizes],
+        }})  # fmt: skip
 
     def _get_domain(
         self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
