@@ -160,6 +160,18 @@ def test_the_edges_sources_and_the_weights_volume_are_refused_before_anything() 
     assert problem.startswith("kubernetes.weights.sizeGb: 20 GiB cannot hold"), problem
 
 
+def test_a_cpu_pool_too_small_for_its_pods_is_refused_before_anything_is_declared() -> None:
+    """The router, KEDA, Prometheus and the edge run on the CPU pool (kube/capacity.py): the
+    program refuses a pool that cannot hold their requests before the cluster is declared."""
+    raw = _kube("gpu-h100x1-80gb", 0)
+    raw["kubernetes"] = {**raw["kubernetes"], "cpuPool": {"size": "s-1vcpu-1gb", "count": 1}}
+    result = run(
+        raw, offers={**DEFAULT_OFFERS, "s-1vcpu-1gb": offer("s-1vcpu-1gb", ["tor1"], 0.00893)}
+    )
+    assert "kubernetes.cpuPool" in str(result.error), result.error
+    assert result.registrations == []
+
+
 def test_a_dns_zone_not_in_the_account_is_refused_before_anything_is_declared() -> None:
     raw = _kube("gpu-h100x1-80gb", 0)
     raw["access"] = {**raw["access"], "domain": "llm.example.com", "dnsZone": "example.com",

@@ -79,15 +79,16 @@ def check_cpu_pool(kube: KubePlatformConfig) -> None:
     biggest = max(pods, key=lambda p: (p.millicpu, p.memory_mib))
     if biggest.millicpu > node_cpu or biggest.memory_mib > node_mem:
         raise ValueError(
-            f"cpuPool.size {pool.size} ({node_cpu}m CPU, {node_mem}Mi per node) cannot hold "
-            f"the {biggest.name} pod ({biggest.millicpu}m, {biggest.memory_mib}Mi requested); "
-            "accepted: a CPU size whose node holds it"
+            f"kubernetes.cpuPool.size {pool.size} ({node_cpu}m CPU, {node_mem}Mi per node) "
+            f"cannot hold the {biggest.name} pod ({biggest.millicpu}m, {biggest.memory_mib}Mi "
+            "requested); accepted: a CPU size whose node holds it"
         )
     cpu = sum(p.millicpu for p in pods)
     mem = sum(p.memory_mib for p in pods)
     if cpu > node_cpu * pool.count or mem > node_mem * pool.count:
         raise ValueError(
-            f"cpuPool.count {pool.count} x cpuPool.size {pool.size} ({node_cpu * pool.count}m "
-            f"CPU, {node_mem * pool.count}Mi) cannot hold the CPU pool's pods ({cpu}m, {mem}Mi "
-            f"requested: {', '.join(p.name for p in pods)}); accepted: more or larger nodes"
+            f"kubernetes.cpuPool.count {pool.count} x kubernetes.cpuPool.size {pool.size} "
+            f"({node_cpu * pool.count}m CPU, {node_mem * pool.count}Mi) cannot hold the CPU "
+            f"pool's pods ({cpu}m, {mem}Mi requested: {', '.join(p.name for p in pods)}); "
+            "accepted: more or larger nodes"
         )
