@@ -7,11 +7,10 @@ build the components, export what a user needs.
 import pulumi
 import pulumi_random as random
 
-from components.cloud import dns, endpoint, outputs, runner, scale, stack_config
+from components.cloud import dns, endpoint, outputs, runner, stack_config
 from components.cloud.site import plan_site
 
-# With autoscale, the count is the cloud's (or a scale step's), within autoscale.min and max.
-cfg, count = scale.resolve(stack_config.load())
+cfg = stack_config.load()
 dns.check_zone(cfg)
 # The machine running `pulumi up` (a GitHub-hosted runner too) must reach the Droplets' SSH.
 runner.check(cfg)
@@ -24,4 +23,4 @@ api_key: pulumi.Output[str] = pulumi.Output.secret(
 )
 
 built = endpoint.build(cfg, site.placement, site.cache_plans, site.live, api_key)
-outputs.export(cfg, site, built, api_key, count)
+outputs.export(cfg, site, built, api_key)

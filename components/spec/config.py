@@ -21,10 +21,10 @@ from . import apikey, catalog
 from .schema import (
     LOCKS_DIR,
     NAMESPACE,
+    RETIRED_KEYS,
     SECRET_KEYS,
     SECTIONS,
     AccessConfig,
-    AutoscaleConfig,
     BalancerConfig,
     BootstrapConfig,
     DropletConfig,
@@ -477,41 +477,6 @@ def _wake_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
     return problems
 
 
-def _autoscale_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
-    """What capacity that follows the load stands on: the waking front (it reads the replicas'
-    queues and asks the wake's pipeline for each step), a floor below the ceiling, a window to
-    scale in longer than the one to scale out, and for a floor of 0 the idle rule that deletes
-    the last replica (the front never deletes one)."""
-    scale: AutoscaleConfig = parsed["autoscale"]
-    if not ok("autoscale") or not scale.enabled or scale.max is None:
-        return []
-    problems: list[str] = []
-    if ok("wake.enabled") and not parsed["wake"].enabled:
-        problems.append(
-            "autoscale.max: autoscale runs on the waking front, which reads every replica's "
-            "queue and asks your pipeline for each step: set wake.enabled: true (with "
-            "wake.githubRepo and wake.token, or a webhook)"
-        )
-    if scale.min > scale.max:
-        problems.append(
-            f"autoscale.min: {scale.min} is more than autoscale.max ({scale.max}); accepted: "
-            f"0 to {scale.max}"
-        )
-    if scale.in_window_seconds < scale.out_window_seconds:
-        problems.append(
-            f"autoscale.inWindowSeconds: {scale.in_window_seconds} is shorter than "
-            f"autoscale.outWindowSeconds ({scale.out_window_seconds}); a set that scales in "
-            "faster than out swings: accepted: at least outWindowSeconds"
-        )
-    if ok("autodown") and scale.min == 0 and parsed["autodown"].idle_minutes is None:
-        problems.append(
-            "autoscale.min: 0 lets the set sleep, and the last replica goes by autodown's idle "
-            "rule (the front never deletes one): set autodown.idleMinutes (and its token), or "
-            "autoscale.min: 1"
-        )
-    return problems
-
-
 def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
     """Rules that span sections. A rule runs only when every field it reads is valid, so one bad
     value gives one message, not a cascade; the other rules still run."""
@@ -529,7 +494,6 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
         _cache_rules,
         _pool_rules,
         _wake_rules,
-        _autoscale_rules,
     )
     return [problem for rule in rules for problem in rule(parsed, ok)]
 
@@ -576,6 +540,9 @@ def parse(
         problems.extend(f"apiKey: {p}" for p in apikey.problems(given_key))
     known = set(SECTIONS) | set(SECRET_KEYS) | {"replicas"}
     for key in sorted(set(raw) - known):
+        if key in RETIRED_KEYS:
+            problems.append(f"{key}: {RETIRED_KEYS[key]}")
+            continue
         accepted = ", ".join([*SECTIONS, "replicas", *SECRET_KEYS])
         problems.append(f"{key}: unknown key; accepted: {accepted}")
     replicas = _replicas(raw.get("replicas", 1), problems)
@@ -600,16 +567,12 @@ def parse(
             value = {}
         parsed[name] = _validate_section(name, model, value, problems, bad)
 
-    scale = parsed.get("autoscale")
-    if isinstance(scale, AutoscaleConfig) and scale.enabled and "autoscale" not in bad:
-        replicas = _autoscaled_replicas(scale, "replicas" in raw, problems)
     parsed["replicas"] = replicas
     if replicas is None:
         bad.add("replicas")
     problems.extend(_cross_check(parsed, bad))
     if "wake" not in bad and isinstance(parsed.get("wake"), WakeConfig):
-        scaled = isinstance(scale, AutoscaleConfig) and scale.enabled
-        problems.extend(wake_pipeline_problems(parsed["wake"], stack, scaled=scaled))
+        problems.extend(wake_pipeline_problems(parsed["wake"], stack))
     if problems:
         raise ConfigError(problems)
     return StackConfig(stack=stack, **parsed)
@@ -619,17 +582,12 @@ WORKFLOWS = Path(__file__).resolve().parents[2] / ".github" / "workflows"
 # What a wake dispatches (scripts/phases/wake.py dispatch_github): the workflow must declare
 # these inputs, and GitHub answers 422 to a `choice` value outside its options.
 WAKE_INPUTS = {"stack": None, "command": "up", "refresh": "true"}
-# And with autoscale, the count each step (and a wake) asks for: a string input.
-SCALE_INPUT = "replicas"
 
 
-def wake_pipeline_problems(
-    wake: WakeConfig, stack: str, workflows: Path = WORKFLOWS, *, scaled: bool = False
-) -> list[str]:
-    """Whether the deploy workflow in this repository takes the wake's dispatch for this stack
-    (and, with autoscale, its `replicas` input), before the first wake finds out with GitHub's
-    422. Only a workflow this repository holds is read (another repository's is checked by
-    `validate` with a GitHub token)."""
+def wake_pipeline_problems(wake: WakeConfig, stack: str, workflows: Path = WORKFLOWS) -> list[str]:
+    """Whether the deploy workflow in this repository takes the wake's dispatch for this stack,
+    before the first wake finds out with GitHub's 422. Only a workflow this repository holds is
+    read (another repository's is checked by `validate` with a GitHub token)."""
     if not wake.enabled or wake.trigger != "github":
         return []
     path = workflows / wake.github_workflow
@@ -644,11 +602,6 @@ def wake_pipeline_problems(
         return [f"wake.githubWorkflow: {path.name} has no workflow_dispatch trigger to wake by"]
     inputs = dispatch.get("inputs") or {}
     problems = []
-    if scaled and not isinstance(inputs.get(SCALE_INPUT), dict):
-        problems.append(
-            f"autoscale: {path.name} declares no input `{SCALE_INPUT}`, which each scale step "
-            "sends (GitHub would answer 422): add it as in this repository's deploy.yml"
-        )
     for name, value in {**WAKE_INPUTS, "stack": stack}.items():
         spec = inputs.get(name)
         if not isinstance(spec, dict):
@@ -664,19 +617,6 @@ def wake_pipeline_problems(
                 "add it there, or GitHub refuses the wake with 422"
             )
     return problems
-
-
-def _autoscaled_replicas(scale: AutoscaleConfig, given: bool, problems: list[str]) -> int:
-    """With autoscale the count is not the config's: `replicas` beside it is refused, and the
-    parsed count is what a new stack starts with (components/cloud/scale.py decides each
-    run's)."""
-    if given:
-        problems.append(
-            "replicas: set beside autoscale.max; with autoscale the count is what the cloud "
-            "runs, kept within autoscale.min and max: remove replicas (pulumi config rm "
-            "replicas), or remove autoscale to fix the count"
-        )
-    return max(scale.min, 1)
 
 
 def _replicas(value: Any, problems: list[str]) -> int | None:

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import apikey, catalog
-from .schema import REPLICAS_DESCRIPTION, SECTIONS, set_secret
+from .schema import REPLICAS_DESCRIPTION, RETIRED_KEYS, SECTIONS, set_secret
 
 
 def _default_text(field: Any) -> str:
@@ -45,6 +45,7 @@ def reference_markdown() -> str:
         f"{apikey.MIN_LENGTH} of {apikey.CHARSET_TEXT}, secret only: "
         f"{set_secret('apiKey')}; a new value and one `pulumi up` rotate it. |"
     )
+    rows += [f"| `{key}` | retired | Refused: {why}. |" for key, why in RETIRED_KEYS.items()]
     return "\n".join(rows)
 
 
