@@ -76,13 +76,8 @@ def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str
         "reboot_result": {"rebooting": True, "boot_id": "<boot id before the reboot>"},
         "dns_record": "",
         "private_ip": PRIVATE_PLACEHOLDER_IPS[0] if cfg.pooled else "",
-        # Replica 0 reads every replica's /metrics (autodown), and with autoscale the front.
-        "metrics_reader": " ".join(
-            [PRIVATE_PLACEHOLDER_IPS[0]]
-            + ([FRONT_PRIVATE_PLACEHOLDER_IP] if cfg.autoscale.enabled else [])
-        )
-        if cfg.pooled
-        else "",
+        # Replica 0 reads every replica's /metrics (autodown).
+        "metrics_reader": PRIVATE_PLACEHOLDER_IPS[0] if cfg.pooled else "",
         "render_client": FRONT_PRIVATE_PLACEHOLDER_IP if cfg.routing == "cache-aware" else "",
         # Each other replica: its Droplet id (a number, as autodown.py requires) and address.
         "peers": [
@@ -90,9 +85,6 @@ def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str
             for i in range(1, cfg.replicas)
         ],
         "droplet_id": "<droplet-id>",
-        # The front's waker: a replica's hourly price (the catalog's list price; the sizes
-        # API's at deploy time), autoscale's daily budget.
-        "price_hourly": cfg.size.list_price_usd_hour or 0.0,
     }
     return values
 

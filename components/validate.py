@@ -65,33 +65,11 @@ def file_problems(
         cfg = config.parse(raw, stack, secret)
     except config.ConfigError as err:
         return [f"{where}: {p}" for p in err.problems], None
-    budget = [*autoscale_budget_problems(cfg), *kube_budget_problems(cfg)]
+    budget = kube_budget_problems(cfg)
     return [f"{where}: {p}" for p in budget], cfg
 
 
 POLICY_CONFIG = ROOT / "policy" / "config.json"
-
-
-def autoscale_budget_problems(cfg: StackConfig, policy: Path = POLICY_CONFIG) -> list[str]:
-    """A ceiling the policy pack would refuse: a step out to autoscale.max replicas whose list
-    price passes `stack-within-budget` (policy/rules.py set_outside_budget, this stack's own
-    entry over the default) fails mid-run, in the pipeline, where the front can only report it."""
-    top = cfg.autoscale.max
-    price = cfg.size.list_price_usd_hour
-    if top is None or price is None or not policy.exists():
-        return []
-    rule = json.loads(policy.read_text()).get("stack-within-budget") or {}
-    ceiling = {**rule, **((rule.get("stacks") or {}).get(cfg.stack) or {})}.get(
-        "maxTotalHourlyPriceUsd"
-    )
-    if ceiling is None or top * price <= float(ceiling):
-        return []
-    return [
-        f"autoscale.max: {top} x {cfg.droplet.size} lists at ${top * price:.2f}/h, over the "
-        f"policy pack's stack-within-budget (${float(ceiling):g}/h for {cfg.stack}): a step out "
-        "to it would be refused in the pipeline; lower autoscale.max, or raise "
-        "maxTotalHourlyPriceUsd in policy/config.json"
-    ]
 
 
 def kube_budget_problems(cfg: StackConfig, policy: Path = POLICY_CONFIG) -> list[str]:

@@ -382,7 +382,7 @@ def first_model(target: target_mod.Target, args: argparse.Namespace) -> str:
     asking GET /v1/models once: an endpoint that gives no answer, refuses the key or is not
     serving yet stops the run here with one line (reach.probe), before any level. --warmup 0
     with --model sends nothing before the levels, not even that (a sleeping set would wake
-    before the measured requests: tests/support/autoscale_bench.py measures that wake)."""
+    before the measured requests)."""
     if target.model and args.warmup == 0:
         return target.model
     response = reach.probe(target, args.timeout)

@@ -57,46 +57,7 @@ def describe(state: dict[str, Any]) -> str:
     last = state.get("last_wake") or {}
     if last:
         lines.append("last wake: " + ", ".join(f"{k} {v}" for k, v in last.items()))
-    lines += describe_autoscale(state.get("autoscale"))
     return "\n".join(lines)
-
-
-def describe_autoscale(scale: dict[str, Any] | None) -> list[str]:
-    """The autoscaler's part of the state (none without autoscale): the count and the one
-    wanted, the signals behind the last decision, the budget left, each step's timeline."""
-    if not scale:
-        return []
-    if scale.get("off"):
-        return [f"autoscale: off: {scale['off']}"]
-    lines = [f"autoscale: {scale.get('current')} replica(s), {scale.get('wanted')} wanted "
-             f"(min {scale.get('min')}, max {scale.get('max')})"]  # fmt: skip
-    decision = scale.get("last_decision") or {}
-    if decision:
-        lines.append(f"  last decision ({decision.get('at')}): {decision.get('code')}: "
-                     f"{decision.get('why')}")  # fmt: skip
-        signals = decision.get("signals") or {}
-        if signals:
-            wait = signals.get("queue_wait_seconds")
-            lines.append(
-                f"  signals: {signals.get('waiting')} waiting, {signals.get('running')} running, "
-                f"KV {signals.get('kv')}, {signals.get('finishing_rate')}/s finishing, queue wait "
-                f"{'endless (none finished)' if wait is None else f'{wait} s'}; windows: "
-                f"{signals.get('out_window_seconds')} s waiting, {signals.get('in_window_seconds')}"
-                " s idle"
-            )
-    refusal = scale.get("last_refusal") or {}
-    if refusal:
-        lines.append(f"  last refusal ({refusal.get('at')}): {refusal.get('why')}")
-    budget = scale.get("budget")
-    if budget:
-        lines.append(f"  budget: ${budget.get('left_usd')} left of ${budget.get('daily_usd')} "
-                     f"a day (${budget.get('spent_usd')} spent in the last 24 h)")  # fmt: skip
-    for step in scale.get("steps") or []:
-        events = ", ".join(f"{what} {at}" for what, at in step.get("events") or [])
-        reason = f"; {step['reason']}" if step.get("reason") else ""
-        lines.append(f"  step {step.get('from')} -> {step.get('wanted')}: {step.get('status')} "
-                     f"(run {step.get('run_id')}): {events}{reason}")  # fmt: skip
-    return lines
 
 
 def ask(method: str, url: str, target: target_mod.Target) -> tuple[int, dict[str, Any], str]:

@@ -432,7 +432,7 @@ REJECTED = [
     ),
     (
         {"dropet": {"size": "gpu-h100x1-80gb"}},
-        "dropet: unknown key; accepted: platform, droplet, access, model, vllm, bootstrap, autodown, cache, balancer, wake, autoscale, kubernetes, replicas, hfToken, apiKey",
+        "dropet: unknown key; accepted: platform, droplet, access, model, vllm, bootstrap, autodown, cache, balancer, wake, kubernetes, replicas, hfToken, apiKey",
     ),
     ({"droplet": "gpu-h100x1-80gb"}, "droplet: expected an object (a YAML mapping)"),
     # vLLM's parser takes any --load-format (plugins may add one): the config is the check.

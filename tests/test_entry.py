@@ -594,6 +594,46 @@ def test_wake_needs_the_caddy_front_not_the_load_balancer() -> None:
     assert any("DigitalOcean's Load Balancer can do neither" in p for p in managed.error.problems)
 
 
+@pytest.mark.parametrize(
+    "autoscale", [{"min": 0, "max": 3}, {"min": 1, "max": 2, "queueSeconds": 5}, {}]
+)
+def test_autoscale_on_a_droplet_stack_is_refused_naming_the_kubernetes_platform(
+    autoscale: dict[str, Any],
+) -> None:
+    """The Droplet autoscaler retired (issue 43): any `autoscale` on a Droplet stack, on or
+    off, is one refusal before anything is declared, naming the field, where capacity that
+    follows the load lives now, and the keys a set that sleeps at zero keeps using."""
+    raw = {**dev(autodown={"idleMinutes": 30}), "autoscale": autoscale}
+    run = run_program(raw, secrets={"wake": json.dumps(WAKE)})
+    assert isinstance(run.error, ConfigError), run.error
+    [problem] = run.error.problems
+    assert problem.startswith("autoscale: the Droplet autoscaler is retired"), problem
+    assert "platform: kubernetes" in problem and "docs/kubernetes.md" in problem, problem
+    for key in ("replicas", "wake.enabled", "autodown.idleMinutes"):
+        assert key in problem, (key, problem)
+    assert not run.registrations or all(r.type.startswith("pulumi:") for r in run.registrations)
+
+
+def test_a_set_that_sleeps_at_zero_is_fixed_replicas_wake_and_the_idle_rule() -> None:
+    """What wake needed of autoscale was its floor of 0; that is wake itself: a fixed count
+    behind the front, which autodown's idle rule deletes whole and a keyed request brings back
+    whole. The waker is sent no scaling setting and no API key, and the replicas' /metrics
+    admit replica 0 alone (the front no longer reads them)."""
+    raw = {**dev(autodown={"idleMinutes": 30}), "replicas": 2}
+    run = run_program(raw, secrets={"wake": json.dumps(WAKE)})
+    assert run.error is None, run.error
+    commands = of(run, COMMAND)
+    stdin = router_stdin(commands["balancer-wake"])
+    assert "SCALE_" not in stdin and "WAKE_API_KEY" not in stdin, "no scaling shipped"
+    gateways = [c for name, c in commands.items() if name.startswith("bootstrap")
+                and name.endswith("-gateway")]  # fmt: skip
+    assert len(gateways) == 2
+    for command in gateways:
+        line = next(x for x in router_stdin(command).splitlines() if "@metrics_reader" in x)
+        assert len(line.split("remote_ip", 1)[1].split()) == 1, line
+    assert "autoscale" not in run.outputs
+
+
 def test_a_wake_token_in_plain_text_is_refused() -> None:
     run = run_program({**dev(), "wake": WAKE})
     assert isinstance(run.error, ConfigError), run.error

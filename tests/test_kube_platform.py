@@ -89,7 +89,6 @@ DROPLET_ONLY = {
     "cache.sizeGb": {"cache": {"sizeGb": 83}},
     "balancer.kind": {"balancer": {"kind": "caddy"}},
     "wake.enabled": {"wake": {"enabled": True}},
-    "autoscale.max": {"autoscale": {"max": 2}},
     "access.sshCidrs": {"access": {"sshCidrs": ["0.0.0.0/0"]}},
     "access.sshKeyFingerprints": {"access": {"sshKeyFingerprints": []}},
     "vllm.install": {"vllm": {"install": "source"}},
@@ -110,6 +109,16 @@ def test_a_droplet_only_key_is_refused_naming_it(field: str) -> None:
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     (problem,) = problems(raw)
     assert problem.startswith(f"{field}: means nothing with platform: kubernetes"), problem
+
+
+def test_autoscale_is_refused_on_kubernetes_too_as_the_retired_key() -> None:
+    """`autoscale` is no key of any platform: on Kubernetes it gets the one retired-key message
+    (which names the platform's own scaling), not a second one beside it."""
+    raw = _kube("gpu-h100x1-80gb", 0)
+    raw["autoscale"] = {"max": 2}
+    (problem,) = problems(raw)
+    assert problem.startswith("autoscale: the Droplet autoscaler is retired"), problem
+    assert "platform: kubernetes" in problem and "KEDA" in problem
 
 
 def test_the_kubernetes_section_only_with_its_platform_and_the_platform_named() -> None:

@@ -35,13 +35,13 @@ def configs() -> dict[str, config.StackConfig]:
     dev = stack_config("dev")
     return {
         "lone": config.parse(dev, "dev"),
-        # The router, the waker and autoscale on: every input a row names is read (the
-        # replicas' render_client, the waker's key and the replica's price).
+        # Two replicas, the router and the waker on: every input a row names is read (the
+        # replicas' render_client among them).
         "caddy": config.parse(
             {
                 **dev,
+                "replicas": 2,
                 "balancer": {"routing": "cache-aware"},
-                "autoscale": {"min": 2, "max": 3},
                 "wake": {"enabled": True, "githubRepo": "me/llm", "token": "github_pat_x"},
             },
             "dev",

@@ -540,41 +540,42 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
         assert not box.file(path).exists(), path
 
 
-def test_with_autoscale_the_waker_reads_the_replicas_with_the_key_as_a_credential_alone(
+def test_a_front_the_retired_autoscaler_ran_loses_its_copy_of_the_api_key(
     box: Sandbox, downloads: Downloads
 ) -> None:
-    """Autoscale on: the wake phase writes the API key root-only beside the token, the unit
-    loads it as a second credential (the waker reads the replicas' /metrics with it), and it is
-    in no setting file, no unit, no output and no log line. Autoscale off again (wake still on):
-    the key file goes, the token stays."""
+    """The Droplet autoscaler kept the stack's API key on the front (root-only, a second
+    credential of the waker's unit) to read the replicas' /metrics. The waker reads none now:
+    the wake phase removes the key wherever a front still has it, on or off, and installs the
+    unit without it (the waker restarted); the token stays while wake is on."""
     b = Balancer(box, downloads)
     assert b.run("preflight").returncode == 0
+    off_cfg = b.cfg
     raw = stack_config("dev")
     raw["access"] = {**raw["access"], "https": False}
     raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": WAKE_TOKEN}
-    woken = dict(raw)
-    raw["autoscale"] = {"min": 1, "max": 3}
     b.cfg = config.parse(raw, "dev", frozenset({"wake"}))
-    on = b.run("wake", price_hourly=3.39)
-    assert on.returncode == 0, on.stderr
-    key = box.file(wake.API_KEY_FILE)
-    assert key.read_text().strip() == API_KEY and oct(key.stat().st_mode & 0o777) == "0o600"
-    unit = box.file(f"/etc/systemd/system/{wake.UNIT}").read_text()
-    assert f"LoadCredential=apikey:{wake.API_KEY_FILE}" in unit
-    assert f"LoadCredential=token:{wake.TOKEN_FILE}" in unit
-    env = box.file(wake.ENV_FILE).read_text()
-    assert "SCALE_MAX=3" in env and "SCALE_REPLICA_PRICE_HOURLY=3.39" in env, env
-    # The running waker read its key from its credentials (else it logs autoscale_off).
-    journal = box.file("/var/log/fake-nemotron-wake.log").read_text()
-    assert '"event": "autoscale_off"' not in journal, journal
-    for text in (unit, env, on.stdout, on.stderr, journal):
-        assert API_KEY not in text and WAKE_TOKEN not in text
-    b.cfg = config.parse(woken, "dev", frozenset({"wake"}))
-    plain = b.run("wake", price_hourly=3.39)
-    assert plain.returncode == 0 and plain.result["changed"] is True, plain.stderr
-    assert not key.exists(), "the key goes with autoscale"
+    assert b.run("wake").returncode == 0
+    unit_path = box.file(f"/etc/systemd/system/{wake.UNIT}")
+    unit = unit_path.read_text()
+    assert "apikey" not in unit and "WAKE_API_KEY" not in box.file(wake.ENV_FILE).read_text()
+    # What the autoscaler's wake phase left: the key, and the unit that loaded it.
+    key = box.file(wake.OLD_KEY_FILE)
+    key.write_text(API_KEY + "\n")
+    key.chmod(0o600)
+    old = f"LoadCredential=apikey:{wake.OLD_KEY_FILE}\nEnvironment=WAKE_API_KEY_FILE=%d/apikey\n"
+    unit_path.write_text(unit.replace("ExecStart=", old + "ExecStart=", 1))
+    again = b.run("wake")
+    assert again.returncode == 0 and again.result["changed"] is True, again.stderr
+    assert not key.exists(), "the key goes"
+    assert unit_path.read_text() == unit, "the unit loads the token alone"
     assert box.file(wake.TOKEN_FILE).exists()
-    assert "LoadCredential=apikey" not in box.file(f"/etc/systemd/system/{wake.UNIT}").read_text()
+    assert API_KEY not in again.stdout + again.stderr
+    # Off, too: a front whose waker is removed keeps no key.
+    key.write_text(API_KEY + "\n")
+    b.cfg = off_cfg
+    off = b.run("wake")
+    assert off.returncode == 0 and off.result["wake"] == "off", off.stderr
+    assert not key.exists() and not box.file(wake.TOKEN_FILE).exists()
 
 
 # ---- the front's cache-aware router ---------------------------------------------------------

@@ -10,10 +10,10 @@ CI) runs scenarios 1, 2 (both entries), 4, 6, 8 and 9; those of minutes, 3 (a ro
 load, about 4 minutes beside the other tests), 5 (autodown, then refresh and up), 7 (scale to
 zero: autodown deletes, a keyed request wakes the set through the pipeline) and 11 (a wake whose
 bootstrap fails: the pipeline's clean-up, then the Droplet's own deadline), are marked
-stack_long and left out by default (pyproject addopts) to keep CI near ten minutes, as is 10
-(autoscale: out to three replicas under an open-loop load, in to one, then to zero; about 15
-minutes): `./check -m stack` runs all of them, and only them; `./check -m stack_long` the long
-ones, which GitHub runs on every pull request and push (.github/workflows/stack-long.yml).
+stack_long and left out by default (pyproject addopts) to keep CI near ten minutes: `./check -m
+stack` runs all of them, and only them; `./check -m stack_long` the long ones, which GitHub runs
+on every pull request and push (.github/workflows/stack-long.yml). Scenario 10 (the Droplet
+autoscaler's steps under load) went with that autoscaler (issue 43).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pulumi_harness import DEFAULT_OFFERS, stack_config
 from sandbox import Sandbox
 from stack import net
 from stack.deploy import Result
-from stack.scenario import Emulation, Load, Pipeline, clean_up_failed_up, emulation, summary
+from stack.scenario import Emulation, Load, clean_up_failed_up, emulation, summary
 from test_autodown import readme_scopes
 from test_cache_script import filesystem_bytes
 from test_phase_scripts import use_new_locks, vllm_lock
@@ -1044,107 +1044,3 @@ def test_a_comment_is_no_deploy_and_a_changed_command_runs_its_phase_and_those_a
         assert ran == [("bootstrap-gateway", "update"), ("bootstrap-ready", "delete"),
                        ("bootstrap-ready", "replace")], ran  # fmt: skip
         report(request, summary("comment-no-deploy", emu, results))
-
-
-def gpu_machines(emu: Emulation) -> list[int]:
-    """The GPU Droplets the account has now."""
-    return sorted(m.id for m in emu.account.machines.values() if m.size.startswith("gpu-"))
-
-
-@pytest.mark.stack_long
-def test_autoscale_follows_an_open_loop_load_out_to_three_in_to_one_then_to_zero(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    """Scenario 10 (issue 33): the dev stack with wake, autoscale (min 0, max 3; out after 10 s
-    of a queue over 1 s, in after 30 s with room, 1 minute between steps) and autodown's idle
-    rule (5 minutes). Each replica's vLLM batches 2 requests (vllm.maxNumSeqs; the fake queues
-    the rest, and /metrics shows them waiting), about 4 requests/s. bench.py's Poisson mode
-    through the front: 1 req/s, then 10 (one replica cannot keep up: the front asks the
-    pipeline for 2, then 3), then 1 (it asks for 2, then 1), then nothing: autodown deletes the
-    last one and the front sleeps. Every request answered; each pipeline run is one step the
-    front asked for, and nothing else dispatched; the front's own timeline of each step is
-    read with scripts/wake.py."""
-    results: list[Result] = []
-    with emulation(tmp_path) as emu:
-        token = emu.api.account.add_token("readme", sorted(readme_scopes()))
-        base = {k: v for k, v in stack_config("dev").items() if k != "autodown"}
-        base["vllm"] = {**base.get("vllm", {}), "maxNumSeqs": 2}
-        base["autoscale"] = {"min": 0, "max": 3, "queueSeconds": 1, "outWindowSeconds": 10,
-                             "inWindowSeconds": 30, "cooldownMinutes": 1}  # fmt: skip
-        wake = {"enabled": True, "githubRepo": emu.github.repo, "token": emu.github.token}
-        secrets = {"autodown": json.dumps({"idleMinutes": 5, "token": token}),
-                   "wake": json.dumps(wake)}  # fmt: skip
-        # Each replica's fake vLLM: 0.2 s to a first token, 16 tokens 20 ms apart.
-        emu.account.prepare_box.append(
-            lambda box: box.file("/etc/fake-vllm.conf").write_text(
-                box.file("/etc/fake-vllm.conf").read_text()
-                + "FAKE_OPENAI_ARGS='--ttft 0.2 --itl 0.02 --tokens 16'\n"
-            )
-        )
-        stack = emu.stack("dev")
-        first = stack.up(base, secrets=secrets)
-        results.append(first)
-        assert first.error is None, first.error
-        assert first.outputs["autoscale"]["replicas"] == 1
-        assert first.outputs["autoscale"]["countFrom"] == "none alive: max(autoscale.min, 1) = 1"
-        pipeline = Pipeline(emu, stack, base, secrets)
-        bench_json = emu.workdir / "autoscale-bench.json"
-        load: list[subprocess.CompletedProcess[str]] = []
-        loader = threading.Thread(target=lambda: load.append(client(
-            emu, "bench.py", first.outputs, "--request-rate", "1,10,1", "--duration", "120",
-            "--input-tokens", "32", "--max-tokens", "16", "--warmup", "0", "--no-progress",
-            "--percentiles", "50,95",
-            "--json", str(bench_json), timeout=1200,
-        )))  # fmt: skip
-        loader.start()
-        peak = [1]
-
-        def settled_at_one() -> bool:
-            peak[0] = max(peak[0], len(gpu_machines(emu)))
-            return (
-                not loader.is_alive()
-                and len(gpu_machines(emu)) == 1
-                and not (pipeline.started_run())
-            )
-
-        assert pipeline.serve(settled_at_one, timeout=1500), front_log(emu)
-        loader.join()
-        results.extend(pipeline.results)
-        [bench] = load
-        assert bench.returncode == 0, bench.stdout + bench.stderr
-        levels = json.loads(bench_json.read_text())["levels"]
-        assert [lv["errors"] for lv in levels] == [0, 0, 0], "no request fails as the set changes"
-        asked = [run.inputs.get("replicas") for run in pipeline.done]
-        assert peak[0] == 3 and asked[:2] == ["2", "3"] and asked[-1] == "1", asked
-        assert all(run.conclusion == "success" for run in pipeline.done), pipeline.done
-        assert len(emu.github.dispatches) == len(pipeline.done), "one run per step, no other"
-        state = client(emu, "wake.py", first.outputs)
-        assert state.returncode == 0 and "autoscale" in state.stdout, state.stdout + state.stderr
-
-        # Then nothing: autodown's idle rule (two looks five minutes apart) deletes the last
-        # replica, and the front sleeps without asking for anything.
-        [replica] = gpu_machines(emu)
-        assert fire_autodown(emu, replica).returncode == 0
-        time.sleep(5 * 60 + 5)
-        fired = fire_autodown(emu, replica)
-        assert fired.returncode == 0, fired.stdout + fired.stderr
-        deadline = time.time() + 60
-        while time.time() < deadline and gpu_machines(emu):
-            time.sleep(0.5)
-        assert gpu_machines(emu) == [], fired.stdout
-        # The front's looks find no replica (3 over 10 s, each up to 4 s when the address no
-        # longer answers): asleep, and nothing asked.
-        deadline = time.time() + 90
-        while "mode: asleep" not in (slept := client(emu, "wake.py", first.outputs)).stdout:
-            assert time.time() < deadline, slept.stdout + slept.stderr
-            time.sleep(2)
-        assert len(emu.github.dispatches) == len(pipeline.done), "asleep, nothing is asked"
-        lines = [f"  level {lv.get('request_rate', i)}: "
-                 f"{lv['requests']} requests, {lv['errors']} failed, TTFT p50/p95 "
-                 f"{lv['ttft_ms']['p50']:.0f}/{lv['ttft_ms']['p95']:.0f} ms"
-                 for i, lv in enumerate(levels)]  # fmt: skip
-        steps = [f"  run {r.run_id}: replicas {r.inputs.get('replicas')} -> {r.replicas} alive, "
-                 f"{r.ended - r.started:.0f} s" for r in pipeline.done]  # fmt: skip
-        scale_lines = [line for line in state.stdout.splitlines() if "step" in line.lower()]
-        report(request, "\n".join([summary("autoscale", emu, results), *lines, *steps,
-                                   *(f"  {line}" for line in scale_lines)]))  # fmt: skip

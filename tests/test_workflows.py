@@ -218,7 +218,7 @@ def test_a_wake_waits_for_a_deploy_of_its_stack_never_for_tests_and_none_is_drop
     assert jobs["deploy"]["concurrency"] == {
         "group": "deploy-${{ inputs.stack || 'dev' }}",  # a push deploys dev: its group too
         "cancel-in-progress": False,  # never cut a pulumi up half-way
-        "queue": "max",  # a pending wake, scale step or destroy is never replaced
+        "queue": "max",  # a pending wake or destroy is never replaced
     }
     # No other workflow takes a stack's group: real runs deploy throwaway stacks of their own.
     for name in ("preview.yml", "lease.yml", "real-run.yml"):

@@ -118,16 +118,6 @@ class _Set:
     record: digitalocean.DnsRecord | None = None
     hostname: pulumi.Output[str] | None = None
 
-    def metrics_readers(self) -> pulumi.Input[str]:
-        """Who may read a replica's /metrics (with the key): replica 0's private address, and
-        with autoscale the front's too; space-separated, as Caddy's remote_ip takes them."""
-        if not self.cfg.pooled:
-            return ""
-        first = self.gpus[0].ipv4_private
-        if self.caddy is None or not self.cfg.autoscale.enabled:
-            return first
-        return pulumi.Output.concat(first, " ", self.caddy.host.ipv4_private)
-
     def rolling_gate(self, index: int) -> list[pulumi.Resource]:
         """What the next replica waits for: replica `index` ready and back in the pool."""
         gate: list[pulumi.Resource] = [self.bootstraps[index].commands["ready"]]
@@ -176,7 +166,6 @@ class _Set:
                     self.placement.region,
                     self.api_key,
                     key_from=gpu,
-                    gpu_price_hourly=self.placement.price_hourly,
                 ),
             )
         # With a DigitalOcean DNS zone the name comes from its record, so the gateway (whose
@@ -224,9 +213,8 @@ class _Set:
                 prefix=f"bootstrap{_suffix(index)}",
                 replica=index if cfg.pooled else None,
                 private_ip=gpu.ipv4_private if cfg.pooled else "",
-                # Replica 0's autodown reads each replica's /metrics, and with autoscale the
-                # front's waker (its queue decides each step); only they may.
-                metrics_reader=self.metrics_readers(),
+                # Replica 0's autodown reads each replica's /metrics (with the key); only it may.
+                metrics_reader=self.gpus[0].ipv4_private if cfg.pooled else "",
                 # The front's router renders each prompt on every replica; only it may.
                 render_client=(
                     self.caddy.host.ipv4_private

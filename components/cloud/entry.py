@@ -192,8 +192,6 @@ class CaddyEntryArgs:
     api_key: pulumi.Output[str]
     # The replica whose login key the balancer Droplet takes (one key opens the whole set).
     key_from: StackDroplet | None = None
-    # A GPU replica's hourly price where the set is (the sizes API's): autoscale's budget.
-    gpu_price_hourly: float = 0.0
 
 
 class CaddyEntry(pulumi.ComponentResource):
@@ -208,7 +206,6 @@ class CaddyEntry(pulumi.ComponentResource):
         cfg = args.config
         self.cfg = cfg
         self.api_key = args.api_key
-        self.gpu_price_hourly = args.gpu_price_hourly
         child = pulumi.ResourceOptions(parent=self)
         self.host = StackDroplet(
             name,
@@ -318,7 +315,6 @@ class CaddyEntry(pulumi.ComponentResource):
             "host": self.hostname,
             "private_ip": private_ip,
             "droplet_id": droplet_id,
-            "price_hourly": self.gpu_price_hourly,
         }
         needed = {name: available[name] for name in row.inputs}
         # Secret throughout, whether or not the key is in it: the balancer's scripts are its

@@ -17,7 +17,6 @@ from ..spec.schema import StackConfig, set_secret
 from . import cache
 from .droplet import REPLACEMENT_NOTE, ssh_command
 from .endpoint import Endpoint
-from .scale import Count
 from .site import Site
 
 
@@ -26,7 +25,6 @@ def export(
     site: Site,
     built: Endpoint,
     api_key: pulumi.Output[str],
-    count: Count | None = None,
 ) -> None:
     """The stack's outputs (names are a contract: docs/outputs.md), and what `pulumi up` warns."""
     first, hostname = built.gpus[0], built.hostname
@@ -70,7 +68,6 @@ def export(
         pulumi.export("replicas", replicas(cfg, plans, built))
         pulumi.export("balancer", balancer_output(cfg, built, site.caddy_price))
     pulumi.export("wake", wake.output(cfg, site.caddy_price, volumes_monthly))
-    pulumi.export("autoscale", autoscale_output(cfg, count, placement.price_hourly))
     if cfg.wake.enabled and not cfg.autodown.enabled:
         pulumi.log.warn(
             "wake.enabled without autodown: nothing puts the GPU set to sleep, so the front only "
@@ -85,30 +82,6 @@ def export(
     unstopped = bill_warning(cfg, hourly)
     if unstopped:
         pulumi.log.warn(unstopped)
-
-
-def autoscale_output(cfg: StackConfig, count: Count | None, gpu_price: float) -> dict[str, Any]:
-    """The `autoscale` output: the bounds, this run's count and why, what a step looks at, and
-    where the front's live state is (current and wanted count, last step's signals, budget)."""
-    a = cfg.autoscale
-    if count is None or a.max is None:
-        return {"mode": "off", "replicas": cfg.replicas}
-    return {
-        "mode": "on",
-        "min": a.min,
-        "max": a.max,
-        "replicas": count.replicas,
-        "countFrom": count.note,
-        "out": f"requests wait over {a.queue_seconds:g} s in vLLM's queue for "
-        f"{a.out_window_seconds} s",
-        "in": f"nothing waits and one replica fewer would run at most {a.in_utilization:.0%} "
-        f"of {cfg.replica_capacity} sequences each, for {a.in_window_seconds} s",
-        "cooldownMinutes": a.cooldown_minutes,
-        "dailyBudgetUsd": a.daily_budget_usd,
-        "replicaHourlyPriceUsd": gpu_price,
-        "maxHourlyPriceUsd": round(a.max * gpu_price, 5),
-        "state": f"python scripts/wake.py --stack {cfg.stack}",
-    }
 
 
 def certificate(cfg: StackConfig, host: str) -> str:

@@ -4,8 +4,8 @@ a GitHub-hosted runner it cannot. GitHub: "Since there are so many IP address ra
 GitHub-hosted runners, we do not recommend that you use these as allowlists for your internal
 resources. Instead, we recommend you use larger runners with a static IP address range, or
 self-hosted runners" (github/docs content/actions/reference/runners/github-hosted-runners.md,
-"IP addresses"; the ranges are Azure's, updated weekly). A deploy from such a runner (a push, a
-wake, a scale step) with a narrower list would dial SSH until the phase times out, so it is
+"IP addresses"; the ranges are Azure's, updated weekly). A deploy from such a runner (a push, or
+a wake) with a narrower list would dial SSH until the phase times out, so it is
 refused before anything is created, naming the field and what works.
 
 The runner says what it is: GITHUB_ACTIONS=true and RUNNER_ENVIRONMENT=github-hosted

@@ -93,8 +93,7 @@ _API_URI = (
 class ReplicaListener:
     """A replica's gateway behind the balancer: plain HTTP on its private address only, its /health
     503 while `drain_dir`/draining exists, its vLLM /metrics for the key from `metrics_reader`
-    alone (replica 0's address: its autodown reads every replica's; with autoscale also the
-    front's, space-separated: its waker reads every queue; none when empty), and vLLM's
+    alone (replica 0's address: its autodown reads every replica's; none when empty), and vLLM's
     render routes for the key from `render_client` alone (the front's private address, with
     balancer.routing cache-aware: its router asks each replica for a prompt's token ids; none
     when empty). With `retry_elsewhere` (behind the Caddy balancer), while draining it answers
@@ -396,8 +395,6 @@ def replica_site_routes(replica: ReplicaListener, upstream: str) -> str:
     route that request without the prompt's ids."""
     metrics = "`{http.request.method} == 'GET' && {http.request.uri} == '/metrics'`"
     reader = f"remote_ip {replica.metrics_reader}" if replica.metrics_reader else "expression false"
-    # Several readers: replica 0 and the front (autoscale).
-    readers = "replica 0 and the front read" if " " in replica.metrics_reader else "replica 0 reads"
     return f"""
 	@draining file {{
 		root {replica.drain_dir}
@@ -422,7 +419,7 @@ def replica_site_routes(replica: ReplicaListener, upstream: str) -> str:
 			}}
 		}}
 		handle {{
-			respond "forbidden: only {readers} a replica's metrics" 403
+			respond "forbidden: only replica 0 reads a replica's metrics" 403
 		}}
 	}}
 {_render_routes(replica, upstream) if replica.render_client else ""}"""

@@ -88,8 +88,7 @@ class Inputs:
     cache_device: str = ""
     # With replicas: which one (None: a lone Droplet), its private address, the other
     # replicas (autodown.Peer: Droplet id, private address), and replica 0's private address,
-    # the only source a replica's gateway lets read vLLM's /metrics (with autoscale the front's too,
-    # space-separated).
+    # the only source a replica's gateway lets read vLLM's /metrics.
     replica: int | None = None
     private_ip: str = ""
     peers: Sequence[Sequence[str]] = ()
@@ -99,8 +98,6 @@ class Inputs:
     render_client: str = ""
     # The balancer's member phase: the replica's Droplet (its upstream file is named by it).
     droplet_id: str = ""
-    # The balancer's wake phase: a GPU replica's hourly price (autoscale's daily budget).
-    price_hourly: float = 0.0
     # Where a public gateway listens (a test that cannot take 80 and 443 gives its own).
     ports: Ports = field(default_factory=Ports)
 
@@ -439,21 +436,17 @@ def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     nothing on a stack that does not run one."""
     on = cfg.wake.enabled
     token = cfg.wake.token.get_secret_value() if on and cfg.wake.token is not None else ""
-    # With autoscale the waker reads every replica's /metrics, which their gateways admit
-    # with the key alone: a credential of its unit, as the token is.
-    scaled = on and cfg.autoscale.enabled
     return {
         "NEMO_WAKE_MODE": wake.mode(cfg),
         "NEMO_WAKE_PY": shipped("wake.py") if on else "",
         "NEMO_WAKE_SCRIPT": wake.SCRIPT_PATH,
         "NEMO_WAKE_ENV_FILE": wake.ENV_FILE,
-        "NEMO_WAKE_ENV_TEXT": wake.env_text(cfg, i.price_hourly or None) if on else "",
+        "NEMO_WAKE_ENV_TEXT": wake.env_text(cfg) if on else "",
         "NEMO_WAKE_TOKEN_FILE": wake.TOKEN_FILE,
         "NEMO_WAKE_TOKEN": token,
-        "NEMO_WAKE_API_KEY_FILE": wake.API_KEY_FILE,
-        "NEMO_WAKE_API_KEY": i.api_key if scaled else "",
+        "NEMO_WAKE_OLD_KEY_FILE": wake.OLD_KEY_FILE,
         "NEMO_WAKE_UNIT": wake.UNIT,
-        "NEMO_WAKE_UNIT_TEXT": wake.unit_text(autoscale=scaled) if on else "",
+        "NEMO_WAKE_UNIT_TEXT": wake.unit_text() if on else "",
         "NEMO_WAKE_ADDRESS": wake.ADDRESS,
         "NEMO_WAKE_PYTHON": wake.PYTHON,
         "NEMO_WAKE_PACKAGE": wake.APT_PACKAGE,

@@ -153,14 +153,7 @@ BALANCER: tuple[Phase, ...] = (
     ),
     # The waker (wake.enabled; else it removes one an earlier run installed): before the
     # gateway, whose Caddyfile then sends it keyed requests while no replica is ready.
-    Phase(
-        "wake",
-        (),
-        10,
-        ps.balancer_wake,
-        inputs=("api_key", "price_hourly"),
-        delete_minutes=LEAVE_MINUTES,
-    ),
+    Phase("wake", (), 10, ps.balancer_wake, delete_minutes=LEAVE_MINUTES),
     # The cache-aware router (balancer.routing: cache-aware; else it removes one an earlier run
     # installed): before the gateway, whose Caddyfile then proxies to it. Its bound: uv and the
     # router's wheels from PyPI (a few MB), its start, and a restart's stop, which lets the

@@ -18,9 +18,9 @@ ENV_FILE = "/etc/nemotron/wake.env"
 # The pipeline's token: root-only; the unit reads it as a systemd credential (LoadCredential),
 # so the service's own user never needs read access to /etc/nemotron.
 TOKEN_FILE = "/etc/nemotron/wake.token"  # noqa: S105 (a path, not a secret)
-# With autoscale, the stack's API key, to read each replica's /metrics through its gateway: a
-# second credential, root-only, never on a command line (the wake phase writes it as the token).
-API_KEY_FILE = "/etc/nemotron/wake.apikey"
+# Where the retired autoscaler kept the stack's API key (to read each replica's /metrics): the
+# wake phase removes it from a front that still has it.
+OLD_KEY_FILE = "/etc/nemotron/wake.apikey"
 UNIT = "nemotron-wake.service"
 # Ubuntu's Python with Ubuntu's aiohttp (python3-aiohttp, which the wake phase installs): the
 # waker's HTTP server and client, updated with the image's security updates.
@@ -53,19 +53,14 @@ ASLEEP_LOOKS = 3
 RUN_POLL_SECONDS = 10
 MAX_HELD = 2000
 MAX_HELD_BYTES = 200_000_000
-# Autoscale: the replicas' metrics are sampled every SCALE_SAMPLE_SECONDS (a page of vLLM's
-# metrics costs a replica's API server a few ms: docs/facts.md, "Cost of /metrics").
-SCALE_SAMPLE_SECONDS = 5
 
 
 def mode(cfg: StackConfig) -> str:
     return "on" if cfg.wake.enabled else "off"
 
 
-def env_text(cfg: StackConfig, price_hourly: float | None = None) -> str:
-    """wake.py's settings (the token and the API key are not here: they are credential files).
-    With autoscale, its SCALE_ settings; `price_hourly` is a replica's live hourly price, the
-    catalog's list price when not given."""
+def env_text(cfg: StackConfig) -> str:
+    """wake.py's settings (the token is not here: it is a credential file)."""
     w = cfg.wake
     lines = {
         "WAKE_LISTEN": ADDRESS,
@@ -93,32 +88,10 @@ def env_text(cfg: StackConfig, price_hourly: float | None = None) -> str:
         "WAKE_MAX_HELD": str(MAX_HELD),
         "WAKE_MAX_HELD_BYTES": str(MAX_HELD_BYTES),
     }
-    if cfg.autoscale.enabled:
-        lines |= scale_env(cfg, price_hourly)
     return "\n".join(f"{k}={v}" for k, v in lines.items())
 
 
-def scale_env(cfg: StackConfig, price_hourly: float | None = None) -> dict[str, str]:
-    """The autoscaler's settings (scripts/phases/wake.py ScalePolicy.from_env reads them)."""
-    a = cfg.autoscale
-    assert a.max is not None, "autoscale is on when max is set"
-    price = price_hourly if price_hourly is not None else cfg.size.list_price_usd_hour
-    return {
-        "SCALE_MIN": str(a.min),
-        "SCALE_MAX": str(a.max),
-        "SCALE_QUEUE_SECONDS": f"{a.queue_seconds:g}",
-        "SCALE_OUT_WINDOW_SECONDS": str(a.out_window_seconds),
-        "SCALE_IN_WINDOW_SECONDS": str(a.in_window_seconds),
-        "SCALE_IN_UTILIZATION": f"{a.in_utilization:g}",
-        "SCALE_REPLICA_CAPACITY": str(cfg.replica_capacity),
-        "SCALE_COOLDOWN_MINUTES": f"{a.cooldown_minutes:g}",
-        "SCALE_DAILY_BUDGET_USD": "" if a.daily_budget_usd is None else f"{a.daily_budget_usd:g}",
-        "SCALE_REPLICA_PRICE_HOURLY": f"{price or 0:g}",
-        "SCALE_SAMPLE_SECONDS": str(SCALE_SAMPLE_SECONDS),
-    }
-
-
-def unit_text(autoscale: bool = False) -> str:
+def unit_text() -> str:
     """Its own unprivileged user (DynamicUser), the token as a credential, its state kept across
     restarts (the day's wakes, a wake under way), restarted at once if it stops. Caddy sends it
     keyed requests only while its hold file exists (no replica ready). Through a restart (a
@@ -127,10 +100,7 @@ def unit_text(autoscale: bool = False) -> str:
     (RuntimeDirectoryPreserve=restart, systemd man/systemd.exec.xml), so Caddy keeps sending
     keyed requests here and retries the connection until the next waker listens (held()); the
     requests it held are answered 503 with `x-should-retry: true`. Stopped for good, the folder
-    goes and Caddy proxies to the replicas. With autoscale, the API key is a second credential
-    (the replicas' /metrics)."""
-    key = (f"LoadCredential=apikey:{API_KEY_FILE}\nEnvironment=WAKE_API_KEY_FILE=%d/apikey\n"
-           if autoscale else "")  # fmt: skip
+    goes and Caddy proxies to the replicas."""
     return f"""[Unit]
 Description=Wake the GPU set on a keyed request (nemotron-droplet)
 After=network-online.target
@@ -147,7 +117,7 @@ RuntimeDirectoryPreserve=restart
 EnvironmentFile={ENV_FILE}
 LoadCredential=token:{TOKEN_FILE}
 Environment=WAKE_TOKEN_FILE=%d/token
-{key}ExecStart={PYTHON} {SCRIPT_PATH}
+ExecStart={PYTHON} {SCRIPT_PATH}
 Restart=always
 RestartSec=1
 # Held requests: one socket each from Caddy and one to a replica when it is ready.

@@ -345,14 +345,6 @@ AMD_SIZE_PREFIX = "gpu-mi"
 SIZES: dict[str, GpuSize] = {s.slug: s for s in _SIZES}
 
 
-def default_max_num_seqs(size: GpuSize) -> int:
-    """vLLM 0.33's own `max_num_seqs` for `vllm serve` when none is given: 1024 on a GPU with 70
-    GiB or more (an A100 and GB10 aside), else 256 (vllm/engine/arg_utils.py
-    `get_batch_defaults`, OPENAI_API_SERVER, read from the locked wheel). Per GPU: the device's
-    memory, not the Droplet's total. Autoscale's replica capacity without `vllm.maxNumSeqs`."""
-    return 1024 if size.vram_gb_per_gpu * 1e9 >= 70 * 2**30 else 256
-
-
 NVIDIA_SIZES = tuple(s.slug for s in _SIZES if s.vendor == "nvidia")
 
 

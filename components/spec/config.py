@@ -24,10 +24,10 @@ from .schema import (
     LOCKS_DIR,
     NAMESPACE,
     PLATFORMS,
+    RETIRED_KEYS,
     SECRET_KEYS,
     SECTIONS,
     AccessConfig,
-    AutoscaleConfig,
     BalancerConfig,
     BootstrapConfig,
     DropletConfig,
@@ -481,41 +481,6 @@ def _wake_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
     return problems
 
 
-def _autoscale_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
-    """What capacity that follows the load stands on: the waking front (it reads the replicas'
-    queues and asks the wake's pipeline for each step), a floor below the ceiling, a window to
-    scale in longer than the one to scale out, and for a floor of 0 the idle rule that deletes
-    the last replica (the front never deletes one)."""
-    scale: AutoscaleConfig = parsed["autoscale"]
-    if not ok("autoscale") or not scale.enabled or scale.max is None:
-        return []
-    problems: list[str] = []
-    if ok("wake.enabled") and not parsed["wake"].enabled:
-        problems.append(
-            "autoscale.max: autoscale runs on the waking front, which reads every replica's "
-            "queue and asks your pipeline for each step: set wake.enabled: true (with "
-            "wake.githubRepo and wake.token, or a webhook)"
-        )
-    if scale.min > scale.max:
-        problems.append(
-            f"autoscale.min: {scale.min} is more than autoscale.max ({scale.max}); accepted: "
-            f"0 to {scale.max}"
-        )
-    if scale.in_window_seconds < scale.out_window_seconds:
-        problems.append(
-            f"autoscale.inWindowSeconds: {scale.in_window_seconds} is shorter than "
-            f"autoscale.outWindowSeconds ({scale.out_window_seconds}); a set that scales in "
-            "faster than out swings: accepted: at least outWindowSeconds"
-        )
-    if ok("autodown") and scale.min == 0 and parsed["autodown"].idle_minutes is None:
-        problems.append(
-            "autoscale.min: 0 lets the set sleep, and the last replica goes by autodown's idle "
-            "rule (the front never deletes one): set autodown.idleMinutes (and its token), or "
-            "autoscale.min: 1"
-        )
-    return problems
-
-
 def _kube_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
     """What the Kubernetes platform's edge admits, and a weights Volume that holds the model."""
     kube: KubePlatformConfig | None = parsed.get(KUBERNETES_SECTION)
@@ -559,7 +524,6 @@ def _cross_check(parsed: Mapping[str, Any], bad: set[str]) -> list[str]:
         _cache_rules,
         _pool_rules,
         _wake_rules,
-        _autoscale_rules,
     )
     return [problem for rule in rules for problem in rule(parsed, ok)]
 
@@ -605,6 +569,9 @@ def parse(
     if given_key is not None and "apiKey" in secret_keys:
         problems.extend(f"apiKey: {p}" for p in apikey.problems(given_key))
     for key in sorted(set(raw) - KNOWN_KEYS):
+        if key in RETIRED_KEYS:
+            problems.append(f"{key}: {RETIRED_KEYS[key]}")
+            continue
         accepted = ", ".join(["platform", *SECTIONS, KUBERNETES_SECTION, "replicas", *SECRET_KEYS])
         problems.append(f"{key}: unknown key; accepted: {accepted}")
     bad: set[str] = set()
@@ -630,16 +597,12 @@ def parse(
             value = {}
         parsed[name] = _validate_section(name, model, value, problems, bad)
 
-    scale = parsed.get("autoscale")
-    if isinstance(scale, AutoscaleConfig) and scale.enabled and "autoscale" not in bad:
-        replicas = _autoscaled_replicas(scale, "replicas" in raw, problems)
     parsed["replicas"] = replicas
     if replicas is None:
         bad.add("replicas")
     problems.extend(_cross_check(parsed, bad))
     if "wake" not in bad and isinstance(parsed.get("wake"), WakeConfig):
-        scaled = isinstance(scale, AutoscaleConfig) and scale.enabled
-        problems.extend(wake_pipeline_problems(parsed["wake"], stack, scaled=scaled))
+        problems.extend(wake_pipeline_problems(parsed["wake"], stack))
     if problems:
         raise ConfigError(problems)
     return StackConfig(stack=stack, **parsed)
@@ -649,17 +612,12 @@ WORKFLOWS = Path(__file__).resolve().parents[2] / ".github" / "workflows"
 # What a wake dispatches (scripts/phases/wake.py dispatch_github): the workflow must declare
 # these inputs, and GitHub answers 422 to a `choice` value outside its options.
 WAKE_INPUTS = {"stack": None, "command": "up", "refresh": "true"}
-# And with autoscale, the count each step (and a wake) asks for: a string input.
-SCALE_INPUT = "replicas"
 
 
-def wake_pipeline_problems(
-    wake: WakeConfig, stack: str, workflows: Path = WORKFLOWS, *, scaled: bool = False
-) -> list[str]:
-    """Whether the deploy workflow in this repository takes the wake's dispatch for this stack
-    (and, with autoscale, its `replicas` input), before the first wake finds out with GitHub's
-    422. Only a workflow this repository holds is read (another repository's is checked by
-    `validate` with a GitHub token)."""
+def wake_pipeline_problems(wake: WakeConfig, stack: str, workflows: Path = WORKFLOWS) -> list[str]:
+    """Whether the deploy workflow in this repository takes the wake's dispatch for this stack,
+    before the first wake finds out with GitHub's 422. Only a workflow this repository holds is
+    read (another repository's is checked by `validate` with a GitHub token)."""
     if not wake.enabled or wake.trigger != "github":
         return []
     path = workflows / wake.github_workflow
@@ -674,11 +632,6 @@ def wake_pipeline_problems(
         return [f"wake.githubWorkflow: {path.name} has no workflow_dispatch trigger to wake by"]
     inputs = dispatch.get("inputs") or {}
     problems = []
-    if scaled and not isinstance(inputs.get(SCALE_INPUT), dict):
-        problems.append(
-            f"autoscale: {path.name} declares no input `{SCALE_INPUT}`, which each scale step "
-            "sends (GitHub would answer 422): add it as in this repository's deploy.yml"
-        )
     for name, value in {**WAKE_INPUTS, "stack": stack}.items():
         spec = inputs.get(name)
         if not isinstance(spec, dict):
@@ -714,7 +667,6 @@ DROPLET_ONLY = {
     "balancer": "the entry is the edge, Caddy behind a DigitalOcean Load Balancer, always",
     "wake": "a keyed request wakes a sleeping model through the router's queue and KEDA "
     "(kubernetes.replicas.min 0)",
-    "autoscale": "KEDA moves the model servers between kubernetes.replicas.min and max",
     "access.sshCidrs": _NO_SSH,
     "access.sshKeyFingerprints": _NO_SSH,
     "vllm.install": _IMAGE,
@@ -774,19 +726,6 @@ def _platform(
     else:
         out["droplet"] = {"size": kube.gpu_pool.size}
     return platform, kube, out
-
-
-def _autoscaled_replicas(scale: AutoscaleConfig, given: bool, problems: list[str]) -> int:
-    """With autoscale the count is not the config's: `replicas` beside it is refused, and the
-    parsed count is what a new stack starts with (components/cloud/scale.py decides each
-    run's)."""
-    if given:
-        problems.append(
-            "replicas: set beside autoscale.max; with autoscale the count is what the cloud "
-            "runs, kept within autoscale.min and max: remove replicas (pulumi config rm "
-            "replicas), or remove autoscale to fix the count"
-        )
-    return max(scale.min, 1)
 
 
 def _replicas(value: Any, problems: list[str]) -> int | None:

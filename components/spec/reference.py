@@ -14,6 +14,7 @@ from .schema import (
     KUBERNETES_SECTION,
     PLATFORM_DESCRIPTION,
     REPLICAS_DESCRIPTION,
+    RETIRED_KEYS,
     SECTIONS,
     set_secret,
 )
@@ -59,6 +60,7 @@ def reference_markdown() -> str:
         f"{apikey.MIN_LENGTH} of {apikey.CHARSET_TEXT}, secret only: "
         f"{set_secret('apiKey')}; a new value and one `pulumi up` rotate it. |"
     )
+    rows += [f"| `{key}` | retired | Refused: {why}. |" for key, why in RETIRED_KEYS.items()]
     return "\n".join(rows)
 
 

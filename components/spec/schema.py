@@ -205,7 +205,7 @@ class AccessConfig(_Section):
         default_factory=lambda: list(catalog.ANYWHERE),
         description="Who may reach SSH (key-only). Must include the public address of the "
         "machine that runs `pulumi up`: the bootstrap runs over SSH. A GitHub-hosted runner "
-        "(deploy.yml: pushes, wakes, scale steps) connects from no address you can list: a "
+        "(deploy.yml: pushes, wakes) connects from no address you can list: a "
         "stack CI deploys keeps anywhere, and an `up` there with a narrower list is refused "
         "(docs/ci.md). Documentation, private, loopback and other ranges no client connects "
         "from are refused.",
@@ -706,11 +706,9 @@ class WakeConfig(_Section):
     trigger: Literal["github", "webhook"] = Field(
         "github",
         description="`github`: GitHub Actions' workflow_dispatch of `githubWorkflow` with the "
-        "inputs stack, command: up and refresh: true, and with autoscale replicas (a "
-        "fine-grained token with Actions: read and write on `githubRepo` alone). `webhook`: a "
-        "POST to `webhookUrl` with the token in the header `webhookHeader` and a JSON body "
-        "`{stack, event: wake|scale, replicas}`, for any other CI (pass `replicas` to the "
-        "program as NEMOTRON_REPLICAS).",
+        "inputs stack, command: up and refresh: true (a fine-grained token with Actions: read "
+        "and write on `githubRepo` alone). `webhook`: a POST to `webhookUrl` with the token in "
+        "the header `webhookHeader` and a JSON body `{stack, event: wake}`, for any other CI.",
     )
     github_repo: str | None = Field(
         None, description="`github`: the repository whose workflow deploys: `owner/name`."
@@ -790,80 +788,6 @@ class WakeConfig(_Section):
         return v
 
 
-class AutoscaleConfig(_Section):
-    """Capacity that follows the load: the front reads every replica's vLLM queue and asks your
-    pipeline for one replica more or fewer (docs/autoscale.md). On when `max` is set; then the
-    count is not the top-level `replicas` but what the cloud has, kept within `min` and `max`."""
-
-    min: int = Field(
-        1,
-        ge=0,
-        le=catalog.MAX_REPLICAS,
-        description="Fewest replicas the front scales in to. 0: the last replica goes by "
-        "autodown's idle rule (needs `autodown.idleMinutes`) and a keyed request wakes one "
-        "(the wake path, with `wake.maxPerDay`); a push while none runs keeps none.",
-    )
-    max: int | None = Field(
-        None,
-        ge=1,
-        le=catalog.MAX_REPLICAS,
-        description=f"Most replicas the front scales out to (up to {catalog.MAX_REPLICAS}; your "
-        "GPU quota must allow them in one region). Unset: autoscale off, the count is "
-        "`replicas`.",
-    )
-    queue_seconds: float = Field(
-        2.0,
-        gt=0,
-        le=600,
-        description="Scale out when requests wait longer than this in vLLM's queue: the wait "
-        "estimated from the set's waiting requests over its finishing rate (Little's law: "
-        "`vllm:num_requests_waiting` / the rate of `vllm:request_success_total`), sustained "
-        "over `outWindowSeconds`.",
-    )
-    out_window_seconds: int = Field(
-        60,
-        ge=10,
-        le=3600,
-        description="How long the queue must stay over `queueSeconds`, every sample waiting, "
-        "before one replica is added: a burst shorter than this is queued, not bought.",
-    )
-    in_window_seconds: int = Field(
-        600,
-        ge=30,
-        le=86400,
-        description="How long the set must have carried its load with room to spare (nothing "
-        "waiting, its peak within `inUtilization` of one replica fewer) before one replica "
-        "leaves. Longer than `outWindowSeconds`, so the set does not swing.",
-    )
-    in_utilization: float = Field(
-        0.5,
-        gt=0,
-        lt=1,
-        description="Scale in only when one replica fewer would run at most this share of "
-        "their capacity at the window's peak: running requests against `vllm.maxNumSeqs` "
-        "(vLLM's default for the GPU when unset), and KV cache use against a full cache.",
-    )
-    cooldown_minutes: float = Field(
-        5,
-        ge=1,
-        le=1440,
-        description="After a step (or a step that failed), no other for this long; the windows "
-        "start again once the step's replica has joined or left.",
-    )
-    daily_budget_usd: float | None = Field(
-        None,
-        gt=0,
-        description="Most the GPU replicas may cost in any 24 hours, in US dollars (replica-hours "
-        "times the size's hourly price). A step out that would pass it in its first hour is "
-        "refused, and the refusal names this field. Unset: no budget but `max` (and the policy "
-        "pack's).",
-    )
-
-    @property
-    def enabled(self) -> bool:
-        return self.max is not None
-
-
 SECTIONS: dict[str, type[_Section]] = {
     "droplet": DropletConfig,
     "access": AccessConfig,
@@ -874,7 +798,6 @@ SECTIONS: dict[str, type[_Section]] = {
     "cache": CacheConfig,
     "balancer": BalancerConfig,
     "wake": WakeConfig,
-    "autoscale": AutoscaleConfig,
 }
 # Top-level plain values (not sections): name, description. `replicas` is checked in config.py.
 REPLICAS_DESCRIPTION = (
@@ -894,6 +817,16 @@ PLATFORM_DESCRIPTION = (
     "(docs/kubernetes.md). The Droplet-only sections are refused there, naming each."
 )
 KUBERNETES_SECTION = "kubernetes"
+# Keys a Droplet stack no longer takes, each refused with what replaces it (config.parse).
+RETIRED_KEYS = {
+    "autoscale": (
+        "the Droplet autoscaler is retired: a Droplet stack serves a fixed `replicas: N`, and "
+        "sleeps at zero with wake.enabled (and its pipeline: wake.githubRepo and wake.token, "
+        "or a webhook) and autodown.idleMinutes, the whole set woken by a keyed request. "
+        "Capacity that follows the load is `platform: kubernetes` (KEDA and the cluster "
+        "autoscaler: docs/kubernetes.md). Remove the key: pulumi config rm autoscale"
+    ),
+}
 
 
 class StackConfig(BaseModel):
@@ -911,9 +844,7 @@ class StackConfig(BaseModel):
     cache: CacheConfig
     balancer: BalancerConfig
     wake: WakeConfig = WakeConfig()
-    autoscale: AutoscaleConfig = AutoscaleConfig()
-    # The count: `replicas` as given, or with autoscale what components/cloud/scale.py decided
-    # (the live count within autoscale's min and max; 0 only with min 0, asleep).
+    # The count, fixed: autodown deletes the whole set and a wake brings the whole set back.
     replicas: int = 1
     # `platform: kubernetes`: the cluster's section (config.py sets `droplet.size` to its GPU
     # pool's size, which the serve flags read: tensor parallelism, the batch default).
@@ -964,17 +895,7 @@ class StackConfig(BaseModel):
     def routing(self) -> Literal["cache-aware", "least-conn", "round-robin"]:
         """How the entry picks a replica (resolved_routing); cache-aware runs the front's
         router and the replicas' render route."""
-        # With autoscale, by the most the set may have: a step from 1 to 2 replicas must not
-        # install the router, nor one back to 1 remove it.
-        return resolved_routing(
-            self.balancer, self.balancer_kind, max(self.replicas, self.autoscale.max or 0)
-        )
-
-    @property
-    def replica_capacity(self) -> int:
-        """Requests one replica's vLLM batches at once (more wait in its queue): autoscale's
-        measure of what a replica carries."""
-        return self.vllm.max_num_seqs or catalog.default_max_num_seqs(self.size)
+        return resolved_routing(self.balancer, self.balancer_kind, self.replicas)
 
     def replica_name(self, index: int) -> str:
         """Replica 0 keeps the one-Droplet name, so growing a stack keeps its Droplet."""

@@ -59,25 +59,16 @@ WAKE_STATE_FILE, WAKE_HEALTH_SECONDS, WAKE_COMMENT_SECONDS, WAKE_ASLEEP_SECONDS,
 WAKE_ASLEEP_LOOKS, WAKE_BUSY_SECONDS, WAKE_MAX_HELD, WAKE_MAX_HELD_BYTES,
 WAKE_RUN_POLL_SECONDS.
 
-Autoscale (issue 33; on when SCALE_MAX is set and the API key is in WAKE_API_KEY_FILE, a
-second systemd credential): every SCALE_SAMPLE_SECONDS while awake, each replica's vLLM
-metrics through its gateway (`GET /metrics` with the key), and one step of one replica more or
-fewer asked of the same pipeline a wake starts, with the input `replicas`. The decision is pure
-(decide(), below: no I/O); the guards (one step at a time, the cooldown, an update under way, a
-draining replica, the day's budget) and the step's run are the Waker's. Settings: SCALE_MIN,
-SCALE_MAX, SCALE_QUEUE_SECONDS, SCALE_OUT_WINDOW_SECONDS, SCALE_IN_WINDOW_SECONDS,
-SCALE_IN_UTILIZATION, SCALE_REPLICA_CAPACITY, SCALE_COOLDOWN_MINUTES, SCALE_DAILY_BUDGET_USD
-(empty: none), SCALE_REPLICA_PRICE_HOURLY, SCALE_SAMPLE_SECONDS.
+It wakes and holds, and never scales: the set's count is the stack's fixed `replicas` (the
+Droplet autoscaler retired for the Kubernetes platform's engines: docs/kubernetes.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import http.client
 import inspect
-import itertools
 import json
 import math
 import os
@@ -105,9 +96,9 @@ CONTROL_PATH = "/nemotron/wake"
 MAX_BODY = 16_000_000  # the gate's own limit: nothing larger gets this far
 FORWARD_TIMEOUT = 3600.0  # a held request, once sent, may generate for long
 API_TIMEOUT = 20.0
-# A look at one replica (its /health, or its /metrics for autoscale) has LOOK_TIMEOUT to answer.
-# One that did not is asked for a bare connection (_connects, the same budget): accepted, the
-# replica is busy, not gone (a saturated vLLM answers its /health and /metrics late:
+# A look at one replica's /health has LOOK_TIMEOUT to answer. One that did not is asked for a
+# bare connection (_connects, the same budget): accepted, the replica is busy, not gone (a
+# saturated vLLM answers its /health late:
 # docs/facts.md, "A busy vLLM answers its health check late"); refused, or not accepted in
 # time, it is gone.
 LOOK_TIMEOUT = 2.0
@@ -181,10 +172,6 @@ class Settings:
     max_held: int
     max_held_bytes: int
     run_poll_seconds: float
-    # Autoscale: None when off (no SCALE_MAX), or why it is off although asked for.
-    scale: ScalePolicy | None = None
-    scale_off: str = ""
-    api_key: str = ""
 
     @staticmethod
     def from_env(env: dict[str, str]) -> Settings:
@@ -204,7 +191,6 @@ class Settings:
             if url.scheme and url.scheme != "https" and url.hostname != "127.0.0.1":
                 raise SystemExit(f"{url_key}: the token goes over HTTPS only")
         state = env.get("WAKE_STATE_FILE", "")
-        scale, scale_off, api_key = ScalePolicy.from_env(env)
         return Settings(
             listen=(host or "127.0.0.1", int(port)),
             upstreams_dir=Path(env.get("WAKE_UPSTREAMS_DIR", "/etc/caddy/upstreams")),
@@ -232,294 +218,7 @@ class Settings:
             max_held=int(env.get("WAKE_MAX_HELD", "2000")),
             max_held_bytes=int(env.get("WAKE_MAX_HELD_BYTES", "200000000")),
             run_poll_seconds=float(env.get("WAKE_RUN_POLL_SECONDS", "10")),
-            scale=scale,
-            scale_off=scale_off,
-            api_key=api_key,
         )
-
-
-# ---- autoscale: the decision, pure (no I/O; tests/test_autoscale.py calls it directly) ---------
-
-# vLLM 0.33's names (docs/facts.md, "vLLM 0.33.0: metrics for scaling"): gauges summed over their
-# label sets (one `engine` per DP rank), KV use a 0-1 fraction per engine (its max taken), and
-# the finished requests' counter summed over every finished_reason.
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USE = "vllm:kv_cache_usage_perc"
-FINISHED = "vllm:request_success_total"
-METRIC_LINE = re.compile(r'^(vllm:[A-Za-z0-9_:]+)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
-METRICS_LIMIT = 4_000_000  # bytes of one /metrics page read
-KV_FULL = 0.95  # a cache this full with nothing waiting: the signals disagree
-STEPS_KEPT = 20
-# A run of the deploy workflow that is not over (actions/list-workflow-runs' `status` values
-# for runs still to end; the filter takes one value per call, so one page is read and sorted
-# here).
-RUN_ACTIVE = ("queued", "in_progress", "waiting", "pending", "requested")
-
-
-@dataclass(frozen=True)
-class ScalePolicy:
-    """autoscale's settings as the waker reads them (components/spec/schema.py AutoscaleConfig
-    is the contract; components/host/wake.py env_text renders them)."""
-
-    min: int
-    max: int
-    queue_seconds: float
-    out_window: float
-    in_window: float
-    in_utilization: float
-    capacity: int
-    cooldown_minutes: float
-    daily_budget_usd: float | None
-    price_hourly: float
-    sample_seconds: float
-
-    @property
-    def floor(self) -> int:
-        """The fewest the waker scales in to: going to none is autodown's idle rule and the
-        wake path's, never a step."""
-        return max(self.min, 1)
-
-    @staticmethod
-    def from_env(env: dict[str, str]) -> tuple[ScalePolicy | None, str, str]:
-        """(the policy or None, why it is off although SCALE_MAX asks for it, the API key)."""
-        if not env.get("SCALE_MAX"):
-            return None, "", ""
-        key_file = env.get("WAKE_API_KEY_FILE", "")
-        try:
-            key = Path(key_file).read_text().strip() if key_file else ""
-        except OSError:
-            key = ""
-        if not key:
-            return None, "no API key (WAKE_API_KEY_FILE): the replicas' /metrics cannot be read", ""
-        budget = env.get("SCALE_DAILY_BUDGET_USD", "")
-        policy = ScalePolicy(
-            min=int(env.get("SCALE_MIN", "1")),
-            max=int(env["SCALE_MAX"]),
-            queue_seconds=float(env.get("SCALE_QUEUE_SECONDS", "2")),
-            out_window=float(env.get("SCALE_OUT_WINDOW_SECONDS", "60")),
-            in_window=float(env.get("SCALE_IN_WINDOW_SECONDS", "600")),
-            in_utilization=float(env.get("SCALE_IN_UTILIZATION", "0.5")),
-            capacity=int(env.get("SCALE_REPLICA_CAPACITY", "256")),
-            cooldown_minutes=float(env.get("SCALE_COOLDOWN_MINUTES", "5")),
-            daily_budget_usd=float(budget) if budget else None,
-            price_hourly=float(env.get("SCALE_REPLICA_PRICE_HOURLY", "0")),
-            sample_seconds=float(env.get("SCALE_SAMPLE_SECONDS", "5")),
-        )
-        return policy, "", key
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One replica's page of metrics."""
-
-    waiting: float
-    running: float
-    kv: float  # the fullest engine's KV cache, 0-1
-    finished: float  # requests finished since its vLLM started
-
-
-def parse_metrics(text: str) -> Reading | None:
-    """The four series out of Prometheus' text format; None without the queue's gauges (not
-    a vLLM page, or one started with --disable-log-stats). A value that is not a finite count
-    (NaN, +Inf, negative) is no reading: a counter or gauge of vLLM's is never one."""
-    # Each series (name and label set) once: the format allows one sample per series, so a
-    # repeated one is the same series again (its last value), never counted twice.
-    found: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        match = METRIC_LINE.match(line)
-        if not match or match[1] not in (WAITING, RUNNING, KV_USE, FINISHED):
-            continue
-        try:
-            value = float(match[3])
-        except ValueError:
-            continue
-        if math.isfinite(value) and value >= 0:
-            found.setdefault(match[1], {})[match[2] or ""] = value
-    if WAITING not in found or RUNNING not in found:
-        return None
-    return Reading(
-        waiting=sum(found[WAITING].values()),
-        running=sum(found[RUNNING].values()),
-        kv=max(found.get(KV_USE, {"": 0.0}).values()),
-        finished=sum(found.get(FINISHED, {}).values()),
-    )
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The pool at one moment, every replica read (a sample with one unread is not taken)."""
-
-    at: float
-    n: int
-    waiting: float
-    running: float
-    kv_max: float
-    kv_sum: float
-    finished: dict[str, float]  # each replica's counter, by host:port
-
-    @staticmethod
-    def of(at: float, readings: dict[str, Reading]) -> Sample:
-        r = list(readings.values())
-        return Sample(at=at, n=len(r), waiting=sum(x.waiting for x in r),
-                      running=sum(x.running for x in r), kv_max=max((x.kv for x in r), default=0),
-                      kv_sum=sum(x.kv for x in r),
-                      finished={k: x.finished for k, x in readings.items()})  # fmt: skip
-
-
-def waiting_run(samples: list[Sample]) -> list[Sample]:
-    """The last samples that all had requests waiting (the out window's evidence)."""
-    start = len(samples)
-    while start and samples[start - 1].waiting > 0:
-        start -= 1
-    return samples[start:]
-
-
-def finished_between(a: Sample, b: Sample) -> float:
-    """Requests finished from sample a to sample b over the pool: a counter that went down
-    belongs to a restarted vLLM (its new value is what it finished since); a replica new in b
-    counts from its next sample."""
-    total = 0.0
-    for name, now in b.finished.items():
-        before = a.finished.get(name)
-        if before is not None:
-            total += now - before if now >= before else now
-    return total
-
-
-def trailing(samples: list[Sample], span: float, ok: Callable[[Sample], bool]) -> list[Sample]:
-    """The last samples covering `span` seconds (the first of them at or before the span's
-    start), all `ok`; [] when the run of such samples is shorter."""
-    if not samples:
-        return []
-    start = samples[-1].at - span
-    picked: list[Sample] = []
-    for sample in reversed(samples):
-        if not ok(sample):
-            return []
-        picked.append(sample)
-        if sample.at <= start + 1e-6:
-            return picked[::-1]
-    return []
-
-
-def run_span(samples: list[Sample], ok: Callable[[Sample], bool]) -> float:
-    """How long the last samples have all been `ok` (0 when the last is not)."""
-    first = None
-    for sample in reversed(samples):
-        if not ok(sample):
-            break
-        first = sample
-    return samples[-1].at - first.at if samples and first else 0.0
-
-
-def queue_of(window: list[Sample]) -> dict[str, Any]:
-    """Little's law over a window: the mean waiting, the finishing rate, the wait they give
-    (None: nothing finished, an endless wait), and the mean KV use."""
-    elapsed = window[-1].at - window[0].at if window else 0.0
-    done = sum(finished_between(a, b) for a, b in itertools.pairwise(window))
-    rate = done / elapsed if elapsed > 0 else 0.0
-    waiting = sum(s.waiting for s in window) / len(window) if window else 0.0
-    return {
-        "waiting_mean": round(waiting, 3),
-        "finishing_rate": round(rate, 3),
-        "queue_wait_seconds": round(waiting / rate, 3) if rate > 0 else None,
-        "kv_mean": round(sum(s.kv_max for s in window) / len(window), 3) if window else 0.0,
-        "elapsed": round(elapsed, 3),
-    }
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the samples say: `out` (want n+1), `in` (want n-1), or a reason for no step."""
-
-    code: str
-    want: int | None
-    why: str
-    signals: dict[str, Any]
-
-
-def decide(samples: list[Sample], p: ScalePolicy) -> Decision:
-    """The count the pool's samples (all fresh, all of the same pool; a stale one or a change
-    of the count starts them again) call for.
-
-    Out: every sample of the last outWindowSeconds had requests waiting, and the wait they
-    give, mean(waiting) / the finishing rate, is at least queueSeconds (endless when nothing
-    finished). The queue decides even with the KV cache low (a prefill-heavy queue,
-    llm-d-autoscaling#662). A cache at KV_FULL on average with nothing waiting is served
-    (vLLM preempts when it must, which shows as waiting): the signals disagree, no step.
-    In: every sample of the last inWindowSeconds had nothing waiting, and one replica fewer
-    would have carried the window's peak within inUtilization (running requests against the
-    replicas' capacity, KV fractions against full caches)."""
-    last = samples[-1]
-    n = last.n
-    recent = trailing(samples, p.out_window, lambda s: True) or samples
-    signals = {
-        "n": n, "waiting": last.waiting, "running": last.running, "kv": round(last.kv_max, 3),
-        **queue_of(recent),
-        "out_window_seconds": round(run_span(samples, lambda s: s.waiting > 0), 3),
-        "in_window_seconds": round(run_span(samples, lambda s: s.waiting == 0), 3),
-    }  # fmt: skip
-    out = trailing(samples, p.out_window, lambda s: s.waiting > 0)
-    if out:
-        return _decide_out(out, n, p, signals)
-    calm = trailing(samples, p.out_window, lambda s: s.waiting == 0)
-    if calm and (kv := queue_of(calm)["kv_mean"]) >= KV_FULL:
-        return Decision("signals_disagree", None, f"KV cache {kv:.0%} used on average but "
-                        "nothing waits: served (vLLM would preempt, which shows as waiting); "
-                        "no step", signals)  # fmt: skip
-    quiet = trailing(samples, p.in_window, lambda s: s.waiting == 0)
-    if not quiet:
-        return Decision("steady", None, "no signal held for its whole window", signals)
-    return _decide_in(quiet, n, p, signals)
-
-
-def _decide_out(out: list[Sample], n: int, p: ScalePolicy, signals: dict[str, Any]) -> Decision:
-    """Every sample of the out window waits: out when the wait is long enough, below max."""
-    q = queue_of(out)
-    wait = q["queue_wait_seconds"]
-    said = "no request finished" if wait is None else f"about {wait:g} s of wait"
-    what = (f"{q['waiting_mean']:g} waiting on average over {q['elapsed']:g} s, "
-            f"{q['finishing_rate']:g}/s finishing: {said}")  # fmt: skip
-    signals |= {"queue_wait_seconds": wait, "finishing_rate": q["finishing_rate"]}
-    if wait is not None and wait < p.queue_seconds:
-        return Decision("steady", None, f"{what}, under autoscale.queueSeconds "
-                        f"({p.queue_seconds:g})", signals)  # fmt: skip
-    if n >= p.max:
-        return Decision("at_max", None, f"{what}; already autoscale.max ({p.max})", signals)
-    why = f"{what} >= autoscale.queueSeconds ({p.queue_seconds:g})"
-    if q["kv_mean"] < KV_FULL:
-        why += (f"; KV cache {q['kv_mean']:.0%} used: the queue decides (a prefill-heavy "
-                "queue waits with the cache low)")  # fmt: skip
-    # Below a raised min the program makes the floor whatever is asked: ask for it.
-    return Decision("out", max(n + 1, p.floor), why, signals)
-
-
-def _decide_in(quiet: list[Sample], n: int, p: ScalePolicy, signals: dict[str, Any]) -> Decision:
-    """Nothing waited over the in window: in when one replica fewer has room, above the floor."""
-    if n <= p.floor:
-        return Decision("at_floor", None, f"nothing waits; already {n} (the floor: "
-                        f"max(autoscale.min, 1) = {p.floor})", signals)  # fmt: skip
-    peak_running = max(s.running for s in quiet)
-    peak_kv = max(s.kv_sum for s in quiet)
-    # Above a lowered max the program keeps max whatever is asked: ask for it.
-    fewer = min(n - 1, p.max)
-    room_running = fewer * p.capacity * p.in_utilization
-    room_kv = fewer * p.in_utilization
-    signals |= {"peak_running": peak_running, "peak_kv_sum": round(peak_kv, 3)}
-    peaks = (f"peak {peak_running:g} running (room {room_running:g}) and KV {peak_kv:.2f} "
-             f"(room {room_kv:.2f}) over {p.in_window:g} s with nothing waiting")  # fmt: skip
-    if peak_running <= room_running and peak_kv <= room_kv:
-        return Decision("in", fewer, f"{peaks}: {fewer} carry it within "
-                        f"autoscale.inUtilization ({p.in_utilization:g})", signals)  # fmt: skip
-    return Decision("steady", None, f"{peaks}: one fewer would be too full", signals)
-
-
-def day_of(points: list[tuple[float, int]], now: float) -> list[tuple[float, int]]:
-    """The points (in time order) of the last day, and the last one before the day's start,
-    which says the count the day began with."""
-    start = bisect.bisect_right([at for at, _ in points], now - DAY)
-    return points[max(start - 1, 0) :]
 
 
 def _finite(value: Any) -> float | None:
@@ -528,63 +227,6 @@ def _finite(value: Any) -> float | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return number if math.isfinite(number) else None
-
-
-def points_loaded(raw: Any, now: float) -> list[tuple[float, int]]:
-    """The count history from a state file, whatever it holds: pairs of a finite time no later
-    than now and a count, in time order, the last day's."""
-    points = []
-    for item in raw if isinstance(raw, list) else []:
-        if isinstance(item, list | tuple) and len(item) == 2:
-            at, count = _finite(item[0]), _finite(item[1])
-            if at is not None and at <= now and count is not None and count >= 0:
-                points.append((at, int(count)))
-    points.sort(key=lambda pt: pt[0])
-    return day_of(points, now)
-
-
-STEP_STATUSES = ("dispatching", "following", "done", "failed")
-
-
-def steps_loaded(raw: Any, now: float) -> list[dict[str, Any]]:
-    """The steps from a state file, whatever it holds: objects only, their counts whole numbers,
-    their times finite and no later than now (one under way without a readable start ends at
-    wake.deadlineMinutes from now; one ended without a readable end cools down from now)."""
-    steps = []
-    for item in raw[-STEPS_KEPT:] if isinstance(raw, list) else []:
-        if not isinstance(item, dict):
-            continue
-        step = dict(item)
-        if step.get("status") not in STEP_STATUSES:
-            step["status"] = "failed"
-        for key in ("wanted", "from", "pool"):
-            number = _finite(step.get(key))
-            step[key] = int(number) if number is not None else None
-        run_id = _finite(step.get("run_id"))
-        step["run_id"] = int(run_id) if run_id is not None else None
-        started = _finite(step.get("_t"))
-        step["_t"] = min(started, now) if started is not None else now
-        if step["status"] in ("done", "failed"):
-            ended = _finite(step.get("_end"))
-            step["_end"] = min(ended, now) if ended is not None else now
-        else:
-            step["_end"] = None
-        events = step.get("events")
-        step["events"] = [e for e in events if isinstance(e, list)][-50:] \
-            if isinstance(events, list) else []  # fmt: skip
-        steps.append(step)
-    return steps
-
-
-def replica_hours(points: list[tuple[float, int]], now: float) -> float:
-    """Replica-hours of the last 24 h from the pool's (time, count) change points."""
-    start, total = now - DAY, 0.0
-    for i, (at, count) in enumerate(points):
-        end = points[i + 1][0] if i + 1 < len(points) else now
-        a, b = max(at, start), min(end, now)
-        if b > a:
-            total += count * (b - a)
-    return total / 3600
 
 
 @dataclass
@@ -709,17 +351,8 @@ class Waker:
     # The last look at the pipeline (check_pipeline): can a wake start, and until when.
     pipeline: dict[str, Any] = field(default_factory=dict)
     checking: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Autoscale (Settings.scale): the samples of the windows under way, the steps (the last
-    # STEPS_KEPT; the last is under way while its status is dispatching or following), the
-    # pool's (time, count) change points of the last day, the last decision and refusal, and
-    # what was last logged per subject (each said once per change).
-    samples: list[Sample] = field(default_factory=list)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    points: list[tuple[float, int]] = field(default_factory=list)
-    last_decision: dict[str, Any] | None = None
-    last_refusal: dict[str, Any] | None = None
+    # What was last logged per subject (once: each said once per change).
     said: dict[str, str] = field(default_factory=dict)
-    update_seen: tuple[float, str] | None = None  # (when, an update run's link or '')
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -735,21 +368,14 @@ class Waker:
         if not isinstance(data, dict):
             log("state_reset", why="the state file did not parse")
             return
-        # Field by field: one that does not parse is lost alone (a step forgotten would be a
-        # second one dispatched beside it; the wakes forgotten, the day's budget reset).
+        # Field by field: one that does not parse is lost alone (the wakes forgotten would
+        # reset the day's budget).
         now = self.clock()
         wakes = data.get("wakes")
         self.wakes = [t for t in map(_finite, wakes if isinstance(wakes, list) else [])
                       if t is not None and now - t < DAY]  # fmt: skip
         timeline = data.get("timeline")
         self.timeline = dict(timeline) if isinstance(timeline, dict) else {}
-        scaled = data.get("autoscale")
-        scaled = scaled if isinstance(scaled, dict) else {}
-        self.steps = steps_loaded(scaled.get("steps"), now)
-        self.points = points_loaded(scaled.get("points"), now)
-        decided, refused = scaled.get("last_decision"), scaled.get("last_refusal")
-        self.last_decision = decided if isinstance(decided, dict) else None
-        self.last_refusal = refused if isinstance(refused, dict) else None
         failed_at = _finite(data.get("failed_at"))
         if failed_at and now - failed_at < self.cooldown():
             self.failed_at, self.reason = failed_at, str(data.get("reason"))
@@ -774,10 +400,6 @@ class Waker:
             return
         data = {"wakes": self.wakes, "timeline": self.timeline, "failed_at": self.failed_at,
                 "reason": self.reason}  # fmt: skip
-        if self.s.scale is not None:
-            data["autoscale"] = {"steps": self.steps, "points": self.points,
-                                 "last_decision": self.last_decision,
-                                 "last_refusal": self.last_refusal}  # fmt: skip
         tmp = self.s.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.s.state_file)
@@ -804,7 +426,6 @@ class Waker:
             "last_failure": self.reason or None,
             "last_wake": self.timeline or None,
             "pipeline": self.pipeline or None,
-            "autoscale": self.scale_snapshot(now),
         }
 
     def set_mode(self, mode: str, **fields: Any) -> None:
@@ -892,9 +513,9 @@ class Waker:
         self.save()
         try:
             if self.s.trigger == "github":
-                run_id = await asyncio.to_thread(self.dispatch_github, self.wake_count())
+                run_id = await asyncio.to_thread(self.dispatch_github)
             else:
-                await asyncio.to_thread(self.call_webhook, self.wake_count())
+                await asyncio.to_thread(self.call_webhook)
                 run_id = None
         except PipelineError as err:
             self.fail(str(err))
@@ -941,23 +562,16 @@ class Waker:
     def _repo_url(self, tail: str) -> str:
         return f"{self.s.github_api}/repos/{self.s.github_repo}/actions/{tail}"
 
-    def wake_count(self) -> int | None:
-        """With autoscale, a wake asks for the floor's count (max(min, 1)); without, nothing."""
-        return self.s.scale.floor if self.s.scale is not None else None
-
-    def dispatch_github(self, replicas: int | None = None, what: str = "wake") -> int | None:
+    def dispatch_github(self) -> int | None:
         """POST .../dispatches with return_run_details: 200 and the run's id (GitHub since
         2026-02-19); 204 and no body from an older GitHub Enterprise, whose run is then found
-        by its title. With autoscale, the count it asks for (deploy.yml's `replicas` input, a
-        string)."""
+        by its title."""
         url = self._repo_url(f"workflows/{self.s.github_workflow}/dispatches")
         body: dict[str, Any] = {
             "ref": self.s.github_ref,
             "inputs": {"stack": self.s.stack, "command": "up", "refresh": "true"},
             "return_run_details": True,
         }
-        if replicas is not None:
-            body["inputs"]["replicas"] = str(replicas)
         status, detail = self._request("POST", url, body, self._github_headers())
         said = str((detail or {}).get("message", "")) if isinstance(detail, dict) else ""
         if status == 422 and "return_run_details" in said:
@@ -972,7 +586,7 @@ class Waker:
         why = {401: "the token was refused", 403: "the token may not run workflows",
                404: "no such repository or workflow (or the token cannot see it)",
                422: "the workflow refused the dispatch"}.get(status, "an error")  # fmt: skip
-        raise PipelineError(f"GitHub refused the {what} (HTTP {status}: {why}"
+        raise PipelineError(f"GitHub refused the wake (HTTP {status}: {why}"
                             f"{': ' + said if said else ''})")  # fmt: skip
 
     def check_pipeline(self) -> dict[str, Any]:
@@ -1064,15 +678,13 @@ class Waker:
             log("pipeline_check", **self.pipeline)
             return self.pipeline
 
-    def call_webhook(self, replicas: int | None = None, what: str = "wake") -> None:
+    def call_webhook(self) -> None:
         headers = {"Content-Type": "application/json", "User-Agent": "nemotron-droplet-wake",
                    self.s.webhook_header: self.s.token}  # fmt: skip
-        body: dict[str, Any] = {"stack": self.s.stack, "event": what}
-        if replicas is not None:
-            body["replicas"] = replicas
+        body = {"stack": self.s.stack, "event": "wake"}
         status, _ = self._request("POST", self.s.webhook_url, body, headers)
         if not 200 <= status < 300:
-            raise PipelineError(f"the webhook refused the {what} (HTTP {status})")
+            raise PipelineError(f"the webhook refused the wake (HTTP {status})")
 
     def _title_matches(self, run: dict[str, Any]) -> bool:
         # deploy.yml's run-name: `deploy <stack> <command>` (GitHub's field is display_title).
@@ -1139,9 +751,9 @@ class Waker:
         found: Callable[[int], None],
         seen: Callable[[dict[str, Any]], None],
     ) -> tuple[bool, str] | None:
-        """Follow a run a dispatch queued (a wake's or a scale step's), by id (GET
-        .../actions/runs/{id}), or by its title when the dispatch gave none (`found` is told
-        its id); `seen` sees each look at it. (True, '') when it succeeded; (False, why and its
+        """Follow the run a wake's dispatch queued, by id (GET .../actions/runs/{id}), or by
+        its title when the dispatch gave none (`found` is told its id); `seen` sees each look
+        at it. (True, '') when it succeeded; (False, why and its
         link) when it ended otherwise; None when `going` turned false first."""
         while going():
             await asyncio.sleep(self.s.run_poll_seconds)
@@ -1259,8 +871,8 @@ class Waker:
                     found.append((host.strip("[]"), int(port)))
             except OSError:
                 continue
-        # An address in two files (one left behind, an address reused) is one replica: the
-        # pool's count, a sample's and a step's `from` must agree.
+        # An address in two files (one left behind, an address reused) is one replica, looked
+        # at once.
         return list(dict.fromkeys(found))
 
     async def look(self, session: ClientSession) -> None:
@@ -1402,326 +1014,13 @@ class Waker:
         self.turn = (self.turn + 1) % len(ready)
         return ready[self.turn :] + ready[: self.turn]
 
-    # ---- autoscale: the samples, the guards and the steps (the decision is decide()) ----------
-
     def once(self, subject: str, value: str, event: str = "", **fields: Any) -> None:
-        """Log `event` when `subject` says something new (a stale replica, a refusal, a
-        decision): once per change, not every sample. An empty value only forgets."""
+        """Log `event` when `subject` says something new (a replica turning busy): once per
+        change, not every look. An empty value only forgets."""
         if self.said.get(subject) != value:
             self.said[subject] = value
             if value and event:
                 log(event, **fields)
-
-    def current_step(self) -> dict[str, Any] | None:
-        """The step under way: from its dispatch until its run succeeded and the pool reached
-        its count, or it failed."""
-        if self.steps and self.steps[-1].get("status") in ("dispatching", "following"):
-            return self.steps[-1]
-        return None
-
-    def step_event(self, step: dict[str, Any], what: str, **fields: Any) -> None:
-        step.setdefault("events", []).append([what, iso(self.clock())])
-        log(f"scale_{what}", wanted=step.get("wanted"), run=step.get("run_id"), **fields)
-        self.save()
-
-    def count_point(self, now: float, count: int) -> None:
-        """The pool's count as it changes, kept for a day (the budget's replica-hours). Points
-        after `now` (the clock went back) are dropped: the history stays in time order, and a
-        point ahead of the clock cannot hold the day's pruning back."""
-        if self.points and self.points[-1][0] > now:
-            self.points = [pt for pt in self.points if pt[0] <= now]
-        if not self.points or self.points[-1][1] != count:
-            self.points.append((now, count))
-            self.points = day_of(self.points, now)
-            self.save()
-
-    def budget(self, now: float) -> dict[str, Any] | None:
-        p = self.s.scale
-        if p is None or p.daily_budget_usd is None:
-            return None
-        spent = replica_hours(self.points, now) * p.price_hourly
-        return {"daily_usd": p.daily_budget_usd, "spent_usd": round(spent, 2),
-                "left_usd": round(max(0.0, p.daily_budget_usd - spent), 2),
-                "price_hourly_usd": p.price_hourly}  # fmt: skip
-
-    def scale_snapshot(self, now: float) -> dict[str, Any] | None:
-        p = self.s.scale
-        if p is None:
-            return {"off": self.s.scale_off} if self.s.scale_off else None
-        step = self.current_step()
-        current = self.points[-1][1] if self.points else len(self.upstreams())
-        public = [{k: v for k, v in s.items() if not k.startswith("_")} for s in self.steps]
-        return {
-            "current": current,
-            "wanted": step["wanted"] if step else current,
-            "min": p.min,
-            "max": p.max,
-            "step": public[-1] if public else None,
-            "last_decision": self.last_decision,
-            "last_refusal": self.last_refusal,
-            "budget": self.budget(now),
-            "steps": public,
-        }
-
-    async def autoscale(self, session: ClientSession) -> None:
-        """Every SCALE_SAMPLE_SECONDS, a sample of the pool and what follows from it."""
-        assert self.s.scale is not None
-        while True:
-            try:
-                await self.scale_tick(session)
-            except Exception as err:  # noqa: BLE001 (the loop must outlive any one sample)
-                log("scale_tick_failed", error=type(err).__name__)
-            await asyncio.sleep(self.s.scale.sample_seconds)
-
-    async def scale_tick(self, session: ClientSession) -> None:
-        p = self.s.scale
-        assert p is not None
-        ups = self.upstreams()
-        now = self.clock()
-        self.count_point(now, 0 if self.mode == "asleep" else len(ups))
-        step = self.current_step()
-        if step is not None:
-            self.samples.clear()
-            self.step_progress(step, len(ups), now)
-            return
-        if self.mode != "awake":  # asleep, waking, unready, failed: the wake path's
-            self.samples.clear()
-            return
-        readings, stale, busy = await self.read_pool(session, ups)
-        if stale:
-            # No sample: no evidence to add. A stale one breaks both windows. A busy one is
-            # load, never idle: the in window starts again, and the samples that waited up to
-            # it stay (the out window's evidence: a queue too busy to be read did not empty).
-            self.samples = waiting_run(self.samples) if busy else []
-            code = "busy" if busy else "stale"
-            self.last_decision = {"at": iso(now), "code": code, "want": None, "why": stale,
-                                  "signals": None}  # fmt: skip
-            self.once("stale", stale, f"scale_{code}", why=stale)
-            return
-        self.once("stale", "")
-        sample = Sample.of(now, readings)
-        if self.samples and self.samples[-1].n != sample.n:
-            self.samples.clear()  # the pool changed by itself: its windows start again
-        keep = max(p.out_window, p.in_window) + 2 * p.sample_seconds
-        self.samples = [s for s in self.samples if s.at >= now - keep] + [sample]
-        d = decide(self.samples, p)
-        self.last_decision = {"at": iso(now), "code": d.code, "want": d.want, "why": d.why,
-                              "signals": d.signals}  # fmt: skip
-        if d.code == "signals_disagree":
-            self.once("decision", d.code, "signals_disagree", kv=d.signals["kv_mean"],
-                      waiting=d.signals["waiting"], why=d.why)  # fmt: skip
-        else:
-            self.once("decision", d.code, "scale_decision", code=d.code, want=d.want, why=d.why)
-        if d.want is None:
-            self.once("refusal", "")
-            return
-        refusal = await self.step_refusal(d, len(ups), now)
-        if refusal is not None:
-            code, why = refusal
-            self.last_refusal = {"at": iso(now), "want": d.want, "code": code, "why": why}
-            self.once("refusal", code, "scale_refused", code=code, want=d.want, why=why)
-            return
-        self.once("refusal", "")
-        await self.start_step(d, len(ups))
-
-    async def read_pool(
-        self, session: ClientSession, ups: list[tuple[str, int]]
-    ) -> tuple[dict[str, Reading], str, bool]:
-        """Every replica's metrics, or why there is no sample and whether only busy replicas
-        kept it from being taken (the first reason found, a stale one before a busy one)."""
-        if not ups:
-            return {}, "no replica in the pool", False
-        got = await asyncio.gather(*(self.read_replica(session, u) for u in ups))
-        unread = [(why, busy) for reading, why, busy in got if reading is None]
-        if unread:
-            why, busy = min(unread, key=lambda problem: problem[1])  # stale (False) first
-            return {}, why, busy
-        return {f"{h}:{p}": reading for (h, p), (reading, _, _) in zip(ups, got, strict=True)
-                if reading is not None}, "", False  # fmt: skip
-
-    async def read_replica(
-        self, session: ClientSession, upstream: tuple[str, int]
-    ) -> tuple[Reading | None, str, bool]:
-        """One replica's reading, or why none, and whether it is busy: it accepts connections
-        but did not answer within LOOK_TIMEOUT (a saturated vLLM), which is load, never idle."""
-        host, port = upstream
-        name = f"{host}:{port}"
-        asked = ["/health"]  # what was asked last: the one a timeout cut
-        try:
-            text, why = await self.metrics_page(session, name, asked)
-        except TimeoutError:
-            if await _connects(host, port):
-                return None, (f"{name} is busy: its {asked[-1]} did not answer within "
-                              f"{LOOK_TIMEOUT:g} s (it accepts connections)"), True  # fmt: skip
-            return None, (f"{name}: /metrics could not be read (no connection within "
-                          f"{LOOK_TIMEOUT:g} s)"), False  # fmt: skip
-        except (ClientError, OSError) as err:
-            return None, f"{name}: /metrics could not be read ({type(err).__name__})", False
-        if text is None:
-            return None, why, False
-        reading = parse_metrics(text)
-        if reading is None:
-            return None, f"{name}: /metrics has no {WAITING} and {RUNNING}", False
-        return reading, "", False
-
-    async def metrics_page(
-        self, session: ClientSession, name: str, asked: list[str]
-    ) -> tuple[str | None, str]:
-        """A replica's /health (a 503: it drains for an update, no step now) and /metrics
-        through its gateway, which admits exact `GET /metrics` with the key from the front:
-        the page, or why none. Each within LOOK_TIMEOUT (TimeoutError), `asked` said first."""
-        timeout = ClientTimeout(total=LOOK_TIMEOUT)
-        async with session.get(f"http://{name}/health", timeout=timeout) as resp:
-            if resp.status != 200:
-                state = "is draining" if resp.status == 503 else "is not ready"
-                return None, f"{name} {state} (/health {resp.status})"
-        asked.append("/metrics")
-        headers = {"Authorization": f"Bearer {self.s.api_key}", "Accept-Encoding": "identity"}
-        async with session.get(f"http://{name}/metrics", headers=headers,
-                               timeout=timeout) as resp:  # fmt: skip
-            if resp.status != 200:
-                return None, f"{name}: /metrics answered HTTP {resp.status}"
-            # read(n) answers what has arrived, up to n: a page is read to its end (within
-            # the total timeout). One cut at the limit would count some engines and not
-            # others, so a page over it is stale, not a smaller count.
-            page = bytearray()
-            while chunk := await resp.content.read(METRICS_LIMIT + 1 - len(page)):
-                page += chunk
-                if len(page) > METRICS_LIMIT:
-                    return None, f"{name}: /metrics is larger than {METRICS_LIMIT} bytes"
-            return page.decode("utf-8", "replace"), ""
-
-    async def step_refusal(self, d: Decision, n: int, now: float) -> tuple[str, str] | None:
-        """Why no step may start now: the cooldown after the last step (done or failed), the
-        day's budget (a step out), an update of the stack under way. None: it may."""
-        p = self.s.scale
-        assert p is not None and d.want is not None
-        last = self.steps[-1] if self.steps else None
-        if last is not None and last.get("_end") is not None:
-            last["_end"] = min(float(last["_end"]), now)  # the clock went back: from now at most
-            left = float(last["_end"]) + p.cooldown_minutes * 60 - now
-            if left > 0:
-                ago = int(now - float(last["_end"]))
-                minutes = p.cooldown_minutes
-                return "cooldown", (f"the last step ended {last.get('status')} {ago} s ago; the "
-                                    f"next may start in {int(left) + 1} s "
-                                    f"(autoscale.cooldownMinutes: {minutes:g})")  # fmt: skip
-        budget = self.budget(now)
-        if budget is not None and d.want > n:
-            hour = d.want * p.price_hourly
-            if budget["spent_usd"] + hour > budget["daily_usd"]:
-                return "budget", (f"autoscale.dailyBudgetUsd ({budget['daily_usd']:g}): "
-                                  f"${budget['spent_usd']:.2f} spent in the last 24 h + {d.want} "
-                                  f"replicas x ${p.price_hourly:.2f}/h for an hour = "
-                                  f"${budget['spent_usd'] + hour:.2f} would pass it")  # fmt: skip
-        if self.s.trigger == "github":
-            running = await self.update_under_way(now)
-            if running:
-                return "update_running", f"an update of the stack runs: {running}"
-        return None
-
-    async def update_under_way(self, now: float) -> str:
-        """A run of this stack's deploy workflow not yet over (a push, a run by hand): its link;
-        '' when none. Asked at most every WAKE_RUN_POLL_SECONDS (a refused step asks again
-        each sample); GitHub out of reach counts as one under way (no step on a doubt)."""
-        if self.update_seen is not None and now - self.update_seen[0] < self.s.run_poll_seconds:
-            return self.update_seen[1]
-        runs = await asyncio.to_thread(self.recent_runs)
-        if runs is None:
-            found = "GitHub did not list the workflow's runs (an update may run)"
-        else:
-            active = [r for r in runs if r.get("status") in RUN_ACTIVE and self._title_matches(r)]
-            found = str(active[0].get("html_url") or active[0].get("id")) if active else ""
-        self.update_seen = (now, found)
-        return found
-
-    async def start_step(self, d: Decision, n: int) -> None:
-        """Ask the pipeline for d.want replicas: the wake's dispatch with `replicas`. Said
-        (saved) before the call, so a waker stopped while GitHub takes it follows its run when
-        it starts and never dispatches it again (resume_step)."""
-        now = self.clock()
-        step: dict[str, Any] = {"wanted": d.want, "from": n, "status": "dispatching",
-                                "dispatched_at": iso(now), "run_id": None, "run": None,
-                                "why": d.why, "pool": n, "reason": None, "events": [],
-                                "_t": now, "_end": None}  # fmt: skip
-        self.steps = [*self.steps, step][-STEPS_KEPT:]
-        self.step_event(step, "dispatching", from_count=n, why=d.why)
-        try:
-            if self.s.trigger == "github":
-                run_id = await asyncio.to_thread(self.dispatch_github, d.want, "scale step")
-            else:
-                await asyncio.to_thread(self.call_webhook, d.want, "scale")
-                run_id = None
-        except PipelineError as err:
-            self.end_step(step, "failed", str(err))
-            return
-        step["status"], step["run_id"] = "following", run_id
-        self.step_event(step, "dispatched")
-        if self.s.trigger == "github":
-            self.spawn(self.follow_step(step))
-
-    async def follow_step(self, step: dict[str, Any]) -> None:
-        """The step's run, followed as a wake's is (follow_run): a success leaves the step to
-        the pool's count; any other end fails it with the run's reason."""
-
-        def found(run_id: int) -> None:
-            step["run_id"] = run_id
-            self.step_event(step, "run_found")
-
-        def seen(run: dict[str, Any]) -> None:
-            said = [e[0] for e in step.get("events", [])]
-            if run.get("status") == "waiting" and "run_waiting" not in said:
-                step["run_url"] = str(run.get("html_url") or "")
-                self.step_event(step, "run_waiting")
-            elif run.get("status") != "waiting" and "run_waiting" in said \
-                    and "run_approved" not in said:  # fmt: skip
-                self.step_event(step, "run_approved")
-
-        following = lambda: step.get("status") == "following"  # noqa: E731
-        ended = await self.follow_run(float(step["_t"]), step.get("run_id"), following, found,
-                                      seen)  # fmt: skip
-        if ended is None:
-            return
-        if ended[0]:
-            step["run"] = "success"
-            self.step_event(step, "run_succeeded")
-        else:
-            self.end_step(step, "failed", ended[1])
-
-    def step_progress(self, step: dict[str, Any], n: int, now: float) -> None:
-        """A step under way, at each sample: replicas that joined or left, its end when its run
-        succeeded (a webhook has none to follow) and the pool has its count, or its deadline."""
-        if n != step.get("pool"):
-            what = "replica_joined" if n > int(step.get("pool") or 0) else "replica_left"
-            step["pool"] = n
-            self.step_event(step, what, pool=n)
-        step["_t"] = min(float(step["_t"]), now)  # the clock went back: from now at most
-        ran = step.get("run") == "success" or self.s.trigger != "github"
-        if step.get("status") == "following" and ran and n == step.get("wanted"):
-            self.end_step(step, "done", None)
-        elif now - float(step["_t"]) > self.s.deadline_minutes * 60:
-            self.end_step(step, "failed", f"the pool did not reach {step.get('wanted')} "
-                          f"replicas within {self.s.deadline_minutes:g} minutes "
-                          "(wake.deadlineMinutes)")  # fmt: skip
-
-    def end_step(self, step: dict[str, Any], status: str, reason: str | None) -> None:
-        """Done or failed: the cooldown starts, the windows start again, nothing retries."""
-        step["status"], step["reason"], step["_end"] = status, reason, self.clock()
-        self.samples.clear()
-        self.step_event(step, status, **({"reason": reason} if reason else {}))
-
-    def resume_step(self) -> None:
-        """A step under way when this waker stopped: followed by its run's id (or found by its
-        title when the stop came before the id was saved), never dispatched again; a dispatch
-        that never reached the pipeline ends at wake.deadlineMinutes."""
-        step = self.current_step()
-        if step is None:
-            return
-        if step["status"] == "dispatching":
-            step["status"] = "following"
-        log("scale_resumed", wanted=step.get("wanted"), run=step.get("run_id"))
-        if self.s.trigger == "github" and step.get("run") != "success":
-            self.spawn(self.follow_step(step))
 
 
 async def _look_at(session: ClientSession, upstream: tuple[str, int], seconds: float) -> str:
@@ -1856,7 +1155,7 @@ class Place:
 class Front:
     """The waker's HTTP side: /health, the control path, and the held requests. Two client
     sessions, each with its own pool (sessions()): `relays` carries the held requests to a
-    replica, `looks` the replicas' /health and /metrics."""
+    replica, `looks` the replicas' /health."""
 
     waker: Waker
     relays: ClientSession
@@ -2088,7 +1387,7 @@ def sessions(settings: Settings) -> tuple[ClientSession, ClientSession]:
     looks, which then timed out and called a serving replica unready (issue 42). The relays'
     pool is what the front promises to hold, WAKE_MAX_HELD (a held request is relayed once,
     on one connection, while it counts in `held`), so none waits for another; the looks' pool
-    is their own, unbounded (a look and a metrics read per replica at most), so none waits
+    is their own, unbounded (a look per replica at most), so none waits
     behind a relay."""
     relays = ClientSession(auto_decompress=False,
                            connector=TCPConnector(limit=settings.max_held))  # fmt: skip
@@ -2109,10 +1408,6 @@ async def serve(settings: Settings) -> None:
         waker.route_file()
         if waker.mode == "waking" and settings.trigger == "github":
             waker.spawn(waker.watch_github_run(waker.since, waker.timeline.get("run_id")))
-        if settings.scale is not None:
-            waker.resume_step()
-        elif settings.scale_off:
-            log("autoscale_off", why=settings.scale_off)
         runner = web.AppRunner(Front(waker, relays, looks).app(), access_log=None,
                                handle_signals=False, **_cancel_on_disconnect())  # fmt: skip
         await runner.setup()
@@ -2124,12 +1419,9 @@ async def serve(settings: Settings) -> None:
             stack=settings.stack, mode=waker.mode)  # fmt: skip
         monitor = asyncio.ensure_future(waker.monitor(looks))
         checks = asyncio.ensure_future(waker.pipeline_checks())
-        scaler = asyncio.ensure_future(waker.autoscale(looks)) if settings.scale else None
         await stop.wait()
         monitor.cancel()
         checks.cancel()
-        if scaler is not None:
-            scaler.cancel()
         # Held requests are answered (retry now), and the hold file stays: through a restart
         # systemd keeps its folder (RuntimeDirectoryPreserve=restart) and Caddy, still sending
         # keyed requests here, retries the connection until the next waker listens; a stop

@@ -8,15 +8,12 @@
 # Settings: NEMO_WAKE_MODE (on|off) NEMO_WAKE_PY NEMO_WAKE_SCRIPT NEMO_WAKE_ENV_FILE
 #           NEMO_WAKE_ENV_TEXT NEMO_WAKE_TOKEN_FILE NEMO_WAKE_TOKEN (secret) NEMO_WAKE_UNIT
 #           NEMO_WAKE_UNIT_TEXT NEMO_WAKE_ADDRESS NEMO_WAKE_PYTHON NEMO_WAKE_PACKAGE
-#           NEMO_WAKE_API_KEY_FILE NEMO_WAKE_API_KEY (secret; with autoscale: the replicas'
-#           /metrics, a second credential; empty or unset: none, and a file left is removed)
+#           NEMO_WAKE_OLD_KEY_FILE (the API key the retired autoscaler kept on the front to
+#           read the replicas' /metrics: removed wherever a front still has it)
 
 unit=/etc/systemd/system/$NEMO_WAKE_UNIT
 token=$NEMO_WAKE_TOKEN
 unset NEMO_WAKE_TOKEN
-api_key_file=$NEMO_WAKE_API_KEY_FILE
-api_key=${NEMO_WAKE_API_KEY:-}
-unset NEMO_WAKE_API_KEY
 
 if [[ $NEMO_WAKE_MODE == off ]]; then
   step remove "wake is off: no waker, no token"
@@ -27,7 +24,7 @@ if [[ $NEMO_WAKE_MODE == off ]]; then
     changed
   fi
   # Whether or not a unit was written: a run cut before it may have left the token.
-  for file in "$NEMO_WAKE_TOKEN_FILE" "$api_key_file" "$NEMO_WAKE_ENV_FILE" "$NEMO_WAKE_SCRIPT"; do
+  for file in "$NEMO_WAKE_TOKEN_FILE" "$NEMO_WAKE_OLD_KEY_FILE" "$NEMO_WAKE_ENV_FILE" "$NEMO_WAKE_SCRIPT"; do
     if [[ -e $file ]]; then rm -f "$file"; changed; fi
   done
   if [[ $CHANGED == true ]]; then log "removed the waker and its token"; else log "no waker installed"; fi
@@ -55,15 +52,10 @@ step token "root-only ${NEMO_WAKE_TOKEN_FILE} (the pipeline's token, read by the
 [[ -n $token ]] || fail "no wake.token was given" "pulumi config set --secret --path wake.token (it asks for the token), then pulumi up"
 if printf '%s\n' "$token" | install_secret "$NEMO_WAKE_TOKEN_FILE"; then changed; restart=true; fi
 
-# With autoscale the unit loads the API key as a second credential (LoadCredential=apikey:...),
-# which must exist before it starts; without, no key stays on the front.
-if grep -q '^SCALE_MAX=' <<<"$NEMO_WAKE_ENV_TEXT"; then
-  step api-key "root-only ${api_key_file} (the API key, to read the replicas' /metrics)"
-  [[ -n $api_key ]] || fail "autoscale is on but the wake phase was given no API key" \
-                            "a program that renders SCALE_MAX must pass NEMO_WAKE_API_KEY; pulumi up again"
-  if printf '%s\n' "$api_key" | install_secret "$api_key_file"; then changed; restart=true; fi
-elif [[ -e $api_key_file ]]; then
-  rm -f "$api_key_file"
+# The waker reads no replica's /metrics any more: no copy of the API key stays on the front.
+if [[ -e $NEMO_WAKE_OLD_KEY_FILE ]]; then
+  step old-key "remove ${NEMO_WAKE_OLD_KEY_FILE} (the retired autoscaler's copy of the API key)"
+  rm -f "$NEMO_WAKE_OLD_KEY_FILE"
   changed
   restart=true
 fi

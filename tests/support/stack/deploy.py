@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import runpy
 import time
 from dataclasses import dataclass, field
@@ -50,27 +49,8 @@ class Stack:
         self.cloud = cloud
         self.state: dict[str, Resource] = {}
 
-    def up(
-        self,
-        config: dict[str, Any],
-        secrets: dict[str, str] | None = None,
-        env: dict[str, str] | None = None,
-    ) -> Result:
-        """`pulumi up` with this config (keys without the namespace) and, as a workflow's step
-        sets them for the program, these environment variables (deploy.yml's
-        NEMOTRON_REPLICAS), put back as they were after."""
-        saved = {k: os.environ.get(k) for k in env or {}}
-        os.environ.update(env or {})
-        try:
-            return self._up(config, secrets)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-
-    def _up(self, config: dict[str, Any], secrets: dict[str, str] | None) -> Result:
+    def up(self, config: dict[str, Any], secrets: dict[str, str] | None = None) -> Result:
+        """`pulumi up` with this config (keys without the namespace)."""
         engine = Engine(self.cloud, self.providers, self.state)
         pulumi_settings.ROOT.set(None)
         pulumi.runtime.set_mocks(

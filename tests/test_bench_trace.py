@@ -1,26 +1,28 @@
-"""The autoscale measurement's parts (tests/support/autoscale_bench.py), fast: the fake vLLM's
-queue (fake_openai --max-num-seqs, --kv-cache-tokens), bench's trace format, and the harness's
-replica-seconds accounting. A full run's numbers are in its own output (run it by hand); they
-are never a pass or fail here."""
+"""bench.py's trace (`--trace`, scripts/bench_workload.py) and the fake vLLM's queue it runs
+against (fake_openai --max-num-seqs, --kv-cache-tokens: requests past max_num_seqs wait, and
+vLLM's gauges say so), which the balancer and router tests load too."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import autoscale_bench
-import bench_workload
 import fake_openai
 import pytest
 import requests
 
-KEY = "sk-autoscale-bench-test"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+if str(SCRIPTS) not in sys.path:  # bench's modules import their siblings by name
+    sys.path.insert(0, str(SCRIPTS))
+import bench_workload  # noqa: E402
+
+KEY = "sk-bench-trace-test"
+BENCH = SCRIPTS / "bench.py"
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -145,7 +147,7 @@ def test_a_trace_is_read_back_as_written_and_drives_bench_at_its_times(tmp_path:
     with fake_openai.running("--ttft", "0.01", "--itl", "0.001", "--tokens", "100",
                              key=KEY) as fake:  # fmt: skip
         proc = subprocess.run(
-            [sys.executable, str(autoscale_bench.BENCH), "--endpoint", f"{fake.url}/v1",
+            [sys.executable, str(BENCH), "--endpoint", f"{fake.url}/v1",
              "--api-key", KEY, "--model", "nemotron", "--no-progress", "--warmup", "0",
              "--trace", str(trace), "--json", str(out), "--save-requests", str(saved)],
             capture_output=True, text=True, timeout=60, check=False,
@@ -189,7 +191,7 @@ def test_a_malformed_trace_is_refused_naming_its_line(
     assert f"--trace {trace}: " in str(refused.value) and said in str(refused.value)
     assert '{"at": seconds >= 0' in str(refused.value), "says the accepted form"
     proc = subprocess.run(
-        [sys.executable, str(autoscale_bench.BENCH), "--endpoint", "http://127.0.0.1:9/v1",
+        [sys.executable, str(BENCH), "--endpoint", "http://127.0.0.1:9/v1",
          "--api-key", KEY, "--trace", str(trace)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -201,119 +203,8 @@ def test_bench_refuses_a_trace_with_what_it_replaces(tmp_path: Path) -> None:
     trace.write_text('{"at": 0, "prompt_tokens": 5, "max_tokens": 2}\n')
     for extra in (["--duration", "5"], ["--turns", "2"], ["--request-rate", "3"]):
         proc = subprocess.run(
-            [sys.executable, str(autoscale_bench.BENCH), "--endpoint", "http://127.0.0.1:9/v1",
+            [sys.executable, str(BENCH), "--endpoint", "http://127.0.0.1:9/v1",
              "--api-key", KEY, "--trace", str(trace), *extra],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert proc.returncode == 2 and "--trace" in proc.stderr, (extra, proc.stderr)
-
-
-# ---- the harness -------------------------------------------------------------------------------
-
-
-def test_replica_seconds_count_each_life_within_the_loads_window() -> None:
-    """A known schedule on an injected clock: r0 up before the load and all through it, r1
-    created at 30 and killed at 70, r2 created at 50 and still up at the end, r1 again from 90
-    (a new life, its own): within the load's window [10, 100], 90 + 40 + 50 + 10 seconds."""
-    now = [0.0]
-    ledger = autoscale_bench.Ledger(lambda: now[0])
-    schedule = [(0, "start", "r0"), (30, "start", "r1"), (50, "start", "r2"),
-                (70, "stop", "r1"), (90, "start", "r1"), (105, "stop", "r0")]  # fmt: skip
-    for t, what, name in schedule:
-        now[0] = t
-        getattr(ledger, what)(name)
-    assert ledger.seconds(10, 100) == pytest.approx(90 + 40 + 50 + 10)
-    assert ledger.seconds(0, 200) == pytest.approx(105 + 40 + 150 + 110)
-    with pytest.raises(AssertionError, match="already running"):
-        ledger.start("r2")
-    with pytest.raises(AssertionError, match="not running"):
-        ledger.stop("r0")
-
-
-def test_the_trace_is_bursty_as_described_and_the_same_for_the_same_seed() -> None:
-    """The trace's quiet phases run below one replica's capacity and its plateau past two
-    replicas'; the same seed gives the same trace, another seed another."""
-    replica, shape = autoscale_bench.Replica(), autoscale_bench.Shape()
-    capacity = replica.capacity(shape.prompt_tokens, shape.max_tokens)
-    trace = autoscale_bench.make_trace(200, shape, replica, seed=1)
-    assert trace == autoscale_bench.make_trace(200, shape, replica, seed=1)
-    assert trace != autoscale_bench.make_trace(200, shape, replica, seed=2)
-
-    def rate(start: float, end: float) -> float:
-        return sum(start <= e.at < end for e in trace) / (end - start)
-
-    assert rate(0, 30) < 0.5 * capacity and rate(140, 200) < 0.5 * capacity
-    assert rate(60, 120) > 2 * capacity
-
-
-def test_set_overrides_one_setting_in_real_units_scaled_as_the_defaults_and_refuses_bad_ones(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """--set NAME=VALUE (the schema's camelCase names, real units) replaces that setting alone,
-    the later of two for one name winning; at the default scale (60) windows and the cooldown
-    are divided by it, never under 4 samples (2 s), queueSeconds is a wait (not scaled) and
-    inUtilization a share. An unknown name, a value the schema refuses, a missing `=`, and an
-    in window shorter than the out window are each refused, naming what is wrong (main: exit
-    2 before anything starts)."""
-    scale, replica = autoscale_bench.Scale(), autoscale_bench.Replica()
-
-    def env(*sets: str) -> dict[str, str]:
-        e = scale.env(1, 3, replica, 3.39, autoscale_bench.policy(sets))
-        return {k.removeprefix("SCALE_"): v for k, v in e.items()}
-
-    default = env()
-    assert default == {k.removeprefix("SCALE_"): v
-                       for k, v in scale.env(1, 3, replica, 3.39).items()}  # fmt: skip
-    assert (default["QUEUE_SECONDS"], default["OUT_WINDOW_SECONDS"], default["IN_WINDOW_SECONDS"],
-            default["IN_UTILIZATION"], default["COOLDOWN_MINUTES"]) == (
-        "2", "2", "10", "0.5", f"{5 / 60:g}")  # 60 s / 60 is under 4 samples: 2  # fmt: skip
-    assert autoscale_bench.changed(autoscale_bench.policy()) == {}
-    cases = {
-        "queueSeconds=0.5": {"QUEUE_SECONDS": "0.5"},
-        "outWindowSeconds=180": {"OUT_WINDOW_SECONDS": "3"},
-        "outWindowSeconds=30": {},  # 0.5 s, under 4 samples: 2, as the default's
-        "inWindowSeconds=1200": {"IN_WINDOW_SECONDS": "20"},
-        "inUtilization=0.3": {"IN_UTILIZATION": "0.3"},
-        "cooldownMinutes=10": {"COOLDOWN_MINUTES": f"{10 / 60:g}"},
-        "cooldownMinutes=1": {"COOLDOWN_MINUTES": f"{2 / 60:g}"},  # 1 s: 4 samples, 2 s
-    }
-    for text, moved in cases.items():
-        assert env(text) == default | moved, text
-    assert env("queueSeconds=1", "outWindowSeconds=120", "queueSeconds=3") == default | {
-        "QUEUE_SECONDS": "3", "OUT_WINDOW_SECONDS": "2"}  # fmt: skip
-    assert autoscale_bench.changed(autoscale_bench.policy(["inUtilization=0.7"])) == {
-        "inUtilization": 0.7}  # fmt: skip
-    fast = autoscale_bench.Scale(create_seconds=60)  # factor 10
-    assert fast.env(1, 3, replica, 1, autoscale_bench.policy(["outWindowSeconds=180"]))[
-        "SCALE_OUT_WINDOW_SECONDS"] == "18"  # fmt: skip
-
-    refused = {
-        "max=5": "unknown setting 'max'; accepted: queueSeconds, outWindowSeconds",
-        "queue_seconds=1": "unknown setting 'queue_seconds'",
-        "queueSeconds=abc": "queueSeconds='abc'",
-        "queueSeconds=0": "queueSeconds='0': Input should be greater than 0",
-        "inUtilization=1": "inUtilization='1'",
-        "outWindowSeconds=12.5": "outWindowSeconds='12.5'",
-        "cooldownMinutes=0.5": "cooldownMinutes='0.5'",
-        "queueSeconds": "not NAME=VALUE",
-        "queueSeconds=": "not NAME=VALUE",
-        "inWindowSeconds=30": "inWindowSeconds (30) is shorter than outWindowSeconds (60)",
-    }
-    for text, said in refused.items():
-        with pytest.raises(autoscale_bench.SettingError, match=re.escape(said)):
-            autoscale_bench.policy([text])
-        with pytest.raises(SystemExit) as exited:
-            autoscale_bench.main(["--modes", "autoscale", "--set", text])
-        assert exited.value.code == 2 and said in capsys.readouterr().err, text
-
-
-def test_a_swing_is_a_step_reversing_the_one_before_within_the_in_window() -> None:
-    """Out then in 4 s after it ended, with a 10 s in window: a swing; in then out 30 s after:
-    none; two outs in a row: none."""
-    steps = [{"run": 1, "from": 1, "to": 2, "started": 10.0, "finished": 20.0},
-             {"run": 2, "from": 2, "to": 3, "started": 21.0, "finished": 31.0},
-             {"run": 3, "from": 3, "to": 2, "started": 35.0, "finished": 40.0},
-             {"run": 4, "from": 2, "to": 3, "started": 70.0, "finished": 80.0}]  # fmt: skip
-    assert autoscale_bench.swings(steps, 10) == ["run 3 (3->2) 4.0 s after run 2 (2->3)"]
-    assert autoscale_bench.swings(steps, 40) == [
-        "run 3 (3->2) 4.0 s after run 2 (2->3)", "run 4 (2->3) 30.0 s after run 3 (3->2)"]  # fmt: skip
