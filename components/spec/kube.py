@@ -40,6 +40,11 @@ DOKS_GPU_SIZES = (
 # The CPU pool: DigitalOcean recommends at least two CPU nodes for the cluster's own services.
 DEFAULT_CPU_SIZE = "s-2vcpu-4gb"
 DEFAULT_CPU_COUNT = 2
+# CPU sizes' list prices, per month of catalog.HOURS_PER_BILLING_MONTH hours: s-2vcpu-4gb $24
+# (docs/facts.md, "The CPU pool's list price"). `pulumi up` prices the pool from the sizes API;
+# these are for what must be priced before any token is at hand (the real run's cost bound,
+# scripts/ci/realrun/kubeplan.py).
+CPU_LIST_PRICE_MONTH = {DEFAULT_CPU_SIZE: 24.0}
 # A GPU pool holds at most this many nodes here: a bound on what an autoscaler may bill.
 MAX_GPU_NODES = 16
 # The control plane is free; a highly available one costs $40 per month (shared FACTS.md,

@@ -69,7 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-cap", type=positive, required=True, help="dollars, e.g. 5")
     p.add_argument("--size", help="GPU size slug (default: the --stack-from stack's)")
     p.add_argument("--price", type=positive, help="USD/hour, for a size without a list price")
-    p.add_argument("--stack-from", default="dev", help="the stack to copy (default dev)")
+    p.add_argument(
+        "--platform",
+        choices=("droplet", "kubernetes"),
+        default="droplet",
+        help="droplet (default): the dev stack's Droplet; kubernetes: the kube example's cluster",
+    )
+    p.add_argument(
+        "--stack-from", help="the stack to copy (default dev; kube with --platform kubernetes)"
+    )
+    p.add_argument("--cpu-price", type=positive, help="USD/hour of one CPU node (kubernetes)")
+    for dest in ("image_digest", "edge_image_digest", "epp_image_digest", "proxy_image_digest"):
+        # Not secrets: an image's digest. Empty: the --stack-from file's (realrun/kubeplan.py).
+        p.add_argument("--" + dest.replace("_", "-"), dest=dest, default="", help="kubernetes")
     p.add_argument("--name", required=True, help="the throwaway stack's name (unique)")
     p.add_argument("--stacks", type=Path, default=ROOT / "stacks", help="the stack files' folder")
     p.add_argument("--out-dir", type=Path, required=True, help="where plan.json goes")

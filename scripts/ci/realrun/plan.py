@@ -89,9 +89,11 @@ class Plan:
     outputs_minutes: int
     timeline_minutes: int
     destroy_minutes: int
-    droplet_minutes: int  # the most the Droplet exists under the run's own bounds
+    droplet_minutes: int  # the most the Droplet (or the cluster) exists under the run's bounds
     job_minutes: int
-    max_hours: float  # autodown.maxHours of the throwaway stack
+    max_hours: float | None  # autodown.maxHours of the throwaway stack (None: no autodown)
+    platform: str = "droplet"
+    cluster: str = ""  # the cluster's name (platform kubernetes), for cleanup's last resort
 
     def github_outputs(self) -> dict[str, str]:
         return {
@@ -108,7 +110,9 @@ class Plan:
             "timeline-minutes": str(self.timeline_minutes),
             "destroy-minutes": str(self.destroy_minutes),
             "job-minutes": str(self.job_minutes),
-            "max-hours": f"{self.max_hours:g}",
+            "platform": self.platform,
+            "cluster": self.cluster,
+            **({} if self.max_hours is None else {"max-hours": f"{self.max_hours:g}"}),
         }
 
 
@@ -146,16 +150,52 @@ def cold_start(model: dict[str, Any]) -> tuple[int, str]:
     return total, ", ".join(f"{what} {m}" for what, m in parts)
 
 
-def fixed_minutes() -> int:
+def fixed_minutes(timeline: int = TIMELINE_MINUTES, destroy: int = DESTROY_MINUTES) -> int:
     """The Droplet's minutes that do not depend on the cap: everything after `up`'s budget."""
     return (
-        UP_CANCEL_GRACE_MINUTES
-        + 1
-        + SMOKE_MINUTES
-        + BENCH_MINUTES
-        + OUTPUTS_MINUTES
-        + TIMELINE_MINUTES
-        + DESTROY_MINUTES
+        UP_CANCEL_GRACE_MINUTES + 1 + SMOKE_MINUTES + BENCH_MINUTES + OUTPUTS_MINUTES + timeline
+    ) + destroy
+
+
+def fixed_text(timeline: int = TIMELINE_MINUTES, destroy: int = DESTROY_MINUTES) -> str:
+    """What fixed_minutes is made of, in words."""
+    return (
+        f"{fixed_minutes(timeline, destroy)} min: interrupting up {UP_CANCEL_GRACE_MINUTES + 1}, "
+        f"smoke {SMOKE_MINUTES}, bench {BENCH_MINUTES}, outputs {OUTPUTS_MINUTES}, "
+        + (f"timeline {timeline}, " if timeline else "")
+        + f"destroy {destroy}"
+    )
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The cap turned into minutes: what both platforms' plans share."""
+
+    budget: int  # minutes the cap buys at `price`
+    up: int
+    up_step: int
+    billed: int  # the most the resources exist under the run's own bounds
+    job: int
+
+
+def bounds(cap: float, price: float, min_minutes: int, fixed: int, refusal: str) -> Bounds:
+    """Every step's bound from the cap at `price` dollars an hour; `refusal` (a format string
+    with {budget} and {min_cost}) says why a cap below the minimum is refused."""
+    if not (math.isfinite(cap) and cap > 0):
+        raise PlanError(f"--cost-cap {cap!r}: accepted: a positive number of dollars, like 5")
+    budget = math.floor(round(cap / price * 60, 6))
+    if budget < min_minutes:
+        min_cost = cents_up(price * min_minutes / 60)
+        raise PlanError(refusal.format(budget=budget, min_cost=min_cost))
+    room = GITHUB_JOB_LIMIT_MINUTES - SETUP_MINUTES - SUMMARY_MINUTES - fixed
+    up = min(budget - fixed, UP_CEILING_MINUTES, room)
+    billed = up + fixed
+    return Bounds(
+        budget=budget,
+        up=up,
+        up_step=up + UP_CANCEL_GRACE_MINUTES + 1,
+        billed=billed,
+        job=min(SETUP_MINUTES + billed + SUMMARY_MINUTES, GITHUB_JOB_LIMIT_MINUTES),
     )
 
 
@@ -181,8 +221,6 @@ def make_plan(
     cap: float, size: str, price: float, name: str, model: dict[str, Any]
 ) -> tuple[Plan, str]:
     """Every bound of the run from the cap; the second value says what the minimum is made of."""
-    if not (math.isfinite(cap) and cap > 0):
-        raise PlanError(f"--cost-cap {cap!r}: accepted: a positive number of dollars, like 5")
     cold, parts = cold_start(model)
     fixed = fixed_minutes()
     min_minutes = cold + fixed
@@ -190,43 +228,39 @@ def make_plan(
     why = (
         f"{min_minutes} min of Droplet time: pulumi up's cold start, an estimate of {cold} min "
         f"({parts}: docs/cache.md, Where the minutes go), plus this run's bounds for the rest "
-        f"({fixed} min: interrupting up {UP_CANCEL_GRACE_MINUTES + 1}, smoke {SMOKE_MINUTES}, "
-        f"bench {BENCH_MINUTES}, outputs {OUTPUTS_MINUTES}, timeline {TIMELINE_MINUTES}, "
-        f"destroy {DESTROY_MINUTES})"
+        f"({fixed_text()})"
     )
-    budget = math.floor(round(cap / price * 60, 6))
-    if budget < min_minutes:
-        raise PlanError(
-            f"--cost-cap {cap:g}: ${cap:.2f} buys {budget} min of {size} at ${price:g}/hour, "
-            f"less than the minimum useful run, {why}: ${min_cost:.2f}. Accepted: a cap of "
-            f"{min_cost:.2f} or more"
-        )
-    room = GITHUB_JOB_LIMIT_MINUTES - SETUP_MINUTES - SUMMARY_MINUTES - fixed
-    up = min(budget - fixed, UP_CEILING_MINUTES, room)
-    up_step = up + UP_CANCEL_GRACE_MINUTES + 1
-    droplet = up + fixed
+    b = bounds(
+        cap,
+        price,
+        min_minutes,
+        fixed,
+        f"--cost-cap {cap:g}: ${cap:.2f} buys {{budget}} min of {size} at ${price:g}/hour, "
+        f"less than the minimum useful run, {why}: ${{min_cost:.2f}}. Accepted: a cap of "
+        "{min_cost:.2f} or more",
+    )
     # From the first bootstrap, which begins once the Droplet exists: the Droplet is gone before
     # the run's own bounds end, and the run's steps that need it are over by then.
-    max_minutes = droplet - CREATE_MINUTES - AUTODOWN_LAG_MINUTES
-    assert max_minutes >= droplet - DESTROY_MINUTES, "autodown must not cut the run short"
+    max_minutes = b.billed - CREATE_MINUTES - AUTODOWN_LAG_MINUTES
+    assert max_minutes >= b.billed - DESTROY_MINUTES, "autodown must not cut the run short"
     plan = Plan(
         stack=name,
         size=size,
         price=price,
         cap=cap,
-        budget_minutes=budget,
+        budget_minutes=b.budget,
         min_minutes=min_minutes,
         min_cost=min_cost,
         cold_start_minutes=cold,
-        up_minutes=up,
-        up_step_minutes=up_step,
+        up_minutes=b.up,
+        up_step_minutes=b.up_step,
         smoke_minutes=SMOKE_MINUTES,
         bench_minutes=BENCH_MINUTES,
         outputs_minutes=OUTPUTS_MINUTES,
         timeline_minutes=TIMELINE_MINUTES,
         destroy_minutes=DESTROY_MINUTES,
-        droplet_minutes=droplet,
-        job_minutes=min(SETUP_MINUTES + droplet + SUMMARY_MINUTES, GITHUB_JOB_LIMIT_MINUTES),
+        droplet_minutes=b.billed,
+        job_minutes=b.job,
         # Rounded down to 4 places: the lease (whole minutes, rounded up) stays at max_minutes.
         max_hours=math.floor(max_minutes / 60 * 10_000) / 10_000,
     )
@@ -283,14 +317,9 @@ STACK_FILE_HEADER = """\
 """
 
 
-def write_stack_file(stacks: Path, source_name: str, plan: Plan, source: dict[str, Any]) -> Path:
+def write_stack_file(stacks: Path, plan: Plan, header: str, config: dict[str, Any]) -> Path:
     path = stacks / f"Pulumi.{plan.stack}.yaml"
-    text = STACK_FILE_HEADER.format(
-        source=source_name, size=plan.size, cap=plan.cap, max_hours=plan.max_hours
-    ) + yaml.safe_dump(
-        throwaway_config(source, plan.size, plan.max_hours), sort_keys=False, width=100
-    )
-    path.write_text(text)
+    path.write_text(header + yaml.safe_dump(config, sort_keys=False, width=100))
     return path
 
 
@@ -320,28 +349,62 @@ def check_name(name: str, stacks: Path) -> None:
         )
 
 
+def droplet_plan(
+    args: argparse.Namespace, source: dict[str, Any]
+) -> tuple[Plan, str, str, dict[str, Any]]:
+    """The Droplet run's plan, what its minimum is made of, the stack file's header and config."""
+    section = source["config"].get(f"{NAMESPACE}:droplet") or {}
+    size = args.size or section.get("size") or catalog.DEFAULT_SIZE
+    model = source["config"].get(f"{NAMESPACE}:model") or {}
+    price = price_of(size, args.price)
+    plan, why = make_plan(args.cost_cap, size, price, args.name, model)
+    assert plan.max_hours is not None
+    header = STACK_FILE_HEADER.format(
+        source=args.stack_from, size=size, cap=plan.cap, max_hours=plan.max_hours
+    )
+    return plan, why, header, throwaway_config(source, size, plan.max_hours)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     stacks: Path = args.stacks
+    kube = getattr(args, "platform", "droplet") == "kubernetes"
+    source_name = args.stack_from or ("kube" if kube else "dev")
+    extra: dict[str, Any] = {}
     try:
         check_name(args.name, stacks)
-        source = read_source(stacks, args.stack_from)
-        section = source["config"].get(f"{NAMESPACE}:droplet") or {}
-        size = args.size or section.get("size") or catalog.DEFAULT_SIZE
-        model = source["config"].get(f"{NAMESPACE}:model") or {}
-        price = price_of(size, args.price)
-        plan, why = make_plan(args.cost_cap, size, price, args.name, model)
+        source = read_source(stacks, source_name)
+        if kube:
+            from . import kubeplan  # noqa: PLC0415 (the program's schema: pydantic, kube runs only)
+
+            plan, why, config, parts = kubeplan.make_kube_plan(
+                args.cost_cap, args.name, source, args
+            )
+            header = kubeplan.STACK_FILE_HEADER.format(
+                source=source_name, size=plan.size, price=plan.price,
+                minutes=plan.droplet_minutes, cap=plan.cap,
+            )  # fmt: skip
+            extra = {"hourly_parts": parts}
+        else:
+            plan, why, header, config = droplet_plan(args, source)
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    path = write_stack_file(stacks, args.stack_from, plan, source)
+    path = write_stack_file(stacks, plan, header, config)
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "plan.json").write_text(json.dumps({**asdict(plan), "minimum": why}, indent=2))
+    record = {**asdict(plan), **extra, "minimum": why}
+    (out_dir / "plan.json").write_text(json.dumps(record, indent=2))
+    what = "the cluster's" if kube else "Droplet"
+    stop = (
+        "no autodown on Kubernetes: the destroy step, else the DigitalOcean API, deletes it"
+        if plan.max_hours is None
+        else f"autodown maxHours {plan.max_hours:g}"
+    )
     print(
         f"plan: ${plan.cap:.2f} buys {plan.budget_minutes} min of {plan.size} at "
-        f"${plan.price:g}/hour; the run's bounds allow {plan.droplet_minutes} min of Droplet "
-        f"time (at most ${cents_up(plan.price * plan.droplet_minutes / 60):.2f}); autodown "
-        f"maxHours {plan.max_hours:g}; minimum useful run {why}: ${plan.min_cost:.2f}"
+        f"${plan.price:g}/hour; the run's bounds allow {plan.droplet_minutes} min of {what} "
+        f"time (at most ${cents_up(plan.price * plan.droplet_minutes / 60):.2f}); {stop}; "
+        f"minimum useful run {why}: ${plan.min_cost:.2f}"
     )
     print(f"plan: wrote {path}")
     github_output(plan.github_outputs())
