@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="pulumi stack init; autodown.token from $AUTODOWN_TOKEN")
     p.add_argument("--stack", required=True)
+    p.add_argument("--platform", choices=("droplet", "kubernetes"), default="droplet")
     p.set_defaults(func=deploy.cmd_init)
 
     p = sub.add_parser("up", help="pulumi up, interrupted at --minutes")
@@ -108,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", default="", help="empty: the plan never ran, nothing to do")
     p.add_argument("--minutes", type=positive, default=plan.DESTROY_MINUTES)
     p.add_argument("--out-dir", type=Path, required=True, help="where cleanup.json goes")
+    p.add_argument(
+        "--cluster",
+        default="",
+        help="a kubernetes run's cluster (plan's output): deleted through the DigitalOcean API "
+        "($DIGITALOCEAN_TOKEN) if pulumi destroy cannot",
+    )
+    p.add_argument("--api-url", default=cleanup.API_URL, help=argparse.SUPPRESS)
     p.set_defaults(func=cleanup.cmd_cleanup)
 
     p = sub.add_parser("summary", help="the job summary from what the run left")

@@ -17,6 +17,12 @@ from .runner import github_output, last_line, pulumi_cli, run_bounded
 
 # Outputs that are secrets (components/cloud/outputs.py): never written to a file, never summarised.
 SECRET_OUTPUTS = ("apiKey", "sshPrivateKey")
+# What stops a Kubernetes run's bill, said where it starts and in the summary.
+KUBE_NO_AUTODOWN = (
+    "no autodown on Kubernetes, and the lease workflow deletes GPU Droplets, not clusters: "
+    "this run's destroy step, then its DigitalOcean API last resort, delete the cluster; a "
+    "cluster a dead runner leaves bills until you delete it (docs/ci.md)"
+)
 # How long `pulumi stack init` and `pulumi config set` may take (a state backend round trip).
 INIT_SECONDS = 300
 
@@ -30,6 +36,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     if made.returncode != 0:
         print(f"error: pulumi stack init {args.stack} failed (above)", file=sys.stderr)
         return 1
+    if getattr(args, "platform", "droplet") == "kubernetes":
+        # No autodown on Kubernetes (a stack key of Droplets only): nothing to give a token.
+        print(f"::warning::{KUBE_NO_AUTODOWN}")
+        github_output({"autodown": "none"})
+        return 0
     token = os.environ.get("AUTODOWN_TOKEN", "")
     if not token:
         print(

@@ -101,7 +101,9 @@ def with_digests(section: dict[str, Any], args: argparse.Namespace) -> dict[str,
     return out
 
 
-def throwaway_kube_config(source: dict[str, Any], size: str, args: argparse.Namespace) -> dict:
+def throwaway_kube_config(
+    source: dict[str, Any], size: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """The source's non-secret config on one always-there GPU node of `size`, with the
     digests; what would collide with the source (its DNS record) left out, as for a Droplet."""
     prefix = f"{NAMESPACE}:"

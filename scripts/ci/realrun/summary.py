@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .deploy import KUBE_NO_AUTODOWN
 from .plan import cents_up
 
 # The outputs the summary reads; nothing else is looked at.
@@ -190,8 +191,17 @@ def hourly_price(outputs: Any, fallback: float | None) -> tuple[float | None, st
     return None, ""
 
 
-def cost_section(inputs: Inputs, outputs: Any, cleaned: Any) -> list[str]:
+def cost_section(inputs: Inputs, outputs: Any, cleaned: Any, kube: bool = False) -> list[str]:
     price, source = hourly_price(outputs, inputs.price)
+    what = "the Droplet"
+    if kube:
+        # The stack's hourlyPriceUsd leaves the Volumes out (docs/outputs.md); the plan's bound
+        # counts every part, so it is the price of the run.
+        price, what = inputs.price, "the cluster"
+        source = (
+            "the plan's bound at list prices (GPU node, CPU pool, Load Balancer, Volumes: "
+            "plan.json hourly_parts)"
+        )
     cap = f" of the ${inputs.cap:.2f} cap" if inputs.cap else ""
     found = cleaned.get("found") if isinstance(cleaned, dict) else None
     if inputs.started is None or found is False:
@@ -202,7 +212,7 @@ def cost_section(inputs: Inputs, outputs: Any, cleaned: Any) -> list[str]:
     if ended is None:
         ended = int(time.time())
         note = (
-            " **The destroy step did not report an end: the Droplet may still exist and bill** "
+            f" **The destroy step did not report an end: {what} may still exist and bill** "
             "(see Destroy below); this is the cost up to now."
         )
     seconds = max(ended - inputs.started, 0)
@@ -210,7 +220,7 @@ def cost_section(inputs: Inputs, outputs: Any, cleaned: Any) -> list[str]:
     by_hour = cents_up(price * max(math.ceil(seconds / 3600), 1))
     return [
         f"**About ${per_second:.2f}**{cap}: {seconds // 60} min {seconds % 60} s from the start "
-        f"of `pulumi up` to the end of `pulumi destroy` (the Droplet exists only inside it) at "
+        f"of `pulumi up` to the end of `pulumi destroy` ({what} exists only inside it) at "
         f"${price:g}/hour, {source}, per second.{note}",
         "",
         "DigitalOcean bills Droplets per second since 1 January 2026, with a minimum of 60 "
@@ -219,17 +229,22 @@ def cost_section(inputs: Inputs, outputs: Any, cleaned: Any) -> list[str]:
     ]
 
 
-def destroy_section(path: Path, cleaned: Any, problem: str) -> list[str]:
+def destroy_section(path: Path, cleaned: Any, problem: str, cluster: str = "") -> list[str]:
     if not isinstance(cleaned, dict):
+        where = (
+            f"Kubernetes cluster `{cluster}`" if cluster else "Droplets tagged `nemotron-droplet`"
+        )
         return [
             missing("cleanup", path, problem)
             + " **Check that nothing is left**: `pulumi stack ls`, and the DigitalOcean console "
-            "(Droplets tagged `nemotron-droplet`)."
+            f"({where})."
         ]
     return [str(cleaned.get("message") or "no message")]
 
 
-def autodown_line(outputs: Any) -> str:
+def autodown_line(outputs: Any, kube: bool = False) -> str:
+    if kube:
+        return f"Autodown: none: {KUBE_NO_AUTODOWN}."
     autodown = outputs.get("autodown") if isinstance(outputs, dict) else None
     if not isinstance(autodown, dict):
         return "Autodown: unknown (no outputs)."
@@ -253,6 +268,8 @@ def summary(inputs: Inputs) -> str:
     if isinstance(outputs, dict):  # only the keys the summary shows
         outputs = {k: outputs[k] for k in SUMMARY_OUTPUTS if k in outputs}
     stack = plan.get("stack") if isinstance(plan, dict) else None
+    kube = isinstance(plan, dict) and plan.get("platform") == "kubernetes"
+    cluster = str(plan.get("cluster") or "") if kube else ""
     size = (outputs or {}).get("size") or (plan.get("size") if isinstance(plan, dict) else None)
     smoke_lines, smoke_verdict = smoke_section(inputs.smoke)
     head = [
@@ -260,7 +277,7 @@ def summary(inputs: Inputs) -> str:
         "",
         f"Size `{size or '?'}` in `{(outputs or {}).get('region') or '?'}`, model "
         f"`{(outputs or {}).get('servedModelName') or '?'}`; smoke: {smoke_verdict}. "
-        + autodown_line(outputs),
+        + autodown_line(outputs, kube),
     ]
     if outputs is None:
         head += ["", missing("outputs", inputs.outputs, outputs_problem)]
@@ -271,11 +288,11 @@ def summary(inputs: Inputs) -> str:
         "",
         "### Cost",
         "",
-        *cost_section(inputs, outputs, cleaned),
+        *cost_section(inputs, outputs, cleaned, kube),
         "",
         "### Destroy",
         "",
-        *destroy_section(inputs.cleanup, cleaned, cleanup_problem),
+        *destroy_section(inputs.cleanup, cleaned, cleanup_problem, cluster),
         "",
         "### Smoke (`smoke.py --strict`)",
         "",
@@ -288,7 +305,9 @@ def summary(inputs: Inputs) -> str:
         "### Bootstrap timeline",
         "",
         *(
-            timeline_section(outputs, inputs.timeline_png)
+            ["_None on Kubernetes: the cluster's pods have no bootstrap phases._"]
+            if kube
+            else timeline_section(outputs, inputs.timeline_png)
             if outputs is not None
             else ["_No outputs, so no timeline (see above)._"]
         ),

@@ -73,6 +73,9 @@ OPERATIONS = (
     ("GET", "/v2/load_balancers"),
     # And for a `platform: kubernetes` stack, what DOKS offers (kubernetes_list_options.yml).
     ("GET", "/v2/kubernetes/options"),
+    # And the real run's last resort for a cluster `pulumi destroy` left (realrun/cleanup.py).
+    ("GET", "/v2/kubernetes/clusters"),
+    ("DELETE", "/v2/kubernetes/clusters/{cluster_id}/destroy_with_associated_resources/dangerous"),
 )
 
 # Error bodies: the examples of specification/shared/responses/*.yml.
@@ -293,6 +296,8 @@ class Account:
         self.kube_versions: list[str] = []
         self.kube_sizes: list[str] = []
         self.kube_regions: list[str] = []
+        # DOKS clusters (GET /v2/kubernetes/clusters): id -> the fields a caller reads.
+        self.clusters: dict[str, dict[str, Any]] = {}
         self._ids = itertools.count(400_000_001)
         self._hosts = itertools.count(10)
         # Called with a Droplet's id once a DELETE removed it (the emulation powers it off).
@@ -330,6 +335,13 @@ class Account:
             self.droplets[droplet.id] = droplet
             self.tags.update(droplet.tags)  # tagging creates the tag (tags/tags_assign_resources)
             return droplet
+
+    def add_cluster(self, name: str, tags: list[str]) -> str:
+        """A DOKS cluster (kubernetes/models/cluster.yml: `id` a UUID, `name`, `tags`)."""
+        with self.lock:
+            cluster_id = f"bd5f5959-5e1e-4205-a714-{next(self._ids):012d}"
+            self.clusters[cluster_id] = {"id": cluster_id, "name": name, "tags": list(tags)}
+            return cluster_id
 
     def remove_droplet(self, droplet_id: int) -> bool:
         """Delete a Droplet as DigitalOcean does on DELETE: its Volumes stay, detached (only the
@@ -660,6 +672,11 @@ class DigitalOceanAPI:
             ("GET", "/v2/reserved_ips"): self._empty("reserved_ips", "/v2/reserved_ips"),
             ("GET", "/v2/load_balancers"): self._empty("load_balancers", "/v2/load_balancers"),
             ("GET", "/v2/kubernetes/options"): self._kube_options,
+            ("GET", "/v2/kubernetes/clusters"): self._list_clusters,
+            (
+                "DELETE",
+                "/v2/kubernetes/clusters/{cluster_id}/destroy_with_associated_resources/dangerous",
+            ): self._delete_cluster,
         }
         return handlers[method, template]
 
@@ -692,6 +709,22 @@ class DigitalOceanAPI:
             "versions": versions,
             "sizes": [{"name": z, "slug": z} for z in a.kube_sizes],
         }})  # fmt: skip
+
+    def _list_clusters(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        """kubernetes/kubernetes_list_clusters.yml: `kubernetes_clusters`, paginated."""
+        items = [dict(c) for c in self.account.clusters.values()]
+        return _page("kubernetes_clusters", items, query, f"http://{host}/v2/kubernetes/clusters")
+
+    def _delete_cluster(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        """kubernetes/kubernetes_destroy_associatedResourcesDangerous.yml: 204 with no body
+        (the cluster, its Load Balancers and Volumes go), 404 for an unknown id."""
+        if self.account.clusters.pop(params["cluster_id"], None) is None:
+            return Reply(404, NOT_FOUND)
+        return Reply(204, None)
 
     def _get_domain(
         self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
