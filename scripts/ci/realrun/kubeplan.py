@@ -50,6 +50,7 @@ from .plan import (
 )
 from .plan import OUTPUTS_MINUTES as OUTPUTS
 from .plan import SMOKE_MINUTES as SMOKE
+from .plan import TIMELINE_MINUTES as TIMELINE
 
 # The cluster's create, its CPU pool and the charts on it (KEDA, Prometheus, the router): no
 # figure is published and none is measured here; an estimate that the real run replaces.
@@ -194,14 +195,16 @@ def make_kube_plan(
     parts = hourly_parts(cfg, gpu_price, args.cpu_price)
     price = round(sum(parts.values()), 5)
     cold, cold_parts = cold_start(cfg)
-    fixed = fixed_minutes(timeline=0, destroy=DESTROY_MINUTES)
+    # The timeline step is skipped on Kubernetes; its bound is counted all the same, so that
+    # every step's timeout the workflow reads stays a positive number inside the job's.
+    fixed = fixed_minutes(destroy=DESTROY_MINUTES)
     min_minutes = cold + fixed
     min_cost = cents_up(price * min_minutes / 60)
     shown = ", ".join(f"{part} ${dollars:g}" for part, dollars in parts.items())
     why = (
         f"{min_minutes} min of the cluster: pulumi up to a served model, an estimate of {cold} "
         f"min ({cold_parts}: docs/kubernetes.md, What a wake costs in time), plus this run's "
-        f"bounds for the rest ({fixed_text(timeline=0, destroy=DESTROY_MINUTES)})"
+        f"bounds for the rest ({fixed_text(destroy=DESTROY_MINUTES)})"
     )
     b = bounds(
         cap,
@@ -226,7 +229,7 @@ def make_kube_plan(
         smoke_minutes=SMOKE,
         bench_minutes=BENCH,
         outputs_minutes=OUTPUTS,
-        timeline_minutes=0,  # no bootstrap timeline on Kubernetes
+        timeline_minutes=TIMELINE,  # the step is skipped (no bootstrap on Kubernetes)
         destroy_minutes=DESTROY_MINUTES,
         droplet_minutes=b.billed,
         job_minutes=b.job,

@@ -162,8 +162,7 @@ def fixed_text(timeline: int = TIMELINE_MINUTES, destroy: int = DESTROY_MINUTES)
     return (
         f"{fixed_minutes(timeline, destroy)} min: interrupting up {UP_CANCEL_GRACE_MINUTES + 1}, "
         f"smoke {SMOKE_MINUTES}, bench {BENCH_MINUTES}, outputs {OUTPUTS_MINUTES}, "
-        + (f"timeline {timeline}, " if timeline else "")
-        + f"destroy {destroy}"
+        f"timeline {timeline}, destroy {destroy}"
     )
 
 
