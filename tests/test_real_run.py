@@ -885,9 +885,11 @@ def resolve(text: str, values: dict[str, str]) -> str:
     return re.sub(r"\$\{\{\s*(.+?)\s*\}\}", one, text)
 
 
-def test_the_run_job_end_to_end_against_fakes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("platform", ["droplet", "kubernetes"])
+def test_the_run_job_end_to_end_against_fakes(tmp_path: Path, platform: str) -> None:
     """Each `run:` line of the run job, in order, as the runner would run it, in a copy of the
-    project: a fake `pulumi` and a fake OpenAI endpoint stand in for the cloud."""
+    project: a fake `pulumi` and a fake OpenAI endpoint stand in for the cloud. On kubernetes
+    the digests come from the repository variables, and the timeline step is skipped."""
     project = tmp_path / "project"
     ignore = shutil.ignore_patterns("__pycache__")
     for folder in ("scripts", "components", "stacks", "locks"):
@@ -896,7 +898,11 @@ def test_the_run_job_end_to_end_against_fakes(tmp_path: Path) -> None:
     with fake_openai("--ttft", "0.01", "--itl", "0.001", "--thinking", "parsed", "--tools",
                      "parsed", "--model", "nemotron") as base:  # fmt: skip
         fake = FakePulumi(tmp_path, outputs={**OUTPUTS, "endpoint": base})
-        values = {"inputs.size": "", "inputs.cost_cap_usd": ""}
+        values = {"inputs.size": "", "inputs.cost_cap_usd": "", "inputs.platform": platform}
+        if platform == "kubernetes":
+            values["inputs.cost_cap_usd"] = "10"
+            for var in ("IMAGE", "EDGE_IMAGE", "EPP_IMAGE", "PROXY_IMAGE"):
+                values[f"vars.KUBE_{var}_DIGEST"] = "sha256:" + "cd" * 32
         values |= {"github.run_id": "42", "github.run_attempt": "1"}
         # Secrets the fakes do not need are empty (components.validate then asks no cloud).
         values["secrets.AUTODOWN_TOKEN"] = AUTODOWN_TOKEN
@@ -933,6 +939,8 @@ def test_the_run_job_end_to_end_against_fakes(tmp_path: Path) -> None:
         for s in steps_of("run"):
             if "run" not in s or "pip install" in s["run"]:
                 continue  # actions, and installs into the runner's Python
+            if "env.PLATFORM == 'droplet'" in s.get("if", "") and platform != "droplet":
+                continue  # the step's condition, as the runner reads it
             github_output = tmp_path / f"output-{s.get('id') or len(logs)}"
             proc = run_step(s, github_output)
             assert proc.returncode == 0, (s["name"], proc.stdout, proc.stderr)
@@ -940,26 +948,30 @@ def test_the_run_job_end_to_end_against_fakes(tmp_path: Path) -> None:
             values |= {
                 f"steps.{sid}.outputs.{k}": v for k, v in read_outputs(github_output).items()
             }
+    token = ["config set"] if platform == "droplet" else []  # autodown's: none on Kubernetes
     assert fake.calls() == [
-        "stack init", "config set", "up", "stack output", "stack output", "stack output",
+        "stack init", *token, "up", "stack output", "stack output", "stack output",
         "stack ls", "destroy", "stack rm",
     ]  # fmt: skip
     assert fake.data["stacks"] == {}  # `pulumi stack rm` ran (it removes the stack's file too)
     run = project / "run"
+    timeline = ["timeline.png", "timeline.txt"] if platform == "droplet" else []
     assert sorted(p.name for p in run.iterdir()) == [
-        "bench.json", "cleanup.json", "outputs.json", "plan.json", "smoke.txt", "timeline.png",
-        "timeline.txt",
+        "bench.json", "cleanup.json", "outputs.json", "plan.json", "smoke.txt", *timeline,
     ]  # fmt: skip
     text = summary_file.read_text()
     assert "## Real run: `real-run-42-1`" in text
     assert "all checks passed" in text
     assert "| 1 | 16/0 |" in text and "| 8 | 16/0 |" in text
-    assert "█" in text
+    assert ("█" in text) is (platform == "droplet")  # the bootstrap chart: a Droplet's
     # Seconds of Droplet time, billed at least 60 s, up to the cent at the dev size's price.
     took = re.search(r"\*\*About \$([0-9.]+)\*\* of the \$[0-9.]+ cap: (\d+) min (\d+) s", text)
     assert took, text
     seconds = max(60, int(took[2]) * 60 + int(took[3]))
-    assert float(took[1]) == math.ceil(round(0.76 * seconds / 3600 * 100, 6)) / 100
+    price = 0.76 if platform == "droplet" else json.loads((run / "plan.json").read_text())["price"]
+    assert float(took[1]) == math.ceil(round(price * seconds / 3600 * 100, 6)) / 100
+    if platform == "kubernetes":
+        assert "Autodown: none: no autodown on Kubernetes" in text
     assert "destroyed and removed stack real-run-42-1" in text
     everything = "\n".join([*logs, text, *(p.read_text(errors="replace") for p in run.iterdir())])
     for secret in (KEY, SSH_KEY, AUTODOWN_TOKEN):
