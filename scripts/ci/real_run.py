@@ -24,6 +24,11 @@ delete. Without it, the lease workflow (scripts/ci/lease.py) is the guard, and i
 grace plus its schedule (about 45 minutes) past maxHours: beyond the cap on a small one. A cap
 too small for a useful run is refused, naming the minimum and what it is made of.
 
+`plan --platform kubernetes` deploys the kube example's cluster instead, on one GPU node from
+the start, bounded by the cap at the cluster's hourly price part by part (realrun/kubeplan.py);
+with no autodown on Kubernetes, `cleanup --cluster` deletes the cluster through the DigitalOcean
+API when `pulumi destroy` cannot (realrun/cleanup.py).
+
 `summary` writes the job summary (smoke lines, bench table, the bootstrap as a text chart, the
 cost) from whatever files the run left: any of them may be missing because an earlier step
 failed, and the summary says which and why instead of failing. Secrets never reach it: the
