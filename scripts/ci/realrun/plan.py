@@ -152,9 +152,8 @@ def cold_start(model: dict[str, Any]) -> tuple[int, str]:
 
 def fixed_minutes(timeline: int = TIMELINE_MINUTES, destroy: int = DESTROY_MINUTES) -> int:
     """The Droplet's minutes that do not depend on the cap: everything after `up`'s budget."""
-    return (
-        UP_CANCEL_GRACE_MINUTES + 1 + SMOKE_MINUTES + BENCH_MINUTES + OUTPUTS_MINUTES + timeline
-    ) + destroy
+    after_up = UP_CANCEL_GRACE_MINUTES + 1 + SMOKE_MINUTES + BENCH_MINUTES + OUTPUTS_MINUTES
+    return after_up + timeline + destroy
 
 
 def fixed_text(timeline: int = TIMELINE_MINUTES, destroy: int = DESTROY_MINUTES) -> str:
