@@ -7,6 +7,7 @@ arguments go through the pinned vLLM's parser in test_vllm_serve_parser.py (kube
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +85,21 @@ class KubeCloud(FakeCloud):
         if args.typ == CLUSTER:
             outs = {**args.inputs, "kubeConfigs": [{"rawConfig": FAKE_KUBECONFIG}]}
             return "doks-uuid-0001", outs
+        if args.typ == SECRET:
+            # The API server gives the Secret a resourceVersion that moves with its data.
+            meta = {**args.inputs.get("metadata", {}), "resourceVersion": secret_version(args)}
+            id_, outs = super().new_resource(args)
+            return id_, {**outs, "metadata": meta}
         return super().new_resource(args)
+
+
+SECRET = "kubernetes:core/v1:Secret"
+
+
+def secret_version(args: Any) -> str:
+    """The emulated resourceVersion of a Secret: a digest of what it holds."""
+    data = json.dumps(args.inputs.get("stringData", {}), sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -131,7 +146,10 @@ def mock(cloud: FakeCloud, monitor: Recorder) -> None:
 
 
 def cluster_and_server(
-    cfg: StackConfig, kube: KubePlatformConfig, hf_token: str | None = FAKE_HF_TOKEN
+    cfg: StackConfig,
+    kube: KubePlatformConfig,
+    hf_token: str | None = FAKE_HF_TOKEN,
+    api_key: str = FAKE_API_KEY,
 ) -> tuple[cluster.DoksCluster, model.ModelServer]:
     """The cluster and the model server, as every program of the platform declares them."""
     doks = cluster.DoksCluster("nemotron-kube", kube)
@@ -139,14 +157,19 @@ def cluster_and_server(
         "vllm",
         cfg,
         kube,
-        api_key=pulumi.Output.secret(FAKE_API_KEY),
+        api_key=pulumi.Output.secret(api_key),
         hf_token=None if hf_token is None else pulumi.Output.secret(hf_token),
         provider=doks.provider,
     )
     return doks, server
 
 
-def run(cfg: StackConfig, kube: KubePlatformConfig, hf_token: str | None = FAKE_HF_TOKEN) -> Run:
+def run(
+    cfg: StackConfig,
+    kube: KubePlatformConfig,
+    hf_token: str | None = FAKE_HF_TOKEN,
+    api_key: str = FAKE_API_KEY,
+) -> Run:
     cloud = KubeCloud(DEFAULT_OFFERS)
     monitor = KubeRecorder(cloud)
     mock(cloud, monitor)
@@ -154,7 +177,7 @@ def run(cfg: StackConfig, kube: KubePlatformConfig, hf_token: str | None = FAKE_
 
     @pulumi.runtime.test
     def program():
-        _, server = cluster_and_server(cfg, kube, hf_token)
+        _, server = cluster_and_server(cfg, kube, hf_token, api_key)
         return server.service.id
 
     try:
@@ -209,6 +232,8 @@ def test_the_cluster_pins_its_version_ha_and_pools(deployed) -> None:
         # What the cluster's controllers made (its Load Balancer, the claims' Volumes) goes
         # with it: nothing bills after `pulumi destroy`.
         "destroyAllAssociatedResources": True,
+        # Set, not left to the default that looks for GPU nodes a pool at 0 does not have.
+        "nvidiaGpuDevicePlugin": {"enabled": True},
     }
     pool = result.one(NODE_POOL)
     assert pool.inputs == {
@@ -343,6 +368,33 @@ def test_the_probes_wait_for_a_cold_start(deployed) -> None:
     assert allowed <= 2 * (221 + cfg.model_disk_gb * 1000 / 200) + startup["periodSeconds"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    # A busy server answers late: a look fails only past the Droplet's bound (15 s), and it
+    # takes 10 of them to leave the router's candidates, more to be restarted.
+    ready, alive = vllm["readinessProbe"], vllm["livenessProbe"]
+    assert (
+        ready["timeoutSeconds"] == alive["timeoutSeconds"] == catalog.REPLICA_LOOK_TIMEOUT_SECONDS
+    )
+    assert ready["failureThreshold"] == 10
+    assert alive["periodSeconds"] * alive["failureThreshold"] > (
+        ready["periodSeconds"] * ready["failureThreshold"]
+    )
+
+
+def pods_version(result: Run) -> str:
+    spec = result.one("kubernetes:apps/v1:StatefulSet").inputs["spec"]
+    return str(spec["template"]["metadata"]["annotations"][manifests.SECRET_VERSION])
+
+
+def test_a_new_api_key_rolls_the_servers() -> None:
+    """vLLM reads the key from env at start: a new key (the Secret updated in place) must roll
+    the servers, or they keep the old one while the output shows the new. The same key twice
+    changes nothing."""
+    cfg, kube = stack(), platform()
+    first, again = run(cfg, kube), run(cfg, kube)
+    rotated = run(cfg, kube, api_key="b" * 48)
+    assert pods_version(first) == pods_version(again)
+    assert pods_version(rotated) != pods_version(first)
+    assert "b" * 48 not in pods_version(rotated)
 
 
 def test_only_a_cluster_ip_service(deployed) -> None:
@@ -365,10 +417,15 @@ def test_every_kubernetes_object_is_valid_for_the_pinned_version(deployed) -> No
     assert len(objects) == 4
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_SCHEMA_VERSION, strict=True)
-    # What manifests.py builds is what was declared.
+    # What manifests.py builds is what was declared, with the Secret's version on the pods.
     declared = {o["kind"]: o for o in objects}
     built = manifests.model_server(cfg, kube)
-    assert declared["StatefulSet"]["spec"] == built["spec"]
+    version = declared["StatefulSet"]["spec"]["template"]["metadata"]["annotations"][
+        manifests.SECRET_VERSION
+    ]
+    assert version and declared["StatefulSet"]["spec"] == manifests.with_secret_version(
+        built["spec"], version
+    )
     assert declared["Service"]["spec"] == manifests.service()["spec"]
 
 
@@ -414,6 +471,10 @@ REFUSALS = {
     "gpuPool min > max": ({"gpuPool": {"minNodes": 3, "maxNodes": 2}}, "minNodes (3) is above"),
     "replicas min > max": ({"replicas": {"min": 2, "max": 1}}, "min (2) is above max (1)"),
     "replicas past nodes": ({"replicas": {"max": 3}}, "replicas.max (3) is above gpuPool.maxNodes"),
+    "idle gpu nodes": (
+        {"gpuPool": {"minNodes": 1}, "replicas": {"min": 0}},
+        "gpuPool.minNodes (1) is above replicas.min (0)",
+    ),
     "cpu size a gpu": ({"cpuPool": {"size": "gpu-h100x1-80gb"}}, "not a CPU Droplet size"),
     "digest": ({"imageDigest": "latest"}, "not an image digest"),
     "edge digest": ({"edge": {"imageDigest": "2.11.7"}}, "not an image digest"),

@@ -196,7 +196,13 @@ def test_caddy_runs_unprivileged_from_its_pinned_image(deployed) -> None:
     # A new Caddyfile rolls the pod.
     text = result.obj(CONFIG_MAP)["data"]["Caddyfile"]
     want = hashlib.sha256(text.encode()).hexdigest()
-    assert pod["metadata"]["annotations"] == {f"{catalog.PROJECT}/caddyfile-sha256": want}
+    # A new API key rolls it too: the gate reads the key from env at start, and the pod
+    # template names the model Secret's version (the emulated API server's: test_kube).
+    servers = result.obj("kubernetes:apps/v1:StatefulSet")["spec"]["template"]
+    version = servers["metadata"]["annotations"][manifests.SECRET_VERSION]
+    assert pod["metadata"]["annotations"] == {
+        f"{catalog.PROJECT}/caddyfile-sha256": want, manifests.SECRET_VERSION: version,
+    }  # fmt: skip
 
 
 def test_the_certificate_storage_is_a_volume(deployed) -> None:
@@ -236,7 +242,9 @@ def test_every_edge_object_is_valid_for_the_pinned_version(deployed) -> None:
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_SCHEMA_VERSION, strict=True)
     text = objects[0]["data"]["Caddyfile"]
-    assert objects[2]["spec"] == edge_manifests.deployment(kube, text)["spec"]
+    version = objects[2]["spec"]["template"]["metadata"]["annotations"][manifests.SECRET_VERSION]
+    built = edge_manifests.deployment(kube, text)["spec"]
+    assert version and objects[2]["spec"] == manifests.with_secret_version(built, version)
     assert objects[3]["spec"] == edge_manifests.service(cfg)["spec"]
 
 

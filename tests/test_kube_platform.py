@@ -12,6 +12,7 @@ from pulumi_harness import DEFAULT_OFFERS, FAKE_API_KEY, offer, plain_strings, r
 from test_kube_edge import LB_IP, EdgeCloud
 from test_plan_snapshot import STACKS, _kube
 
+from components.host import vllm_service
 from components.spec import config
 from components.spec.kube import HA_PRICE_MONTH
 
@@ -109,6 +110,15 @@ def test_a_droplet_only_key_is_refused_naming_it(field: str) -> None:
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     (problem,) = problems(raw)
     assert problem.startswith(f"{field}: means nothing with platform: kubernetes"), problem
+
+
+def test_the_weights_on_the_servers_volume_are_prefetched() -> None:
+    """A Kubernetes server reads its weights from its Volume (network block storage), where
+    vLLM's prefetch is the remedy it applies itself only to NFS and Lustre (vllm_service
+    .load_strategy): on, as a Droplet's cache Volume gets it."""
+    cfg = config.parse(_kube("gpu-h100x1-80gb", 0), "kube", frozenset({"hfToken"}))
+    args = vllm_service.serve_args(cfg, host="0.0.0.0")
+    assert args[args.index("--safetensors-load-strategy") + 1] == "prefetch"
 
 
 def test_autoscale_is_refused_on_kubernetes_too_as_the_retired_key() -> None:

@@ -23,10 +23,13 @@ import yaml
 from pulumi_harness import DEFAULT_OFFERS, FAKE_API_KEY, ROOT, Registration, plain_strings
 from test_kube import KubeCloud, KubeRecorder, cluster_and_server, mock, platform, stack
 
-from components.cloud.kube import autoscaler, manifests, scaling
+from components.cloud.kube import autoscaler, manifests, router_values, scaling
 from components.spec import catalog
 from components.spec.kube import KubePlatformConfig
 from components.spec.schema import StackConfig
+
+# The router's hold for the test stack (the prod model): the last server's cooldown floor.
+HOLD = router_values.hold_seconds(stack())
 
 DATA = ROOT / "tests" / "data" / "keda-2.20.2"
 PROMETHEUS_DATA = ROOT / "tests" / "data" / "prometheus-29.27.0"
@@ -41,10 +44,13 @@ class ScalingRecorder(KubeRecorder):
     def __init__(self, mocks):
         super().__init__(mocks)
         self.ignored: dict[str, list[str]] = {}
+        self.delete_first: set[str] = set()
 
     def RegisterResource(self, request):  # noqa: N802 (the monitor's gRPC name)
         response = super().RegisterResource(request)
         self.ignored[response.urn] = list(request.ignoreChanges)
+        if request.deleteBeforeReplace:
+            self.delete_first.add(response.urn)
         return response
 
 
@@ -52,6 +58,7 @@ class ScalingRecorder(KubeRecorder):
 class Run:
     registrations: list[Registration]
     ignored: dict[str, list[str]]
+    delete_first: set[str]
 
     def one(self, type_: str) -> Registration:
         (found,) = [r for r in self.registrations if r.type == type_]
@@ -75,11 +82,11 @@ def run(cfg: StackConfig, kube: KubePlatformConfig) -> Run:
     @pulumi.runtime.test
     def program():
         doks, server = cluster_and_server(cfg, kube, hf_token=None)
-        scaler = autoscaler.Autoscaler("vllm", kube, server.servers, doks.provider)
+        scaler = autoscaler.Autoscaler("vllm", kube, HOLD, server.servers, doks.provider)
         return scaler.scaled_object.id
 
     program()
-    return Run(monitor.registrations, monitor.ignored)
+    return Run(monitor.registrations, monitor.ignored, monitor.delete_first)
 
 
 CASES = [(size, m) for size in ("gpu-h100x1-80gb", "gpu-l40sx1-48gb") for m in (0, 1)]
@@ -253,12 +260,12 @@ def test_the_prometheus_values_check_refuses_a_broken_copy(what: str) -> None:
 def test_the_scaled_object_is_valid_for_the_pinned_crd(deployed) -> None:
     result, kube = deployed
     declared = result.obj(SCALED_OBJECT)
-    assert declared["spec"] == scaling.scaled_object(kube)["spec"]
+    assert declared["spec"] == scaling.scaled_object(kube, HOLD)["spec"]
     validate_custom(declared)
 
 
 def broken_scaled_objects() -> dict[str, dict[str, Any]]:
-    good = scaling.scaled_object(platform())
+    good = scaling.scaled_object(platform(), HOLD)
     out = {}
     bad = copy.deepcopy(good)
     bad["spec"]["minReplicaCount"] = "zero"
@@ -285,7 +292,7 @@ def broken_scaled_objects() -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("what", list(broken_scaled_objects()))
 def test_the_crd_check_refuses_a_broken_scaled_object(what: str) -> None:
     """So that a pass above means something."""
-    validate_custom(scaling.scaled_object(platform()))
+    validate_custom(scaling.scaled_object(platform(), HOLD))
     with pytest.raises(jsonschema.ValidationError):
         validate_custom(broken_scaled_objects()[what])
 
@@ -304,8 +311,10 @@ def test_the_scaled_object_moves_the_servers_between_min_and_max(deployed) -> No
     }
     assert result.obj(SCALED_OBJECT)["metadata"]["namespace"] == servers["metadata"]["namespace"]
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (kube.replicas.min, 2)
-    # llm-d's KEDA guide's cadence and damping (docs/facts.md).
-    assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (15, 300)
+    # llm-d's KEDA guide's cadence and damping (docs/facts.md); the last server's cooldown
+    # never shorter than the router's hold, so a wake whose clients left is not undone halfway.
+    assert spec["pollingInterval"] == 15
+    assert spec["cooldownPeriod"] == HOLD == router_values.hold_seconds(stack()) > 300
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert {w["stabilizationWindowSeconds"] for w in behavior.values()} == {300}
 
@@ -368,8 +377,16 @@ def test_pulumi_leaves_the_count_to_keda(deployed) -> None:
     servers = result.one(STATEFUL_SET)
     assert servers.inputs["spec"]["replicas"] == kube.replicas.min
     assert result.ignored[servers.urn] == ["spec.replicas"]
-    # Nothing else of ours is ignored: every other field stays Pulumi's.
-    assert [u for u, fields in result.ignored.items() if fields] == [servers.urn]
+    # Nothing else of ours is ignored but the cluster's version, which auto_upgrade moves
+    # after creation (cluster.py): every other field stays Pulumi's.
+    cluster = result.one("digitalocean:index/kubernetesCluster:KubernetesCluster")
+    assert {u: f for u, f in result.ignored.items() if f} == {
+        servers.urn: ["spec.replicas"], cluster.urn: ["version"],
+    }  # fmt: skip
+    # A new GPU size replaces the pool under the same name: the old one goes first (never two
+    # GPU pools billing, nor a name taken), and nothing else is replaced that way.
+    pool = result.one("digitalocean:index/kubernetesNodePool:KubernetesNodePool")
+    assert result.delete_first == {pool.urn}
 
 
 def test_the_scaled_object_waits_for_keda_prometheus_and_the_servers(deployed) -> None:

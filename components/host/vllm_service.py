@@ -84,7 +84,9 @@ def load_strategy(cfg: StackConfig) -> str | None:
     memory = cfg.size.memory_gib
     if memory is not None and cfg.model_disk_gb > PREFETCH_MEMORY_SHARE * memory:
         return None
-    return "prefetch" if cfg.cache.enabled else None
+    # On the Kubernetes platform the weights are always on the server's Volume (kube/manifests).
+    on_volume = cfg.cache.enabled or cfg.platform == "kubernetes"
+    return "prefetch" if on_volume else None
 
 
 # vLLM's bound for prefetching a checkpoint: 90% of the memory available

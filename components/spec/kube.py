@@ -315,6 +315,14 @@ class KubePlatformConfig(_Section):
                 f"({self.gpu_pool.max_nodes}): each model server takes a whole GPU node; "
                 "accepted: replicas.max <= gpuPool.maxNodes"
             )
+        # A GPU node kept with no server on it serves nothing and bills its full price (the
+        # cluster autoscaler never goes below minNodes).
+        if self.gpu_pool.min_nodes > self.replicas.min:
+            raise ValueError(
+                f"gpuPool.minNodes ({self.gpu_pool.min_nodes}) is above replicas.min "
+                f"({self.replicas.min}): the nodes past the servers would bill with nothing on "
+                "them; accepted: gpuPool.minNodes <= replicas.min"
+            )
         return self
 
 

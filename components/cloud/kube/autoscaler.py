@@ -43,12 +43,15 @@ def _release(
 
 class Autoscaler(pulumi.ComponentResource):
     """`servers` is the model's StatefulSet (model.ModelServer.servers): the ScaledObject waits
-    for it, for KEDA's release (its CRDs) and for Prometheus (what its triggers ask)."""
+    for it, for KEDA's release (its CRDs) and for Prometheus (what its triggers ask).
+    `hold_seconds`: how long the router holds a request (router_values.hold_seconds), which
+    the last server's cooldown never undercuts."""
 
     def __init__(
         self,
         name: str,
         kube: KubePlatformConfig,
+        hold_seconds: int,
         servers: pulumi.Resource,
         provider: kubernetes.Provider,
         opts: pulumi.ResourceOptions | None = None,
@@ -64,7 +67,7 @@ class Autoscaler(pulumi.ComponentResource):
             scaling.PROMETHEUS_REPO, scaling.PROMETHEUS_NAMESPACE, scaling.prometheus_values(),
             child,
         )  # fmt: skip
-        obj = scaling.scaled_object(kube)
+        obj = scaling.scaled_object(kube, hold_seconds)
         self.scaled_object = kubernetes.apiextensions.CustomResource(
             name,
             api_version=obj["apiVersion"],

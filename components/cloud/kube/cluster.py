@@ -60,7 +60,18 @@ class DoksCluster(pulumi.ComponentResource):
             # they outlive the cluster and keep billing (terraform-provider-digitalocean #1007:
             # "load balancers, volumes, and volume snapshots"; docs/facts.md).
             destroy_all_associated_resources=True,
-            opts=child,
+            # Explicit, as ha is: the default enables it only "for clusters with NVIDIA GPU
+            # nodes", and at minNodes 0 the cluster starts with none (terraform-provider-
+            # digitalocean docs/resources/kubernetes_cluster.md, nvidia_gpu_device_plugin).
+            nvidia_gpu_device_plugin=digitalocean.KubernetesClusterNvidiaGpuDevicePluginArgs(
+                enabled=True
+            ),
+            # The newest patch is asked for at creation; after it, auto_upgrade moves patches in
+            # the maintenance window. Set on every run, a new patch would upgrade a serving
+            # cluster at the next unrelated `pulumi up` (and surge a second GPU node meanwhile).
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(ignore_changes=["version"])
+            ),
         )
         self.gpu_pool = digitalocean.KubernetesNodePool(
             f"{name}-gpu",
@@ -72,7 +83,11 @@ class DoksCluster(pulumi.ComponentResource):
             max_nodes=kube.gpu_pool.max_nodes,
             labels={manifests.GPU_POOL_LABEL: manifests.GPU_POOL_VALUE},
             tags=[catalog.PROJECT],
-            opts=child,
+            # A new size replaces the pool (size is ForceNew): the old one goes first, as its
+            # name is the new one's, and two GPU pools would bill at once.
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(delete_before_replace=True)
+            ),
         )
         # The credentials as DigitalOcean hands them on every run (the data source), not those
         # the cluster's state kept: those expire after 7 days (kubeconfig_expire_seconds).

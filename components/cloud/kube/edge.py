@@ -22,7 +22,7 @@ from ...spec import catalog
 from ...spec.kube import KubePlatformConfig
 from ...spec.schema import StackConfig
 from .. import dns
-from . import edge_manifests
+from . import edge_manifests, manifests
 
 # pulumi-kubernetes waits for a Service until its endpoints are ready, and this one's pod waits
 # for the Caddyfile, which waits for the Service's address: the Service waits for its address
@@ -83,10 +83,15 @@ class Edge(pulumi.ComponentResource):
         # The record first: with a domain, the CA checks the name as soon as Caddy starts.
         after = [self.config, self.claim, *([self.record] if self.record else [])]
         deployment = text.apply(lambda t: edge_manifests.deployment(kube, t))
+        # A new API key rolls the edge too: the gate reads it from env at start.
+        version = secret.metadata.apply(manifests.secret_version)
+        spec = pulumi.Output.all(deployment, version).apply(
+            lambda d: manifests.with_secret_version(d[0]["spec"], d[1])
+        )
         self.deployment = kubernetes.apps.v1.Deployment(
             name,
             metadata=deployment["metadata"],
-            spec=deployment["spec"],
+            spec=spec,
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=after)),
         )
         self.register_outputs({"endpoint": self.endpoint})

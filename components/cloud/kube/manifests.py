@@ -58,12 +58,34 @@ ENGINE_COLD_SECONDS = 221
 VOLUME_READ_MB_S = 200
 STARTUP_MARGIN = 2
 PROBE_PERIOD = 10
+LOOK = catalog.REPLICA_LOOK_TIMEOUT_SECONDS
 
 
 def startup_seconds(cfg: StackConfig) -> int:
     """How long a model server may take from its container's start to /health."""
     weights = cfg.model_disk_gb * 1000 / VOLUME_READ_MB_S
     return STARTUP_MARGIN * math.ceil(ENGINE_COLD_SECONDS + weights)
+
+
+# The pod templates carry the Secret's resourceVersion, so a new API key or HF token (a Secret
+# updated in place) rolls the pods that read it as env: Kubernetes reads env from a Secret only
+# when a container starts. The version changes with the Secret's data, and no secret is in it.
+SECRET_VERSION = f"{catalog.PROJECT}/secret-version"
+
+
+def with_secret_version(spec: dict[str, Any], version: str) -> dict[str, Any]:
+    """A workload's spec whose pod template names the Secret's version (SECRET_VERSION)."""
+    template = spec["template"]
+    meta = template.get("metadata", {})
+    annotations = {**meta.get("annotations", {}), SECRET_VERSION: version}
+    return {**spec, "template": {**template, "metadata": {**meta, "annotations": annotations}}}
+
+
+def secret_version(metadata: Any) -> str:
+    """The resourceVersion of a declared Secret's metadata output ("" before it exists)."""
+    if isinstance(metadata, dict):
+        return str(metadata.get("resource_version") or metadata.get("resourceVersion") or "")
+    return str(getattr(metadata, "resource_version", None) or "")
 
 
 def namespace() -> dict[str, Any]:
@@ -167,12 +189,22 @@ def _probes(cfg: StackConfig) -> dict[str, Any]:
             "periodSeconds": PROBE_PERIOD,
             "failureThreshold": math.ceil(startup_seconds(cfg) / PROBE_PERIOD),
         },
-        "readinessProbe": {"httpGet": health, "periodSeconds": 5, "failureThreshold": 3},
+        # A busy vLLM answers /health late (the kubelet's default timeout is 1 s): a look
+        # fails only past REPLICA_LOOK_TIMEOUT_SECONDS, as Caddy's and the router's do on a
+        # Droplet, and a server leaves the router's candidates after 10 such looks (llm-d's
+        # own fix for saturated servers dropping out: llm-d-benchmark#1734). Liveness is the
+        # more patient: a restart costs a whole start.
+        "readinessProbe": {
+            "httpGet": health,
+            "periodSeconds": 5,
+            "timeoutSeconds": LOOK,
+            "failureThreshold": 10,
+        },
         "livenessProbe": {
             "httpGet": health,
             "periodSeconds": 15,
-            "timeoutSeconds": 5,
-            "failureThreshold": 4,
+            "timeoutSeconds": LOOK,
+            "failureThreshold": 8,
         },
     }
 

@@ -60,10 +60,12 @@ class ModelServer(pulumi.ComponentResource):
             opts=after_ns,
         )
         server: dict[str, Any] = manifests.model_server(cfg, kube)
+        version = self.secret.metadata.apply(manifests.secret_version)
         self.servers = kubernetes.apps.v1.StatefulSet(
             name,
             metadata=server["metadata"],
-            spec=server["spec"],
+            # A new key or token rolls the servers (manifests.SECRET_VERSION).
+            spec=version.apply(lambda v: manifests.with_secret_version(server["spec"], v)),
             # pulumi-kubernetes waits for the servers to be ready (its default: 10 minutes); a
             # first start joins a GPU node, pulls the image, downloads and loads the weights.
             opts=pulumi.ResourceOptions.merge(

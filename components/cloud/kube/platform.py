@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ...spec.schema import StackConfig
 from .. import dns, outputs, region, stack_config
 from ..stack_config import StackConfigError
-from . import autoscaler, capacity, cluster, edge, model
+from . import autoscaler, capacity, cluster, edge, model, router_values
 from .router import Router
 
 
@@ -64,7 +64,8 @@ def build(cfg: StackConfig) -> None:
     hf_token = stack_config.hf_token()
     doks = cluster.DoksCluster(cfg.droplet_name, kube)
     server = model.ModelServer("vllm", cfg, kube, api_key, hf_token, doks.provider)
-    autoscaler.Autoscaler("vllm", kube, server.servers, doks.provider)
+    hold = router_values.hold_seconds(cfg)
+    autoscaler.Autoscaler("vllm", kube, hold, server.servers, doks.provider)
     # llm-d's router between the edge and the servers: it holds a request while none is ready
     # (up to the wake budget) and its queue is what wakes one (KEDA's trigger).
     router = Router("router", cfg, kube, server, doks.provider)

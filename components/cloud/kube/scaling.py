@@ -175,7 +175,7 @@ def _behavior() -> dict[str, Any]:
     return {"scaleUp": window, "scaleDown": window}
 
 
-def scaled_object(kube: KubePlatformConfig) -> dict[str, Any]:
+def scaled_object(kube: KubePlatformConfig, hold_seconds: int) -> dict[str, Any]:
     """KEDA's ScaledObject on the model servers' StatefulSet, between the platform's min and
     max. With it, KEDA (through the HPA it makes) owns `spec.replicas`: model.py stops
     writing it after the StatefulSet's creation."""
@@ -194,7 +194,9 @@ def scaled_object(kube: KubePlatformConfig) -> dict[str, Any]:
                 "name": manifests.NAME,
             },
             "pollingInterval": POLLING_SECONDS,
-            "cooldownPeriod": COOLDOWN_SECONDS,
+            # Never shorter than the router's hold: a wake whose held clients gave up would
+            # otherwise see its half-started server taken back to zero (the queue then reads 0).
+            "cooldownPeriod": max(COOLDOWN_SECONDS, hold_seconds),
             "minReplicaCount": kube.replicas.min,
             "maxReplicaCount": kube.replicas.max,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior()}},
