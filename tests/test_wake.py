@@ -1202,21 +1202,24 @@ def test_behind_caddy_a_request_while_caddy_reloads_a_new_replica_is_held_not_50
     """The member phase writes a replica's upstream file, then reloads Caddy: until the reload
     is done Caddy has no such upstream, and a keyed request it proxies to the replicas gets its
     503 "no upstreams" (a CI run under load met it after the waker, seeing the file and the
-    replica's /health, dropped its hold file). Here the reload takes 3 s: a keyed request in
-    that window is held by the waker, and answered 200, and the set is not called awake until
-    the member phase marks its join complete after the reload."""
+    replica's /health, dropped its hold file). Here the reload (a loaded front's) waits until
+    a keyed request was sent in that window: it is held by the waker, and answered 200, and
+    the set is not called awake until the member phase marks its join after the reload."""
     github = FakeGitHub()
     front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
     cf = caddy_front(front)
     chat = f"{cf.url}/v1/chat/completions"
-    written = threading.Event()
+    written, sent = threading.Event(), threading.Event()
 
     def deploy() -> None:
-        """The pipeline's end: the replica answers and its file is written; the reload (a
-        loaded front's) comes 3 s later."""
+        """The pipeline's end: the replica answers and its file is written; the reload comes
+        once the request in the window is held (both held), or 10 s after it was sent."""
         front.start_replica()
         written.set()
-        time.sleep(3.0)
+        assert sent.wait(30)
+        end = time.monotonic() + 10
+        while front.state()["held"] < 2 and time.monotonic() < end:
+            time.sleep(0.05)
         cf.reload()
 
     github.on_dispatch = deploy
@@ -1225,6 +1228,7 @@ def test_behind_caddy_a_request_while_caddy_reloads_a_new_replica_is_held_not_50
     time.sleep(1.0)  # five of the waker's looks: it has seen the file and the replica's /health
     assert front.state()["mode"] == "waking", "not awake before Caddy routes to the replica"
     assert front.hold_file.exists()
+    sent.set()
     in_window = requests.post(chat, json=CHAT, headers=KEYED, timeout=60)
     assert in_window.status_code == 200, (in_window.status_code, in_window.text)
     front.wait_mode("awake")
