@@ -588,7 +588,8 @@ class RoutedSet:
         return self.folder / "upstreams" / f"replica-{i}.caddy"
 
     def join(self, i: int) -> None:
-        """member.sh's join: the upstream file, a graceful reload, the router's add_worker."""
+        """member.sh's join: the upstream file, a graceful reload, the router's add_worker,
+        then the join mark (the front's waker reads it)."""
         up = balancer.Upstream(self.members[i].listener.bind, self.members[i].listener.port)
         self.upstream_file(i).write_text(balancer.upstream_line(up) + "\n")
         self.reload()
@@ -596,10 +597,16 @@ class RoutedSet:
             r = requests.post(f"{self.router.url}/add_worker",
                               params={"url": router.worker_url(up.dial)}, timeout=70)  # fmt: skip
             assert r.status_code == 200 or "already exists" in r.text, r.text
+        self.joined_file(i).write_text(balancer.upstream_line(up) + "\n")
+
+    def joined_file(self, i: int) -> Path:
+        return self.folder / "upstreams" / f"replica-{i}.caddy{catalog.BALANCER_JOINED_SUFFIX}"
 
     def leave(self, i: int) -> None:
         """member.sh's leave: the file removed, a reload, the router's remove_worker, then the
-        wait for its requests in flight (the router's gauge, else Caddy's own count)."""
+        wait for its requests in flight (the router's gauge, else Caddy's own count). The join
+        mark goes first."""
+        self.joined_file(i).unlink(missing_ok=True)
         self.upstream_file(i).unlink()
         self.reload()
         worker = router.worker_url(self.members[i].dial)

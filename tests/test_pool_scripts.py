@@ -272,11 +272,28 @@ def test_the_balancer_joins_replicas_reloads_gracefully_and_drains_one_that_leav
     with ExitStack() as stack:
         for i, port in enumerate(ports):
             stack.enter_context(fake_replica(f"r{i}", port, "--ttft", "2", "--api-key", API_KEY))
+        upstreams = box.upper / catalog.BALANCER_UPSTREAMS_DIR.lstrip("/")
         for i, port in enumerate(ports):
             joined = b.join(i, port)
             assert joined.returncode == 0, joined.stderr
             assert joined.result["changed"] is True
+            # The join mark the front's waker waits for comes after Caddy's reload, and is as
+            # new as the file.
+            steps = re.findall(r"\[member\] step (\w+)", joined.stderr)
+            assert steps == ["file", "reload", "mark"], joined.stderr
+            (file,) = upstreams.glob(f"replica-{i}-*.caddy")
+            mark = file.parent / (file.name + catalog.BALANCER_JOINED_SUFFIX)
+            assert mark.stat().st_mtime_ns >= file.stat().st_mtime_ns
         assert b.join(0, ports[0]).result["changed"] is False, "joining again changes nothing"
+        # A join cut after its file and before its mark (the front rebooted in its reload):
+        # joining again reloads and marks it.
+        (mark,) = upstreams.glob(f"replica-0-*.caddy{catalog.BALANCER_JOINED_SUFFIX}")
+        mark.unlink()
+        rejoined = b.join(0, ports[0])
+        assert rejoined.returncode == 0, rejoined.stderr
+        assert "its join was not completed: reloading" in rejoined.stderr
+        assert re.findall(r"\[member\] step (\w+)", rejoined.stderr) == ["file", "reload", "mark"]
+        assert mark.exists() and b.join(0, ports[0]).result["changed"] is False
         time.sleep(2.5)  # the first active health checks
         answer = requests.post(f"{b.url}/v1/chat/completions", json=chat, headers=AUTH, timeout=10)
         assert answer.status_code == 200 and answer.headers["X-Upstream"] in ("r0", "r1")
@@ -540,6 +557,31 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
         assert not box.file(path).exists(), path
 
 
+def test_the_wake_phase_marks_the_replicas_that_joined_before_join_marks(
+    box: Sandbox, downloads: Downloads
+) -> None:
+    """A front whose replicas joined before member.sh wrote join marks: the waker counts a
+    replica ready only with its mark, so the wake phase marks each file there (after a graceful
+    reload of a running Caddy) before the waker starts, and an awake front stays awake; once
+    marked, a wake phase again changes nothing."""
+    b = Balancer(box, downloads)
+    assert b.run("preflight").returncode == 0
+    old = box.file(pool.upstream_file(0, "7"))
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text("to 127.0.0.1:9\n")
+    raw = stack_config("dev")
+    raw["access"] = {**raw["access"], "https": False}
+    raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": WAKE_TOKEN}
+    b.cfg = config.parse(raw, "dev", frozenset({"wake"}))
+    on = b.run("wake")
+    assert on.returncode == 0, on.stderr
+    assert f"marked {old.name}: Caddy routes to it" in on.stderr
+    assert box.file(pool.joined_file(0, "7")).read_text() == old.read_text()
+    again = b.run("wake")
+    assert again.returncode == 0 and again.result["changed"] is False, again.stderr
+    assert "every replica's join is marked" in again.stderr
+
+
 def test_a_front_the_retired_autoscaler_ran_loses_its_copy_of_the_api_key(
     box: Sandbox, downloads: Downloads
 ) -> None:
@@ -792,6 +834,9 @@ def test_with_the_router_a_replica_joins_it_and_leaves_it_drained(
                 joined = b.join(i, port)
                 assert joined.returncode == 0, joined.stderr
                 assert "[member] the router routes to" in joined.stderr
+                # The waker's join mark once the router routes to it too (Caddy's upstream).
+                steps = re.findall(r"\[member\] step (\w+)", joined.stderr)
+                assert steps == ["file", "reload", "router", "mark"], joined.stderr
             again = b.join(0, ports[0])
             assert again.returncode == 0 and again.result["changed"] is False
             assert "the router already routes to" in again.stderr

@@ -45,7 +45,7 @@ from test_gateway import KEY, adapt, run_caddy
 from test_gateway_attacks import Upstream, read_body
 
 from components.host import gateway, wake
-from components.spec import config
+from components.spec import catalog, config
 
 ROOT = Path(__file__).resolve().parent.parent
 WAKE = ROOT / "scripts" / "phases" / "wake.py"
@@ -105,6 +105,9 @@ class Front:
     proc: subprocess.Popen[str]
     env: dict[str, str]
     replicas: list[subprocess.Popen[str]] = field(default_factory=list)
+    # Behind a Caddy (caddy_front): a join is marked complete after Caddy's reload, as the
+    # member phase does; on its own, nothing routes but the waker: at once.
+    behind_caddy: bool = False
 
     def start_replica(self, name: str = "r0", *args: str) -> None:
         """What the deploy does in the end: a replica answers and joins the balancer."""
@@ -113,7 +116,10 @@ class Front:
         self.join(name, fake.port)
 
     def join(self, name: str, port: int) -> None:
+        """The member phase's file (member.sh); its join mark once Caddy routes to it."""
         (self.upstreams / f"{name}.caddy").write_text(f"to 127.0.0.1:{port}\n")
+        if not self.behind_caddy:
+            mark_joined(self.upstreams)
 
     def stop_replicas(self) -> None:
         for proc in self.replicas:
@@ -148,6 +154,15 @@ class Front:
             assert time.monotonic() < end, state
             time.sleep(0.05)
         return state
+
+
+def mark_joined(upstreams: Path) -> None:
+    """The member phase's last step for each file in `upstreams`: its join mark, written after
+    Caddy's reload (a mark already as new as its file stays)."""
+    for path in upstreams.glob("*.caddy"):
+        mark = path.parent / (path.name + catalog.BALANCER_JOINED_SUFFIX)
+        if not mark.exists() or mark.stat().st_mtime_ns < path.stat().st_mtime_ns:
+            mark.write_text(path.read_text())
 
 
 def in_background(send: Callable[[], requests.Response]) -> list[requests.Response]:
@@ -1055,6 +1070,9 @@ def test_the_waker_and_the_program_share_their_names() -> None:
     assert f'env.get("WAKE_HOLD_FILE", "{wake.HOLD_FILE}")' in waker
     rendered = dict(line.split("=", 1) for line in wake.env_text(wake_cfg()).splitlines())
     assert rendered["WAKE_HOLD_FILE"] == wake.HOLD_FILE
+    # A replica's join mark, as the member phase writes it (pool.joined_file) and the waker
+    # reads it.
+    assert f'JOINED_SUFFIX = "{catalog.BALANCER_JOINED_SUFFIX}"' in waker
     assert f"RuntimeDirectory={wake.HOLD_DIR.removeprefix('/run/')}" in wake.unit_text()
     # Kept through a restart, so the hold file is (test_behind_caddy_a_waker_restarted_...).
     assert "RuntimeDirectoryPreserve=restart" in wake.unit_text()
@@ -1082,7 +1100,8 @@ def caddy_front(
     front_factory: Callable[..., Front], tmp_path: Path
 ) -> Iterator[Callable[..., CaddyFront]]:
     """The waker behind the pinned Caddy running the front's rendered Caddyfile; `reload` is
-    the member phase's graceful reload after a replica's file is written."""
+    the member phase's graceful reload after a replica's file is written, and its join mark
+    after it."""
     sock_dir = Path(tempfile.mkdtemp(prefix="nemo-admin-"))  # a socket path under 108 bytes
     stacks: list[Iterator[Any]] = []
 
@@ -1100,6 +1119,8 @@ def caddy_front(
         next(running)
         stacks.append(running)
 
+        front.behind_caddy = True
+
         def reload() -> None:
             subprocess.run(
                 [str(CADDY), "reload", "--config", str(folder / "Caddyfile"), "--adapter",
@@ -1107,6 +1128,7 @@ def caddy_front(
                 env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), gateway.API_KEY_ENV: KEY},
                 capture_output=True, check=True, timeout=30,
             )  # fmt: skip
+            mark_joined(front.upstreams)
 
         return CaddyFront(front, url, reload)
 
@@ -1171,6 +1193,47 @@ def test_behind_caddy_keyless_floods_wake_nothing_and_awake_requests_skip_the_wa
         front.proc.send_signal(signal.SIGCONT)
     state = requests.get(f"{cf.url}/nemotron/wake", headers=KEYED, timeout=10).json()
     assert state["mode"] == "awake" and state["wakes_last_day"] == 1
+    assert len(github.dispatches) == 1
+
+
+def test_behind_caddy_a_request_while_caddy_reloads_a_new_replica_is_held_not_503(
+    front_factory: Callable[..., Front], caddy_front: Callable[..., CaddyFront]
+) -> None:
+    """The member phase writes a replica's upstream file, then reloads Caddy: until the reload
+    is done Caddy has no such upstream, and a keyed request it proxies to the replicas gets its
+    503 "no upstreams" (a CI run under load met it after the waker, seeing the file and the
+    replica's /health, dropped its hold file). Here the reload (a loaded front's) waits until
+    a keyed request was sent in that window: it is held by the waker, and answered 200, and
+    the set is not called awake until the member phase marks its join after the reload."""
+    github = FakeGitHub()
+    front = front_factory(github, WAKE_EXPECTED_SECONDS="60")
+    cf = caddy_front(front)
+    chat = f"{cf.url}/v1/chat/completions"
+    written, sent = threading.Event(), threading.Event()
+
+    def deploy() -> None:
+        """The pipeline's end: the replica answers and its file is written; the reload comes
+        once the request in the window is held (both held), or 10 s after it was sent."""
+        front.start_replica()
+        written.set()
+        assert sent.wait(30)
+        end = time.monotonic() + 10
+        while front.state()["held"] < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        cf.reload()
+
+    github.on_dispatch = deploy
+    first = in_background(lambda: requests.post(chat, json=CHAT, headers=KEYED, timeout=60))
+    assert written.wait(30)
+    time.sleep(1.0)  # five of the waker's looks: it has seen the file and the replica's /health
+    assert front.state()["mode"] == "waking", "not awake before Caddy routes to the replica"
+    assert front.hold_file.exists()
+    sent.set()
+    in_window = requests.post(chat, json=CHAT, headers=KEYED, timeout=60)
+    assert in_window.status_code == 200, (in_window.status_code, in_window.text)
+    front.wait_mode("awake")
+    assert not front.hold_file.exists()
+    assert [a.status_code for a in first] == [200]
     assert len(github.dispatches) == 1
 
 
@@ -1881,6 +1944,7 @@ def test_a_look_that_began_before_a_replica_joined_does_not_answer_a_request_aft
         under_way = asyncio.ensure_future(waker.fresh_look(None))
         await asyncio.sleep(0.1)
         (upstreams / "new.caddy").write_text("to 127.0.0.10:2\n")  # the member phase
+        mark_joined(upstreams)  # and its join mark, after Caddy's reload
         await waker.fresh_look(None)  # the probe's own look
         await under_way
         return list(waker.healthy)
@@ -1922,6 +1986,53 @@ def test_a_replica_that_just_joined_is_not_called_gone_by_the_looks_before_it(
         return modes
 
     assert front_bench.run(scene()) == ["asleep", "unready", "asleep"], "a new count, then asleep"
+
+
+def test_a_replica_counts_ready_only_once_its_join_is_marked_after_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that answers its /health but whose file has no join mark yet (Caddy's reload
+    under way), or a mark older than its file (joined again: a new file, its reload to come),
+    exists but is not ready: the front is unready (held, nothing woken), never awake; with a
+    mark as new as its file it is awake. A mark without its file (a leave) counts nothing."""
+    module: Any = script_module.load(WAKE, "wake_mark")
+    upstreams = tmp_path / "upstreams"
+    upstreams.mkdir()
+    settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
+                                         "WAKE_HOLD_FILE": str(tmp_path / "hold")})  # fmt: skip
+
+    async def ready(_: object, __: object, upstream: tuple[str, int]) -> str:
+        return str(module.READY)
+
+    monkeypatch.setattr(module.Waker, "look_one", ready)
+    file = upstreams / "r0.caddy"
+    mark = upstreams / f"r0.caddy{catalog.BALANCER_JOINED_SUFFIX}"
+
+    async def scene() -> list[tuple[str, bool]]:
+        waker = module.Waker(settings)
+        seen = []
+
+        async def look() -> None:
+            await waker.look(None)
+            seen.append((waker.mode, waker.s.hold_file.exists()))
+
+        file.write_text("to 127.0.0.10:2\n")  # the member phase's file; its reload to come
+        await look()
+        mark_joined(upstreams)  # reloaded: the mark
+        await look()
+        time.sleep(0.01)
+        file.write_text("to 127.0.0.10:3\n")  # joined again: the old mark is older
+        await look()
+        mark_joined(upstreams)
+        await look()
+        file.unlink()  # a leave cut before it removed the mark: no file, nothing counted
+        (upstreams / "r1.caddy").write_text("to 127.0.0.11:2\n")
+        await look()
+        return seen
+
+    assert front_bench.run(scene()) == [("unready", True), ("awake", False), ("unready", True),
+                                        ("awake", False), ("unready", True)]  # fmt: skip
+    assert mark.exists()
 
 
 # ---- a wake with many held requests, and a replica busy under load (issue 42) ------------------

@@ -412,6 +412,7 @@ def balancer_member(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_UPSTREAM": up.dial,
         "NEMO_UPSTREAM_FILE": pool.upstream_file(i.replica or 0, i.droplet_id),
         "NEMO_UPSTREAM_LINE": balancer.upstream_line(up),
+        "NEMO_UPSTREAM_JOINED_FILE": pool.joined_file(i.replica or 0, i.droplet_id),
         "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
         "NEMO_ADMIN_SOCKET": catalog.CADDY_ADMIN_SOCKET,
         "NEMO_CADDY_UNIT": catalog.CADDY_UNIT,
@@ -447,6 +448,10 @@ def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_WAKE_OLD_KEY_FILE": wake.OLD_KEY_FILE,
         "NEMO_WAKE_UNIT": wake.UNIT,
         "NEMO_WAKE_UNIT_TEXT": wake.unit_text() if on else "",
+        # Replicas that joined before join marks existed are marked once (wake.sh).
+        "NEMO_UPSTREAMS_DIR": catalog.BALANCER_UPSTREAMS_DIR,
+        "NEMO_JOINED_SUFFIX": catalog.BALANCER_JOINED_SUFFIX,
+        "NEMO_CADDY_UNIT": catalog.CADDY_UNIT,
         "NEMO_WAKE_ADDRESS": wake.ADDRESS,
         "NEMO_WAKE_PYTHON": wake.PYTHON,
         "NEMO_WAKE_PACKAGE": wake.APT_PACKAGE,

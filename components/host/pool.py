@@ -90,5 +90,10 @@ def upstream_file(index: int, droplet_id: str) -> str:
     return f"{catalog.BALANCER_UPSTREAMS_DIR}/replica-{index}-{droplet_id}.caddy"
 
 
+def joined_file(index: int, droplet_id: str) -> str:
+    """The replica's join mark (catalog.BALANCER_JOINED_SUFFIX): Caddy routes to it."""
+    return upstream_file(index, droplet_id) + catalog.BALANCER_JOINED_SUFFIX
+
+
 def metrics_url(private_ip: str) -> str:
     return f"http://{private_ip}:{catalog.REPLICA_PORT}/metrics"

@@ -216,6 +216,11 @@ BALANCER_IMAGE = "ubuntu-24-04-x64"
 # (Caddy keeps in-flight requests on the old config; admin API /reverse_proxy/upstreams counts
 # each upstream's requests in flight).
 BALANCER_UPSTREAMS_DIR = "/etc/caddy/upstreams"
+# A replica's join mark beside its file (`<file>.joined`, which the import glob `*.caddy` does
+# not match): the member phase writes it once Caddy's reload (and the router's add_worker) is
+# done, and the front's waker counts a replica ready only with it (scripts/phases/wake.py
+# JOINED_SUFFIX, the same value): before the reload, Caddy has no such upstream.
+BALANCER_JOINED_SUFFIX = ".joined"
 CADDY_ADMIN_SOCKET = "/run/caddy/admin.sock"
 # ---- the front's cache-aware router (balancer.routing: cache-aware) ------------------------
 # vLLM's own router (vllm-project/router, `vllm-router` on PyPI: a Rust server in an abi3

@@ -11,7 +11,13 @@
 # files), and the replica joins the router by its admin route POST /add_worker (it waits for
 # the replica's /health) and leaves it by /remove_worker; the wait is then on the router's gauge
 # of requests in flight to it (Caddy counts only the router).
+# A join ends with the file's join mark (NEMO_UPSTREAM_JOINED_FILE, beside it, which the import
+# glob does not match), written once Caddy's reload (and the router's add_worker) is done: the
+# front's waker (scripts/phases/wake.py) counts the replica ready, and drops its hold, only
+# with a mark as new as the file. Before the reload Caddy has no such upstream, and a request
+# it sent to the replicas would get its 503 "no upstreams". A leave removes the mark first.
 # Settings: NEMO_REPLICA NEMO_UPSTREAM NEMO_UPSTREAM_FILE NEMO_UPSTREAM_LINE NEMO_UPSTREAMS_DIR
+#           NEMO_UPSTREAM_JOINED_FILE
 #           NEMO_ADMIN_SOCKET NEMO_CADDY_UNIT NEMO_CADDY_BIN NEMO_LEAVE_SECONDS
 #           NEMO_ROUTER NEMO_ROUTER_ADDRESS NEMO_ROUTER_METRICS NEMO_ROUTER_UNIT
 #           NEMO_ROUTER_GAUGE NEMO_WORKER_URL NEMO_ROUTER_JOIN_SECONDS
@@ -105,14 +111,27 @@ reload_caddy() {
   fi
 }
 
+joined=$NEMO_UPSTREAM_JOINED_FILE
+
+# marked: the join mark is there and no older than the file (bash's -nt compares the mtimes).
+marked() {
+  [[ -e $joined && ! $NEMO_UPSTREAM_FILE -nt $joined ]]
+}
+
 if [[ $action == join ]]; then
   step file "replica ${NEMO_REPLICA} at ${NEMO_UPSTREAM}: ${NEMO_UPSTREAM_FILE}"
   mkdir -p "$NEMO_UPSTREAMS_DIR"
-  if [[ $(cat "$NEMO_UPSTREAM_FILE" 2>/dev/null) == "$NEMO_UPSTREAM_LINE" ]]; then
+  if [[ $(cat "$NEMO_UPSTREAM_FILE" 2>/dev/null) == "$NEMO_UPSTREAM_LINE" ]] && marked; then
     log "already in the pool"
   else
-    printf '%s\n' "$NEMO_UPSTREAM_LINE" > "${NEMO_UPSTREAM_FILE}.tmp"
-    mv "${NEMO_UPSTREAM_FILE}.tmp" "$NEMO_UPSTREAM_FILE"
+    # No mark until Caddy routes to it: the waker keeps holding requests meanwhile.
+    rm -f "$joined"
+    if [[ $(cat "$NEMO_UPSTREAM_FILE" 2>/dev/null) == "$NEMO_UPSTREAM_LINE" ]]; then
+      log "its file is there but its join was not completed: reloading"
+    else
+      printf '%s\n' "$NEMO_UPSTREAM_LINE" > "${NEMO_UPSTREAM_FILE}.tmp"
+      mv "${NEMO_UPSTREAM_FILE}.tmp" "$NEMO_UPSTREAM_FILE"
+    fi
     changed
     step reload "graceful reload: new requests may go to replica ${NEMO_REPLICA}"
     if ! reload_caddy; then
@@ -126,10 +145,20 @@ if [[ $action == join ]]; then
     router_join || fail "the router did not take replica ${NEMO_REPLICA} (${NEMO_WORKER_URL})" \
                         "the lines above say why; journalctl -u ${NEMO_ROUTER_UNIT}; pulumi up again"
   fi
+  if ! marked; then
+    step mark "Caddy routes to replica ${NEMO_REPLICA}: ${joined} (the waker counts it ready)"
+    printf '%s\n' "$NEMO_UPSTREAM_LINE" > "$joined"
+    changed
+  fi
   finish "\"upstream\":\"${NEMO_UPSTREAM}\""
 fi
 
 step file "replica ${NEMO_REPLICA} at ${NEMO_UPSTREAM} leaves the pool"
+# The mark first: the waker stops counting the replica before Caddy stops routing to it.
+if [[ -e $joined ]]; then
+  rm -f "$joined"
+  changed
+fi
 if [[ -e $NEMO_UPSTREAM_FILE ]]; then
   rm -f "$NEMO_UPSTREAM_FILE"
   changed

@@ -16,6 +16,12 @@ restart Caddy keeps sending keyed requests here, retrying the connection until t
 listens, which takes up a wake under way (its run, no second dispatch); stopped for good,
 systemd removes the file's folder.
 
+Ready means a replica answers its /health 200 and Caddy routes to it: the member phase
+(scripts/phases/member.sh) writes a replica's upstream file, reloads Caddy (and, with the front's
+router, has the router take it), and only then writes the file's join mark (JOINED_SUFFIX);
+until the mark, a keyed request Caddy proxied to the replicas would get Caddy's 503 "no
+upstreams", so the waker keeps holding (the replica exists: nothing is woken).
+
 Asleep means no replica exists: no upstream file, or every upstream refused the connection
 (or was unreachable) at WAKE_ASLEEP_LOOKS looks in a row spanning WAKE_ASLEEP_SECONDS. A
 replica that answers anything, a 503 while it drains for a `pulumi up`, exists: the requests
@@ -89,6 +95,10 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 # One upstream per file, as the balancer phase writes them ('to 10.110.0.2:8080').
 UPSTREAM = re.compile(r"^\s*to\s+([0-9A-Za-z.\-\[\]:]+):([0-9]{1,5})\s*$", re.M)
+# A file's join mark: `<file><JOINED_SUFFIX>`, written by the member phase once Caddy routes to
+# its replica (components/spec/catalog.py BALANCER_JOINED_SUFFIX: tests/test_wake.py holds them
+# equal).
+JOINED_SUFFIX = ".joined"
 DAY = 86400.0
 # The keyed control path the gate sends here as it came: components/host/wake.py's value
 # (tests/test_wake.py holds them equal).
@@ -863,28 +873,41 @@ class Waker:
 
     # ---- the replicas ----------------------------------------------------------------------------
 
-    def upstreams(self) -> list[tuple[str, int]]:
-        found = []
+    def upstreams(self) -> tuple[list[tuple[str, int]], set[tuple[str, int]]]:
+        """The replicas in the upstream files, and those of them Caddy routes to: a file whose
+        join mark (routed()) is as new as it is."""
+        found, routed = [], set()
         for path in sorted(self.s.upstreams_dir.glob("*.caddy")):
             try:
-                for host, port in UPSTREAM.findall(path.read_text()):
-                    found.append((host.strip("[]"), int(port)))
+                listed = [(host.strip("[]"), int(port))
+                          for host, port in UPSTREAM.findall(path.read_text())]  # fmt: skip
             except OSError:
                 continue
+            found += listed
+            if _routed(path):
+                routed.update(listed)
         # An address in two files (one left behind, an address reused) is one replica, looked
         # at once.
-        return list(dict.fromkeys(found))
+        return list(dict.fromkeys(found)), routed
 
     async def look(self, session: ClientSession) -> None:
         """One look at every replica and the mode that follows. `checked_at` is when it began
         (when it read the upstream files): fresh_look trusts no look that began before it was
         asked, as one that read the files before a member phase wrote one."""
         began = self.clock()
-        ups = self.upstreams()
+        ups, routed = self.upstreams()
         found = self.heard(ups, await asyncio.gather(*(self.look_one(session, u) for u in ups)))
         now = self.clock()
         self.checked_at = began
-        self.healthy = [u for u, f in zip(ups, found, strict=True) if f == READY]
+        # Ready is what answers /health and what Caddy routes to (its join is marked): a
+        # replica whose file is written but whose reload is still under way answers, yet a
+        # request Caddy proxied to the replicas now would get Caddy's 503 "no upstreams".
+        # Until then it exists (never asleep) and the waker holds.
+        self.healthy = [u for u, f in zip(ups, found, strict=True) if f == READY and u in routed]
+        for u, f in zip(ups, found, strict=True):
+            unrouted = f == READY and u not in routed
+            self.once(f"unrouted {u[0]}:{u[1]}", "unrouted" if unrouted else "",
+                      "replica_not_routed_yet", replica=f"{u[0]}:{u[1]}")  # fmt: skip
         if set(ups) - self.listed:
             # A replica joined since the last look (its member phase wrote its file): the looks
             # that found none before it say nothing of it; its own count starts now.
@@ -961,8 +984,9 @@ class Waker:
         for upstream in set(self.late_looks) - set(ups):
             self.late_looks.pop(upstream).cancel()
         self.busy = busy
-        listed = {f"busy {host}:{port}" for host, port in ups}
-        self.said = {k: v for k, v in self.said.items() if not k.startswith("busy ") or k in listed}
+        listed = {f"{what} {host}:{port}" for host, port in ups for what in ("busy", "unrouted")}
+        self.said = {k: v for k, v in self.said.items()
+                     if not k.startswith(("busy ", "unrouted ")) or k in listed}  # fmt: skip
         return found
 
     def follow(self, now: float, gone: bool) -> None:
@@ -1068,6 +1092,19 @@ def _epoch(text: Any) -> float | None:
         return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
+
+
+def _routed(path: Path) -> bool:
+    """Caddy routes to the replica of upstream file `path`: its member phase (member.sh) wrote
+    the file's join mark (the file's name and JOINED_SUFFIX, which Caddy's import glob and the
+    router's start script do not match) after Caddy's reload and the router's add_worker, and
+    not before the file (a join that rewrote the file starts over: its mark comes after)."""
+    try:
+        return (path.parent / (path.name + JOINED_SUFFIX)).stat().st_mtime_ns >= (
+            path.stat().st_mtime_ns
+        )
+    except OSError:
+        return False
 
 
 def _mtime(path: Path) -> float:

@@ -8,6 +8,7 @@
 # Settings: NEMO_WAKE_MODE (on|off) NEMO_WAKE_PY NEMO_WAKE_SCRIPT NEMO_WAKE_ENV_FILE
 #           NEMO_WAKE_ENV_TEXT NEMO_WAKE_TOKEN_FILE NEMO_WAKE_TOKEN (secret) NEMO_WAKE_UNIT
 #           NEMO_WAKE_UNIT_TEXT NEMO_WAKE_ADDRESS NEMO_WAKE_PYTHON NEMO_WAKE_PACKAGE
+#           NEMO_UPSTREAMS_DIR NEMO_JOINED_SUFFIX NEMO_CADDY_UNIT (join marks: step marks)
 #           NEMO_WAKE_OLD_KEY_FILE (the API key the retired autoscaler kept on the front to
 #           read the replicas' /metrics: removed wherever a front still has it)
 
@@ -67,6 +68,28 @@ step unit "${unit}"
 if printf '%s\n' "$NEMO_WAKE_UNIT_TEXT" | install_unit "$NEMO_WAKE_UNIT"; then
   changed
   restart=true
+fi
+
+# The waker counts a replica ready only with its join mark, which the member phase writes after
+# Caddy's reload (member.sh). A replica that joined before marks existed has none: a graceful
+# reload (Caddy then routes to every file there) and a mark for each, before the waker starts,
+# so an awake front stays awake. Marked already (a join since): nothing to do.
+step marks "join marks for the replicas in ${NEMO_UPSTREAMS_DIR} that joined before them"
+unmarked=()
+for file in "$NEMO_UPSTREAMS_DIR"/*.caddy; do
+  [[ -e $file && ! -e ${file}${NEMO_JOINED_SUFFIX} ]] && unmarked+=("$file")
+done
+if (( ${#unmarked[@]} == 0 )); then
+  log "every replica's join is marked"
+elif systemctl is-active --quiet "$NEMO_CADDY_UNIT" && ! systemctl reload "$NEMO_CADDY_UNIT" >&2; then
+  # Their member phases reload and mark them (a join without its mark starts over).
+  log "${NEMO_CADDY_UNIT} did not reload: ${#unmarked[@]} replica(s) left to their member phase"
+else
+  for file in "${unmarked[@]}"; do
+    cp "$file" "${file}${NEMO_JOINED_SUFFIX}"
+    log "marked ${file##*/}: Caddy routes to it"
+  done
+  changed
 fi
 
 step start "enable and (re)start ${NEMO_WAKE_UNIT}"

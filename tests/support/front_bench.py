@@ -48,7 +48,7 @@ from pulumi_harness import stack_config  # noqa: E402
 from sandbox import CADDY, free_port  # noqa: E402
 
 from components.host import gateway, wake  # noqa: E402
-from components.spec import config  # noqa: E402
+from components.spec import catalog, config  # noqa: E402
 
 KEY = "sk-front-bench-0123456789"  # a key for this loopback run alone
 CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -179,7 +179,10 @@ def start_front(p: Processes, upstreams: list[int], hook: str) -> dict[str, Any]
     folder = p.folder / "front"
     (folder / "upstreams").mkdir(parents=True)
     for i, port in enumerate(upstreams):
-        (folder / "upstreams" / f"r{i}.caddy").write_text(f"to 127.0.0.1:{port}\n")
+        # Joined before the front's Caddy starts (as after a reboot): each file and its join
+        # mark (member.sh), which the Caddy started below reads.
+        for name in (f"r{i}.caddy", f"r{i}.caddy{catalog.BALANCER_JOINED_SUFFIX}"):
+            (folder / "upstreams" / name).write_text(f"to 127.0.0.1:{port}\n")
     (folder / "token").write_text("front-bench-token\n")
     waker_port = free_port()
     rendered = dict(line.split("=", 1) for line in wake.env_text(front_cfg()).splitlines())
