@@ -85,7 +85,7 @@ class Edge(pulumi.ComponentResource):
         deployment = text.apply(lambda t: edge_manifests.deployment(kube, t))
         # A new API key rolls the edge too: the gate reads it from env at start.
         version = secret.metadata.apply(manifests.secret_version)
-        spec = pulumi.Output.all(deployment, version).apply(
+        spec: Any = pulumi.Output.all(deployment, version).apply(
             lambda d: manifests.with_secret_version(d[0]["spec"], d[1])
         )
         self.deployment = kubernetes.apps.v1.Deployment(

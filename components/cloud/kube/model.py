@@ -61,11 +61,12 @@ class ModelServer(pulumi.ComponentResource):
         )
         server: dict[str, Any] = manifests.model_server(cfg, kube)
         version = self.secret.metadata.apply(manifests.secret_version)
+        # A new key or token rolls the servers (manifests.SECRET_VERSION).
+        spec: Any = version.apply(lambda v: manifests.with_secret_version(server["spec"], v))
         self.servers = kubernetes.apps.v1.StatefulSet(
             name,
             metadata=server["metadata"],
-            # A new key or token rolls the servers (manifests.SECRET_VERSION).
-            spec=version.apply(lambda v: manifests.with_secret_version(server["spec"], v)),
+            spec=spec,
             # pulumi-kubernetes waits for the servers to be ready (its default: 10 minutes); a
             # first start joins a GPU node, pulls the image, downloads and loads the weights.
             opts=pulumi.ResourceOptions.merge(
