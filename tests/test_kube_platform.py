@@ -12,6 +12,7 @@ from pulumi_harness import DEFAULT_OFFERS, FAKE_API_KEY, offer, plain_strings, r
 from test_kube_edge import LB_IP, EdgeCloud
 from test_plan_snapshot import STACKS, _kube
 
+from components.cloud.kube import router_values
 from components.host import vllm_service
 from components.spec import config
 from components.spec.kube import HA_PRICE_MONTH
@@ -53,6 +54,12 @@ def test_a_kubernetes_stack_exports_the_droplets_names_and_its_own() -> None:
             assert FAKE_API_KEY not in text and HF["hfToken"] not in text, (r.name, path)
             assert "FAKE-DOKS-TOKEN" not in text, (r.name, path)
     assert not {"sshCommand", "sshPrivateKey", "bootstrapSeconds"} & set(out)
+    # The program ties KEDA's cooldown for the last server to the router's hold (776 s for this
+    # model): a wake whose clients gave up is not taken back to zero halfway.
+    (scaled,) = [r for r in result.registrations
+                 if r.type == "kubernetes:keda.sh/v1alpha1:ScaledObject"]  # fmt: skip
+    parsed = config.parse(_kube("gpu-h100x1-80gb", 0), "kube", frozenset({"hfToken"}))
+    assert scaled.inputs["spec"]["cooldownPeriod"] == router_values.hold_seconds(parsed) > 300
 
 
 def test_ha_and_a_floor_of_one_node_are_priced() -> None:

@@ -412,7 +412,6 @@ def test_the_edge_forwards_to_the_routers_envoy(deployed) -> None:
     # The port is the one the chart adds to the EPP's Service for Envoy's listener.
     (http,) = [p for p in DEFAULTS["router"]["extraServicePorts"] if p["name"] == "http"]
     assert (http["port"], http["targetPort"]) == (router_values.PROXY_PORT, 8081)
-    assert router.Router.upstream == edge_manifests.ROUTER
 
 
 def test_prometheus_scrapes_the_routers_service() -> None:

@@ -219,13 +219,11 @@ def test_the_kube_plan_needs_pyyaml_and_pydantic_only(stacks: Path, tmp_path: Pa
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    install = step("plan", "plan")
     [installs] = [s["run"] for s in steps_of("plan") if "pip install" in s.get("run", "")]
     pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
             if line.startswith(("pydantic", "PyYAML"))]  # fmt: skip
     for pin in pins:
         assert f'"{pin}"' in installs, pin
-    assert install["id"] == "plan"
 
 
 # ---- cleanup's last resort -------------------------------------------------------------------
