@@ -9,6 +9,7 @@ tools). Everything is written under tmp_path.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from fake_pulumi import FakePulumi, clean_env
 from test_tools import fake_server
 
 from components.spec import catalog
+from components.spec.schema import PLATFORMS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "ci" / "real_run.py"
@@ -291,6 +293,13 @@ def test_the_plan_step_needs_python_and_pyyaml_only(stacks: Path, tmp_path: Path
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert (stacks / "Pulumi.real-run-1-1.yaml").exists()
+
+
+def test_the_command_line_offers_the_programs_platforms() -> None:
+    """real_run.py spells the platforms out (the plan job imports no pydantic before a
+    Kubernetes plan): the same as the stack config's."""
+    spelt = re.search(r"^PLATFORMS = (\(.*\))$", SCRIPT.read_text(), re.M)
+    assert spelt is not None and ast.literal_eval(spelt[1]) == PLATFORMS
 
 
 def test_a_size_without_a_list_price_takes_price(stacks: Path, tmp_path: Path) -> None:

@@ -377,14 +377,19 @@ def _access_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[st
     return problems
 
 
+def _model_disk_gb(model: ModelConfig) -> int:
+    """The model's files on disk, in GB: given, else the catalog's, else its VRAM as a bound."""
+    known = catalog.MODELS.get(model.id)
+    return model.disk_gb or (known.disk_gb if known else model.vram_gb or 0)
+
+
 def _cache_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]:
     """The cache Volume must hold what it is for, or it only adds a bill."""
     size_gb = parsed["cache"].size_gb
     if size_gb is None or not ok("cache.sizeGb", "model", "vllm", "bootstrap"):
         return []
     model = parsed["model"]
-    known = catalog.MODELS.get(model.id)
-    disk = model.disk_gb or (known.disk_gb if known else model.vram_gb or 0)
+    disk = _model_disk_gb(model)
     # Two vLLM envs: an upgrade installs the new release beside the running one (vllm.sh).
     envs = 2 * catalog.VLLM_ENV_DISK_GB
     need = disk + envs + catalog.CACHE_OVERHEAD_GB
@@ -494,8 +499,7 @@ def _kube_rules(parsed: Mapping[str, Any], ok: Callable[..., bool]) -> list[str]
         except ValueError as err:
             problems.append(str(err))
     model: ModelConfig = parsed["model"]
-    known = catalog.MODELS.get(model.id)
-    disk = model.disk_gb or (known.disk_gb if known else model.vram_gb or 0)
+    disk = _model_disk_gb(model)
     need = disk + catalog.CACHE_OVERHEAD_GB
     if ok("model", "kubernetes.weights") and kube.weights.size_gb < need:
         problems.append(

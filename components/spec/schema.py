@@ -12,7 +12,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic.alias_generators import to_camel
@@ -808,7 +808,8 @@ REPLICAS_DESCRIPTION = (
 )
 SECRET_KEYS = ("hfToken", "apiKey")
 # Where the endpoint runs: the top-level `platform` and, for Kubernetes, its own section.
-PLATFORMS = ("droplet", "kubernetes")
+Platform = Literal["droplet", "kubernetes"]
+PLATFORMS: tuple[str, ...] = get_args(Platform)
 PLATFORM_DESCRIPTION = (
     "Where the endpoint runs. `droplet`: GPU Droplets, everything above. `kubernetes`: a DOKS "
     "cluster whose GPU pool the cluster autoscaler takes from 0 to N nodes, with the same "
@@ -848,7 +849,7 @@ class StackConfig(BaseModel):
     replicas: int = 1
     # `platform: kubernetes`: the cluster's section (config.py sets `droplet.size` to its GPU
     # pool's size, which the serve flags read: tensor parallelism, the batch default).
-    platform: Literal["droplet", "kubernetes"] = "droplet"
+    platform: Platform = "droplet"
     kubernetes: KubePlatformConfig | None = None
 
     @property

@@ -50,6 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from realrun import cleanup, deploy, plan, summary
 
 ROOT = Path(__file__).resolve().parents[2]
+# components.spec.schema.PLATFORMS, spelt here: the plan job imports the standard library alone
+# before a Kubernetes plan (tests/test_real_run.py holds the two equal).
+PLATFORMS = ("droplet", "kubernetes")
 
 
 def positive(text: str) -> float:
@@ -76,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price", type=positive, help="USD/hour, for a size without a list price")
     p.add_argument(
         "--platform",
-        choices=("droplet", "kubernetes"),
+        choices=PLATFORMS,
         default="droplet",
         help="droplet (default): the dev stack's Droplet; kubernetes: the kube example's cluster",
     )
@@ -94,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="pulumi stack init; autodown.token from $AUTODOWN_TOKEN")
     p.add_argument("--stack", required=True)
-    p.add_argument("--platform", choices=("droplet", "kubernetes"), default="droplet")
+    p.add_argument("--platform", choices=PLATFORMS, default="droplet")
     p.set_defaults(func=deploy.cmd_init)
 
     p = sub.add_parser("up", help="pulumi up, interrupted at --minutes")

@@ -150,18 +150,18 @@ def cold_start(model: dict[str, Any]) -> tuple[int, str]:
     return total, ", ".join(f"{what} {m}" for what, m in parts)
 
 
-def fixed_minutes(timeline: int = TIMELINE_MINUTES, destroy: int = DESTROY_MINUTES) -> int:
+def fixed_minutes(destroy: int = DESTROY_MINUTES) -> int:
     """The Droplet's minutes that do not depend on the cap: everything after `up`'s budget."""
     after_up = UP_CANCEL_GRACE_MINUTES + 1 + SMOKE_MINUTES + BENCH_MINUTES + OUTPUTS_MINUTES
-    return after_up + timeline + destroy
+    return after_up + TIMELINE_MINUTES + destroy
 
 
-def fixed_text(timeline: int = TIMELINE_MINUTES, destroy: int = DESTROY_MINUTES) -> str:
+def fixed_text(destroy: int = DESTROY_MINUTES) -> str:
     """What fixed_minutes is made of, in words."""
     return (
-        f"{fixed_minutes(timeline, destroy)} min: interrupting up {UP_CANCEL_GRACE_MINUTES + 1}, "
+        f"{fixed_minutes(destroy)} min: interrupting up {UP_CANCEL_GRACE_MINUTES + 1}, "
         f"smoke {SMOKE_MINUTES}, bench {BENCH_MINUTES}, outputs {OUTPUTS_MINUTES}, "
-        f"timeline {timeline}, destroy {destroy}"
+        f"timeline {TIMELINE_MINUTES}, destroy {destroy}"
     )
 
 
