@@ -271,6 +271,8 @@ WORKSPACE_FILES = [
     *_lease_checkout(),
     "requirements.txt",
     "policy/requirements.txt",
+    "scripts/ci/which_platform.py",
+    *sorted(f"stacks/{p.name}" for p in (ROOT / "stacks").glob("Pulumi.*.yaml")),
 ]
 
 
@@ -476,16 +478,18 @@ class Job:
     out: dict[str, str] = field(default_factory=dict)  # each step's stdout and stderr, by name
     conclusion: str = "success"  # a failed step that may fail (continue-on-error) leaves it
     summary: str = ""
+    through_pulumi: bool = False  # run pulumi/actions' stand-in against a fake `pulumi` too
 
     def steps(
         self, steps: list[dict[str, Any]], ctx: dict[str, Any]
     ) -> subprocess.CompletedProcess[str] | None:
-        """The job's steps up to `pulumi up`, as the runner takes them: a step's `if:`, the first
-        failed step ends the job unless it may fail (`continue-on-error`)."""
+        """The job's steps up to `pulumi up` (or through it, `through_pulumi`), as the runner
+        takes them: a step's `if:`, the first failed step ends the job unless it may fail
+        (`continue-on-error`)."""
         proc = None
         for step in steps:
             uses = str(step.get("uses", ""))
-            if uses.startswith("pulumi/actions@"):
+            if uses.startswith("pulumi/actions@") and not self.through_pulumi:
                 break  # the steps before `pulumi up` end here
             if uses.startswith("actions/checkout@"):
                 continue  # the workspace is the checkout
@@ -508,11 +512,14 @@ class Job:
                     k: render(v["value"], inner) for k, v in action.get("outputs", {}).items()
                 }
                 continue
-            assert not uses, f"no stand-in for {uses}: add one"
             if not step_runs(step, ctx):
-                self.ran.append(f"skipped: {step.get('name', step['run'])}")
+                self.ran.append(f"skipped: {step.get('name', step.get('run', uses))}")
                 continue
-            proc = self.run(step, ctx)
+            if uses.startswith("pulumi/actions@"):
+                proc = self.pulumi_action(step, ctx)
+            else:
+                assert not uses, f"no stand-in for {uses}: add one"
+                proc = self.run(step, ctx)
             if proc.returncode and not step.get("continue-on-error"):
                 self.conclusion = "failure"
                 return proc
@@ -547,6 +554,38 @@ class Job:
             k, v = line.split("=", 1)
             self.genv[k] = v
         self.summary += files["GITHUB_STEP_SUMMARY"].read_text()  # GitHub shows every step's
+        return proc
+
+    def pulumi_action(
+        self, step: dict[str, Any], ctx: dict[str, Any]
+    ) -> subprocess.CompletedProcess[str]:
+        """pulumi/actions@v7 as its source drives the CLI on PATH (src/main.ts, src/config.ts):
+        `upsert` selects or creates the stack (LocalWorkspace.createOrSelectStack: `stack select
+        --stack NAME` first), then the command through the Automation API (@pulumi/pulumi 3.206
+        sdk/nodejs/automation/stack.ts): up `--yes --skip-preview`, `--refresh` when asked, the
+        policy packs; refresh `--skip-preview --yes`; destroy `--yes --skip-preview`, `--refresh`
+        when asked; each with `--stack NAME` (display flags left out). The action has no
+        run-program input, so no `--run-program` flag: the CLI's default holds. The step's env
+        reaches the CLI (the action's own process env, which execa extends)."""
+        w = {k: render(v, ctx) for k, v in step["with"].items()}
+        command, stack = w["command"], w["stack-name"]
+        argv = {"up": ["up", "--yes", "--skip-preview"], "refresh": ["refresh", "--skip-preview", "--yes"],
+                "destroy": ["destroy", "--yes", "--skip-preview"]}[command]  # fmt: skip
+        # A YAML `true` renders "True": @actions/core getBooleanInput takes true, True, TRUE.
+        if command != "refresh" and w.get("refresh", "").lower() == "true":
+            argv.append("--refresh")
+        if command == "up":
+            argv += ["--policy-pack", w["policyPacks"]]
+            argv += ["--policy-pack-config", w["policyPackConfigs"]]
+        env = self.runner.env(**self.genv) | {
+            k: render(v, ctx) for k, v in step.get("env", {}).items()
+        }
+        for call in (["stack", "select", "--stack", stack], [*argv, "--stack", stack]):
+            proc = self.runner.run(["pulumi", *call], env)
+            if proc.returncode:
+                break
+        self.ran.append(step.get("name", f"pulumi {command}"))
+        self.out[self.ran[-1]] = proc.stdout + proc.stderr
         return proc
 
 
@@ -826,8 +865,9 @@ def test_the_deploy_job_sets_up_as_the_runner_user_up_to_pulumi_up(runner: Runne
     assert proc is not None and proc.returncode == 0, proc.stderr
     assert job.ran == [
         "Note when this run began", "setup-python", "Install the program and policy pack dependencies",
-        "Choose the state backend",
+        "Choose the state backend", "Which platform does this stack deploy to?",
     ]  # fmt: skip
+    assert job.outputs["platform"] == {"platform": "droplet"}
     # The run's start, in the form lease.py --failed-up takes (the clean-up's --since).
     began = job.outputs["began"]["at"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", began), began
@@ -868,6 +908,91 @@ def test_the_deploy_job_without_a_state_bucket_stops_before_pulumi_up(runner: Ru
     proc = job.steps(load(".github/workflows/deploy.yml")["jobs"]["deploy"]["steps"], ctx)
     assert proc is not None and proc.returncode == 1
     assert "::error::set the repository variable PULUMI_STATE_BUCKET" in proc.stdout
+
+
+# The Pulumi CLI as the engine answers a stack whose provider kubeconfig in the state is `days`
+# old: DigitalOcean's credentials expire after 7 days (kubeconfig_expire_seconds), and a read
+# with the stored provider then gets 401. Which reads use the stored provider, from pulumi/pulumi:
+# a refresh runs the program only with --run-program (refresh.go; up.go, "only applies if
+# --refresh is set"), whose default is PULUMI_RUN_PROGRAM (sdk/go/common/env/env.go: "1" or
+# "true"); a destroy runs it only so too (destroy.go, DestroyV2), and its own --refresh never
+# (pkg/resource/deploy/deployment_executor.go: Refresh && !RefreshProgram, which destroy never
+# sets). Each call is recorded with whether it would run the program.
+FAKE_PULUMI = """#!/usr/bin/python3
+import json, os, sys
+argv = sys.argv[1:]
+flags = [a for a in argv if a.startswith("--run-program")]
+env = os.environ.get("PULUMI_RUN_PROGRAM", "").lower() in ("1", "true")
+program = flags[-1] in ("--run-program", "--run-program=true") if flags else env
+with open(LOG, "a") as log:
+    log.write(json.dumps([argv, program]) + "\\n")
+if argv[:2] == ["stack", "select"]:
+    sys.exit(0)
+op, refresh = argv[0], argv[0] == "refresh" or "--refresh" in argv
+stored = (refresh and (op == "destroy" or not program)) or (op == "destroy" and not program)
+if PLATFORM == "kubernetes" and DAYS >= 7 and stored:
+    sys.exit(f"error: {op}: the kubeconfig in the state: 401 Unauthorized (DAYS days old)")
+print(f"{op}: ok")
+"""
+
+
+def fake_pulumi(runner: Runner, platform: str, days: int) -> None:
+    script = runner.bin / "pulumi"
+    log = runner.root / "log" / "pulumi.jsonl"
+    script.write_text(
+        FAKE_PULUMI.replace("LOG", repr(str(log))).replace("PLATFORM", repr(platform))
+        .replace("DAYS", str(days))
+    )  # fmt: skip
+    script.chmod(0o755)
+    os.chown(script, UID, GID)
+
+
+def pulumi_calls(runner: Runner) -> list[tuple[list[str], bool]]:
+    log = runner.root / "log" / "pulumi.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [(argv, program) for argv, program in map(json.loads, lines)]
+
+
+UP = ["up", "--yes", "--skip-preview", "--refresh", "--policy-pack", "policy",
+      "--policy-pack-config", "policy/config.json"]  # fmt: skip
+
+
+@pytest.mark.parametrize("days", [1, 8])
+@pytest.mark.parametrize(
+    ("stack", "command", "calls", "run_program"),
+    [
+        # A Droplet stack: as before, one refresh-first up or destroy.
+        ("dev", None, [UP], False),
+        ("dev", "up", [UP], False),
+        ("dev", "destroy", [["destroy", "--yes", "--skip-preview", "--refresh"]], False),
+        # A Kubernetes stack: the program runs for the refresh and for the destroy.
+        ("kube", "up", [UP], True),
+        ("kube", "destroy", [["refresh", "--skip-preview", "--yes"],
+                             ["destroy", "--yes", "--skip-preview"]], True),
+    ],
+    ids=["dev-push", "dev-up", "dev-destroy", "kube-up", "kube-destroy"],
+)  # fmt: skip
+def test_a_stack_deploys_and_destroys_any_number_of_days_after_its_last_up(
+    runner: Runner, stack: str, command: str | None, calls: list[list[str]], run_program: bool,
+    days: int,
+) -> None:  # fmt: skip
+    """Issue 43: deploy.yml's deploy job, its steps for real as uid 1001 through pulumi/actions'
+    stand-in, against a fake `pulumi` that fails as the engine does a Kubernetes stack's read
+    with the provider's stored kubeconfig after 7 days. Today's deploy.yml (refresh and destroy
+    with the stored provider) failed the 8-day Kubernetes up and destroy."""
+    platform = "kubernetes" if stack == "kube" else "droplet"
+    fake_pulumi(runner, platform, days)
+    ctx = context("http://127.0.0.1:9", command, PULUMI_STATE_BUCKET="my-state")
+    if command:
+        ctx["inputs"]["stack"] = stack
+    job = Job(runner, ctx, through_pulumi=True)
+    proc = job.steps(load(".github/workflows/deploy.yml")["jobs"]["deploy"]["steps"], ctx)
+    assert proc is not None and proc.returncode == 0, job.out
+    assert job.conclusion == "success"
+    select = ["stack", "select", "--stack", stack]
+    wanted = [c for call in calls for c in (select, [*call, "--stack", stack])]
+    assert pulumi_calls(runner) == [(c, run_program) for c in wanted]
+    assert job.outputs["platform"] == {"platform": platform}
 
 
 def test_expressions_render_as_github_evaluates_them() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from pulumi_harness import ROOT
+from test_runner import Expr
 
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 BIN = Path(sys.executable).parent
@@ -31,6 +32,34 @@ def actionlint(*files: Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[st
 def load(name: str) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
     return data
+
+
+# A Kubernetes stack's refresh and destroy run the program (docs/kubernetes.md, "Day 2"): the
+# CLI's own switch, set from the stack file's platform, and a CLI whose `up --refresh` honours it.
+RUN_PROGRAM = "${{ steps.platform.outputs.platform == 'kubernetes' }}"
+PULUMI_VERSION = "^3.172.0"
+KUBE_REFRESH = "Refresh a Kubernetes stack through its program before its destroy"
+
+
+def platform_step(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    [step] = [s for s in steps if s.get("id") == "platform"]
+    return step
+
+
+def deploy_step(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """deploy.yml's `pulumi up` or `destroy`: the pulumi/actions step without a name."""
+    [step] = [s for s in steps if "pulumi/actions@" in str(s.get("uses")) and "name" not in s]
+    return step
+
+
+def evaluate(text: Any, platform: str, command: str) -> Any:
+    """A step's `if:` or input as GitHub evaluates it, for a stack of `platform` and a dispatch
+    of `command` ('' for a push)."""
+    cond = str(text).strip()
+    cond = cond[3:-2] if cond.startswith("${{") else cond
+    ctx = {"inputs": {"command": command} if command else {},
+           "steps": {"platform": {"outputs": {"platform": platform}}}}  # fmt: skip
+    return Expr(cond, ctx).value()
 
 
 def test_actionlint_passes_on_every_workflow() -> None:
@@ -107,6 +136,11 @@ def test_preview_runs_for_each_stack_with_the_policy_pack_and_comments() -> None
     assert any(s.get("run") == "scripts/ci/check-on-runner.sh" for s in test_steps)
     assert "if" not in wf["jobs"]["test"]  # a pull request's merge commit is always tested
     assert pulumi["with"]["refresh"] is True
+    # A Kubernetes stack's refresh runs the program (its kubeconfig expires after 7 days).
+    platform = job["steps"].index(platform_step(job["steps"]))
+    assert platform < job["steps"].index(pulumi)
+    assert pulumi["env"]["PULUMI_RUN_PROGRAM"] == RUN_PROGRAM
+    assert pulumi["with"]["pulumi-version"] == PULUMI_VERSION
 
 
 def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment() -> None:
@@ -118,9 +152,11 @@ def test_deploy_offers_exactly_the_shipped_stacks_and_gates_them_by_environment(
     # A wake from the front dispatches inputs deploy.yml must declare, or GitHub refuses the
     # dispatch (422): tests/test_wake.py's fake GitHub reads them from this file and refuses so.
     assert inputs["refresh"]["type"] == "boolean" and inputs["refresh"]["default"] is False
-    [pulumi] = [s for s in wf["jobs"]["deploy"]["steps"] if "pulumi/actions@" in str(s.get("uses"))]
-    # Every run refreshes (a push after autodown too), whatever `refresh` the dispatch sent.
-    assert pulumi["with"]["refresh"] is True
+    pulumi = deploy_step(wf["jobs"]["deploy"]["steps"])
+    # Every run of a Droplet stack refreshes (a push after autodown too), whatever `refresh` the
+    # dispatch sent.
+    for command in ("", "up", "destroy"):
+        assert evaluate(pulumi["with"]["refresh"], "droplet", command) is True
     assert wf[True]["push"] == {"branches": ["main"]}
     job = wf["jobs"]["deploy"]
     assert job["environment"] == "${{ inputs.stack || 'dev' }}"
@@ -179,8 +215,8 @@ def test_both_workflows_create_a_stack_the_state_backend_does_not_have_yet() -> 
     fail with "no stack named"."""
     for name, job in (("preview.yml", "preview"), ("deploy.yml", "deploy")):
         steps = load(name)["jobs"][job]["steps"]
-        [pulumi] = [s for s in steps if str(s.get("uses", "")).startswith("pulumi/actions@")]
-        assert pulumi["with"]["upsert"] is True, name
+        actions = [s for s in steps if str(s.get("uses", "")).startswith("pulumi/actions@")]
+        assert actions and all(s["with"]["upsert"] is True for s in actions), name
 
 
 def test_deploy_runs_the_suite_only_for_a_commit_that_has_not_passed_it() -> None:
@@ -241,3 +277,38 @@ def test_the_long_stack_scenarios_run_where_a_failure_is_seen() -> None:
     for other in ("deploy.yml", "preview.yml"):
         for name, other_job in load(other)["jobs"].items():
             assert "stack-long" not in str(other_job.get("needs", "")), (other, name)
+
+
+@pytest.mark.parametrize("command", ["", "up", "destroy"])
+@pytest.mark.parametrize("platform", ["droplet", "kubernetes"])
+def test_a_kubernetes_stack_refreshes_and_destroys_through_its_program(
+    platform: str, command: str
+) -> None:
+    """Issue 43: the provider's kubeconfig in the state expires after 7 days; a refresh or a
+    destroy that does not run the program reads the cluster with it (401). The platform comes
+    from the stack file before Pulumi runs; a Kubernetes stack sets PULUMI_RUN_PROGRAM (the
+    default of the CLI's `--run-program`) on every pulumi/actions step, and since a destroy's
+    own --refresh never runs the program, its refresh is a step of its own before it. A
+    Droplet stack: one step, refresh always, PULUMI_RUN_PROGRAM false (the CLI's default).
+    tests/test_runner.py runs these steps against a fake `pulumi`."""
+    steps = load("deploy.yml")["jobs"]["deploy"]["steps"]
+    names = [s.get("name") or s.get("uses") for s in steps]
+    platform_at = names.index(platform_step(steps)["name"])
+    assert names.index("Note when this run began") < platform_at
+    ask = platform_step(steps)
+    assert ask["run"] == 'python3 scripts/ci/which_platform.py "$STACK" >> "$GITHUB_OUTPUT"'
+    assert ask["env"] == {"STACK": "${{ inputs.stack || 'dev' }}"}
+    refresh, deploy = steps[platform_at + 1], steps[platform_at + 2]
+    assert (refresh["name"], deploy) == (KUBE_REFRESH, deploy_step(steps))
+    kube, destroy = platform == "kubernetes", command == "destroy"
+    assert evaluate(refresh["if"], platform, command) is (kube and destroy)
+    assert refresh["with"] == {
+        "command": "refresh", "stack-name": "${{ inputs.stack || 'dev' }}",
+        "cloud-url": "${{ steps.setup.outputs.backend-url }}", "upsert": True,
+        "pulumi-version": PULUMI_VERSION,
+    }  # fmt: skip
+    assert evaluate(deploy["with"]["refresh"], platform, command) is not (kube and destroy)
+    assert deploy["with"]["pulumi-version"] == PULUMI_VERSION
+    # The same environment, PULUMI_RUN_PROGRAM with it, on both (one YAML anchor).
+    assert refresh["env"] == deploy["env"] and deploy["env"]["PULUMI_RUN_PROGRAM"] == RUN_PROGRAM
+    assert evaluate(RUN_PROGRAM, platform, command) is kube

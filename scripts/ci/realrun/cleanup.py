@@ -67,7 +67,10 @@ def by_hand(stack: str) -> str:
 
 
 def destroy(pulumi: str, result: Cleanup, remaining: Callable[[], float]) -> bool:
-    """Destroy; if that fails, refresh (the Droplet may have deleted itself) and try again."""
+    """Destroy; if that fails, refresh (the Droplet may have deleted itself) and try again.
+    Neither needs `--run-program` on a cluster, unlike deploy.yml's: the provider's stored
+    kubeconfig expires 7 days after the `up` that fetched it, and this destroy runs in that
+    up's own job, which GitHub ends within 6 hours (plan.GITHUB_JOB_LIMIT_MINUTES)."""
     stack = result.stack
     attempts = (
         [[pulumi, "destroy", "--yes", "--skip-preview", "--stack", stack]],
