@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,6 +228,117 @@ def test_prometheus_is_the_pinned_server_alone_scraping_two_jobs(deployed) -> No
     assert enabled == {"llm-d-router", "vllm"}
     # Scraped as often as KEDA polls.
     assert values["server"]["global"]["scrape_interval"] == "15s"
+
+
+# --- every image either chart runs, by digest (issue 43) ------------------------------------
+# The image line of each container the pinned charts can run, as their templates write it, and
+# when they run it: kedacore/charts v2.20.2 keda/templates/manager/deployment.yaml (and
+# metrics-server/, webhooks/: `{{ $registry }}/{{ repository }}:{{ tag | default
+# .Chart.AppVersion }}`, the registry from global.image.registry, else the image's own; the
+# webhooks' Deployment only with webhooks.enabled); prometheus-community/helm-charts
+# prometheus-29.27.0 charts/prometheus/templates/deploy.yaml (`repository@digest` when digest is
+# set, else `repository:tag`, the server's tag defaulting to the chart's appVersion and
+# `-distroless` when asked; the reloader only with configmapReload.prometheus.enabled), and its
+# four dependencies, each with images of its own, only when enabled (Chart.yaml).
+KEDA_APP_VERSION = "2.20.2"  # keda/Chart.yaml appVersion
+PROMETHEUS_APP_VERSION = "v3.14.0"  # charts/prometheus/Chart.yaml appVersion
+PROMETHEUS_DEPENDENCIES = ("alertmanager", "kube-state-metrics", "prometheus-node-exporter",
+                           "prometheus-pushgateway")  # fmt: skip
+PINNED = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def merged(defaults: Any, values: Any) -> Any:
+    """Helm's values: ours over the chart's, maps merged key by key."""
+    if isinstance(defaults, dict) and isinstance(values, dict):
+        return {k: merged(defaults.get(k), values[k]) if k in values else defaults[k]
+                for k in {**defaults, **values}}  # fmt: skip
+    return copy.deepcopy(values)
+
+
+def image_blocks(defaults: Any, path: tuple[str, ...] = ()) -> Iterator[str]:
+    """The path of every image block in a chart's values (a map with a `repository`)."""
+    if isinstance(defaults, dict):
+        if "repository" in defaults:
+            yield ".".join(path)
+        for key, value in defaults.items():
+            yield from image_blocks(value, (*path, str(key)))
+
+
+def keda_images(values: dict[str, Any]) -> dict[str, str | None]:
+    """Each image block's line in the rendered Deployments; None: its Deployment is off."""
+    v = merged(KEDA_DEFAULTS, values)
+
+    def line(block: dict[str, Any]) -> str:
+        registry = v["global"]["image"]["registry"] or block["registry"] or ""
+        ref = f"{block['repository']}:{block['tag'] or KEDA_APP_VERSION}"
+        return f"{registry}/{ref}" if registry else ref
+
+    images = v["image"]
+    return {
+        "image.keda": line(images["keda"]),
+        "image.metricsApiServer": line(images["metricsApiServer"]),
+        "image.webhooks": line(images["webhooks"]) if v["webhooks"]["enabled"] else None,
+    }
+
+
+def prometheus_images(values: dict[str, Any]) -> dict[str, str | None]:
+    v = merged(PROMETHEUS_DEFAULTS, values)
+
+    def line(block: dict[str, Any], default_tag: str = "") -> str:
+        if block.get("digest"):
+            return f"{block['repository']}@{block['digest']}"
+        suffix = "-distroless" if block.get("distroless") else ""
+        return f"{block['repository']}:{block['tag'] or default_tag}{suffix}"
+
+    reload = v["configmapReload"]["prometheus"]
+    return {
+        "server.image": line(v["server"]["image"], PROMETHEUS_APP_VERSION),
+        "configmapReload.prometheus.image": line(reload["image"]) if reload["enabled"] else None,
+    }
+
+
+def test_every_image_block_of_the_pinned_charts_is_one_the_check_renders() -> None:
+    """A chart bump that adds an image block fails here until its line is rendered above."""
+    assert set(image_blocks(KEDA_DEFAULTS)) == set(keda_images({}))
+    assert set(image_blocks(PROMETHEUS_DEFAULTS)) == set(prometheus_images({}))
+    # The renderings read the defaults as the templates do: a tag, at the pinned release.
+    assert keda_images({})["image.keda"] == f"ghcr.io/kedacore/keda:{KEDA_APP_VERSION}"
+    assert prometheus_images({})["server.image"] == (
+        f"quay.io/prometheus/prometheus:{PROMETHEUS_APP_VERSION}"
+    )
+
+
+def test_every_image_either_chart_runs_is_pinned_by_digest(deployed) -> None:
+    """Issue 43: KEDA's three Deployments and Prometheus' server and config reloader pulled by
+    tag alone (a tag can move; the model server, edge and router are pinned by digest). Each
+    image line the pinned templates render from the release's values is the chart's own
+    image at its release, pinned by a digest; nothing else of either chart runs."""
+    result, _ = deployed
+    keda = keda_images(result.release("keda").inputs["values"])
+    assert None not in keda.values(), "KEDA's admission webhooks run (its default)"
+    for line in keda.values():
+        assert PINNED.match(str(line)) and f":{KEDA_APP_VERSION}@" in str(line), line
+    assert {str(line).split(":")[0] for line in keda.values()} == {
+        "ghcr.io/kedacore/keda", "ghcr.io/kedacore/keda-metrics-apiserver",
+        "ghcr.io/kedacore/keda-admission-webhooks",
+    }  # fmt: skip
+    values = result.release("prometheus").inputs["values"]
+    prometheus = prometheus_images(values)
+    assert None not in prometheus.values(), "the config reloader runs (its default)"
+    for line in prometheus.values():
+        assert PINNED.match(str(line)), line
+    assert {str(line).split("@")[0] for line in prometheus.values()} == {
+        "quay.io/prometheus/prometheus", "quay.io/prometheus-operator/prometheus-config-reloader"
+    }  # fmt: skip
+    # Nothing else: no dependency, no sidecar or init container of our own.
+    everything = merged(PROMETHEUS_DEFAULTS, values)
+    assert not any(everything[sub]["enabled"] for sub in PROMETHEUS_DEPENDENCIES)
+    assert not everything["server"]["sidecarContainers"]
+    assert not everything["server"]["extraInitContainers"]
+    keda_values = merged(KEDA_DEFAULTS, result.release("keda").inputs["values"])
+    assert not keda_values["operator"]["extraContainers"]
+    assert not keda_values["operator"]["extraInitContainers"]
+    assert not keda_values["extraObjects"]
 
 
 VALUE_BREAKS = {

@@ -72,14 +72,39 @@ POLLING_SECONDS = 15
 COOLDOWN_SECONDS = 300
 STABILIZATION_SECONDS = 300
 
+# Every image the two releases run, pinned by digest as the model server's, the edge's and the
+# router's are: a tag can move, a digest cannot (docs/facts.md, "KEDA and Prometheus images":
+# each digest, the multi-arch index's, with the public files that record it for this tag).
+# KEDA's chart has no digest key: its templates write `<registry>/<repository>:<tag>` (kedacore/
+# charts v2.20.2 keda/templates/{manager,metrics-server,webhooks}/deployment.yaml), so the tag
+# carries it, `2.20.2@sha256:...`, and a reader still sees the release.
+KEDA_IMAGE_DIGESTS = {
+    # ghcr.io/kedacore/keda, the operator
+    "keda": "sha256:fe74c7b8849586a67ad2201bcb89e7f5ac221ff90399ecaa8fd28427f1ef11e6",
+    # ghcr.io/kedacore/keda-metrics-apiserver
+    "metricsApiServer": "sha256:27286536a8a775aeeee37a7e343f8ecebb27ebf680ee1181a4f99e82eefb253b",
+    # ghcr.io/kedacore/keda-admission-webhooks
+    "webhooks": "sha256:41f74102aba7959c6e8d08b433ab8a5fd6cae7c5646c78f7fe3de40a52df3439",
+}
+# Prometheus' chart pulls `<repository>@<digest>` when `digest` is set (charts/prometheus/
+# templates/deploy.yaml at prometheus-29.27.0): the server (quay.io/prometheus/prometheus at the
+# chart's appVersion v3.14.0) and its config reloader (quay.io/prometheus-operator/
+# prometheus-config-reloader, the chart's tag v0.93.1); nothing else runs with the values below.
+PROMETHEUS_SERVER_DIGEST = "sha256:5ce7540c3c00ef4ab0c9d2c995c6a5b9c421f44b4a115d97a2c7af3b1c21cbb0"
+CONFIG_RELOADER_DIGEST = "sha256:428f088fe6fe07ab138bda92113664b04848a1dc408e4d3680a60ecdb55d1a65"
+
 
 def keda_values() -> dict[str, Any]:
     """The chart's values we set (each key checked against the chart's own values.yaml at the
-    pinned tag): KEDA on the CPU pool, watching only the model's namespace."""
+    pinned tag): KEDA on the CPU pool, watching only the model's namespace, its three images
+    by digest."""
     return {
         "crds": {"install": True},
         "watchNamespace": manifests.NAMESPACE,
         "nodeSelector": {manifests.GPU_POOL_LABEL: manifests.CPU_POOL_VALUE},
+        "image": {
+            name: {"tag": f"{KEDA_VERSION}@{digest}"} for name, digest in KEDA_IMAGE_DIGESTS.items()
+        },
     }
 
 
@@ -117,13 +142,16 @@ def _scrape_configs() -> dict[str, Any]:
 
 
 def prometheus_values() -> dict[str, Any]:
-    """The server only (no Alertmanager, exporters or push gateway), on the CPU pool."""
+    """The server only (no Alertmanager, exporters or push gateway), on the CPU pool, its two
+    containers' images by digest."""
     return {
         "alertmanager": {"enabled": False},
         "kube-state-metrics": {"enabled": False},
         "prometheus-node-exporter": {"enabled": False},
         "prometheus-pushgateway": {"enabled": False},
+        "configmapReload": {"prometheus": {"image": {"digest": CONFIG_RELOADER_DIGEST}}},
         "server": {
+            "image": {"digest": PROMETHEUS_SERVER_DIGEST},
             "nodeSelector": {manifests.GPU_POOL_LABEL: manifests.CPU_POOL_VALUE},
             "retention": PROMETHEUS_RETENTION,
             "persistentVolume": {"enabled": False},
