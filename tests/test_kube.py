@@ -478,6 +478,7 @@ REFUSALS = {
     "cpu size a gpu": ({"cpuPool": {"size": "gpu-h100x1-80gb"}}, "not a CPU Droplet size"),
     "digest": ({"imageDigest": "latest"}, "not an image digest"),
     "edge digest": ({"edge": {"imageDigest": "2.11.7"}}, "not an image digest"),
+    "scaling digest": ({"scaling": {"kedaDigest": "2.20.2"}}, "not an image digest"),
     "region": ({"region": "Toronto"}, "not a region slug"),
     "unknown key": ({"platformFlavour": "x"}, "Extra inputs are not permitted"),
 }
@@ -509,7 +510,7 @@ def test_every_platform_field_says_what_it_is() -> None:
     models = [KubePlatformConfig, *(f.annotation for f in KubePlatformConfig.model_fields.values()
                                     if isinstance(f.annotation, type)
                                     and issubclass(f.annotation, BaseModel))]  # fmt: skip
-    assert len(models) == 7
+    assert len(models) == 8
     for m in models:
         for name, f in m.model_fields.items():
             assert f.description, f"{m.__name__}.{name}"

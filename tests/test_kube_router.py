@@ -416,7 +416,8 @@ def test_the_edge_forwards_to_the_routers_envoy(deployed) -> None:
 
 def test_prometheus_scrapes_the_routers_service() -> None:
     """One name for the router's Service: the edge's upstream and KEDA's scrape target."""
-    target = scaling.prometheus_values()["scrapeConfigs"]["llm-d-router"]["static_configs"]
+    jobs = scaling.prometheus_values(platform())["scrapeConfigs"]
+    target = jobs["llm-d-router"]["static_configs"]
     (host_port,) = target[0]["targets"]
     host, port = host_port.rsplit(":", 1)
     assert edge_manifests.ROUTER.host.startswith(host + ".")
@@ -441,8 +442,8 @@ def test_keda_and_prometheus_requests_are_their_charts_defaults() -> None:
         (ROOT / "tests/data/prometheus-29.27.0/chart-values.yaml").read_text()
     )
     assert prometheus["server"]["resources"] == {}
-    assert "resources" not in scaling.keda_values()
-    assert "resources" not in scaling.prometheus_values()["server"]
+    assert "resources" not in scaling.keda_values(platform())
+    assert "resources" not in scaling.prometheus_values(platform())["server"]
 
 
 def test_the_default_cpu_pool_holds_the_platforms_pods() -> None:

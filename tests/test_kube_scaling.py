@@ -26,7 +26,8 @@ from test_kube import KubeCloud, KubeRecorder, cluster_and_server, mock, platfor
 
 from components.cloud.kube import autoscaler, manifests, router_values, scaling
 from components.spec import catalog
-from components.spec.kube import KubePlatformConfig
+from components.spec import kube as kube_spec
+from components.spec.kube import KubePlatformConfig, ScalingConfig
 from components.spec.schema import StackConfig
 
 # The router's hold for the test stack (the prod model): the last server's cooldown floor.
@@ -184,21 +185,21 @@ def check_prometheus_values(values: dict[str, Any]) -> None:
 
 def test_the_stored_contracts_are_the_pinned_releases() -> None:
     comment = json.loads((DATA / "scaledobject.schema.json").read_text())["$comment"]
-    assert f"tag v{scaling.KEDA_VERSION}" in comment
-    assert f"tag v{scaling.KEDA_VERSION}" in (DATA / "chart-values.yaml").read_text()
+    assert f"tag v{kube_spec.KEDA_VERSION}" in comment
+    assert f"tag v{kube_spec.KEDA_VERSION}" in (DATA / "chart-values.yaml").read_text()
     first = (PROMETHEUS_DATA / "chart-values.yaml").read_text().splitlines()[0]
     assert f"tag prometheus-{scaling.PROMETHEUS_VERSION}" in first
 
 
 def test_keda_is_the_pinned_chart_with_checked_values(deployed) -> None:
-    result, _ = deployed
+    result, kube = deployed
     release = result.release("keda")
     assert release.inputs["version"] == "2.20.2"
     assert release.inputs["repositoryOpts"] == {"repo": "https://kedacore.github.io/charts"}
     assert release.inputs["namespace"] == "keda" and release.inputs["createNamespace"] is True
     assert release.inputs["atomic"] is True
     values = release.inputs["values"]
-    assert values == scaling.keda_values()
+    assert values == scaling.keda_values(kube)
     check_values(values, KEDA_DEFAULTS)
     # On the always-on CPU pool (the label cluster.py puts on it), never on a GPU node.
     assert values["nodeSelector"] == {manifests.GPU_POOL_LABEL: "cpu"}
@@ -206,7 +207,7 @@ def test_keda_is_the_pinned_chart_with_checked_values(deployed) -> None:
 
 
 def test_prometheus_is_the_pinned_server_alone_scraping_two_jobs(deployed) -> None:
-    result, _ = deployed
+    result, kube = deployed
     release = result.release("prometheus")
     assert release.inputs["version"] == "29.27.0"
     assert release.inputs["repositoryOpts"] == {
@@ -214,7 +215,7 @@ def test_prometheus_is_the_pinned_server_alone_scraping_two_jobs(deployed) -> No
     }
     assert release.inputs["namespace"] == "monitoring" and release.inputs["atomic"] is True
     values = release.inputs["values"]
-    assert values == scaling.prometheus_values()
+    assert values == scaling.prometheus_values(kube)
     check_prometheus_values(values)
     for sub in ("alertmanager", "kube-state-metrics", "prometheus-node-exporter",
                 "prometheus-pushgateway"):  # fmt: skip
@@ -301,6 +302,16 @@ def test_every_image_block_of_the_pinned_charts_is_one_the_check_renders() -> No
     """A chart bump that adds an image block fails here until its line is rendered above."""
     assert set(image_blocks(KEDA_DEFAULTS)) == set(keda_images({}))
     assert set(image_blocks(PROMETHEUS_DEFAULTS)) == set(prometheus_images({}))
+    # The images and tags spec/kube.py describes are the charts' own.
+    assert kube_spec.KEDA_VERSION == KEDA_APP_VERSION
+    assert {f"image.{k}": f"{KEDA_DEFAULTS['image'][k]['registry']}/"
+            f"{KEDA_DEFAULTS['image'][k]['repository']}" for k in KEDA_DEFAULTS["image"]
+            if k != "pullPolicy"} == {f"image.{k}": v for k, v in kube_spec.KEDA_IMAGES.items()}  # fmt: skip
+    reload = PROMETHEUS_DEFAULTS["configmapReload"]["prometheus"]["image"]
+    assert reload["repository"] == kube_spec.CONFIG_RELOADER_IMAGE
+    assert reload["tag"] == kube_spec.CONFIG_RELOADER_TAG
+    assert PROMETHEUS_DEFAULTS["server"]["image"]["repository"] == kube_spec.PROMETHEUS_IMAGE
+    assert kube_spec.PROMETHEUS_APP_VERSION == PROMETHEUS_APP_VERSION
     # The renderings read the defaults as the templates do: a tag, at the pinned release.
     assert keda_images({})["image.keda"] == f"ghcr.io/kedacore/keda:{KEDA_APP_VERSION}"
     assert prometheus_images({})["server.image"] == (
@@ -341,6 +352,28 @@ def test_every_image_either_chart_runs_is_pinned_by_digest(deployed) -> None:
     assert not keda_values["extraObjects"]
 
 
+def test_a_stack_may_override_each_image_digest() -> None:
+    """The digests are sourced defaults (spec/kube.py; docs/facts.md): a stack's
+    `kubernetes.scaling` replaces each one, and each release pulls exactly that."""
+    digests = {field.alias: f"sha256:{n}" + "0" * 63
+               for n, field in enumerate(ScalingConfig.model_fields.values(), 1)}  # fmt: skip
+    assert set(digests) == {"kedaDigest", "kedaMetricsApiServerDigest", "kedaWebhooksDigest",
+                            "prometheusDigest", "configReloaderDigest"}  # fmt: skip
+    result = run(stack(), platform(scaling=digests))
+    assert keda_images(result.release("keda").inputs["values"]) == {
+        "image.keda": f"ghcr.io/kedacore/keda:2.20.2@{digests['kedaDigest']}",
+        "image.metricsApiServer": "ghcr.io/kedacore/keda-metrics-apiserver:2.20.2@"
+        + digests["kedaMetricsApiServerDigest"],
+        "image.webhooks": "ghcr.io/kedacore/keda-admission-webhooks:2.20.2@"
+        + digests["kedaWebhooksDigest"],
+    }
+    assert prometheus_images(result.release("prometheus").inputs["values"]) == {
+        "server.image": f"quay.io/prometheus/prometheus@{digests['prometheusDigest']}",
+        "configmapReload.prometheus.image": "quay.io/prometheus-operator/"
+        f"prometheus-config-reloader@{digests['configReloaderDigest']}",
+    }
+
+
 VALUE_BREAKS = {
     "a key the chart lacks": {"nodeSelectors": {"a": "b"}},
     "a bool as text": {"crds": {"install": "yes"}},
@@ -350,9 +383,9 @@ VALUE_BREAKS = {
 
 @pytest.mark.parametrize("what", list(VALUE_BREAKS))
 def test_the_values_check_refuses_what_the_chart_lacks(what: str) -> None:
-    check_values(scaling.keda_values(), KEDA_DEFAULTS)
+    check_values(scaling.keda_values(platform()), KEDA_DEFAULTS)
     with pytest.raises((KeyError, TypeError)):
-        check_values({**scaling.keda_values(), **VALUE_BREAKS[what]}, KEDA_DEFAULTS)
+        check_values({**scaling.keda_values(platform()), **VALUE_BREAKS[what]}, KEDA_DEFAULTS)
 
 
 PROMETHEUS_BREAKS = {
@@ -364,9 +397,10 @@ PROMETHEUS_BREAKS = {
 
 @pytest.mark.parametrize("what", list(PROMETHEUS_BREAKS))
 def test_the_prometheus_values_check_refuses_a_broken_copy(what: str) -> None:
-    check_prometheus_values(scaling.prometheus_values())
+    values = scaling.prometheus_values(platform())
+    check_prometheus_values(values)
     with pytest.raises((KeyError, TypeError, jsonschema.ValidationError)):
-        check_prometheus_values({**scaling.prometheus_values(), **PROMETHEUS_BREAKS[what]})
+        check_prometheus_values({**values, **PROMETHEUS_BREAKS[what]})
 
 
 def test_the_scaled_object_is_valid_for_the_pinned_crd(deployed) -> None:

@@ -254,6 +254,64 @@ class RouterConfig(_Section):
         return _check_digest(v)
 
 
+# KEDA and the Prometheus server it asks, pinned (components/cloud/kube/scaling.py installs
+# them): KEDA's chart and release 2.20.2 (kedacore/charts v2.20.2 keda/Chart.yaml), its three
+# images; Prometheus' chart 29.27.0, its server at the chart's appVersion v3.14.0 and the config
+# reloader at the chart's tag v0.93.1 (prometheus-community/helm-charts prometheus-29.27.0
+# charts/prometheus/Chart.yaml and values.yaml). Each default digest is the multi-arch index's,
+# recorded for that tag in two public files or more (docs/facts.md, "KEDA and Prometheus
+# images"): a sourced default, which a stack may override.
+KEDA_VERSION = "2.20.2"
+KEDA_IMAGES = {
+    "keda": "ghcr.io/kedacore/keda",
+    "metricsApiServer": "ghcr.io/kedacore/keda-metrics-apiserver",
+    "webhooks": "ghcr.io/kedacore/keda-admission-webhooks",
+}
+PROMETHEUS_IMAGE = "quay.io/prometheus/prometheus"
+PROMETHEUS_APP_VERSION = "v3.14.0"
+CONFIG_RELOADER_IMAGE = "quay.io/prometheus-operator/prometheus-config-reloader"
+CONFIG_RELOADER_TAG = "v0.93.1"
+
+
+def _inspect(image: str, tag: str) -> str:
+    ref = f"{image}:{tag}"
+    return f"the sha256 digest of `{ref}` (`docker buildx imagetools inspect {ref}`)"
+
+
+class ScalingConfig(_Section):
+    """The images of KEDA's and Prometheus' releases, each by digest; sourced defaults."""
+
+    keda_digest: str = Field(
+        "sha256:fe74c7b8849586a67ad2201bcb89e7f5ac221ff90399ecaa8fd28427f1ef11e6",
+        description=f"KEDA's operator: {_inspect(KEDA_IMAGES['keda'], KEDA_VERSION)}.",
+    )
+    keda_metrics_api_server_digest: str = Field(
+        "sha256:27286536a8a775aeeee37a7e343f8ecebb27ebf680ee1181a4f99e82eefb253b",
+        description="KEDA's metrics API server: "
+        f"{_inspect(KEDA_IMAGES['metricsApiServer'], KEDA_VERSION)}.",
+    )
+    keda_webhooks_digest: str = Field(
+        "sha256:41f74102aba7959c6e8d08b433ab8a5fd6cae7c5646c78f7fe3de40a52df3439",
+        description="KEDA's admission webhooks: "
+        f"{_inspect(KEDA_IMAGES['webhooks'], KEDA_VERSION)}.",
+    )
+    prometheus_digest: str = Field(
+        "sha256:5ce7540c3c00ef4ab0c9d2c995c6a5b9c421f44b4a115d97a2c7af3b1c21cbb0",
+        description="The Prometheus server KEDA asks: "
+        f"{_inspect(PROMETHEUS_IMAGE, PROMETHEUS_APP_VERSION)}.",
+    )
+    config_reloader_digest: str = Field(
+        "sha256:428f088fe6fe07ab138bda92113664b04848a1dc408e4d3680a60ecdb55d1a65",
+        description="Prometheus' config reloader: "
+        f"{_inspect(CONFIG_RELOADER_IMAGE, CONFIG_RELOADER_TAG)}.",
+    )
+
+    @field_validator("*")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        return _check_digest(v)
+
+
 class KubePlatformConfig(_Section):
     region: str = Field("tor1", description="DOKS region slug (one cluster, one region).")
     ha: bool = Field(
@@ -292,6 +350,11 @@ class KubePlatformConfig(_Section):
         description="llm-d's router between the edge and the model servers: it holds requests "
         "while a server wakes and routes on the prompt's prefix (docs/kubernetes.md, the "
         "router). Required for its images' digests.",
+    )
+    scaling: ScalingConfig = Field(
+        default_factory=ScalingConfig,
+        description="KEDA and the Prometheus server it asks (docs/kubernetes.md, scaling): "
+        "their images' digests, sourced defaults a stack may override.",
     )
 
     @field_validator("region")

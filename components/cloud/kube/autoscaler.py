@@ -18,7 +18,7 @@ import pulumi
 import pulumi_kubernetes as kubernetes
 
 from ...spec import catalog
-from ...spec.kube import KubePlatformConfig
+from ...spec.kube import KEDA_VERSION, KubePlatformConfig
 from . import scaling
 
 
@@ -59,12 +59,12 @@ class Autoscaler(pulumi.ComponentResource):
         super().__init__(f"{catalog.PROJECT}:kube:Autoscaler", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=provider)
         self.keda = _release(
-            f"{name}-keda", scaling.KEDA_CHART, scaling.KEDA_VERSION, scaling.KEDA_REPO,
-            scaling.KEDA_NAMESPACE, scaling.keda_values(), child,
+            f"{name}-keda", scaling.KEDA_CHART, KEDA_VERSION, scaling.KEDA_REPO,
+            scaling.KEDA_NAMESPACE, scaling.keda_values(kube), child,
         )  # fmt: skip
         self.prometheus = _release(
             f"{name}-prometheus", scaling.PROMETHEUS_CHART, scaling.PROMETHEUS_VERSION,
-            scaling.PROMETHEUS_REPO, scaling.PROMETHEUS_NAMESPACE, scaling.prometheus_values(),
+            scaling.PROMETHEUS_REPO, scaling.PROMETHEUS_NAMESPACE, scaling.prometheus_values(kube),
             child,
         )  # fmt: skip
         obj = scaling.scaled_object(kube, hold_seconds)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...spec.kube import KubePlatformConfig
+from ...spec.kube import KEDA_VERSION, KubePlatformConfig
 from . import manifests
 
 # KEDA, pinned: the chart and the release it installs share one version (kedacore/charts v2.20.2
-# keda/Chart.yaml: version and appVersion 2.20.2), from KEDA's own chart repository.
+# keda/Chart.yaml: version and appVersion 2.20.2), from KEDA's own chart repository. Its images
+# and Prometheus', each by digest, are the stack's `kubernetes.scaling` (sourced defaults:
+# spec/kube.py).
 KEDA_CHART = "keda"
-KEDA_VERSION = "2.20.2"
 KEDA_REPO = "https://kedacore.github.io/charts"
 KEDA_NAMESPACE = "keda"
 
@@ -72,38 +73,22 @@ POLLING_SECONDS = 15
 COOLDOWN_SECONDS = 300
 STABILIZATION_SECONDS = 300
 
-# Every image the two releases run, pinned by digest as the model server's, the edge's and the
-# router's are: a tag can move, a digest cannot (docs/facts.md, "KEDA and Prometheus images":
-# each digest, the multi-arch index's, with the public files that record it for this tag).
-# KEDA's chart has no digest key: its templates write `<registry>/<repository>:<tag>` (kedacore/
-# charts v2.20.2 keda/templates/{manager,metrics-server,webhooks}/deployment.yaml), so the tag
-# carries it, `2.20.2@sha256:...`, and a reader still sees the release.
-KEDA_IMAGE_DIGESTS = {
-    # ghcr.io/kedacore/keda, the operator
-    "keda": "sha256:fe74c7b8849586a67ad2201bcb89e7f5ac221ff90399ecaa8fd28427f1ef11e6",
-    # ghcr.io/kedacore/keda-metrics-apiserver
-    "metricsApiServer": "sha256:27286536a8a775aeeee37a7e343f8ecebb27ebf680ee1181a4f99e82eefb253b",
-    # ghcr.io/kedacore/keda-admission-webhooks
-    "webhooks": "sha256:41f74102aba7959c6e8d08b433ab8a5fd6cae7c5646c78f7fe3de40a52df3439",
-}
-# Prometheus' chart pulls `<repository>@<digest>` when `digest` is set (charts/prometheus/
-# templates/deploy.yaml at prometheus-29.27.0): the server (quay.io/prometheus/prometheus at the
-# chart's appVersion v3.14.0) and its config reloader (quay.io/prometheus-operator/
-# prometheus-config-reloader, the chart's tag v0.93.1); nothing else runs with the values below.
-PROMETHEUS_SERVER_DIGEST = "sha256:5ce7540c3c00ef4ab0c9d2c995c6a5b9c421f44b4a115d97a2c7af3b1c21cbb0"
-CONFIG_RELOADER_DIGEST = "sha256:428f088fe6fe07ab138bda92113664b04848a1dc408e4d3680a60ecdb55d1a65"
 
-
-def keda_values() -> dict[str, Any]:
+def keda_values(kube: KubePlatformConfig) -> dict[str, Any]:
     """The chart's values we set (each key checked against the chart's own values.yaml at the
     pinned tag): KEDA on the CPU pool, watching only the model's namespace, its three images
-    by digest."""
+    by digest. The chart has no digest key: its templates write `<registry>/<repository>:<tag>`
+    (kedacore/charts v2.20.2 keda/templates/{manager,metrics-server,webhooks}/deployment.yaml),
+    so the tag carries it, `2.20.2@sha256:...`, and a reader still sees the release."""
+    digests = kube.scaling
     return {
         "crds": {"install": True},
         "watchNamespace": manifests.NAMESPACE,
         "nodeSelector": {manifests.GPU_POOL_LABEL: manifests.CPU_POOL_VALUE},
         "image": {
-            name: {"tag": f"{KEDA_VERSION}@{digest}"} for name, digest in KEDA_IMAGE_DIGESTS.items()
+            "keda": {"tag": f"{KEDA_VERSION}@{digests.keda_digest}"},
+            "metricsApiServer": {"tag": f"{KEDA_VERSION}@{digests.keda_metrics_api_server_digest}"},
+            "webhooks": {"tag": f"{KEDA_VERSION}@{digests.keda_webhooks_digest}"},
         },
     }
 
@@ -141,17 +126,19 @@ def _scrape_configs() -> dict[str, Any]:
     }
 
 
-def prometheus_values() -> dict[str, Any]:
+def prometheus_values(kube: KubePlatformConfig) -> dict[str, Any]:
     """The server only (no Alertmanager, exporters or push gateway), on the CPU pool, its two
-    containers' images by digest."""
+    containers' images by digest: the chart pulls `<repository>@<digest>` when `digest` is set
+    (prometheus-29.27.0 charts/prometheus/templates/deploy.yaml)."""
+    digests = kube.scaling
     return {
         "alertmanager": {"enabled": False},
         "kube-state-metrics": {"enabled": False},
         "prometheus-node-exporter": {"enabled": False},
         "prometheus-pushgateway": {"enabled": False},
-        "configmapReload": {"prometheus": {"image": {"digest": CONFIG_RELOADER_DIGEST}}},
+        "configmapReload": {"prometheus": {"image": {"digest": digests.config_reloader_digest}}},
         "server": {
-            "image": {"digest": PROMETHEUS_SERVER_DIGEST},
+            "image": {"digest": digests.prometheus_digest},
             "nodeSelector": {manifests.GPU_POOL_LABEL: manifests.CPU_POOL_VALUE},
             "retention": PROMETHEUS_RETENTION,
             "persistentVolume": {"enabled": False},
