@@ -8,14 +8,17 @@ SDKs)."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from typing import Any
 
 import script_module
 
-from components.spec import transport
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "scripts"))
+
+from clients import transport  # noqa: E402
+
 COMPONENTS = ROOT / "components"
 PACKAGES = {"spec", "host", "cloud"}
 TOOLS = {"render", "validate"}  # python -m components.<tool>
@@ -183,7 +186,8 @@ RETRY_AFTERS = {"30": 30.0, " 7 ": 7.0, "soon": None, "": None, "-5": None,
 
 
 def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_them() -> None:
-    """components/spec/transport.py is the rule (lease.py and validate.py import it); the
+    """scripts/clients/transport.py is the rule (the clients, so lease.py, tested.py,
+    validate.py and the real run's clean-up, use it); the
     waker's URL guard and autodown's Retry-After reader are copies in scripts a phase sends
     whole, and answer as it does."""
     wake = _script("scripts/phases/wake.py")
@@ -199,3 +203,40 @@ def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_
     for header, seconds in RETRY_AFTERS.items():
         assert transport.retry_after_seconds(header, now=60.0) == seconds, header
         assert autodown.retry_after(header, 60.0) == seconds, header
+
+
+# The one client of each outside service: where it lives, and who may import it.
+CLIENTS = ROOT / "scripts" / "clients"
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+# The optional parser the Prometheus client prefers where installed (never required).
+OPTIONAL = {"prometheus_client"}
+
+
+def test_the_clients_need_the_standard_library_alone() -> None:
+    """A host's python3 and a CI runner's run scripts/clients/ as they are: no package of the
+    project (components/ is not shipped to a host) and nothing to install."""
+    for path in sorted(CLIENTS.glob("*.py")):
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:  # not `from . import`
+                found.add((node.module or "").split(".")[0])
+        assert found <= STDLIB | OPTIONAL, (path.name, found - STDLIB)
+
+
+def test_no_other_code_opens_its_own_connection_to_an_api_that_takes_a_token() -> None:
+    """The API clients are in scripts/clients/ alone: no urllib opener of its own and no
+    `requests` call with a Bearer header elsewhere, but for the front's waker (a package of its
+    own, shipped whole to the front; issue 44 moves it over) and autodown (shipped as one file
+    until a host is sent a folder)."""
+    keeps_its_own = {"scripts/phases/wake.py", "scripts/phases/autodown.py"}
+    for base in ("components", "scripts/ci"):
+        for path in sorted((ROOT / base).rglob("*.py")):
+            name = str(path.relative_to(ROOT))
+            text = path.read_text()
+            if name in keeps_its_own:
+                continue
+            assert "HTTPRedirectHandler" not in text, name
+            assert "vnd.github" not in text, name
+            assert 'f"Bearer {' not in text or name.startswith("components/host/"), name
