@@ -347,7 +347,9 @@ GITHUB_API_URL = github.API_URL
 def github_problems(cfg: StackConfig, token: str, api_url: str = GITHUB_API_URL) -> list[str]:
     """What only GitHub knows of a wake's dispatch: that the branch it runs from exists (GET
     /repos/{owner}/{repo}/git/ref/heads/{branch}, GitHub REST git/get-ref; a dispatch to a
-    missing ref is refused with 422 "No ref found")."""
+    missing ref is refused with 422 "No ref found"). A repository renamed or moved answers a
+    redirect (docs.github.com/en/rest/using-the-rest-api, "HTTP redirects"), which no client
+    here follows with a token: the waker's dispatch would fail, so its name must be the new one."""
     w = cfg.wake
     if not (w.enabled and w.trigger == "github" and w.github_repo):
         return []
@@ -355,6 +357,10 @@ def github_problems(cfg: StackConfig, token: str, api_url: str = GITHUB_API_URL)
     answer = github.get(url, token, "nemotron-droplet-validate", TIMEOUT_SECONDS)
     if answer.status_code == 401:
         return ["GITHUB_TOKEN: GitHub refused it (HTTP 401)"]
+    if 300 <= answer.status_code < 400:
+        return [f"wake.githubRepo: GitHub answers {w.github_repo} with a redirect (HTTP "
+                f"{answer.status_code}): the repository was renamed or moved; give its current "
+                "owner/name (the wake's dispatch follows no redirect)"]  # fmt: skip
     if answer.status_code == 404:
         return [f"wake.githubRef: {w.github_repo} has no branch {w.github_ref!r} (or the token "
                 "cannot see the repository): GitHub would refuse every wake with 422"]  # fmt: skip
