@@ -23,6 +23,7 @@ one of the deploy workflow's `stack` choices is checked offline, as `pulumi up` 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -30,17 +31,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from . import render
 from .host import autodown, vllm_service
-from .spec import bill, catalog, config, transport
+from .spec import bill, catalog, config
 from .spec.kube import DOKS_MINOR
 from .spec.schema import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-API_URL = "https://api.digitalocean.com"
+# The one client of each outside service (scripts/clients/, standard library only: the CI
+# scripts and the hosts run the same ones).
+sys.path.append(str(ROOT / "scripts"))
+from clients import digitalocean, github, transport  # noqa: E402
+
+API_URL = digitalocean.API_URL
 TIMEOUT_SECONDS = 20
+# What asking an API can raise besides an answer: no connection, a time-out, a cut or
+# oversized answer, a body that is not JSON.
+ASK_ERRORS = (OSError, http.client.HTTPException, transport.FailedError, ValueError)
 
 
 def file_problems(
@@ -210,32 +217,39 @@ def droplet_offer_problems(
     return problems
 
 
+def offered_sizes(get: Any) -> tuple[dict[str, Any], list[str]]:
+    """The sizes sold to this account by slug (GET /v2/sizes), or why the token may not list
+    them (401, 403); FailedError for any other answer."""
+    sizes = get("/v2/sizes", per_page=digitalocean.PER_PAGE)
+    if sizes.status_code == 401:
+        return {}, ["DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP 401): not a valid token"]
+    if sizes.status_code == 403:
+        return {}, [
+            "DIGITALOCEAN_TOKEN: may not list the sizes (HTTP 403): it needs the scopes "
+            f"{' and '.join(SIZES_SCOPES)}"
+        ]
+    if sizes.status_code != 200:
+        raise transport.FailedError(f"GET /v2/sizes: HTTP {sizes.status_code}")
+    return {s["slug"]: s for s in sizes.json().get("sizes", [])}, []
+
+
 def cloud_problems(
     cfg: StackConfig, token: str, api_url: str = API_URL, notes: list[str] | None = None
 ) -> list[str]:
     """What only the account knows: the size offered in a region the stack allows, the DNS
     zone among its domains (GET /v2/sizes, GET /v2/domains/{name}: DigitalOcean OpenAPI
     sizes_list.yml, domains_get.yml)."""
-    session = requests.Session()
-    session.headers["Authorization"] = f"Bearer {token}"
 
-    def get(path: str, **params: Any) -> requests.Response:
-        return session.get(f"{api_url.rstrip('/')}{path}", params=params, timeout=TIMEOUT_SECONDS)
+    def get(path: str, **params: Any) -> transport.Answer:
+        return digitalocean.get(api_url, path, token, TIMEOUT_SECONDS, **params)
 
     problems: list[str] = []
     if cfg.platform == "kubernetes":
         # The nodes are Droplets of the pools' sizes, priced and offered as Droplets are.
         problems += kube_problems(cfg, get)
-    sizes = get("/v2/sizes", per_page=200)
-    if sizes.status_code == 401:
-        return ["DIGITALOCEAN_TOKEN: DigitalOcean refused it (HTTP 401): not a valid token"]
-    if sizes.status_code == 403:
-        return [
-            "DIGITALOCEAN_TOKEN: may not list the sizes (HTTP 403): it needs the scopes "
-            f"{' and '.join(SIZES_SCOPES)}"
-        ]
-    sizes.raise_for_status()
-    offered = {s["slug"]: s for s in sizes.json().get("sizes", [])}
+    offered, refused = offered_sizes(get)
+    if refused:
+        return refused
     if cfg.platform == "kubernetes":
         problems += pool_offer_problems(cfg, offered)
     else:
@@ -327,22 +341,26 @@ def pool_offer_problems(cfg: StackConfig, offered: dict[str, Any]) -> list[str]:
     return problems
 
 
-GITHUB_API_URL = "https://api.github.com"
+GITHUB_API_URL = github.API_URL
 
 
 def github_problems(cfg: StackConfig, token: str, api_url: str = GITHUB_API_URL) -> list[str]:
     """What only GitHub knows of a wake's dispatch: that the branch it runs from exists (GET
     /repos/{owner}/{repo}/git/ref/heads/{branch}, GitHub REST git/get-ref; a dispatch to a
-    missing ref is refused with 422 "No ref found")."""
+    missing ref is refused with 422 "No ref found"). A repository renamed or moved answers a
+    redirect (docs.github.com/en/rest/using-the-rest-api, "HTTP redirects"), which no client
+    here follows with a token: the waker's dispatch would fail, so its name must be the new one."""
     w = cfg.wake
     if not (w.enabled and w.trigger == "github" and w.github_repo):
         return []
-    headers = {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
-               "X-GitHub-Api-Version": "2022-11-28"}  # fmt: skip
     url = f"{api_url.rstrip('/')}/repos/{w.github_repo}/git/ref/heads/{w.github_ref}"
-    answer = requests.get(url, headers=headers, timeout=TIMEOUT_SECONDS)
+    answer = github.get(url, token, "nemotron-droplet-validate", TIMEOUT_SECONDS)
     if answer.status_code == 401:
         return ["GITHUB_TOKEN: GitHub refused it (HTTP 401)"]
+    if 300 <= answer.status_code < 400:
+        return [f"wake.githubRepo: GitHub answers {w.github_repo} with a redirect (HTTP "
+                f"{answer.status_code}): the repository was renamed or moved; give its current "
+                "owner/name (the wake's dispatch follows no redirect)"]  # fmt: skip
     if answer.status_code == 404:
         return [f"wake.githubRef: {w.github_repo} has no branch {w.github_ref!r} (or the token "
                 "cannot see the repository): GitHub would refuse every wake with 422"]  # fmt: skip
@@ -360,6 +378,11 @@ def unstopped_bill(cfg: StackConfig) -> str:
     if price is None:
         which = f" (the catalog lists no price for {cfg.droplet.size}; DigitalOcean's applies)"
     return bill.bill_warning(cfg, bill.set_hourly_price(cfg, price or 0.0), which)
+
+
+def _why(err: Exception) -> str:
+    """What went wrong, without a URL's query or a body: the error's kind, or our own words."""
+    return str(err) if isinstance(err, transport.FailedError) else type(err).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,14 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is not None and token:
         try:
             problems += cloud_problems(cfg, token, args.api_url, notes)
-        except requests.RequestException as err:
-            problems.append(f"DigitalOcean could not be asked: {type(err).__name__}")
+        except ASK_ERRORS as err:
+            problems.append(f"DigitalOcean could not be asked: {_why(err)}")
     github_token = os.environ.get("GITHUB_TOKEN", "")
     if cfg is not None and github_token:
         try:
             problems += github_problems(cfg, github_token, args.github_api_url)
-        except requests.RequestException as err:
-            problems.append(f"GitHub could not be asked: {type(err).__name__}")
+        except ASK_ERRORS as err:
+            problems.append(f"GitHub could not be asked: {_why(err)}")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     for problem in problems:

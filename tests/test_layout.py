@@ -3,19 +3,23 @@ imports in one direction (spec <- host <- cloud <- __main__.py; the offline tool
 validate, on spec and host only), so the text a Droplet runs is rendered and tested without
 Pulumi, nothing in the config knows how it is deployed (neither imports Pulumi at all), and a
 path says whether a file can create something that bills (only cloud/ holds the providers'
-SDKs)."""
+SDKs). The clients of outside services (scripts/clients/) need the standard library alone, so
+the tools, the CI scripts and the hosts may import them, and nothing else there opens its own."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from typing import Any
 
 import script_module
 
-from components.spec import transport
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "scripts"))
+
+from clients import transport  # noqa: E402
+
 COMPONENTS = ROOT / "components"
 PACKAGES = {"spec", "host", "cloud"}
 TOOLS = {"render", "validate"}  # python -m components.<tool>
@@ -183,7 +187,8 @@ RETRY_AFTERS = {"30": 30.0, " 7 ": 7.0, "soon": None, "": None, "-5": None,
 
 
 def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_them() -> None:
-    """components/spec/transport.py is the rule (lease.py and validate.py import it); the
+    """scripts/clients/transport.py is the rule (the clients, so lease.py, tested.py,
+    validate.py and the real run's clean-up, use it); the
     waker's URL guard and autodown's Retry-After reader are copies in scripts a phase sends
     whole, and answer as it does."""
     wake = _script("scripts/phases/wake.py")
@@ -199,3 +204,36 @@ def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_
     for header, seconds in RETRY_AFTERS.items():
         assert transport.retry_after_seconds(header, now=60.0) == seconds, header
         assert autodown.retry_after(header, 60.0) == seconds, header
+
+
+# The one client of each outside service: where it lives, and who may import it.
+CLIENTS = ROOT / "scripts" / "clients"
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+# The optional parser the Prometheus client prefers where installed (never required).
+OPTIONAL = {"prometheus_client"}
+
+
+def test_the_clients_need_the_standard_library_alone() -> None:
+    """A host's python3 and a CI runner's run scripts/clients/ as they are: no package of the
+    project (components/ is not shipped to a host) and nothing to install."""
+    for path in sorted(CLIENTS.glob("*.py")):
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:  # not `from . import`
+                found.add((node.module or "").split(".")[0])
+        assert found <= STDLIB | OPTIONAL, (path.name, found - STDLIB)
+
+
+def test_no_other_code_opens_its_own_connection_to_an_api_that_takes_a_token() -> None:
+    """The program's tools and the CI scripts reach GitHub and DigitalOcean through
+    scripts/clients/ alone: no redirect handler, GitHub media type or Bearer header of their own.
+    (The hosts' scripts, sent as one file each, keep theirs until a phase can send the folder:
+    scripts/clients/__init__.py.)"""
+    for base in ("components", "scripts/ci"):
+        for path in sorted((ROOT / base).rglob("*.py")):
+            name, text = str(path.relative_to(ROOT)), path.read_text()
+            assert "HTTPRedirectHandler" not in text, name
+            assert "vnd.github" not in text, name
+            assert 'f"Bearer {' not in text, name

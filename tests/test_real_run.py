@@ -285,6 +285,7 @@ def test_the_plan_step_needs_python_and_pyyaml_only(stacks: Path, tmp_path: Path
     else but the project's own modules (the summary's tools, rich among them, come lazily)."""
     own = {p.stem for p in (ROOT / "scripts").glob("*.py")} | {"components", "realrun"}
     own |= {p.stem for p in (ROOT / "scripts" / "ci").glob("*.py")}  # lease.py: stdlib only
+    own.add("clients")  # scripts/clients/: stdlib only (tests/test_layout.py holds it)
     proc = subprocess.run(
         [sys.executable, "-c", PLAN_JOB_GUARD, ",".join(sorted(own)), str(SCRIPT),
          "plan", "--cost-cap", "5", "--name", "real-run-1-1", "--stacks", str(stacks),

@@ -208,6 +208,7 @@ def test_the_kube_plan_needs_pyyaml_and_pydantic_only(stacks: Path, tmp_path: Pa
     imports nothing else but the project's own modules."""
     own = {p.stem for p in (ROOT / "scripts").glob("*.py")} | {"components", "realrun"}
     own |= {p.stem for p in (ROOT / "scripts" / "ci").glob("*.py")}
+    own.add("clients")  # scripts/clients/: stdlib only (tests/test_layout.py holds it)
     pydantic = {"pydantic", "pydantic_core", "typing_extensions", "annotated_types",
                 "typing_inspection"}  # fmt: skip
     # pydantic reads sysconfig, whose platform data module the stdlib list does not name.

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +357,35 @@ def test_with_a_github_token_the_wake_branch_must_exist(tmp_path: Path) -> None:
         assert WAKE_TOKEN not in bad.stdout + bad.stderr + good.stdout + good.stderr
     finally:
         loopback.stop(server)
+
+
+def test_a_wake_repository_that_moved_is_named_and_the_token_follows_no_redirect(
+    tmp_path: Path,
+) -> None:
+    """GitHub answers a renamed repository with a redirect; validate follows none (the token
+    would go with it: scripts/clients/transport.py) and names wake.githubRepo instead."""
+    elsewhere: list[str] = []
+
+    class Moved(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            elsewhere.append(self.headers.get("Authorization", ""))
+            self.send_response(301)
+            self.send_header("Location", f"http://127.0.0.1:9{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = loopback.serve(Moved)
+    try:
+        run = validate("--stack", "dev", "--github-api-url", loopback.url(server),
+                       env={"GITHUB_TOKEN": WAKE_TOKEN}, stacks=wake_stack(tmp_path, "dev"))  # fmt: skip
+    finally:
+        loopback.stop(server)
+    assert run.returncode == 2
+    assert "wake.githubRepo: GitHub answers me/llm with a redirect (HTTP 301)" in run.stderr
+    assert len(elsewhere) == 1 and WAKE_TOKEN not in run.stdout + run.stderr
 
 
 # ---- the config check's gaps: each through validate and through the program's loading ----------

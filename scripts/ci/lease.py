@@ -12,8 +12,9 @@ This rule needs nothing from the Droplet. Each GPU Droplet the program creates c
 components/spec/catalog.py); it expires M minutes after DigitalOcean created it (`created_at`), the
 same ceiling autodown counts. One past its expiry plus `--grace-minutes` (autodown had its
 chance) is deleted by id. `.github/workflows/lease.yml` runs this on a schedule (hourly by
-default). It needs the standard library, components/spec/catalog.py and transport.py, nothing
-to install: the workflow runs it with the runner image's python3.
+default). It needs the standard library, components/spec/catalog.py and scripts/clients/ (the
+DigitalOcean and GitHub clients), nothing to install: the workflow runs it with the runner
+image's python3.
 
 What it touches, and the token it needs (DigitalOcean OpenAPI, specification/resources/):
 - GET /v2/droplets?type=gpus (droplets_list.yml, `droplet:read`): GPU Droplets are listed only
@@ -58,17 +59,11 @@ says what to do); 2: the token, the repository or the arguments.
 from __future__ import annotations
 
 import argparse
-import email.message
-import http.client
-import json
 import math
 import os
 import re
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -76,20 +71,19 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from components.spec import (
-    catalog,  # the lease tag's one definition
-    transport,  # where a token may go; Retry-After
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from clients import digitalocean, github, transport  # the one client of each API (scripts/clients/)
+from clients.transport import Api, FailedError, RefusedError, token_url_problem
 
-API_URL = "https://api.digitalocean.com"
-GITHUB_API_URL = "https://api.github.com"
-TIMEOUT_SECONDS = 30
-PER_PAGE = 200  # the most DigitalOcean gives per page (description.yml, "Links & Pagination")
-SERVER_ERROR_TRIES = 3
+from components.spec import catalog  # the lease tag's one definition
+
+API_URL = digitalocean.API_URL
+GITHUB_API_URL = github.API_URL
 GRACE_MINUTES = 30.0
-# The most one run waits on Retry-After in total: the next scheduled run tries again, and the
-# job's timeout-minutes (lease.yml) must stay above this plus the calls themselves.
-MAX_WAIT_SECONDS = 180.0
+# The most one run waits on Retry-After, and one request's bound (scripts/clients/transport.py):
+# lease.yml's timeout-minutes must stay above them (tests/test_lease.py holds it).
+MAX_WAIT_SECONDS = transport.MAX_WAIT_SECONDS
+TIMEOUT_SECONDS = transport.TIMEOUT_SECONDS
 # --failed-up: a Droplet created this long before the run's recorded start still counts as the
 # run's (the runner's clock and DigitalOcean's apart). A run's Droplet before it was made by the
 # run before, which ended (deploy.yml's concurrency: one run per stack) after its bootstrap.
@@ -109,127 +103,9 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 
 
-class RefusedError(Exception):
-    """The token cannot do this (401: the token; 403: a scope): stop, say which."""
-
-
-class FailedError(Exception):
-    """A call that did not succeed after its retries."""
-
-
-@dataclass
-class Answer:
-    """One HTTP answer: its status, headers and body (urllib's, read and closed)."""
-
-    status_code: int
-    headers: email.message.Message
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body or b"null")
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A 3xx is an answer, never followed: urllib would send the Authorization header on."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
-def request(method: str, url: str, headers: dict[str, str]) -> Answer:
-    """One HTTP call with the standard library; any status is an answer, a dropped connection
-    or a timeout raises OSError (or http.client.HTTPException)."""
-    if problem := transport.token_url_problem(url):
-        raise ValueError(problem)  # main checked; and here
-    call = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310 (https, above)
-    try:
-        with _OPENER.open(call, timeout=TIMEOUT_SECONDS) as answer:
-            return Answer(answer.status, answer.headers, answer.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return Answer(err.code, err.headers, err.read())
-
-
-@dataclass
-class Api:
-    url: str
-    token: str
-    sleep: Sleep = time.sleep
-    waited: float = 0.0
-    # For the messages: the variable the token came from, the service; and the API's headers.
-    env_name: str = "DIGITALOCEAN_TOKEN"
-    service: str = "DigitalOcean"
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def call(self, method: str, target: str, scope: str) -> Answer:
-        """One call with the API's retry rules: 429 waits for Retry-After (within the run's
-        budget), 5xx and dropped connections are tried again, 401/403 stop."""
-        url = target if target.startswith(("http://", "https://")) else f"{self.url}{target}"
-        headers = {**self.headers, "Authorization": f"Bearer {self.token}"}
-        failed = 0  # 5xx answers and dropped connections; a 429 is not a failure, only a wait
-        while True:
-            try:
-                answer = request(method, url, headers)
-            except (OSError, http.client.HTTPException) as err:
-                failed += 1
-                if failed == SERVER_ERROR_TRIES:
-                    raise FailedError(f"{method} {_path(url)}: {type(err).__name__}") from None
-                self.sleep(2.0**failed)
-                continue
-            if answer.status_code == 401:
-                raise RefusedError(f"{self.env_name}: {self.service} refused it (HTTP 401)")
-            if answer.status_code == 403 and answer.headers.get("x-ratelimit-remaining") != "0":
-                raise RefusedError(
-                    f"{self.env_name}: {method} {_path(url)} refused (HTTP 403): the token "
-                    f"needs the scope {scope}"
-                )
-            if answer.status_code in (403, 429):  # 403 here: GitHub's rate limit
-                wait = _retry_after(answer.headers.get("retry-after"))
-                if self.waited + wait > MAX_WAIT_SECONDS:
-                    raise FailedError(
-                        f"{method} {_path(url)}: rate limited (HTTP {answer.status_code}) too long"
-                    )
-                self.waited += wait
-                self.sleep(wait)
-                continue
-            if answer.status_code >= 500:
-                failed += 1
-                if failed < SERVER_ERROR_TRIES:
-                    self.sleep(2.0**failed)
-                    continue
-            return answer
-
-
-def _path(url: str) -> str:
-    return urllib.parse.urlsplit(url).path
-
-
-def _retry_after(header: str | None) -> float:
-    """Seconds to wait on a Retry-After (delta-seconds, DigitalOcean's shared/headers.yml, or an
-    HTTP-date); 60 when it is missing or unreadable, 1 at least."""
-    seconds = transport.retry_after_seconds(header, time.time())
-    return 60.0 if seconds is None else max(1.0, seconds)
-
-
 def list_gpu_droplets(api: Api) -> list[dict[str, Any]]:
     """Every GPU Droplet of the account, following `links.pages.next` to the last page."""
-    droplets: list[dict[str, Any]] = []
-    target: str | None = f"/v2/droplets?type=gpus&per_page={PER_PAGE}"
-    while target:
-        answer = api.call("GET", target, "droplet:read")
-        if answer.status_code != 200:
-            raise FailedError(f"GET /v2/droplets: HTTP {answer.status_code}")
-        body = answer.json()
-        droplets += body.get("droplets", [])
-        target = ((body.get("links") or {}).get("pages") or {}).get("next")
-        if target:
-            # Follow the next page on the API we were given (a link names api.digitalocean.com).
-            split = urllib.parse.urlsplit(target)
-            target = f"{split.path}?{split.query}"
-    return droplets
+    return digitalocean.pages(api, "/v2/droplets?type=gpus", "droplets", "droplet:read")
 
 
 @dataclass
@@ -559,7 +435,7 @@ def _warn(message: str) -> None:
 
 
 def _loopback_or_https(parser: argparse.ArgumentParser, option: str, url: str) -> None:
-    if problem := transport.token_url_problem(url):
+    if problem := token_url_problem(url):
         parser.error(f"{option}: {problem}")
 
 
@@ -655,7 +531,7 @@ def main(argv: list[str] | None = None, clock: Clock = time.time, sleep: Sleep =
               file=sys.stderr)  # fmt: skip
         return 2
     summary_path = _summary_path(args.summary)
-    api = Api(args.api_url.rstrip("/"), token, sleep)
+    api = digitalocean.api(args.api_url, token, sleep)
     now = datetime.fromtimestamp(clock(), UTC)
     verdicts: list[Verdict] = []
     failures: list[str] = []
@@ -704,18 +580,7 @@ def _status(
         print(f"error: GITHUB_TOKEN is not set (a token that may read {args.repo}'s Actions: "
               "actions: read; --enable: actions: write)", file=sys.stderr)  # fmt: skip
         return 2
-    api = Api(
-        args.github_api_url.rstrip("/"),
-        token,
-        sleep,
-        env_name="GITHUB_TOKEN",
-        service="GitHub",
-        headers={
-            "Accept": "application/vnd.github+json",
-            "X-GitHub-Api-Version": "2022-11-28",
-            "User-Agent": "nemotron-droplet-lease",
-        },
-    )
+    api = github.api(args.github_api_url, token, "nemotron-droplet-lease", sleep)
     now = datetime.fromtimestamp(clock(), UTC)
     try:
         if args.keepalive:

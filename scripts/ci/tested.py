@@ -31,15 +31,17 @@ Writes `run-tests=true|false` to $GITHUB_OUTPUT and one line to $GITHUB_STEP_SUM
 from __future__ import annotations
 
 import argparse
-import json
+import http.client
 import os
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from clients import github, transport  # the one GitHub client (scripts/clients/)
 
 TIMEOUT_S = 10  # one request
 DEADLINE_S = 30  # all of them: past it, the suite runs
@@ -55,29 +57,22 @@ class UnknownError(Exception):
 
 
 def get(url: str, token: str, deadline: float) -> Any:
+    """One GET within the deadline, not tried again; a redirect is an answer, never followed
+    (the token must not go with it: scripts/clients/transport.py)."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise UnknownError(f"no answer within {DEADLINE_S} s")
-    req = urllib.request.Request(  # noqa: S310 (the API URL is the runner's GITHUB_API_URL)
-        url,
-        headers={
-            "Accept": "application/vnd.github+json",
-            "Authorization": f"Bearer {token}",
-            "X-GitHub-Api-Version": "2022-11-28",
-            "User-Agent": "nemotron-droplet-tested",
-        },
-    )
     try:
-        with urllib.request.urlopen(req, timeout=min(TIMEOUT_S, left)) as resp:  # noqa: S310
-            return json.load(resp)
-    except urllib.error.HTTPError as e:
-        hint = (
-            " (does the job have `permissions: actions: read`?)"
-            if e.code in (401, 403, 404)
-            else ""
-        )
-        raise UnknownError(f"GET {url}: HTTP {e.code}{hint}") from e
-    except (OSError, ValueError) as e:
+        answer = github.get(url, token, "nemotron-droplet-tested", min(TIMEOUT_S, left))
+        if answer.status_code != 200:
+            hint = (
+                " (does the job have `permissions: actions: read`?)"
+                if answer.status_code in (401, 403, 404)
+                else ""
+            )
+            raise UnknownError(f"GET {url}: HTTP {answer.status_code}{hint}")
+        return answer.json()
+    except (OSError, ValueError, http.client.HTTPException, transport.FailedError) as e:
         raise UnknownError(f"GET {url}: {e}") from e
 
 

@@ -77,10 +77,12 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.append(str(ROOT / "scripts"))
 
 import fake_openai  # noqa: E402
 import front_bench  # noqa: E402
 import loopback  # noqa: E402
+from clients import prometheus  # noqa: E402
 from pulumi_harness import stack_config  # noqa: E402
 from sandbox import free_port  # noqa: E402
 
@@ -346,14 +348,10 @@ def router_counters(metrics_url: str) -> dict[str, dict[str, float]]:
               "vllm_router_kv_routing_inputs_total": "result",
               "vllm_router_processed_requests_total": "worker"}  # fmt: skip
     out: dict[str, dict[str, float]] = {name: {} for name in wanted}
-    for line in requests.get(metrics_url, timeout=10).text.splitlines():
-        name, _, rest = line.partition("{")
-        if name not in wanted or "}" not in rest:
-            continue
-        labels, _, value = rest.rpartition("}")
-        pairs = dict(p.split("=", 1) for p in labels.split(",") if "=" in p)
-        label = pairs.get(wanted[name], "").strip('"')
-        out[name][label] = out[name].get(label, 0) + float(value)
+    for sample in prometheus.samples(requests.get(metrics_url, timeout=10).text):
+        if sample.name in wanted:
+            label = dict(sample.labels).get(wanted[sample.name], "")
+            out[sample.name][label] = out[sample.name].get(label, 0) + sample.value
     return out
 
 

@@ -9,7 +9,8 @@ Balancer and Volumes (DigitalOcean OpenAPI at 7c1300c4, specification/resources/
 GET /v2/kubernetes/clusters, kubernetes_list_clusters.yml, scope `kubernetes:read`; DELETE
 /v2/kubernetes/clusters/{id}/destroy_with_associated_resources/dangerous,
 kubernetes_destroy_associatedResourcesDangerous.yml, `kubernetes:delete`, 204). Through
-scripts/ci/lease.py's client: its retries, no redirect followed, the token never printed.
+scripts/clients/digitalocean.py, as the lease: its retries, no redirect followed, the token never
+printed.
 """
 
 from __future__ import annotations
@@ -20,20 +21,19 @@ import os
 import shutil
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import lease
+from clients import digitalocean, transport
 
-from components.spec import catalog, transport
+from components.spec import catalog
 
 from .runner import Ran, github_output, last_line, run_bounded
 
 CLUSTERS = "/v2/kubernetes/clusters"
-API_URL = lease.API_URL
+API_URL = digitalocean.API_URL
 
 
 @dataclass
@@ -105,21 +105,9 @@ def listed_entry(pulumi: str, stack: str, seconds: float) -> tuple[dict[str, Any
         return None, "cannot list the stacks (pulumi stack ls --json printed no JSON)"
 
 
-def list_clusters(api: lease.Api) -> list[dict[str, Any]]:
-    """Every cluster of the account, page by page (as lease.list_gpu_droplets pages)."""
-    clusters: list[dict[str, Any]] = []
-    target: str | None = f"{CLUSTERS}?per_page={lease.PER_PAGE}"
-    while target:
-        answer = api.call("GET", target, "kubernetes:read")
-        if answer.status_code != 200:
-            raise lease.FailedError(f"GET {CLUSTERS}: HTTP {answer.status_code}")
-        body = answer.json() or {}
-        clusters += body.get("kubernetes_clusters") or []
-        target = ((body.get("links") or {}).get("pages") or {}).get("next")
-        if target:
-            split = urllib.parse.urlsplit(target)
-            target = f"{split.path}?{split.query}"
-    return clusters
+def list_clusters(api: transport.Api) -> list[dict[str, Any]]:
+    """Every cluster of the account, page by page."""
+    return digitalocean.pages(api, CLUSTERS, "kubernetes_clusters", "kubernetes:read")
 
 
 def delete_cluster(name: str, api_url: str) -> tuple[bool, str]:
@@ -130,7 +118,7 @@ def delete_cluster(name: str, api_url: str) -> tuple[bool, str]:
         return False, f"no DIGITALOCEAN_TOKEN to look for cluster {name} through the API"
     if problem := transport.token_url_problem(api_url):
         return False, f"--api-url: {problem}"
-    api = lease.Api(api_url, token)
+    api = digitalocean.api(api_url, token)
     try:
         ours = [
             c for c in list_clusters(api)
@@ -142,9 +130,9 @@ def delete_cluster(name: str, api_url: str) -> tuple[bool, str]:
             target = f"{CLUSTERS}/{found['id']}/destroy_with_associated_resources/dangerous"
             answer = api.call("DELETE", target, "kubernetes:delete")
             if answer.status_code not in (204, 404):
-                raise lease.FailedError(f"DELETE {CLUSTERS}/{found['id']}/...: HTTP "
+                raise transport.FailedError(f"DELETE {CLUSTERS}/{found['id']}/...: HTTP "
                                         f"{answer.status_code}")  # fmt: skip
-    except (lease.RefusedError, lease.FailedError) as err:
+    except (transport.RefusedError, transport.FailedError) as err:
         return False, f"the DigitalOcean API could not delete cluster {name}: {err}"
     ids = ", ".join(str(c["id"]) for c in ours)
     return True, (

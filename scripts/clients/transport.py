@@ -1,0 +1,180 @@
+"""What every client here that carries a token to an API shares: where the token may go, one
+opener that refuses redirects, bounded answers, Retry-After, and an API call's retry rules.
+
+Why no redirect is followed: urllib's HTTPRedirectHandler sends the request's headers on to the
+Location, Authorization included (CPython Lib/urllib/request.py, redirect_request copies every
+header but the content ones), so a 3xx could carry the token to another host. A 3xx is an
+answer here, never followed. Standard library only.
+"""
+
+from __future__ import annotations
+
+import email.message
+import email.utils
+import http.client
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# The one plain-HTTP host a token may go to: the tests' fakes on loopback.
+LOOPBACK = "127.0.0.1"
+HTTPS_ONLY = "the token goes over HTTPS only (plain HTTP to 127.0.0.1 alone)"
+TIMEOUT_SECONDS = 30.0  # one request, unless its caller says less
+MAX_ANSWER_BYTES = 32 * 1024 * 1024  # an API's JSON; more is no answer of this API's
+SERVER_ERROR_TRIES = 3
+# The most one Api waits on Retry-After in total (lease.yml's timeout-minutes fits it).
+MAX_WAIT_SECONDS = 180.0
+
+Sleep = Callable[[float], None]
+
+
+def token_url_problem(url: str) -> str | None:
+    """None when a token may be sent to `url`: HTTPS to a host, or plain HTTP to 127.0.0.1 by
+    its address (not a name, and not `127.0.0.1:1@elsewhere`, whose host is elsewhere)."""
+    split = urllib.parse.urlsplit(url)
+    if split.scheme == "https" and split.hostname:
+        return None
+    if split.scheme == "http" and split.hostname == LOOPBACK:
+        return None
+    return HTTPS_ONLY
+
+
+def retry_after_seconds(header: str | None, now: float) -> float | None:
+    """Seconds a Retry-After asks for (RFC 9110 10.2.3: delta-seconds or an HTTP-date, which
+    DigitalOcean's and GitHub's APIs may send); None when missing or unreadable."""
+    if not header:
+        return None
+    value = header.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+class RefusedError(Exception):
+    """The token cannot do this (401: the token; 403: a scope): stop, say which."""
+
+
+class FailedError(Exception):
+    """A call that did not succeed after its retries, or an answer too large to be one."""
+
+
+@dataclass
+class Answer:
+    """One HTTP answer: its status, headers and body (read and closed)."""
+
+    status_code: int
+    headers: email.message.Message
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body or b"null")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an answer, never followed: urllib would send the Authorization header on."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def request(
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    timeout: float = TIMEOUT_SECONDS,
+    limit: int = MAX_ANSWER_BYTES,
+) -> Answer:
+    """One HTTP call; any status is an answer (a 3xx too). A dropped connection or a timeout
+    raises OSError (or http.client.HTTPException); a body over `limit` bytes, FailedError."""
+    if problem := token_url_problem(url):
+        raise ValueError(problem)
+    call = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310 (https, above)
+    try:
+        with _OPENER.open(call, timeout=timeout) as answer:
+            status, got, body = answer.status, answer.headers, answer.read(limit + 1)
+    except urllib.error.HTTPError as err:
+        with err:
+            status, got, body = err.code, err.headers, err.read(limit + 1)
+    if len(body) > limit:
+        raise FailedError(f"{method} {path_of(url)}: an answer over {limit} bytes")
+    return Answer(status, got, body)
+
+
+def path_of(url: str) -> str:
+    """The URL's path alone: what a message may name (never a query's or a host's secrets)."""
+    return urllib.parse.urlsplit(url).path
+
+
+def retry_after(header: str | None) -> float:
+    """Seconds to wait on a Retry-After; 60 when it is missing or unreadable, 1 at least."""
+    seconds = retry_after_seconds(header, time.time())
+    return 60.0 if seconds is None else max(1.0, seconds)
+
+
+@dataclass
+class Api:
+    """An API with a token, and the retry rules of each call: 429 (and GitHub's rate-limit
+    403) waits for Retry-After within MAX_WAIT_SECONDS in all, a 5xx and a dropped connection
+    are tried again (SERVER_ERROR_TRIES in all), 401 and any other 403 stop."""
+
+    url: str
+    token: str
+    sleep: Sleep = time.sleep
+    waited: float = 0.0
+    # For the messages: the variable the token came from, the service; and the API's headers.
+    env_name: str = "DIGITALOCEAN_TOKEN"
+    service: str = "DigitalOcean"
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: float = TIMEOUT_SECONDS
+
+    def call(self, method: str, target: str, scope: str) -> Answer:
+        """One call to `target` (a path on the API, or a whole URL); `scope`: what a 403 names."""
+        url = target if target.startswith(("http://", "https://")) else f"{self.url}{target}"
+        headers = {**self.headers, "Authorization": f"Bearer {self.token}"}
+        failed = 0  # 5xx answers and dropped connections; a 429 is not a failure, only a wait
+        while True:
+            try:
+                answer = request(method, url, headers, self.timeout)
+            except (OSError, http.client.HTTPException) as err:
+                failed += 1
+                if failed == SERVER_ERROR_TRIES:
+                    raise FailedError(f"{method} {path_of(url)}: {type(err).__name__}") from None
+                self.sleep(2.0**failed)
+                continue
+            self.refused(method, url, answer, scope)
+            if answer.status_code in (403, 429):  # 403 here: GitHub's rate limit
+                wait = retry_after(answer.headers.get("retry-after"))
+                if self.waited + wait > MAX_WAIT_SECONDS:
+                    raise FailedError(f"{method} {path_of(url)}: rate limited "
+                                      f"(HTTP {answer.status_code}) too long")  # fmt: skip
+                self.waited += wait
+                self.sleep(wait)
+                continue
+            if answer.status_code >= 500:
+                failed += 1
+                if failed < SERVER_ERROR_TRIES:
+                    self.sleep(2.0**failed)
+                    continue
+            return answer
+
+    def refused(self, method: str, url: str, answer: Answer, scope: str) -> None:
+        """RefusedError for a 401, and for a 403 that is not a rate limit (it names the scope)."""
+        if answer.status_code == 401:
+            raise RefusedError(f"{self.env_name}: {self.service} refused it (HTTP 401)")
+        if answer.status_code == 403 and answer.headers.get("x-ratelimit-remaining") != "0":
+            raise RefusedError(
+                f"{self.env_name}: {method} {path_of(url)} refused (HTTP 403): the token "
+                f"needs the scope {scope}"
+            )
