@@ -236,7 +236,7 @@ PENDING = {
     "scripts/ci/tested.py",
     # test_lease.py (the rules' own table), test_layout.py (the copies a host runs)
     "components/spec/transport.py",
-    # test_phase_scripts.py, test_bootstrap.py, test_phase_table.py
+    # test_phase_scripts.py, test_bootstrap.py, test_phases.py
     "components/host/phase_settings.py",
     # not yet split out of the program's broader files (test_droplet.py, test_entry.py, ...)
     "components/cloud/dns.py",
@@ -253,7 +253,6 @@ PENDING = {
     "components/cloud/remote.py",
     "components/cloud/runner.py",
     "components/cloud/stack_config.py",
-    "components/host/phases.py",
     "components/host/router.py",
     "components/host/vllm_service.py",
     "components/render.py",
