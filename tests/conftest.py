@@ -99,8 +99,18 @@ LEVELS: dict[str, tuple[str, ...]] = {
     # The model phase with the locked huggingface_hub's real `hf` against a Hub on loopback.
     "test_model_download": ("sandbox", "vllm"),
     # The user's tools against fake servers with real delays (bench's measurements, its knee
-    # search) and a real sshd (logs.py).
+    # search) and a real sshd (logs.py): what they share, and each tool's own file.
     "test_tools": ("tools",),
+    "test_smoke": ("tools",),
+    "test_bench": ("tools",),
+    "test_bench_report": ("tools",),
+    "test_bench_sizing": ("tools",),
+    "test_bench_stats": ("tools",),
+    "test_bench_workload": ("tools",),
+    "test_logs": ("tools",),
+    "test_timeline": ("tools",),
+    "test_target": ("tools",),
+    "test_reach": ("tools",),
     # The routing measurement: bench through the real Caddy (and vllm-router) to fake replicas.
     "test_router_bench": ("tools", "caddy"),
     "test_try": ("tools",),

@@ -256,16 +256,6 @@ PENDING = {
     "components/spec/reference.py",
     "components/spec/schema.py",
     "components/spec/volume.py",
-    "scripts/bench.py",
-    "scripts/bench_report.py",
-    "scripts/bench_sizing.py",
-    "scripts/bench_stats.py",
-    "scripts/bench_workload.py",
-    "scripts/logs.py",
-    "scripts/reach.py",
-    "scripts/smoke.py",
-    "scripts/target.py",
-    "scripts/timeline.py",
     "scripts/wake.py",
 }  # fmt: skip
 
