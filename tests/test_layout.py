@@ -245,9 +245,6 @@ PENDING = {
     "components/host/router.py",
     "components/host/vllm_service.py",
     "components/render.py",
-    "components/spec/reference.py",
-    "components/spec/schema.py",
-    "components/spec/volume.py",
     "scripts/wake.py",
 }  # fmt: skip
 
