@@ -80,6 +80,7 @@ LEVELS: dict[str, tuple[str, ...]] = {
     "test_gateway": ("caddy",),
     "test_gateway_attacks": ("caddy",),
     "test_balancer": ("caddy",),
+    "test_host_router": ("caddy",),
     # The front's waker on loopback with a fake GitHub and replicas, and behind the real Caddy.
     "test_wake": ("caddy",),
     # A real ACME CA (pebble, or the emulation's with profiles).

@@ -242,7 +242,6 @@ PENDING = {
     "components/cloud/endpoint.py",
     "components/cloud/outputs.py",
     "components/cloud/remote.py",
-    "components/host/router.py",
     "components/host/vllm_service.py",
     "components/render.py",
     "scripts/wake.py",
