@@ -1,4 +1,5 @@
-"""The bootstrap Commands under mocks: names, edges, runner, timeouts, re-run rule, secrets."""
+"""The bootstrap Commands under mocks: names, edges, re-run rule, secrets, the service unit, the
+timeline. How each Command runs on the host (its fixed text, stdin, bounds): test_remote.py."""
 
 from __future__ import annotations
 
@@ -92,34 +93,6 @@ def test_a_new_droplet_gets_the_lock_and_every_phase_again() -> None:
     assert commands(after)["preflight"].inputs["triggers"] == ["777777"]
     # preflight is replaced, so its result (unique per run) changes and every phase follows.
     assert {n for n, parents in EDGES.items() if not parents} == {"preflight"}
-
-
-def test_no_previous_output_is_sent_as_an_ssh_environment_variable() -> None:
-    run = run_program(stack_config("dev"))
-    for name, reg in commands(run).items():
-        assert reg.inputs["addPreviousOutputInEnv"] is False, name
-
-
-def test_fixed_runner_script_on_stdin_no_environment_and_bounded_time() -> None:
-    run = run_program(stack_config("dev"))
-    for name, reg in commands(run).items():
-        minutes = (
-            30 if name == "ready" else next(p.minutes for p in phases.BOOTSTRAP if p.name == name)
-        )
-        # The phase bounds itself on the Droplet: custom timeouts only bound the SSH dial.
-        assert (
-            reg.inputs["create"]
-            == f"timeout --kill-after=60 {minutes * 60 + (300 if name == 'ready' else 0)} bash -s"
-        )
-        assert "environment" not in reg.inputs
-        assert reg.inputs["stdin"].startswith(
-            "#!/usr/bin/env bash\n# nemotron-droplet bootstrap, phase"
-        )
-        assert f"PHASE={name}\n" in reg.inputs["stdin"]
-        dial = minutes + 5 + (5 if name == "ready" else 0)
-        assert reg.custom_timeouts["create"] == f"{dial}m", name
-        wait = reg.inputs["connection"]["dialErrorLimit"]
-        assert wait == (-1 if name in ("preflight", "reboot-wait") else 10), name
 
 
 def test_bootstrap_seconds_are_exported_per_phase() -> None:

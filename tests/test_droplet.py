@@ -1,11 +1,11 @@
 """The Pulumi program under mocks, for the Droplet (components/cloud/droplet.py): the shipped
 stacks' key, Droplet and firewall, its lease tag, the access it opens, the endpoint's name, the
-image, secrets only as secrets, a pinned host key on every connection, and sshCommand. The
-helpers the other program tests import (`dev`, `merged`, the resource types). What other modules
-decide is in their own files: the config's refusals (test_config.py), the region
-(test_region.py), the DNS record (test_dns.py), the runner's SSH (test_cloud_runner.py), the
-bill's warning (test_bill.py), the ranges (test_cidrs.py), the API key (test_apikey.py), the
-engine's RunError (test_stack_config.py)."""
+image, secrets only as secrets, and sshCommand. The helpers the other program tests import
+(`dev`, `merged`, the resource types). What other modules decide is in their own files: the
+config's refusals (test_config.py), the region (test_region.py), the DNS record (test_dns.py),
+the runner's SSH (test_cloud_runner.py), the bill's warning (test_bill.py), the ranges
+(test_cidrs.py), the API key (test_apikey.py), the engine's RunError (test_stack_config.py), the
+pinned host key on every connection (test_remote.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from pulumi_harness import (
 )
 
 from components.cloud import droplet
-from components.host import phases
 from components.spec import catalog
 from components.spec.config import ConfigError
 
@@ -324,14 +323,6 @@ def test_secrets_appear_only_as_secrets(given_key: bool) -> None:
     assert [r.inputs for r in generated] == (
         [] if given_key else [{"length": 48, "special": False}]
     )
-
-
-def test_every_remote_connection_pins_the_host_key() -> None:
-    run = run_program(stack_config("dev"))
-    remote = [r for r in run.registrations if r.type.startswith("command:remote:")]
-    assert len(remote) == len(phases.BOOTSTRAP) + 1  # the phases and the lock copy
-    for reg in remote:
-        assert reg.inputs["connection"]["hostKey"] == FAKE_HOST_PUBLIC_KEY, reg.name
 
 
 def test_hf_token_in_plain_text_is_refused() -> None:

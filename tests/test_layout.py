@@ -241,7 +241,6 @@ PENDING = {
     "components/cloud/droplets.py",
     "components/cloud/endpoint.py",
     "components/cloud/outputs.py",
-    "components/cloud/remote.py",
     "components/host/vllm_service.py",
     "components/render.py",
     "scripts/wake.py",
