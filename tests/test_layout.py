@@ -239,7 +239,6 @@ PENDING = {
     "components/host/phase_settings.py",
     # not yet split out of the program's broader files (test_droplet.py, test_entry.py, ...)
     "components/cloud/droplets.py",
-    "components/cloud/endpoint.py",
     "components/cloud/outputs.py",
     "components/host/vllm_service.py",
     "components/render.py",
