@@ -240,7 +240,6 @@ PENDING = {
     # not yet split out of the program's broader files (test_droplet.py, test_entry.py, ...)
     "components/cloud/droplets.py",
     "components/cloud/outputs.py",
-    "components/host/vllm_service.py",
     "components/render.py",
     "scripts/wake.py",
 }  # fmt: skip
