@@ -80,6 +80,7 @@ LEVELS: dict[str, tuple[str, ...]] = {
     "test_gateway": ("caddy",),
     "test_gateway_attacks": ("caddy",),
     "test_balancer": ("caddy",),
+    "test_host_router": ("caddy",),
     # The front's waker on loopback with a fake GitHub and replicas, and behind the real Caddy.
     "test_wake": ("caddy",),
     # A real ACME CA (pebble, or the emulation's with profiles).
@@ -99,8 +100,18 @@ LEVELS: dict[str, tuple[str, ...]] = {
     # The model phase with the locked huggingface_hub's real `hf` against a Hub on loopback.
     "test_model_download": ("sandbox", "vllm"),
     # The user's tools against fake servers with real delays (bench's measurements, its knee
-    # search) and a real sshd (logs.py).
+    # search) and a real sshd (logs.py): what they share, and each tool's own file.
     "test_tools": ("tools",),
+    "test_smoke": ("tools",),
+    "test_bench": ("tools",),
+    "test_bench_report": ("tools",),
+    "test_bench_sizing": ("tools",),
+    "test_bench_stats": ("tools",),
+    "test_bench_workload": ("tools",),
+    "test_logs": ("tools",),
+    "test_timeline": ("tools",),
+    "test_target": ("tools",),
+    "test_reach": ("tools",),
     # The routing measurement: bench through the real Caddy (and vllm-router) to fake replicas.
     "test_router_bench": ("tools", "caddy"),
     "test_try": ("tools",),

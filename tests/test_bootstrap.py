@@ -1,4 +1,6 @@
-"""The bootstrap Commands under mocks: names, edges, runner, timeouts, re-run rule, secrets."""
+"""The bootstrap Commands under mocks: names, edges, re-run rule, secrets, the vLLM env a lock
+names, the timeline. How each Command runs on the host (its fixed text, stdin, bounds):
+test_remote.py; the vLLM unit it installs: test_vllm_service.py."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pulumi_harness import (
 from test_droplet import HF_TOKEN, dev
 
 from components.cloud import bootstrap
-from components.host import phase_settings, phases, vllm_service
+from components.host import phase_settings, phases
 from components.spec import config, schema
 
 COMMAND = "command:remote:Command"
@@ -92,34 +94,6 @@ def test_a_new_droplet_gets_the_lock_and_every_phase_again() -> None:
     assert commands(after)["preflight"].inputs["triggers"] == ["777777"]
     # preflight is replaced, so its result (unique per run) changes and every phase follows.
     assert {n for n, parents in EDGES.items() if not parents} == {"preflight"}
-
-
-def test_no_previous_output_is_sent_as_an_ssh_environment_variable() -> None:
-    run = run_program(stack_config("dev"))
-    for name, reg in commands(run).items():
-        assert reg.inputs["addPreviousOutputInEnv"] is False, name
-
-
-def test_fixed_runner_script_on_stdin_no_environment_and_bounded_time() -> None:
-    run = run_program(stack_config("dev"))
-    for name, reg in commands(run).items():
-        minutes = (
-            30 if name == "ready" else next(p.minutes for p in phases.BOOTSTRAP if p.name == name)
-        )
-        # The phase bounds itself on the Droplet: custom timeouts only bound the SSH dial.
-        assert (
-            reg.inputs["create"]
-            == f"timeout --kill-after=60 {minutes * 60 + (300 if name == 'ready' else 0)} bash -s"
-        )
-        assert "environment" not in reg.inputs
-        assert reg.inputs["stdin"].startswith(
-            "#!/usr/bin/env bash\n# nemotron-droplet bootstrap, phase"
-        )
-        assert f"PHASE={name}\n" in reg.inputs["stdin"]
-        dial = minutes + 5 + (5 if name == "ready" else 0)
-        assert reg.custom_timeouts["create"] == f"{dial}m", name
-        wait = reg.inputs["connection"]["dialErrorLimit"]
-        assert wait == (-1 if name in ("preflight", "reboot-wait") else 10), name
 
 
 def test_bootstrap_seconds_are_exported_per_phase() -> None:
@@ -207,38 +181,6 @@ def test_the_hf_token_travels_only_in_the_model_phase_stdin_as_a_secret() -> Non
         assert reg.raw["connection"][SECRET_SIG]
 
 
-def test_service_unit_runs_vllm_on_loopback_with_flags_from_config_and_catalog() -> None:
-    run = run_program(
-        dev(
-            vllm={"maxNumSeqs": 64, "extraArgs": ["--enable-prefix-caching"]},
-            droplet={"size": "gpu-h100x8-640gb", "regions": ["nyc2"]},
-        )
-    )
-    stdin = commands(run)["service"].inputs["stdin"]
-    exec_start = next(line for line in stdin.splitlines() if line.startswith("ExecStart="))
-    env = f"/opt/conda/envs/vllm-0.33.0-{LOCK_SHA256[:12]}"
-    assert exec_start == (
-        f"ExecStart={env}/bin/vllm serve nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"
-        " --revision main --served-model-name nemotron --host 127.0.0.1 --port 8000"
-        " --tensor-parallel-size 8 --max-model-len 32768 --gpu-memory-utilization 0.9"
-        " --max-num-seqs 64 --trust-remote-code --mamba-ssm-cache-dtype float32"
-        " --reasoning-parser nemotron_v3 --enable-auto-tool-choice --tool-call-parser qwen3_coder"
-        " --enable-prefix-caching"
-    )
-    assert "--enforce-eager" not in exec_start
-    for line in (
-        "Restart=on-failure",
-        "LimitNOFILE=1048576",
-        "User=vllm",
-        "EnvironmentFile=/etc/nemotron/vllm.env",
-        # Triton's and FlashInfer's tools: the env's bin first, then the system's compiler.
-        f"Environment=PATH={env}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        # The metadata service serves the host key: blocked from the unit's first instruction.
-        "IPAddressDeny=169.254.169.254/32",
-    ):
-        assert f"\n{line}\n" in stdin
-
-
 # The committed lock's sha256, read here, not from the program.
 LOCK_SHA256 = hashlib.sha256((schema.LOCKS_DIR / "vllm-0.33.0-py3.12.txt").read_bytes()).hexdigest()
 
@@ -286,33 +228,6 @@ def test_the_gateway_unit_may_not_reach_the_metadata_service_either() -> None:
     stdin = commands(run_program(stack_config("dev")))["gateway"].inputs["stdin"]
     assert "\nIPAddressDeny=169.254.169.254/32\n" in stdin
     assert "iptables" not in stdin, "the per-unit firewall replaces the iptables guard"
-
-
-def test_fp8_model_gets_its_kv_cache_flag_and_eager_only_when_asked() -> None:
-    run = run_program(
-        dev(model={"id": "nvidia/NVIDIA-Nemotron-3-Nano-4B-FP8"}, vllm={"enforceEager": True})
-    )
-    exec_start = next(
-        line
-        for line in commands(run)["service"].inputs["stdin"].splitlines()
-        if line.startswith("ExecStart=")
-    )
-    assert exec_start.endswith("--kv-cache-dtype fp8")
-    assert " --enforce-eager " in exec_start
-
-
-@pytest.mark.parametrize(
-    ("arg", "quoted"),
-    [
-        ("plain", "plain"),
-        ("has space", '"has space"'),
-        ("$HOME", "$$HOME"),
-        ("100%", "100%%"),
-        ('{"a": 1}', '"{\\"a\\": 1}"'),
-    ],
-)
-def test_systemd_quoting(arg: str, quoted: str) -> None:
-    assert vllm_service.systemd_quote(arg) == quoted
 
 
 def test_missing_lock_is_a_config_error_naming_the_command_to_write_it() -> None:

@@ -1,19 +1,16 @@
-"""llm-d's router on the Kubernetes platform (components/cloud/kube/router.py, router_values.py,
-capacity.py) under Pulumi's mocks: the pinned standalone chart and each of its values against the
-chart's own values.yaml (tests/data/llm-d-router-v0.10.0/, sources in tests/data/README.md), the
-EPP's config against the pinned release's config types (strict, as the EPP loads it), broken
-copies of each refused; the hold limit from the wake budget and below the chart's Envoy limit;
-the servers it selects are the model's; the edge forwards to it; the CPU pool holds it."""
+"""llm-d's router on the Kubernetes platform (components/cloud/kube/router.py) under Pulumi's
+mocks: the pinned standalone chart and each of its values against the chart's own values.yaml
+(tests/data/llm-d-router-v0.10.0/, sources in tests/data/README.md), broken copies refused; the
+servers it selects are the model's; its images; the edge forwards to it; the config's refusals.
+The EPP's config, the hold limit and the metrics role are router_values.py's
+(test_kube_router_values.py); the CPU pool that holds it, capacity.py's (test_kube_capacity.py)."""
 
 from __future__ import annotations
 
 import copy
-import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-import kubernetes_validate
 import pulumi
 import pytest
 import yaml
@@ -30,7 +27,7 @@ from test_kube import (
     stack,
 )
 from test_kube_edge import EdgeCloud
-from test_kube_scaling import check_values, default_at
+from test_kube_scaling import check_values
 
 from components.cloud.kube import (
     capacity,
@@ -42,7 +39,7 @@ from components.cloud.kube import (
     scaling,
 )
 from components.spec import catalog
-from components.spec.kube import KUBERNETES_SCHEMA_VERSION, KubePlatformConfig
+from components.spec.kube import KubePlatformConfig
 from components.spec.schema import StackConfig
 
 DATA = ROOT / "tests" / "data" / "llm-d-router-v0.10.0"
@@ -236,170 +233,7 @@ def test_the_router_runs_on_the_cpu_pool_within_its_requests(deployed) -> None:
         assert "cpu" not in ours["limits"]
 
 
-# --- the EPP's config against the pinned config types ---------------------------------------
-
-GO = (DATA / "endpointpickerconfig_types.go").read_text()
-STRUCTS = {
-    name: {
-        tag: gotype
-        for _, gotype, tag in re.findall(r"^\t(\w+)\s+(\S+)\s+`json:\"([^,\"]*)[^`]*`", body, re.M)
-        if tag
-    }
-    for name, body in re.findall(r"^type (\w+) struct \{\n(.*?)^\}", GO, re.S | re.M)
-}
-ALIASES = dict(re.findall(r"^type (\w+) (\[\]\w+)$", GO, re.M))
-GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$")
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-
-
-def check_go(value: Any, gotype: str, path: str = "") -> None:
-    """`value` as the EPP's strict decoder reads it into `gotype`: unknown fields refused, each
-    scalar of its field's type (metav1.Duration a Go duration, resource.Quantity a quantity)."""
-    gotype = ALIASES.get(gotype.lstrip("*"), gotype.lstrip("*"))
-    if gotype.startswith("[]"):
-        assert isinstance(value, list), path
-        for i, item in enumerate(value):
-            check_go(item, gotype[2:], f"{path}[{i}]")
-    elif gotype in STRUCTS:
-        assert isinstance(value, dict), path
-        fields = {**STRUCTS[gotype]}
-        if gotype == "EndpointPickerConfig":  # metav1.TypeMeta, inline
-            fields.update(apiVersion="string", kind="string")
-        for key, item in value.items():
-            if key not in fields:
-                raise KeyError(f"{path}.{key}: not a field of {gotype}")
-            check_go(item, fields[key], f"{path}.{key}")
-    elif gotype == "metav1.Duration":
-        assert isinstance(value, str) and GO_DURATION.match(value), (path, value)
-    elif gotype == "resource.Quantity":
-        assert isinstance(value, str) and QUANTITY.match(value), (path, value)
-    elif gotype == "string":
-        assert isinstance(value, str), (path, value)
-    elif gotype in ("int", "float64"):
-        assert isinstance(value, int | float) and not isinstance(value, bool), (path, value)
-    elif gotype == "bool":
-        assert isinstance(value, bool), (path, value)
-    elif gotype != "json.RawMessage":
-        raise TypeError(f"{path}: {gotype} is not read here")
-
-
-def deployed_epp_config(result: Run) -> dict[str, Any]:
-    epp = result.one(RELEASE).inputs["values"]["router"]["epp"]
-    return yaml.safe_load(epp["pluginsCustomConfig"][epp["pluginsConfigFile"]])
-
-
-def test_the_epp_config_is_valid_for_the_pinned_types(deployed) -> None:
-    result, cfg, _ = deployed
-    config = deployed_epp_config(result)
-    assert config == router_values.epp_config(cfg)
-    check_go(config, "EndpointPickerConfig")
-    assert config["apiVersion"] == "llm-d.ai/v1alpha1" and config["kind"] == "EndpointPickerConfig"
-
-
-def test_flow_control_is_on_with_the_hold_limit_and_prefix_scoring(deployed) -> None:
-    result, cfg, _ = deployed
-    config = deployed_epp_config(result)
-    # Without the gate the queue KEDA wakes on does not exist (docs/facts.md).
-    assert config["featureGates"] == ["flowControl"]
-    flow = config["flowControl"]
-    assert flow["defaultRequestTTL"] == f"{router_values.hold_seconds(cfg)}s"
-    assert flow["maxBytes"] == "256Mi"
-    (profile,) = config["schedulingProfiles"]
-    weights = {p["pluginRef"]: p["weight"] for p in profile["plugins"]}
-    assert weights == {
-        "queue-scorer": 2,
-        "kv-cache-utilization-scorer": 2,
-        "prefix-cache-scorer": 3,
-        "no-hit-lru-scorer": 2,
-    }
-    assert {p["type"] for p in config["plugins"]} == set(weights)
-
-
-def broken_configs() -> dict[str, dict[str, Any]]:
-    good = router_values.epp_config(stack())
-    out = {}
-    bad = copy.deepcopy(good)
-    # The split budget is not in v0.10.0 (llm-d-router#2284 came after the tag): the EPP would
-    # refuse it at start, which is why the pin holds both regimes with one TTL.
-    bad["flowControl"]["noEndpointRequestTTL"] = "786s"
-    out["the empty-pool TTL of a later release"] = bad
-    bad = copy.deepcopy(good)
-    bad["flowControl"]["defaultRequestTTL"] = 786
-    out["a TTL without a unit"] = bad
-    bad = copy.deepcopy(good)
-    bad["featureGate"] = ["flowControl"]
-    out["a misspelled field"] = bad
-    bad = copy.deepcopy(good)
-    bad["schedulingProfiles"][0]["plugins"][0]["weight"] = "2"
-    out["a weight as text"] = bad
-    bad = copy.deepcopy(good)
-    bad["flowControl"]["maxBytes"] = "256MB!"
-    out["a bad quantity"] = bad
-    return out
-
-
-@pytest.mark.parametrize("what", list(broken_configs()))
-def test_the_config_check_refuses_a_broken_copy(what: str) -> None:
-    """So that a pass above means something."""
-    check_go(router_values.epp_config(stack()), "EndpointPickerConfig")
-    with pytest.raises((KeyError, AssertionError)):
-        check_go(broken_configs()[what], "EndpointPickerConfig")
-
-
-# --- the hold limit ----------------------------------------------------------------------------
-
-
-def test_the_hold_limit_is_the_wake_budget_from_its_table() -> None:
-    """docs/kubernetes.md "What a wake costs in time", part by part, for the prod model."""
-    cfg = stack()
-    weights = math.ceil(cfg.model_disk_gb * 1000 / 200)
-    budget = 2 * 15 + 5 * 60 + math.ceil(12 * 1000 / 200) + weights + 221
-    assert router_values.wake_budget_seconds(cfg) == budget
-    assert router_values.hold_seconds(cfg) == budget
-    # A wake of a few minutes: KEDA's 60 s default would shed every request of it.
-    assert 5 * 60 < budget < 20 * 60
-
-
-def test_the_hold_ends_before_the_charts_envoy_gives_up() -> None:
-    """Envoy waits `message_timeout` for the EPP's answer to a request's headers (the envoy
-    preset in the stored values.yaml); the hold must end first, so the EPP's 503 is what the
-    client gets. A model whose wake is longer (Super BF16's 250 GB from a Volume) is capped."""
-    preset = DEFAULTS["router"]["proxy"]["presets"]["envoy"]["configMap"]["data"]["envoy.yaml"]
-    (timeout,) = re.findall(r"message_timeout: ([0-9]+)s", preset)
-    assert int(timeout) == router_values.EXT_PROC_TIMEOUT_SECONDS
-    assert router_values.hold_seconds(stack()) < int(timeout)
-    cfg = stack()
-    big = cfg.model_copy(update={"model": cfg.model.model_copy(update={"disk_gb": 250})})
-    assert router_values.wake_budget_seconds(big) > int(timeout)
-    assert router_values.hold_seconds(big) == int(timeout) - router_values.HOLD_MARGIN_SECONDS
-
-
-# --- the metrics' check, the edge, the names ------------------------------------------------
-
-
-def test_the_epp_may_check_prometheus_token(deployed) -> None:
-    """The EPP's /metrics wants a token it reviews itself; the grant is the chart's own two
-    rules, bound to the account the chart runs the EPP as."""
-    result, _, _ = deployed
-    role, binding = kubernetes_object(result.one(ROLE)), kubernetes_object(result.one(BINDING))
-    for obj in (role, binding):
-        kubernetes_validate.validate(obj, KUBERNETES_SCHEMA_VERSION, strict=True)
-    assert {(r["apiGroups"][0], r["resources"][0], tuple(r["verbs"])) for r in role["rules"]} == {
-        ("authentication.k8s.io", "tokenreviews", ("create",)),
-        ("authorization.k8s.io", "subjectaccessreviews", ("create",)),
-    }
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "router-epp", "namespace": catalog.PROJECT}
-    ]
-    assert result.one(BINDING).urn in result.one(RELEASE).dependencies
-
-
-def test_a_broken_role_is_refused_by_the_schema() -> None:
-    bad = router_values.metrics_auth_binding()
-    bad["roleRef"] = {**bad["roleRef"], "namespace": "x"}
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(bad, KUBERNETES_SCHEMA_VERSION, strict=True)
+# --- the edge, the names (the EPP's config, hold limit, metrics role: test_kube_router_values.py)
 
 
 def test_the_edge_forwards_to_the_routers_envoy(deployed) -> None:
@@ -431,46 +265,7 @@ def test_no_secret_in_any_plain_input(deployed) -> None:
             assert FAKE_API_KEY not in text, (r.type, r.name, path)
 
 
-# --- the CPU pool holds what runs on it ---------------------------------------------------------
-
-
-def test_keda_and_prometheus_requests_are_their_charts_defaults() -> None:
-    keda = yaml.safe_load((ROOT / "tests/data/keda-2.20.2/chart-values.yaml").read_text())
-    for pod in capacity.KEDA_PODS:
-        assert default_at(keda, ("resources", pod, "requests")) == capacity.KEDA_REQUEST
-    prometheus = yaml.safe_load(
-        (ROOT / "tests/data/prometheus-29.27.0/chart-values.yaml").read_text()
-    )
-    assert prometheus["server"]["resources"] == {}
-    assert "resources" not in scaling.keda_values(platform())
-    assert "resources" not in scaling.prometheus_values(platform())["server"]
-
-
-def test_the_default_cpu_pool_holds_the_platforms_pods() -> None:
-    kube = platform()
-    assert (kube.cpu_pool.node_millicpu, kube.cpu_pool.node_memory_mib) == (2000, 4096)
-    capacity.check_cpu_pool(kube)
-    names = {p.name for p in capacity.cpu_pool_pods()}
-    assert {"edge", "router", "prometheus-server"} <= names
-
-
-def test_a_pool_too_small_is_refused_naming_the_field() -> None:
-    small = platform(cpuPool={"size": "s-1vcpu-2gb", "count": 1})
-    with pytest.raises(
-        ValueError, match=r"kubernetes\.cpuPool\.count 1 x kubernetes\.cpuPool\.size s-1vcpu-2gb"
-    ):
-        capacity.check_cpu_pool(small)
-
-
-def test_the_charts_default_requests_do_not_fit_a_default_node(monkeypatch) -> None:
-    """Why the requests are ours: the chart's own would not schedule on the default pool."""
-    chart = DEFAULTS["router"]
-    monkeypatch.setattr(router_values, "EPP_RESOURCES", chart["epp"]["resources"])
-    monkeypatch.setattr(router_values, "PROXY_RESOURCES", chart["proxy"]["resources"])
-    with pytest.raises(
-        ValueError, match=r"kubernetes\.cpuPool\.size s-2vcpu-4gb .* the router pod"
-    ):
-        capacity.check_cpu_pool(platform())
+# --- the config's refusals (the CPU pool that holds the router: test_kube_capacity.py) -------
 
 
 @pytest.mark.parametrize(
@@ -491,9 +286,3 @@ def test_the_router_section_is_required() -> None:
     del raw["router"]
     with pytest.raises(ValidationError, match="router"):
         KubePlatformConfig.model_validate(raw)
-
-
-def test_the_docs_state_the_hold_limit() -> None:
-    """docs/kubernetes.md states the prod model's hold limit as the code computes it."""
-    text = (ROOT / "docs" / "kubernetes.md").read_text()
-    assert f"{router_values.hold_seconds(stack())} s" in text
