@@ -473,15 +473,17 @@ def balancer_member(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
 
 
 def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
-    """The front's waker (wake.enabled): its script, settings, token and unit. Off: it removes
+    """The front's waker (wake.enabled): its package, settings, token and unit. Off: it removes
     one an earlier run installed, and carries none of their text, so a new waker changes
     nothing on a stack that does not run one."""
     on = cfg.wake.enabled
     token = cfg.wake.token.get_secret_value() if on and cfg.wake.token is not None else ""
     return {
         "NEMO_WAKE_MODE": wake.mode(cfg),
-        "NEMO_WAKE_PY": shipped("wake.py") if on else "",
-        "NEMO_WAKE_SCRIPT": wake.SCRIPT_PATH,
+        "NEMO_WAKE_TREE": shipped_tree(wake.PACKAGE) if on else "",
+        "NEMO_WAKE_DIR": wake.PACKAGE_DIR,
+        # The single-file waker of earlier releases: removed wherever a front still has it.
+        "NEMO_WAKE_OLD_SCRIPT": wake.OLD_SCRIPT_PATH,
         "NEMO_WAKE_ENV_FILE": wake.ENV_FILE,
         "NEMO_WAKE_ENV_TEXT": wake.env_text(cfg) if on else "",
         "NEMO_WAKE_TOKEN_FILE": wake.TOKEN_FILE,
