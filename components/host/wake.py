@@ -47,15 +47,15 @@ EXPECTED_SECONDS = 900
 # GitHub's REST API root (docs.github.com/en/rest: "api.github.com"), where a wake dispatches.
 GITHUB_API = "https://api.github.com"
 STATE_FILE = "/var/lib/nemotron-wake/state.json"
-# How the waker looks and holds (scripts/phases/wake/settings.py reads them from its env file): a look at
-# every replica's /health every HEALTH_SECONDS; a progress comment on a held stream every
-# COMMENT_SECONDS; no replica at all for ASLEEP_LOOKS looks in a row over ASLEEP_SECONDS before
-# the set counts as asleep (a replica draining for a `pulumi up` answers, so it never does); the
-# deploy run looked at every RUN_POLL_SECONDS (90 calls in a 15-minute wake, within GitHub's
-# 5,000 an hour for a token); at most MAX_HELD requests and MAX_HELD_BYTES of their bodies held
-# (a 1 GB front: the bodies are held whole until a replica is ready). A look at a busy replica
-# waits WAKE_BUSY_SECONDS for its answer (catalog.REPLICA_LOOK_TIMEOUT_SECONDS, Caddy's
-# health_timeout): one that gets none is hung, and no longer counted ready.
+# How the waker looks and holds (scripts/phases/wake/settings.py reads them from its env file): a
+# look at every replica's /health every HEALTH_SECONDS; a progress comment on a held stream every
+# COMMENT_SECONDS; no replica at all for ASLEEP_LOOKS looks in a row over ASLEEP_SECONDS before the
+# set counts as asleep (a replica draining for a `pulumi up` answers, so it never does); the deploy
+# run looked at every RUN_POLL_SECONDS (90 calls in a 15-minute wake, within GitHub's 5,000 an hour
+# for a token); at most MAX_HELD requests and MAX_HELD_BYTES of their bodies held (a 1 GB front: the
+# bodies are held whole until a replica is ready). A look at a busy replica waits WAKE_BUSY_SECONDS
+# for its answer (catalog.REPLICA_LOOK_TIMEOUT_SECONDS, Caddy's health_timeout): one that gets none
+# is hung, and no longer counted ready.
 HEALTH_SECONDS = 2
 COMMENT_SECONDS = 10
 ASLEEP_SECONDS = 10
