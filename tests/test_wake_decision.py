@@ -5,6 +5,8 @@ what a held request is told."""
 
 from __future__ import annotations
 
+import ast
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +173,31 @@ def test_a_run_waiting_for_a_reviewer_is_said_while_it_waits() -> None:
     approved = Ledger(timeline=Timeline(run_waiting="t", run_url=url, run_approved="t"))
     assert decision.awaiting_approval(Mode.WAKING, approved, "dev") == ""
     assert decision.awaiting_approval(Mode.FAILED, waiting, "dev") == ""
+
+
+def imported(path: Path) -> set[str]:
+    """The modules a file imports: top-level names, and '.name' for the package's own."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = (node.module or "").split(".")[0]
+            if node.level:
+                names |= {f".{base}"} if base else {f".{a.name}" for a in node.names}
+            else:
+                names.add(base)
+    return names
+
+
+def test_the_decision_is_pure_and_the_waker_needs_the_standard_library_and_aiohttp_alone() -> None:
+    """decision.py reads its inputs and returns what to do: no I/O, no event loop, no clock.
+    The package runs on the front's Ubuntu python3 with python3-aiohttp and nothing else."""
+    assert imported(WAKER / "decision.py") == {"__future__", "dataclasses", ".settings", ".state"}
+    for path in WAKER.glob("*.py"):
+        outside = {
+            name
+            for name in imported(path)
+            if not name.startswith(".") and name not in sys.stdlib_module_names
+        }
+        assert outside <= {"aiohttp"}, (path.name, outside)
