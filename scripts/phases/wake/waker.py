@@ -22,6 +22,7 @@ from .pipeline import Pipeline, PipelineError
 from .settings import Settings
 from .state import DAY, Ledger, Mode, Timeline
 
+# What tests/test_wake.py reaches through this module: the waker, its settings and two looks.
 __all__ = ["GONE", "READY", "Settings", "Waker"]
 
 # The pipeline looked at on start and every PIPELINE_CHECK_SECONDS (a fine-grained token expires,
