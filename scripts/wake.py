@@ -35,7 +35,7 @@ def control_url(endpoint: str) -> str:
 
 def describe(state: dict[str, Any]) -> str:
     # A busy replica accepts connections but did not answer /health in time: it counts as its
-    # last answer said, for WAKE_BUSY_SECONDS at most (scripts/phases/wake.py Waker.heard); past
+    # last answer said, for WAKE_BUSY_SECONDS at most (scripts/phases/wake/looks.py heard); past
     # that it is not ready, and the mode says so.
     busy = state.get("replicas_busy")
     busy_said = f"; {busy} busy: no /health answer in time, counted as before" if busy else ""

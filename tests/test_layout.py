@@ -192,11 +192,12 @@ def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_
     validate.py and the real run's clean-up, use it); the
     waker's URL guard and autodown's Retry-After reader are copies in scripts a phase sends
     whole, and answer as it does."""
-    wake = _script("scripts/phases/wake.py")
+    wake = script_module.load_package(ROOT / "scripts/phases/wake", "wake_copy", "settings")
+    keys = dict.fromkeys(wake.settings.KEYS, "")
     for url, allowed in TOKEN_URLS.items():
         assert (transport.token_url_problem(url) is None) == allowed, url
         try:
-            wake.Settings.from_env({"WAKE_GITHUB_API": url, "WAKE_LISTEN": "127.0.0.1:1"})
+            wake.settings.check({**keys, "WAKE_TRIGGER": "github", "WAKE_GITHUB_API": url})
             waker_allows = True
         except SystemExit:
             waker_allows = False

@@ -22,7 +22,8 @@ from test_balancer import needs_router, running_router
 from test_balancer import replica as fake_replica
 from test_phase_scripts import API_KEY, Phases, box, prepared
 
-from components.host import gateway, phase_settings, phases, pool, router, wake
+from components.host import gateway, phase_settings, phases, pool, router, script_text, wake
+from components.host.phase_settings import Inputs
 from components.spec import catalog, config
 
 __all__ = ["box"]  # the fixture, used by name
@@ -518,7 +519,7 @@ WAKE_TOKEN = "github_pat_SANDBOXwakeTOKEN0000000000000000"
 def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_when_off(
     box: Sandbox, downloads: Downloads
 ) -> None:
-    """The wake phase on the balancer: the waker's script, its settings and the pipeline's
+    """The wake phase on the balancer: the waker's package, its settings and the pipeline's
     token (root-only, read by the unit as a credential), its unit; it answers on loopback.
     Turned off, all of it goes, the token first of all."""
     b = Balancer(box, downloads)
@@ -528,10 +529,26 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
     raw["access"] = {**raw["access"], "https": False}
     raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": WAKE_TOKEN}
     b.cfg = config.parse(raw, "dev", frozenset({"wake"}))
+    # A front upgraded from the single-file waker of earlier releases.
+    old_script = box.file(wake.OLD_SCRIPT_PATH)
+    old_script.parent.mkdir(parents=True, exist_ok=True)
+    old_script.write_text("# the single-file waker\n")
     on = b.run("wake")
     assert on.returncode == 0, on.stderr
     assert on.result["wake"] == "on" and on.result["changed"] is True
     assert WAKE_TOKEN not in on.stdout + on.stderr
+    # The package, every module as the program ships it, and no stale single file beside it.
+    assert not old_script.exists()
+    package = box.file(wake.PACKAGE_DIR)
+    shipped = phase_settings.balancer_wake(b.cfg, Inputs())["NEMO_WAKE_TREE"]
+    assert isinstance(shipped, str)
+    assert sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py")) == sorted(
+        re.findall(r"^file (\S+) \d+$", shipped, re.M)
+    )
+    assert (package / "decision.py").read_text() == script_text.python(
+        (phase_settings.PHASES_DIR / "wake" / "decision.py").read_text()
+    )
+    restarts = box.file("/var/lib/fake-systemd/log")
     token = box.file(wake.TOKEN_FILE)
     assert token.read_text().strip() == WAKE_TOKEN and oct(token.stat().st_mode & 0o777) == "0o600"
     assert oct(box.file(wake.ENV_FILE).stat().st_mode & 0o777) == "0o600"
@@ -541,8 +558,18 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
     assert "the waker answers; the set is asleep" in on.stderr
     # The sandbox has no GitHub: the waker's look at the pipeline is said, and stops nothing.
     assert "[wake] warning: GitHub could not be reached" in on.stderr, on.stderr
+    started = restarts.read_text().count(f"restart {wake.UNIT}")
     again = b.run("wake")
     assert again.returncode == 0 and again.result["changed"] is False
+    assert restarts.read_text().count(f"restart {wake.UNIT}") == started, (
+        "the same tree: no restart"
+    )
+    # A module that differs from the tree (an upgrade): installed, and the waker restarted.
+    (package / "log.py").write_text("# another release\n")
+    mended = b.run("wake")
+    assert mended.returncode == 0 and mended.result["changed"] is True, mended.stderr
+    assert restarts.read_text().count(f"restart {wake.UNIT}") == started + 1
+    assert "the waker answers; the set is asleep" in mended.stderr
     b.cfg = off_cfg
     off = b.run("wake")
     assert off.returncode == 0 and off.result["wake"] == "off" and off.result["changed"] is True
@@ -551,7 +578,7 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
     for path in (
         wake.TOKEN_FILE,
         wake.ENV_FILE,
-        wake.SCRIPT_PATH,
+        wake.PACKAGE_DIR,
         f"/etc/systemd/system/{wake.UNIT}",
     ):
         assert not box.file(path).exists(), path

@@ -1,4 +1,4 @@
-"""scripts/phases/wake.py, the front's waker, for real on loopback: a fake GitHub as strict as
+"""scripts/phases/wake/, the front's waker, for real on loopback: a fake GitHub as strict as
 GitHub's REST API (tests/support/stack/github_api.py), fake replicas (tests/support/fake_openai.py)
 behind the upstream files Caddy reads, and clients that send what Caddy sends it while its hold
 file exists; then behind the real Caddy with the balancer's Caddyfile as the gateway phase renders
@@ -48,7 +48,9 @@ from components.host import gateway, wake
 from components.spec import catalog, config
 
 ROOT = Path(__file__).resolve().parent.parent
-WAKE = ROOT / "scripts" / "phases" / "wake.py"
+WAKER = ROOT / "scripts" / "phases" / "wake"
+# The waker's code, every module of it: what it reads and sends, read from its source.
+WAKE_SOURCE = "\n".join(path.read_text() for path in sorted(WAKER.glob("*.py")))
 TOKEN = "github_pat_WAKEtestTOKEN000000000000000000000000"
 API_KEY = KEY  # the gateway's test key (test_gateway.spawn_caddy gives Caddy this one)
 CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -216,7 +218,9 @@ def front_factory(tmp_path: Path) -> Iterator[Callable[..., Front]]:
                         "WAKE_LISTEN": like.url.removeprefix("http://"), **settings}  # fmt: skip
         token = tmp_path / "token"
         token.write_text(TOKEN + "\n")
+        command, run_env = script_module.package_command(WAKER)
         env = {
+            **rendered_env(), **run_env,
             "PATH": os.environ["PATH"], "WAKE_LISTEN": "127.0.0.1:0",
             "WAKE_UPSTREAMS_DIR": str(upstreams), "WAKE_HOLD_FILE": str(hold),
             "WAKE_TRIGGER": "github", "WAKE_STACK": "dev",
@@ -225,7 +229,7 @@ def front_factory(tmp_path: Path) -> Iterator[Callable[..., Front]]:
             "WAKE_STATE_FILE": str(tmp_path / f"state{len(fronts)}.json"),
             **(FAST if fast else {}), **settings,
         }  # fmt: skip
-        proc = subprocess.Popen([sys.executable, str(WAKE)], env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
         assert proc.stdout is not None
         # Its first look comes before it listens (the hold file matches the replicas first).
@@ -1023,7 +1027,7 @@ def test_the_fields_the_waker_reads_are_the_ones_githubs_description_requires() 
     github/rest-api-description): the run fields, query parameters and dispatch keys the waker
     uses are ones GitHub documents, so the strict fake's answers are GitHub's shape."""
     described = github_api.schema()
-    waker = WAKE.read_text()
+    waker = WAKE_SOURCE
     read = set(re.findall(r'run\.get\("(\w+)"', waker)) | set(
         re.findall(r'found\.get\("(\w+)"', waker)
     )
@@ -1061,13 +1065,14 @@ def test_the_waker_and_the_program_share_their_names() -> None:
     the tool's (the tools' venv has no pydantic, which the program's module needs)."""
     found = {
         path: re.search(r'^CONTROL_PATH = "([^"]+)"', (ROOT / path).read_text(), re.M)
-        for path in ("components/host/wake.py", "scripts/phases/wake.py", "scripts/wake.py")
+        for path in ("components/host/wake.py", "scripts/phases/wake/relay.py", "scripts/wake.py")
     }
     assert {path: m.group(1) if m else None for path, m in found.items()} == dict.fromkeys(
         found, "/nemotron/wake"
     )
-    waker = (ROOT / "scripts" / "phases" / "wake.py").read_text()
-    assert f'env.get("WAKE_HOLD_FILE", "{wake.HOLD_FILE}")' in waker
+    waker = WAKE_SOURCE
+    # The waker has no defaults of its own: it requires the file's path the program renders.
+    assert '"WAKE_HOLD_FILE"' in (WAKER / "settings.py").read_text()
     rendered = dict(line.split("=", 1) for line in wake.env_text(wake_cfg()).splitlines())
     assert rendered["WAKE_HOLD_FILE"] == wake.HOLD_FILE
     # A replica's join mark, as the member phase writes it (pool.joined_file) and the waker
@@ -1079,6 +1084,13 @@ def test_the_waker_and_the_program_share_their_names() -> None:
 
 
 # ---- behind the real Caddy, with the balancer's Caddyfile as the gateway phase renders it -------
+
+
+def rendered_env() -> dict[str, str]:
+    """Every setting of the waker as the program renders it (env_text, and the unit's token
+    path), with no state file and no token: a test gives its own where it needs them."""
+    rendered = dict(line.split("=", 1) for line in wake.env_text(wake_cfg()).splitlines())
+    return {**rendered, "WAKE_STATE_FILE": "", "WAKE_TOKEN_FILE": ""}
 
 
 def wake_cfg() -> config.StackConfig:
@@ -1370,7 +1382,8 @@ def test_the_shipped_settings_hold_silently_past_a_minute_through_caddy(
     client paused 65 s in the middle of its body (Caddy 2.11.7's default read_body_idle, one
     minute, cut that one with 499), are both answered."""
     rendered = dict(line.split("=", 1) for line in wake.env_text(wake_cfg()).splitlines())
-    local = {"WAKE_LISTEN", "WAKE_UPSTREAMS_DIR", "WAKE_HOLD_FILE", "WAKE_STATE_FILE"}
+    local = {"WAKE_LISTEN", "WAKE_UPSTREAMS_DIR", "WAKE_HOLD_FILE", "WAKE_STATE_FILE",
+             "WAKE_GITHUB_API"}  # fmt: skip
     shipped = {k: v for k, v in rendered.items() if k not in local}
     assert shipped["WAKE_HOLD_SECONDS"] == "540"
     github = FakeGitHub()
@@ -1926,10 +1939,10 @@ def test_a_look_that_began_before_a_replica_joined_does_not_answer_a_request_aft
     replica's upstream file. A look that read the files before that and ended after the probe
     arrived must not stand for the probe (it would see no replica and wake the set): the
     probe's look is one that began after it was asked."""
-    module: Any = script_module.load(WAKE, "wake_race")
+    module: Any = script_module.load_package(WAKER, "wake_race", "waker").waker
     upstreams = tmp_path / "upstreams"
     upstreams.mkdir()
-    settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
+    settings = module.Settings.from_env({**rendered_env(), "WAKE_UPSTREAMS_DIR": str(upstreams),
                                          "WAKE_HOLD_FILE": str(tmp_path / "hold")})  # fmt: skip
 
     async def slow_look(_: object, __: object, upstream: tuple[str, int]) -> str:
@@ -1959,10 +1972,10 @@ def test_a_replica_that_just_joined_is_not_called_gone_by_the_looks_before_it(
     and its probe follows. The new replica does not answer the first look (a gateway still
     reloading): that one look is not the WAKE_ASLEEP_LOOKS in a row that make the set asleep,
     so the probe is held (unready), not a wake."""
-    module: Any = script_module.load(WAKE, "wake_join")
+    module: Any = script_module.load_package(WAKER, "wake_join", "waker").waker
     upstreams = tmp_path / "upstreams"
     upstreams.mkdir()
-    settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
+    settings = module.Settings.from_env({**rendered_env(), "WAKE_UPSTREAMS_DIR": str(upstreams),
                                          "WAKE_HOLD_FILE": str(tmp_path / "hold"),
                                          "WAKE_ASLEEP_SECONDS": "0"})  # fmt: skip
 
@@ -1995,10 +2008,10 @@ def test_a_replica_counts_ready_only_once_its_join_is_marked_after_its_file(
     under way), or a mark older than its file (joined again: a new file, its reload to come),
     exists but is not ready: the front is unready (held, nothing woken), never awake; with a
     mark as new as its file it is awake. A mark without its file (a leave) counts nothing."""
-    module: Any = script_module.load(WAKE, "wake_mark")
+    module: Any = script_module.load_package(WAKER, "wake_mark", "waker").waker
     upstreams = tmp_path / "upstreams"
     upstreams.mkdir()
-    settings = module.Settings.from_env({"WAKE_UPSTREAMS_DIR": str(upstreams),
+    settings = module.Settings.from_env({**rendered_env(), "WAKE_UPSTREAMS_DIR": str(upstreams),
                                          "WAKE_HOLD_FILE": str(tmp_path / "hold")})  # fmt: skip
 
     async def ready(_: object, __: object, upstream: tuple[str, int]) -> str:

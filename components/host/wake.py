@@ -1,6 +1,7 @@
 """Scale to zero and back, on the front (the Caddy balancer's Droplet): the waker's settings,
 its systemd unit, what the gateway's Caddyfile adds to route through it, and the `wake` output.
-scripts/phases/wake.py decides; this module renders its setup (the wake phase installs it)."""
+scripts/phases/wake/ (a package) decides; this module renders its setup (the wake phase installs
+it) and every value it reads: the waker has no defaults of its own."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from ..spec.schema import StackConfig
 # The waker listens on the front's loopback only; Caddy reaches it, nothing else does.
 PORT = 8092
 ADDRESS = f"127.0.0.1:{PORT}"
-SCRIPT_PATH = "/usr/local/lib/nemotron/wake.py"
+# The waker's package, installed whole (lib.sh install_tree) as PACKAGE_DIR and run as
+# `python3 -m wake` with its parent on PYTHONPATH; the single file that was the waker before
+# (OLD_SCRIPT_PATH) goes from a front that still has it.
+LIB_DIR = "/usr/local/lib/nemotron"
+PACKAGE = "wake"
+PACKAGE_DIR = f"{LIB_DIR}/{PACKAGE}"
+OLD_SCRIPT_PATH = f"{LIB_DIR}/wake.py"
 ENV_FILE = "/etc/nemotron/wake.env"
 # The pipeline's token: root-only; the unit reads it as a systemd credential (LoadCredential),
 # so the service's own user never needs read access to /etc/nemotron.
@@ -37,15 +44,18 @@ CONTROL_PATH = "/nemotron/wake"
 # A wake's expected length when nothing better is known: the cold path's estimate (docs/cache.md,
 # "Where the minutes go": Droplet, driver and reboot, downloads, load and compile).
 EXPECTED_SECONDS = 900
-# How the waker looks and holds (scripts/phases/wake.py reads them from its env file): a look at
-# every replica's /health every HEALTH_SECONDS; a progress comment on a held stream every
-# COMMENT_SECONDS; no replica at all for ASLEEP_LOOKS looks in a row over ASLEEP_SECONDS before
-# the set counts as asleep (a replica draining for a `pulumi up` answers, so it never does); the
-# deploy run looked at every RUN_POLL_SECONDS (90 calls in a 15-minute wake, within GitHub's
-# 5,000 an hour for a token); at most MAX_HELD requests and MAX_HELD_BYTES of their bodies held
-# (a 1 GB front: the bodies are held whole until a replica is ready). A look at a busy replica
-# waits WAKE_BUSY_SECONDS for its answer (catalog.REPLICA_LOOK_TIMEOUT_SECONDS, Caddy's
-# health_timeout): one that gets none is hung, and no longer counted ready.
+# GitHub's REST API root (docs.github.com/en/rest: "api.github.com"), where a wake dispatches.
+GITHUB_API = "https://api.github.com"
+STATE_FILE = "/var/lib/nemotron-wake/state.json"
+# How the waker looks and holds (scripts/phases/wake/settings.py reads them from its env file): a
+# look at every replica's /health every HEALTH_SECONDS; a progress comment on a held stream every
+# COMMENT_SECONDS; no replica at all for ASLEEP_LOOKS looks in a row over ASLEEP_SECONDS before the
+# set counts as asleep (a replica draining for a `pulumi up` answers, so it never does); the deploy
+# run looked at every RUN_POLL_SECONDS (90 calls in a 15-minute wake, within GitHub's 5,000 an hour
+# for a token); at most MAX_HELD requests and MAX_HELD_BYTES of their bodies held (a 1 GB front: the
+# bodies are held whole until a replica is ready). A look at a busy replica waits WAKE_BUSY_SECONDS
+# for its answer (catalog.REPLICA_LOOK_TIMEOUT_SECONDS, Caddy's health_timeout): one that gets none
+# is hung, and no longer counted ready.
 HEALTH_SECONDS = 2
 COMMENT_SECONDS = 10
 ASLEEP_SECONDS = 10
@@ -60,7 +70,8 @@ def mode(cfg: StackConfig) -> str:
 
 
 def env_text(cfg: StackConfig) -> str:
-    """wake.py's settings (the token is not here: it is a credential file)."""
+    """The waker's settings, every one it reads but its token's path (a credential: unit_text
+    sets it); scripts/phases/wake/settings.py requires each (tests/test_wake_settings.py)."""
     w = cfg.wake
     lines = {
         "WAKE_LISTEN": ADDRESS,
@@ -68,6 +79,7 @@ def env_text(cfg: StackConfig) -> str:
         "WAKE_HOLD_FILE": HOLD_FILE,
         "WAKE_TRIGGER": w.trigger,
         "WAKE_STACK": cfg.stack,
+        "WAKE_GITHUB_API": GITHUB_API,
         "WAKE_GITHUB_REPO": w.github_repo or "",
         "WAKE_GITHUB_WORKFLOW": w.github_workflow,
         "WAKE_GITHUB_REF": w.github_ref,
@@ -78,7 +90,7 @@ def env_text(cfg: StackConfig) -> str:
         "WAKE_COOLDOWN_MINUTES": f"{w.cooldown_minutes:g}",
         "WAKE_MAX_PER_DAY": str(w.max_per_day),
         "WAKE_DEADLINE_MINUTES": str(w.deadline_minutes),
-        "WAKE_STATE_FILE": "/var/lib/nemotron-wake/state.json",
+        "WAKE_STATE_FILE": STATE_FILE,
         "WAKE_HEALTH_SECONDS": str(HEALTH_SECONDS),
         "WAKE_COMMENT_SECONDS": str(COMMENT_SECONDS),
         "WAKE_ASLEEP_SECONDS": str(ASLEEP_SECONDS),
@@ -117,7 +129,9 @@ RuntimeDirectoryPreserve=restart
 EnvironmentFile={ENV_FILE}
 LoadCredential=token:{TOKEN_FILE}
 Environment=WAKE_TOKEN_FILE=%d/token
-ExecStart={PYTHON} {SCRIPT_PATH}
+# The package's parent, where `-m` finds it (-P: never the working directory).
+Environment=PYTHONPATH={LIB_DIR}
+ExecStart={PYTHON} -P -m {PACKAGE}
 Restart=always
 RestartSec=1
 # Held requests: one socket each from Caddy and one to a replica when it is ready.
@@ -150,7 +164,7 @@ handle @held {{
 		flush_interval -1
 		# A waker restarting refuses the connection: the request, not sent yet, is tried
 		# again until the next one listens: systemd's RestartSec (1 s), its start, and its first
-		# look (2 s for a replica's /health, 2 more for a bare connect: scripts/phases/wake.py
+		# look (2 s for a replica's /health, 2 more for a bare connect: scripts/phases/wake/looks.py
 		# LOOK_TIMEOUT).
 		lb_try_duration 10s
 		lb_try_interval 250ms

@@ -218,7 +218,7 @@ BALANCER_IMAGE = "ubuntu-24-04-x64"
 BALANCER_UPSTREAMS_DIR = "/etc/caddy/upstreams"
 # A replica's join mark beside its file (`<file>.joined`, which the import glob `*.caddy` does
 # not match): the member phase writes it once Caddy's reload (and the router's add_worker) is
-# done, and the front's waker counts a replica ready only with it (scripts/phases/wake.py
+# done, and the front's waker counts a replica ready only with it (scripts/phases/wake/looks.py
 # JOINED_SUFFIX, the same value): before the reload, Caddy has no such upstream.
 BALANCER_JOINED_SUFFIX = ".joined"
 CADDY_ADMIN_SOCKET = "/run/caddy/admin.sock"

@@ -613,8 +613,8 @@ def parse(
 
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / ".github" / "workflows"
-# What a wake dispatches (scripts/phases/wake.py dispatch_github): the workflow must declare
-# these inputs, and GitHub answers 422 to a `choice` value outside its options.
+# What a wake dispatches (scripts/phases/wake/pipeline.py dispatch_github): the workflow must
+# declare these inputs, and GitHub answers 422 to a `choice` value outside its options.
 WAKE_INPUTS = {"stack": None, "command": "up", "refresh": "true"}
 
 

@@ -13,7 +13,7 @@
 # of requests in flight to it (Caddy counts only the router).
 # A join ends with the file's join mark (NEMO_UPSTREAM_JOINED_FILE, beside it, which the import
 # glob does not match), written once Caddy's reload (and the router's add_worker) is done: the
-# front's waker (scripts/phases/wake.py) counts the replica ready, and drops its hold, only
+# front's waker (scripts/phases/wake/looks.py) counts the replica ready, and drops its hold, only
 # with a mark as new as the file. Before the reload Caddy has no such upstream, and a request
 # it sent to the replicas would get its 503 "no upstreams". A leave removes the mark first.
 # Settings: NEMO_REPLICA NEMO_UPSTREAM NEMO_UPSTREAM_FILE NEMO_UPSTREAM_LINE NEMO_UPSTREAMS_DIR

@@ -1,12 +1,12 @@
 # shellcheck shell=bash
-# wake (on the Caddy balancer, the front): the waker (wake.py) as a service on loopback, to
-# which the gateway sends keyed requests while no replica is ready, and which holds them while
-# the GPU set wakes.
+# wake (on the Caddy balancer, the front): the waker (the package wake/) as a service on
+# loopback, to which the gateway sends keyed requests while no replica is ready, and which holds
+# them while the GPU set wakes.
 # Its token (the pipeline's) is a root-only file the unit reads as a systemd credential; its
 # settings a root-only env file. Off: removes the service and the token if an earlier run
 # installed them. Runs before the gateway, whose Caddyfile then routes through it.
-# Settings: NEMO_WAKE_MODE (on|off) NEMO_WAKE_PY NEMO_WAKE_SCRIPT NEMO_WAKE_ENV_FILE
-#           NEMO_WAKE_ENV_TEXT NEMO_WAKE_TOKEN_FILE NEMO_WAKE_TOKEN (secret) NEMO_WAKE_UNIT
+# Settings: NEMO_WAKE_MODE (on|off) NEMO_WAKE_TREE NEMO_WAKE_DIR NEMO_WAKE_OLD_SCRIPT
+#           NEMO_WAKE_ENV_FILE NEMO_WAKE_ENV_TEXT NEMO_WAKE_TOKEN_FILE NEMO_WAKE_TOKEN (secret) NEMO_WAKE_UNIT
 #           NEMO_WAKE_UNIT_TEXT NEMO_WAKE_ADDRESS NEMO_WAKE_PYTHON NEMO_WAKE_PACKAGE
 #           NEMO_UPSTREAMS_DIR NEMO_JOINED_SUFFIX NEMO_CADDY_UNIT (join marks: step marks)
 #           NEMO_WAKE_OLD_KEY_FILE (the API key the retired autoscaler kept on the front to
@@ -25,9 +25,10 @@ if [[ $NEMO_WAKE_MODE == off ]]; then
     changed
   fi
   # Whether or not a unit was written: a run cut before it may have left the token.
-  for file in "$NEMO_WAKE_TOKEN_FILE" "$NEMO_WAKE_OLD_KEY_FILE" "$NEMO_WAKE_ENV_FILE" "$NEMO_WAKE_SCRIPT"; do
+  for file in "$NEMO_WAKE_TOKEN_FILE" "$NEMO_WAKE_OLD_KEY_FILE" "$NEMO_WAKE_ENV_FILE" "$NEMO_WAKE_OLD_SCRIPT"; do
     if [[ -e $file ]]; then rm -f "$file"; changed; fi
   done
+  if [[ -e $NEMO_WAKE_DIR ]]; then rm -rf "$NEMO_WAKE_DIR"; changed; fi
   if [[ $CHANGED == true ]]; then log "removed the waker and its token"; else log "no waker installed"; fi
   finish '"wake":"off"'
 fi
@@ -45,9 +46,15 @@ else
   restart=true
 fi
 
-step script "${NEMO_WAKE_SCRIPT}"
-mkdir -p "$(dirname "$NEMO_WAKE_SCRIPT")"
-if printf '%s\n' "$NEMO_WAKE_PY" | install_file "$NEMO_WAKE_SCRIPT" 755; then changed; restart=true; fi
+step package "${NEMO_WAKE_DIR}: the waker's modules (replaced only when one of them changed)"
+if printf '%s\n' "$NEMO_WAKE_TREE" | install_tree "$NEMO_WAKE_DIR"; then changed; restart=true; fi
+# The waker was one file before it was a package: a front upgraded from it keeps none.
+if [[ -e $NEMO_WAKE_OLD_SCRIPT ]]; then
+  rm -f "$NEMO_WAKE_OLD_SCRIPT"
+  log "removed ${NEMO_WAKE_OLD_SCRIPT} (the single-file waker of earlier releases)"
+  changed
+  restart=true
+fi
 
 step token "root-only ${NEMO_WAKE_TOKEN_FILE} (the pipeline's token, read by the unit as a credential)"
 [[ -n $token ]] || fail "no wake.token was given" "pulumi config set --secret --path wake.token (it asks for the token), then pulumi up"
@@ -112,7 +119,7 @@ if [[ $answered != true ]]; then
        "read the journal lines above (journalctl -u ${NEMO_WAKE_UNIT}); pulumi up again"
 fi
 
-# What the waker found when it asked the pipeline on start (wake.py check_pipeline): a token
+# What the waker found when it asked the pipeline on start (wake/pipeline.py check_pipeline): a token
 # GitHub refuses, a workflow that is not there or is disabled fails this phase now, not the
 # first wake a month from now; a token that ends soon, or GitHub out of reach, is said.
 step pipeline "the waker's look at the pipeline: the workflow, the token and its expiry"

@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from pulumi_harness import stack_config  # noqa: E402
 from sandbox import CADDY, free_port  # noqa: E402
+from script_module import package_command  # noqa: E402
 
 from components.host import gateway, wake  # noqa: E402
 from components.spec import catalog, config  # noqa: E402
@@ -53,7 +54,7 @@ from components.spec import catalog, config  # noqa: E402
 KEY = "sk-front-bench-0123456789"  # a key for this loopback run alone
 CHAT = {"model": "nemotron", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 FAKE = ROOT / "tests" / "support" / "fake_openai.py"
-WAKER = ROOT / "scripts" / "phases" / "wake.py"
+WAKER = ROOT / "scripts" / "phases" / "wake"
 T = TypeVar("T")
 
 
@@ -186,12 +187,13 @@ def start_front(p: Processes, upstreams: list[int], hook: str) -> dict[str, Any]
     (folder / "token").write_text("front-bench-token\n")
     waker_port = free_port()
     rendered = dict(line.split("=", 1) for line in wake.env_text(front_cfg()).splitlines())
-    env = {**rendered, "PATH": os.environ["PATH"], "WAKE_LISTEN": f"127.0.0.1:{waker_port}",
+    command, run_env = package_command(WAKER)
+    env = {**rendered, **run_env, "PATH": os.environ["PATH"], "WAKE_LISTEN": f"127.0.0.1:{waker_port}",
            "WAKE_UPSTREAMS_DIR": str(folder / "upstreams"), "WAKE_HOLD_FILE": str(folder / "hold"),
            "WAKE_STATE_FILE": str(folder / "state.json"), "WAKE_TRIGGER": "webhook",
            "WAKE_WEBHOOK_URL": hook, "WAKE_WEBHOOK_HEADER": "X-Wake-Token",
            "WAKE_TOKEN_FILE": str(folder / "token")}  # fmt: skip
-    waker = p.start([sys.executable, str(WAKER)], env)
+    waker = p.start(command, env)
     wait_http(f"http://127.0.0.1:{waker_port}/health")
     listen = gateway.Listen(http_port=free_port(), https_port=free_port(), admin_socket=None,
                             upstreams=f"{folder}/upstreams/*.caddy",
