@@ -116,6 +116,13 @@ LEVELS: dict[str, tuple[str, ...]] = {
     "test_router_bench": ("tools", "caddy"),
     "test_try": ("tools",),
     "test_real_run": ("tools",),
+    # The real run's steps, each in the file of its module (scripts/ci/realrun/): the Droplet
+    # run's were test_real_run.py's; the cluster plan's (test_realrun_kubeplan.py) run unmarked.
+    "test_realrun_plan": ("tools",),
+    "test_realrun_deploy": ("tools",),
+    "test_realrun_runner": ("tools",),
+    "test_realrun_cleanup": ("tools",),
+    "test_realrun_summary": ("tools",),
 }
 
 

@@ -263,13 +263,6 @@ PENDING = {
     "components/host/pool.py",
     "scripts/phases/wake.py",
     "scripts/wake.py",
-    # test_real_run.py, test_real_run_kube.py
-    "scripts/ci/realrun/cleanup.py",
-    "scripts/ci/realrun/deploy.py",
-    "scripts/ci/realrun/kubeplan.py",
-    "scripts/ci/realrun/plan.py",
-    "scripts/ci/realrun/runner.py",
-    "scripts/ci/realrun/summary.py",
     # test_workflows.py, test_runner.py
     "scripts/ci/tested.py",
     # test_clients_github.py (its redirects, bound, refusals), test_layout.py (Retry-After)
