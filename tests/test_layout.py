@@ -263,8 +263,6 @@ PENDING = {
     "components/host/pool.py",
     "scripts/phases/wake.py",
     "scripts/wake.py",
-    # test_workflows.py, test_runner.py
-    "scripts/ci/tested.py",
     # test_clients_github.py (its redirects, bound, refusals), test_layout.py (Retry-After)
     "scripts/clients/transport.py",
     # test_phase_scripts.py (and test_bootstrap.py, test_phases.py)
