@@ -1,7 +1,8 @@
-"""scripts/clients/github.py (and transport.py under it): GitHub's headers on every call, the
-token kept from a redirect and from plain HTTP, bounded answers, the retry rules; against the
-strict fake GitHub (tests/support/stack/github_api.py) and recorders on loopback
-(support/recorder.py). The one call site that followed redirects with the token
+"""scripts/clients/github.py: GitHub's headers and the token on every call, a refused token and
+a missing scope named, a rate limit waited out; against the strict fake GitHub
+(tests/support/stack/github_api.py) and a recorder on loopback (support/recorder.py). What
+transport.py under it rules (no redirect followed, HTTPS only, bounded answers):
+test_clients_transport.py. The one call site that followed redirects with the token
 (scripts/ci/tested.py) follows none: test_tested.py."""
 
 from __future__ import annotations
@@ -38,26 +39,6 @@ def test_every_call_sends_githubs_headers_and_the_token(recorder: str) -> None:
         assert sent["user-agent"] == AGENT
         assert sent["authorization"] == f"Bearer {TOKEN}"
     assert len(Recorder.seen) == 2
-
-
-def test_a_redirect_is_an_answer_and_the_token_stays_home(redirect_to: str) -> None:
-    answer = github.get(f"{redirect_to}/repos/old/name", TOKEN, AGENT, 5)
-    assert answer.status_code == 302
-    assert Recorder.seen == [], "nothing reached the redirect's target"
-
-
-@pytest.mark.parametrize("where", ["http://localhost:1", "http://127.0.0.1:1@example.com",
-                                   "http://api.github.com"])  # fmt: skip
-def test_the_token_goes_over_https_or_to_127_0_0_1_only(where: str) -> None:
-    with pytest.raises(ValueError, match="HTTPS only"):
-        github.get(f"{where}/repos/me/llm", TOKEN, AGENT, 5)
-
-
-def test_an_answer_is_read_to_a_bound(recorder: str) -> None:
-    Recorder.body = b"[" + b"0," * 600 + b"0]"
-    with pytest.raises(transport.FailedError, match="over 1000 bytes"):
-        transport.request("GET", f"{recorder}/big", {}, 5, limit=1000)
-    assert transport.request("GET", f"{recorder}/big", {}, 5, limit=5000).json() == [0] * 601
 
 
 @pytest.fixture

@@ -261,8 +261,6 @@ PENDING = {
     "components/host/pool.py",
     "scripts/phases/wake.py",
     "scripts/wake.py",
-    # test_clients_github.py (its redirects, bound, refusals), test_layout.py (Retry-After)
-    "scripts/clients/transport.py",
     # test_phase_scripts.py (and test_bootstrap.py, test_phases.py)
     "components/host/phase_settings.py",
     "components/render.py",
