@@ -267,7 +267,6 @@ PENDING = {
     # asserted across the program's tests under mocks (test_droplet.py, test_entry.py,
     # test_cache.py, ...), with no section of their own yet to move
     "components/cloud/droplets.py",
-    "components/cloud/outputs.py",
 }  # fmt: skip
 
 
