@@ -264,9 +264,6 @@ PENDING = {
     # test_phase_scripts.py (and test_bootstrap.py, test_phases.py)
     "components/host/phase_settings.py",
     "components/render.py",
-    # asserted across the program's tests under mocks (test_droplet.py, test_entry.py,
-    # test_cache.py, ...), with no section of their own yet to move
-    "components/cloud/droplets.py",
 }  # fmt: skip
 
 
