@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # The helpers and fakes (tests/support/): pulumi_harness, sandbox, stack, ... by their names.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
+from recorder import recording, redirecting
 from sandbox import Downloads
 
 
@@ -19,6 +20,21 @@ def downloads(tmp_path: Path) -> Iterator[Downloads]:
     d = Downloads(tmp_path / "www")
     yield d
     d.close()
+
+
+@pytest.fixture
+def recorder() -> Iterator[str]:
+    """A server on loopback that keeps each request's headers (recorder.Recorder.seen)."""
+    with recording() as served:
+        yield served
+
+
+@pytest.fixture
+def redirect_to(recorder: str) -> Iterator[str]:
+    """A server that answers every GET with a 302 to the recorder (another host, as far as a
+    token is concerned)."""
+    with redirecting(recorder) as served:
+        yield served
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -116,6 +132,13 @@ LEVELS: dict[str, tuple[str, ...]] = {
     "test_router_bench": ("tools", "caddy"),
     "test_try": ("tools",),
     "test_real_run": ("tools",),
+    # The real run's steps, each in the file of its module (scripts/ci/realrun/): the Droplet
+    # run's were test_real_run.py's; the cluster plan's (test_realrun_kubeplan.py) run unmarked.
+    "test_realrun_plan": ("tools",),
+    "test_realrun_deploy": ("tools",),
+    "test_realrun_runner": ("tools",),
+    "test_realrun_cleanup": ("tools",),
+    "test_realrun_summary": ("tools",),
 }
 
 

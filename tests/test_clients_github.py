@@ -1,19 +1,20 @@
-"""scripts/clients/github.py (and transport.py under it): GitHub's headers on every call, the
-token kept from a redirect and from plain HTTP, bounded answers, the retry rules; against the
-strict fake GitHub (tests/support/stack/github_api.py) and recorders on loopback. And the one
-call site that followed redirects with the token (scripts/ci/tested.py) follows none."""
+"""scripts/clients/github.py: GitHub's headers and the token on every call, a refused token and
+a missing scope named, a rate limit waited out; against the strict fake GitHub
+(tests/support/stack/github_api.py) and a recorder on loopback (support/recorder.py). What
+transport.py under it rules (no redirect followed, HTTPS only, bounded answers):
+test_clients_transport.py. The one call site that followed redirects with the token
+(scripts/ci/tested.py) follows none: test_tested.py."""
 
 from __future__ import annotations
 
 import socket
 import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-import script_module
-from loopback import reply, serve, stop, url
+from loopback import stop, url
+from recorder import Recorder
 from stack import github_api
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,54 +24,6 @@ from clients import github, transport  # noqa: E402
 
 TOKEN = "ghs_CLIENTtestTOKEN000000000000000000000"
 AGENT = "nemotron-droplet-test"
-
-
-class Recorder(BaseHTTPRequestHandler):
-    """Answers 200 with a JSON body and keeps each request's headers (class-wide list)."""
-
-    seen: list[dict[str, str]] = []  # noqa: RUF012 (reset by the fixture)
-    body = b'{"ok": true}'
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
-        reply(self, 200, type(self).body, "application/json")
-
-    do_PUT = do_GET  # noqa: N815
-
-
-@pytest.fixture
-def recorder() -> Iterator[str]:
-    Recorder.seen, Recorder.body = [], b'{"ok": true}'
-    server = serve(Recorder)
-    try:
-        yield url(server)
-    finally:
-        stop(server)
-
-
-@pytest.fixture
-def redirect_to(recorder: str) -> Iterator[str]:
-    """A server that answers every GET with a 302 to the recorder (another host, as far as a
-    token is concerned)."""
-
-    class Redirector(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            self.send_response(302)
-            self.send_header("Location", f"{recorder}{self.path}")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-    server = serve(Redirector)
-    try:
-        yield url(server)
-    finally:
-        stop(server)
 
 
 def test_every_call_sends_githubs_headers_and_the_token(recorder: str) -> None:
@@ -86,42 +39,6 @@ def test_every_call_sends_githubs_headers_and_the_token(recorder: str) -> None:
         assert sent["user-agent"] == AGENT
         assert sent["authorization"] == f"Bearer {TOKEN}"
     assert len(Recorder.seen) == 2
-
-
-def test_a_redirect_is_an_answer_and_the_token_stays_home(redirect_to: str) -> None:
-    answer = github.get(f"{redirect_to}/repos/old/name", TOKEN, AGENT, 5)
-    assert answer.status_code == 302
-    assert Recorder.seen == [], "nothing reached the redirect's target"
-
-
-def test_tested_py_follows_no_redirect_with_the_token(
-    redirect_to: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """deploy.yml's `tested` job used urllib's urlopen, which follows a 302 and sends the
-    Authorization header on to wherever it points. Now the redirect is an answer: the commit
-    counts as not tested (the suite runs) and the token went nowhere else."""
-    tested = script_module.load(ROOT / "scripts" / "ci" / "tested.py", "tested_redirect")
-    env = {"GITHUB_API_URL": redirect_to, "GITHUB_REPOSITORY": "me/llm",
-           "GITHUB_SHA": "0" * 40, "GITHUB_TOKEN": TOKEN}  # fmt: skip
-    args = tested.argparse.Namespace(command="up", workflow="deploy.yml", job="test")
-    run_tests, why = tested.decide(args, env)
-    assert run_tests and "HTTP 302" in why
-    assert Recorder.seen == [], "the token followed the redirect"
-    assert TOKEN not in capsys.readouterr().out + why
-
-
-@pytest.mark.parametrize("where", ["http://localhost:1", "http://127.0.0.1:1@example.com",
-                                   "http://api.github.com"])  # fmt: skip
-def test_the_token_goes_over_https_or_to_127_0_0_1_only(where: str) -> None:
-    with pytest.raises(ValueError, match="HTTPS only"):
-        github.get(f"{where}/repos/me/llm", TOKEN, AGENT, 5)
-
-
-def test_an_answer_is_read_to_a_bound(recorder: str) -> None:
-    Recorder.body = b"[" + b"0," * 600 + b"0]"
-    with pytest.raises(transport.FailedError, match="over 1000 bytes"):
-        transport.request("GET", f"{recorder}/big", {}, 5, limit=1000)
-    assert transport.request("GET", f"{recorder}/big", {}, 5, limit=5000).json() == [0] * 601
 
 
 @pytest.fixture

@@ -1,75 +1,26 @@
 """`platform: kubernetes` as a stack key (components/spec/config.py, components/cloud/kube/
-platform.py): the real program (__main__.py) under Pulumi's mocks for a Kubernetes stack, its
-outputs beside a Droplet stack's, and every refusal before anything is declared. The resources and
-inputs themselves are held by the plan snapshots (test_plan_snapshot.py, kube-*)."""
+platform.py): the real program (__main__.py) under Pulumi's mocks for a Kubernetes stack, and
+every refusal before anything is declared. Its outputs and prices (outputs.export_kubernetes):
+test_outputs.py, which runs it with `run` here. The resources and inputs themselves are held by
+the plan snapshots (test_plan_snapshot.py, kube-*)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from pulumi_harness import DEFAULT_OFFERS, FAKE_API_KEY, offer, plain_strings, run_program
+from pulumi_harness import DEFAULT_OFFERS, offer, run_program
 from test_kube_edge import LB_IP, EdgeCloud
 from test_plan_snapshot import STACKS, _kube
 
-from components.cloud.kube import router_values
 from components.host import vllm_service
 from components.spec import config
-from components.spec.kube import HA_PRICE_MONTH
 
 HF = STACKS["kube-h100-min0"][1]
 
 
 def run(cfg: dict[str, Any], offers: dict[str, dict] | None = None) -> Any:
     return run_program(cfg, secrets=HF, offers=offers, cloud_type=EdgeCloud, stack="kube")
-
-
-def test_a_kubernetes_stack_exports_the_droplets_names_and_its_own() -> None:
-    result = run(_kube("gpu-h100x1-80gb", 0))
-    assert result.error is None, result.error
-    out = {name: o.value for name, o in result.outputs.items()}
-    assert out["endpoint"] == f"https://{LB_IP}/v1" and out["ipv4"] == LB_IP
-    assert result.outputs["apiKey"].secret and out["apiKey"] == FAKE_API_KEY
-    assert [n for n, o in result.outputs.items() if o.secret] == ["apiKey"]
-    assert out["size"] == "gpu-h100x1-80gb" and out["region"] == "tor1"
-    # The costs at the sizes offer's prices: 2 CPU nodes, one Load Balancer node, no HA; the
-    # Volumes (the edge's 1 GiB and one 100 GiB weights Volume per server, up to 2) apart.
-    cpu = 2 * DEFAULT_OFFERS["s-2vcpu-4gb"]["priceHourly"] * 672
-    assert out["idleMonthlyParts"] == {
-        "controlPlane": 0.0, "cpuPool": round(cpu, 2), "loadBalancer": 10.0, "volumes": 20.1,
-    }  # fmt: skip
-    assert out["idleMonthlyPriceUsd"] == round(round(cpu, 2) + 10.0 + 20.1, 2)
-    idle = out["idleHourlyPriceUsd"]
-    assert idle == round((round(cpu, 2) + 10.0) / 672, 5)
-    # Asleep at min 0: the endpoint costs its idle price; each GPU node adds the size's.
-    assert out["hourlyPriceUsd"] == idle and out["gpuNodeHourlyPriceUsd"] == 3.39
-    assert out["maxHourlyPriceUsd"] == round(idle + 2 * 3.39, 5)
-    assert out["cacheMonthlyPriceUsd"] == 20.1
-    assert out["cluster"] == {"id": "doks-uuid-0001", "name": "nemotron-kube",
-                              "version": "1.36.2-do.1", "ha": False}  # fmt: skip
-    assert out["kubeconfigCommand"] == "doctl kubernetes cluster kubeconfig save doks-uuid-0001"
-    # No output and no plain input carries the key, the HF token or the kubeconfig.
-    for r in result.registrations:
-        for path, text in plain_strings(r.raw):
-            assert FAKE_API_KEY not in text and HF["hfToken"] not in text, (r.name, path)
-            assert "FAKE-DOKS-TOKEN" not in text, (r.name, path)
-    assert not {"sshCommand", "sshPrivateKey", "bootstrapSeconds"} & set(out)
-    # The program ties KEDA's cooldown for the last server to the router's hold (776 s for this
-    # model): a wake whose clients gave up is not taken back to zero halfway.
-    (scaled,) = [r for r in result.registrations
-                 if r.type == "kubernetes:keda.sh/v1alpha1:ScaledObject"]  # fmt: skip
-    parsed = config.parse(_kube("gpu-h100x1-80gb", 0), "kube", frozenset({"hfToken"}))
-    assert scaled.inputs["spec"]["cooldownPeriod"] == router_values.hold_seconds(parsed) > 300
-
-
-def test_ha_and_a_floor_of_one_node_are_priced() -> None:
-    cfg = _kube("gpu-l40sx1-48gb", 1)
-    cfg["kubernetes"] = {**cfg["kubernetes"], "ha": True}
-    result = run(cfg)
-    assert result.error is None, result.error
-    out = {name: o.value for name, o in result.outputs.items()}
-    assert out["idleMonthlyParts"]["controlPlane"] == HA_PRICE_MONTH
-    assert out["hourlyPriceUsd"] == round(out["idleHourlyPriceUsd"] + 1.57, 5)
 
 
 def test_a_pool_size_not_offered_in_the_region_is_refused_before_anything_is_declared() -> None:

@@ -1,10 +1,11 @@
-"""KEDA on the Kubernetes platform (components/cloud/kube/scaling.py, autoscaler.py) under
-Pulumi's mocks: KEDA's and Prometheus' pinned charts and their values against each chart's own
-values.yaml (and Prometheus' values.schema.json), the ScaledObject against the CRD schema the
-pinned KEDA chart installs (tests/data/, sources in tests/data/README.md and docs/facts.md), a
-broken copy of each refused; the triggers ask the server the chart makes for the jobs it
-scrapes; Pulumi's hands off `spec.replicas` once KEDA owns it; vLLM's metric name in the pinned
-vLLM's source."""
+"""KEDA on the Kubernetes platform (components/cloud/kube/scaling.py) under Pulumi's mocks, the
+program declaring it through autoscaler.py (whose own tests, the releases and what the
+ScaledObject waits for, are test_kube_autoscaler.py's): KEDA's and Prometheus' values against
+each chart's own values.yaml (and Prometheus' values.schema.json), the ScaledObject against the
+CRD schema the pinned KEDA chart installs (tests/data/, sources in tests/data/README.md and
+docs/facts.md), a broken copy of each refused; the triggers ask the server the chart makes for
+the jobs it scrapes; Pulumi's hands off `spec.replicas` once KEDA owns it; vLLM's metric name in
+the pinned vLLM's source."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import yaml
 from pulumi_harness import DEFAULT_OFFERS, FAKE_API_KEY, ROOT, Registration, plain_strings
 from test_kube import KubeCloud, KubeRecorder, cluster_and_server, mock, platform, stack
 
-from components.cloud.kube import autoscaler, manifests, router_values, scaling
+from components.cloud.kube import autoscaler, router_values, scaling
 from components.spec import catalog
 from components.spec import kube as kube_spec
 from components.spec.kube import KubePlatformConfig, ScalingConfig
@@ -94,11 +95,16 @@ def run(cfg: StackConfig, kube: KubePlatformConfig) -> Run:
 CASES = [(size, m) for size in ("gpu-h100x1-80gb", "gpu-l40sx1-48gb") for m in (0, 1)]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{s}-min{m}" for s, m in CASES])
-def deployed(request: pytest.FixtureRequest) -> tuple[Run, KubePlatformConfig]:
-    size, min_nodes = request.param
+def deploy(case: tuple[str, int]) -> tuple[Run, KubePlatformConfig]:
+    """One of CASES under the mocks (test_kube_autoscaler.py's `deployed` runs them too)."""
+    size, min_nodes = case
     kube = platform(size, min_nodes)
     return run(stack(size), kube), kube
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{s}-min{m}" for s, m in CASES])
+def deployed(request: pytest.FixtureRequest) -> tuple[Run, KubePlatformConfig]:
+    return deploy(request.param)
 
 
 # --- the contracts of the pinned release, offline -------------------------------------------
@@ -189,46 +195,6 @@ def test_the_stored_contracts_are_the_pinned_releases() -> None:
     assert f"tag v{kube_spec.KEDA_VERSION}" in (DATA / "chart-values.yaml").read_text()
     first = (PROMETHEUS_DATA / "chart-values.yaml").read_text().splitlines()[0]
     assert f"tag prometheus-{scaling.PROMETHEUS_VERSION}" in first
-
-
-def test_keda_is_the_pinned_chart_with_checked_values(deployed) -> None:
-    result, kube = deployed
-    release = result.release("keda")
-    assert release.inputs["version"] == "2.20.2"
-    assert release.inputs["repositoryOpts"] == {"repo": "https://kedacore.github.io/charts"}
-    assert release.inputs["namespace"] == "keda" and release.inputs["createNamespace"] is True
-    assert release.inputs["atomic"] is True
-    values = release.inputs["values"]
-    assert values == scaling.keda_values(kube)
-    check_values(values, KEDA_DEFAULTS)
-    # On the always-on CPU pool (the label cluster.py puts on it), never on a GPU node.
-    assert values["nodeSelector"] == {manifests.GPU_POOL_LABEL: "cpu"}
-    assert values["watchNamespace"] == catalog.PROJECT
-
-
-def test_prometheus_is_the_pinned_server_alone_scraping_two_jobs(deployed) -> None:
-    result, kube = deployed
-    release = result.release("prometheus")
-    assert release.inputs["version"] == "29.27.0"
-    assert release.inputs["repositoryOpts"] == {
-        "repo": "https://prometheus-community.github.io/helm-charts"
-    }
-    assert release.inputs["namespace"] == "monitoring" and release.inputs["atomic"] is True
-    values = release.inputs["values"]
-    assert values == scaling.prometheus_values(kube)
-    check_prometheus_values(values)
-    for sub in ("alertmanager", "kube-state-metrics", "prometheus-node-exporter",
-                "prometheus-pushgateway"):  # fmt: skip
-        assert values[sub] == {"enabled": False}, sub
-    assert values["server"]["nodeSelector"] == {manifests.GPU_POOL_LABEL: "cpu"}
-    # Every job the chart scrapes by default is off (a new default in a chart bump fails
-    # here): only the router's page and the model servers' are read.
-    jobs = values["scrapeConfigs"]
-    assert set(PROMETHEUS_DEFAULTS["scrapeConfigs"]) <= set(jobs)
-    enabled = {name for name, job in jobs.items() if job.get("enabled", True)}
-    assert enabled == {"llm-d-router", "vllm"}
-    # Scraped as often as KEDA polls.
-    assert values["server"]["global"]["scrape_interval"] == "15s"
 
 
 # --- every image either chart runs, by digest (issue 43) ------------------------------------
@@ -533,13 +499,6 @@ def test_pulumi_leaves_the_count_to_keda(deployed) -> None:
     # GPU pools billing, nor a name taken), and nothing else is replaced that way.
     pool = result.one("digitalocean:index/kubernetesNodePool:KubernetesNodePool")
     assert result.delete_first == {pool.urn}
-
-
-def test_the_scaled_object_waits_for_keda_prometheus_and_the_servers(deployed) -> None:
-    result, _ = deployed
-    deps = result.one(SCALED_OBJECT).dependencies
-    for dep in (result.release("keda"), result.release("prometheus"), result.one(STATEFUL_SET)):
-        assert dep.urn in deps, dep.name
 
 
 def test_no_secret_in_any_plain_input(deployed) -> None:

@@ -18,11 +18,11 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,8 +33,6 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 from pulumi_harness import ROOT
-from stack import github_api
-from stack.github_api import GitHub
 
 UID = GID = 1001  # `runner` on GitHub's Ubuntu images
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -42,11 +40,14 @@ REPO = "octo-org/llm-infra"
 # The image's python3 (tested.py runs on it; root's pyenv is closed to uid 1001).
 SYSTEM_PYTHON = "/usr/bin/python3"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None or not os.access(SYSTEM_PYTHON, os.X_OK),
-    reason="becoming uid 1001 needs root and setpriv, and its python3 the system's (CI and the"
-    " dev machines have all three)",
+CAN_BECOME_RUNNER = (
+    os.geteuid() == 0 and shutil.which("setpriv") is not None and os.access(SYSTEM_PYTHON, os.X_OK)
 )
+BECOMING_RUNNER = (
+    "becoming uid 1001 needs root and setpriv, and its python3 the system's (CI and the dev"
+    " machines have all three)"
+)
+pytestmark = pytest.mark.skipif(not CAN_BECOME_RUNNER, reason=BECOMING_RUNNER)
 
 
 def load(path: str) -> dict[str, Any]:
@@ -276,8 +277,9 @@ WORKSPACE_FILES = [
 ]
 
 
-@pytest.fixture
-def runner() -> Iterator[Runner]:
+@contextmanager
+def runner_user() -> Iterator[Runner]:
+    """The user `runner` and its workspace (test_tested.py's fixture takes it too)."""
     # Not under pytest's tmp_path: its parents are root's, mode 0700, closed to uid 1001.
     root = Path(tempfile.mkdtemp(prefix="nemotron-runner-"))
     try:
@@ -318,6 +320,12 @@ exec /usr/bin/python3 "$@"
         yield r
     finally:
         shutil.rmtree(root)
+
+
+@pytest.fixture
+def runner() -> Iterator[Runner]:
+    with runner_user() as r:
+        yield r
 
 
 def test_the_runner_user_is_uid_1001_without_pebble_or_sudo_or_root_powers(runner: Runner) -> None:
@@ -405,8 +413,9 @@ class FakeGitHub:
     requests: list[tuple[str, dict[str, list[str]], str]] = field(default_factory=list)
 
 
-@pytest.fixture
-def github() -> Iterator[tuple[FakeGitHub, str]]:
+@contextmanager
+def github_on_loopback() -> Iterator[tuple[FakeGitHub, str]]:
+    """FakeGitHub served on 127.0.0.1 (test_tested.py's fixture takes it too)."""
     fake = FakeGitHub()
 
     class Handler(BaseHTTPRequestHandler):
@@ -433,6 +442,12 @@ def github() -> Iterator[tuple[FakeGitHub, str]]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@pytest.fixture
+def github() -> Iterator[tuple[FakeGitHub, str]]:
+    with github_on_loopback() as served:
+        yield served
 
 
 def runs_path(workflow: str = "deploy.yml") -> str:
@@ -632,120 +647,6 @@ def which_jobs_run(
     return ran
 
 
-@pytest.mark.parametrize("command", [None, "up"], ids=["push", "wake"])
-def test_a_commit_whose_test_job_passed_before_goes_straight_to_deploy(
-    runner: Runner, github: tuple[FakeGitHub, str], command: str | None
-) -> None:
-    fake, api = github
-    failed_answers, failed = a_run(41, ("tested", "success"), ("test", "failure"))
-    passed_answers, passed = a_run(
-        40, ("tested", "success"), ("test", "success"), ("deploy", "failure")
-    )
-    fake.answers |= failed_answers | passed_answers
-    fake.answers[runs_path()] = (200, {"total_count": 2, "workflow_runs": [failed, passed]})
-    job = ask_tested(runner, api, command)
-    assert job.outputs["ask"] == {"run-tests": "false"}
-    assert "passed job `test` of deploy.yml already: https://gh/run/40" in job.summary
-    # What it asked: this workflow's runs of this commit, then their jobs of every attempt.
-    # (The lease's look comes after the answer: its own test below.)
-    (path, query, auth), *jobs = [r for r in fake.requests if "lease.yml" not in r[0]]
-    assert path == runs_path() and query["head_sha"] == [SHA] and query["event"] == ["push"]
-    assert auth == "Bearer ghs-test-token"
-    assert [(p, q["filter"]) for p, q, _ in jobs] == [
-        (f"/repos/{REPO}/actions/runs/41/jobs", ["all"]),
-        (f"/repos/{REPO}/actions/runs/40/jobs", ["all"]),
-    ]
-    assert which_jobs_run("false") == ["tested", "deploy"]
-
-
-@pytest.fixture
-def strict_github() -> Iterator[tuple[GitHub, str]]:
-    """The shared fake GitHub (tests/support/stack/github_api.py: runs paged and filtered by
-    head_sha and event as GitHub does, each run's jobs as deploy.yml names them)."""
-    token = context("", None)["secrets"]["GITHUB_TOKEN"]  # the job's GITHUB_TOKEN
-    fake = GitHub(repo=REPO, workflow="deploy.yml", token=token, head_sha=SHA)
-    server = github_api.serve(fake, socket.create_server(("127.0.0.1", 0)), None)
-    try:
-        yield fake, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.mark.parametrize("passed_by", ["push", "wake"])
-def test_a_month_of_wakes_does_not_hide_the_run_that_passed(
-    runner: Runner, strict_github: tuple[GitHub, str], passed_by: str
-) -> None:
-    """Every wake is a run of the same commit whose `test` job is skipped. The run that passed
-    is behind 150 of them (more than one page of 100): the push run is asked for first; a wake
-    that ran the tests (GitHub could not tell it before) is found on the second page."""
-    fake, api = strict_github
-    if passed_by == "push":
-        passed = fake.push()
-        fake.finish_run("success", passed["id"])
-    else:
-        failed = fake.push()  # its tests failed; a wake ran them again and they passed
-        fake.finish_run("failure", failed["id"], tested="failure")
-        passed = fake.wake()
-        fake.finish_run("success", passed["id"], tested="success")
-    for _ in range(150):
-        fake.finish_run("success", fake.wake()["id"])
-    fake.head_sha = "f" * 40  # a later commit's runs are not this one's
-    fake.finish_run("success", fake.push()["id"])
-    job = ask_tested(runner, api, "up")
-    assert job.outputs["ask"] == {"run-tests": "false"}, job.stdout
-    assert f"passed job `test` of deploy.yml already: {passed['html_url']}" in job.summary
-    asked_jobs = [path for path in fake.asked if path.endswith("/jobs")]
-    assert asked_jobs[-1] == f"/repos/{REPO}/actions/runs/{passed['id']}/jobs", asked_jobs
-    if passed_by == "push":
-        assert len(asked_jobs) == 1, "only the push run's jobs"
-    else:
-        assert len(asked_jobs) == 152, "the failed push, then 150 wakes of two pages, then it"
-
-
-@pytest.mark.parametrize(
-    "earlier",
-    [
-        [],  # a new commit: the push's own run
-        [("tested", "success"), ("test", "skipped"), ("deploy", "success")],  # no skip on a skip
-        [("tested", "success"), ("test", "failure")],
-        [("tested", "success"), ("test", "cancelled")],
-    ],
-    ids=["new", "skipped", "failed", "cancelled"],
-)
-def test_a_commit_without_a_passed_test_job_runs_the_tests_first(
-    runner: Runner, github: tuple[FakeGitHub, str], earlier: list[tuple[str, str]]
-) -> None:
-    fake, api = github
-    runs = []
-    if earlier:
-        answers, run = a_run(50, *earlier)
-        fake.answers |= answers
-        runs.append(run)
-    other_answers, other = a_run(51, ("test", "success"), sha="f" * 40)  # another commit's pass
-    fake.answers |= other_answers
-    fake.answers[runs_path()] = (200, {"total_count": 2, "workflow_runs": [*runs, other]})
-    job = ask_tested(runner, api, "up")
-    assert job.outputs["ask"] == {"run-tests": "true"}
-    assert f"/repos/{REPO}/actions/runs/51/jobs" not in [p for p, _, _ in fake.requests]
-    assert which_jobs_run("true") == ["tested", "test", "deploy"]
-    assert which_jobs_run("true", test_result="failure") == ["tested", "test"]
-    assert which_jobs_run("true", cancelled=True) == ["tested"]
-    assert which_jobs_run("", tested_result="failure") == ["tested"]
-
-
-@pytest.mark.parametrize("status", [403, 500])
-def test_when_github_does_not_answer_the_tests_run(
-    runner: Runner, github: tuple[FakeGitHub, str], status: int
-) -> None:
-    fake, api = github
-    fake.answers[runs_path()] = (status, {"message": "Resource not accessible by integration"})
-    job = ask_tested(runner, api, "up")
-    assert job.outputs["ask"] == {"run-tests": "true"}
-    assert f"::warning::could not tell whether {SHA[:12]}" in job.stdout
-    assert f"HTTP {status}" in job.summary
-
-
 LEASE_LOOK = "Does the lease's schedule still run?"  # deploy.yml's step
 
 
@@ -810,15 +711,6 @@ def test_a_lease_that_guards_gives_no_warning(
     assert looked == [f"/repos/{REPO}/actions/workflows/lease.yml",
                       f"/repos/{REPO}/actions/workflows/lease.yml/runs"]  # fmt: skip
     assert {auth for _, _, auth in fake.requests} == {"Bearer ghs-test-token"}
-
-
-def test_a_destroy_waits_for_no_tests(runner: Runner, github: tuple[FakeGitHub, str]) -> None:
-    fake, api = github
-    job = ask_tested(runner, api, "destroy")
-    assert job.outputs["ask"] == {"run-tests": "false"}
-    assert fake.requests == []
-    assert f"skipped: {LEASE_LOOK}" in job.ran, "a destroy does not look at the lease"
-    assert which_jobs_run("false") == ["tested", "deploy"]
 
 
 @pytest.mark.parametrize("workflow", ["deploy.yml", "preview.yml"])

@@ -1,8 +1,7 @@
-"""The real run on `platform: kubernetes` (issue 43): `real_run.py plan --platform kubernetes`
-(the kube example on one GPU node, its bound from the cap at the cluster's hourly price part by
-part), the refusals before anything is written (a cap too small, digests missing or malformed),
-cleanup's last resort for a cluster `pulumi destroy` left (against the fake DigitalOcean API),
-the summary of a cluster run, and real-run.yml's platform input. Nothing reaches a cloud.
+"""scripts/ci/realrun/kubeplan.py through `real_run.py plan --platform kubernetes` (issue 43):
+the kube example on one GPU node, its bound from the cap at the cluster's hourly price part by
+part, the refusals before anything is written (a cap too small, digests missing or malformed),
+and the plan job's imports (PyYAML and pydantic). Nothing reaches a cloud.
 """
 
 from __future__ import annotations
@@ -15,37 +14,30 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from fake_pulumi import FakePulumi, clean_env
-from stack.do_api import Account, DigitalOceanAPI
-from test_real_run import (
-    PLAN_JOB_GUARD,
-    ROOT,
-    SCRIPT,
-    STARTED,
-    WORKFLOW,
-    read_outputs,
-    real_run,
-    run_dir,
-    step,
-    steps_of,
-    validate,
-    workflow,
-)
+from fake_pulumi import clean_env
+from test_real_run import ROOT, SCRIPT, read_outputs, real_run, steps_of
+from test_realrun_plan import PLAN_JOB_GUARD, validate
 
 from components.spec import catalog
 
 DIGEST = "sha256:" + "ab" * 32
+
+
 DIGEST_FLAGS = ("--image-digest", "--edge-image-digest", "--epp-image-digest",
                 "--proxy-image-digest")  # fmt: skip
+
+
 ALL_DIGESTS = [x for flag in DIGEST_FLAGS for x in (flag, DIGEST)]
+
+
 # Known prices in: an H100 node, one CPU node's hour, DigitalOcean's billing month.
 H100 = 3.39
+
+
 CPU_HOUR = 0.036
-DO_TOKEN = "dop_v1_fake_cleanup_token_0123456789abcdef"
 
 
 @pytest.fixture
@@ -225,134 +217,3 @@ def test_the_kube_plan_needs_pyyaml_and_pydantic_only(stacks: Path, tmp_path: Pa
             if line.startswith(("pydantic", "PyYAML"))]  # fmt: skip
     for pin in pins:
         assert f'"{pin}"' in installs, pin
-
-
-# ---- cleanup's last resort -------------------------------------------------------------------
-
-
-def cleanup(
-    fake: FakePulumi, tmp_path: Path, api: DigitalOceanAPI, token: str, *more: str
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], dict[str, str]]:
-    github_output = tmp_path / "cleanup-output"
-    out = tmp_path / "run"
-    proc = real_run(
-        "cleanup", "--stack", "rr-1", "--minutes", "3", "--out-dir", str(out), "--api-url",
-        api.url, *more,
-        env=fake.env(GITHUB_OUTPUT=str(github_output), DIGITALOCEAN_TOKEN=token),
-    )  # fmt: skip
-    return proc, json.loads((out / "cleanup.json").read_text()), read_outputs(github_output)
-
-
-def test_a_cluster_destroy_left_is_deleted_through_the_api_with_its_lb_and_volumes(
-    tmp_path: Path,
-) -> None:
-    fake = FakePulumi(tmp_path, rc={"destroy": [255, 255]})
-    fake.add_stack("rr-1")
-    account = Account()
-    ours = account.add_cluster("nemotron-rr-1", ["nemotron-droplet"])
-    other_stack = account.add_cluster("nemotron-rr-2", ["nemotron-droplet"])
-    not_ours = account.add_cluster("nemotron-rr-1", ["someone-else"])
-    token = account.add_token("cleanup", ["kubernetes:read", "kubernetes:delete"],
-                              secret=DO_TOKEN)  # fmt: skip
-    with DigitalOceanAPI(account) as api:
-        proc, result, out = cleanup(fake, tmp_path, api, token, "--cluster", "nemotron-rr-1")
-        asked = [(r.method, r.path) for r in api.requests]
-    assert proc.returncode == 1  # destroy failed: the step says so
-    assert set(account.clusters) == {other_stack, not_ours}
-    assert asked == [
-        ("GET", "/v2/kubernetes/clusters"),
-        ("DELETE", f"/v2/kubernetes/clusters/{ours}/destroy_with_associated_resources/dangerous"),
-    ]
-    assert result["cluster_deleted"] is True and result["destroyed"] is False
-    assert "ended" in out  # the bill stopped: the summary counts up to here
-    assert f"cluster nemotron-rr-1 ({ours}) deleted through the DigitalOcean API" in proc.stderr
-    assert "`pulumi stack rm --force rr-1`" in proc.stderr
-    # The stack is kept; never forced by the script itself.
-    assert not any("--force" in c["argv"] for c in fake.data["calls"])
-    assert DO_TOKEN not in proc.stdout + proc.stderr + json.dumps(result)
-
-
-def test_a_token_that_cannot_delete_clusters_is_named_and_the_cluster_said_to_bill(
-    tmp_path: Path,
-) -> None:
-    fake = FakePulumi(tmp_path, rc={"destroy": [255, 255]})
-    fake.add_stack("rr-1")
-    account = Account()
-    account.add_cluster("nemotron-rr-1", ["nemotron-droplet"])
-    token = account.add_token("cleanup", ["kubernetes:read"], secret=DO_TOKEN)
-    with DigitalOceanAPI(account) as api:
-        proc, result, out = cleanup(fake, tmp_path, api, token, "--cluster", "nemotron-rr-1")
-    assert proc.returncode == 1
-    assert len(account.clusters) == 1
-    assert result["cluster_deleted"] is False and "ended" not in out
-    assert "the token needs the scope kubernetes:delete" in proc.stderr
-    assert "**Nothing else deletes a cluster left behind**: delete nemotron-rr-1" in proc.stderr
-
-
-def test_a_droplet_run_or_a_clean_destroy_never_calls_the_api(tmp_path: Path) -> None:
-    account = Account()
-    account.add_cluster("nemotron-rr-1", ["nemotron-droplet"])
-    token = account.add_token("cleanup", ["kubernetes:read", "kubernetes:delete"])
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    with DigitalOceanAPI(account) as api:
-        failed = FakePulumi(tmp_path / "a", rc={"destroy": [255, 255]})
-        failed.add_stack("rr-1")
-        proc, _, _ = cleanup(failed, tmp_path / "a", api, token)  # a Droplet run: no --cluster
-        assert proc.returncode == 1
-        clean = FakePulumi(tmp_path / "b")
-        clean.add_stack("rr-1")
-        proc, result, _ = cleanup(clean, tmp_path / "b", api, token, "--cluster", "nemotron-rr-1")
-        assert proc.returncode == 0 and result["removed"]
-        assert api.requests == []
-    assert len(account.clusters) == 1
-
-
-# ---- the summary and the workflow ------------------------------------------------------------
-
-
-def test_the_summary_of_a_cluster_run_prices_the_cluster_and_says_nothing_else_deletes_it(
-    tmp_path: Path,
-) -> None:
-    d = run_dir(tmp_path)
-    (d / "plan.json").write_text(json.dumps({
-        "stack": "real-run-9-1", "size": "gpu-h100x1-80gb", "platform": "kubernetes",
-        "cluster": "nemotron-real-run-9-1",
-    }))  # fmt: skip
-    (d / "cleanup.json").unlink()
-    proc = real_run(
-        "summary", "--out-dir", str(d), "--started", str(STARTED), "--ended",
-        str(STARTED + 1800), "--price", "3.49134", "--cap", "10",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    text = proc.stdout
-    assert "Autodown: none: no autodown on Kubernetes" in text
-    assert "a cluster a dead runner leaves bills until you delete it" in text
-    # The plan's bound, not the outputs' hourlyPriceUsd (which leaves the Volumes out).
-    assert "**About $1.75** of the $10.00 cap: 30 min 0 s" in text
-    assert "(the cluster exists only inside it) at $3.49134/hour, the plan's bound" in text
-    assert "(Kubernetes cluster `nemotron-real-run-9-1`)" in text
-    assert "_None on Kubernetes" in text
-
-
-def test_the_workflow_takes_a_platform_and_the_digests_from_inputs_or_variables() -> None:
-    inputs = workflow()[True]["workflow_dispatch"]["inputs"]
-    assert inputs["platform"]["options"] == ["droplet", "kubernetes"]
-    assert inputs["platform"]["default"] == "droplet"
-    for s in (step("plan", "plan"), *[x for x in steps_of("run") if "plan --cost-cap" in
-                                      x.get("run", "")]):  # fmt: skip
-        env = s["env"]
-        for name, var in (("image_digest", "KUBE_IMAGE_DIGEST"),
-                          ("edge_image_digest", "KUBE_EDGE_IMAGE_DIGEST"),
-                          ("epp_image_digest", "KUBE_EPP_IMAGE_DIGEST"),
-                          ("proxy_image_digest", "KUBE_PROXY_IMAGE_DIGEST")):  # fmt: skip
-            assert env[name.upper()] == f"${{{{ inputs.{name} || vars.{var} }}}}"
-            assert f'--{name.replace("_", "-")} "${name.upper()}"' in s["run"]
-        assert '--platform "$PLATFORM"' in s["run"]
-    run_env = workflow()["jobs"]["run"]["env"]
-    assert run_env["CLUSTER"] == "${{ needs.plan.outputs.cluster }}"
-    assert '--cluster "$CLUSTER"' in step("run", "cleanup")["run"]
-    assert '--platform "$PLATFORM"' in step("run", "init")["run"]
-    [timeline] = [s for s in steps_of("run") if "timeline.py" in s.get("run", "")]
-    assert timeline["if"].endswith("&& env.PLATFORM == 'droplet' }}")
-    assert "KUBE_IMAGE_DIGEST" in WORKFLOW.read_text().split("name: real-run")[0]

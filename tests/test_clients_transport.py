@@ -1,0 +1,41 @@
+"""scripts/clients/transport.py, what every client that carries a token shares: a redirect is an
+answer and the token stays home (no request reaches the Location), the token goes over HTTPS
+only (plain HTTP to 127.0.0.1 alone), an answer is read to a bound. Against the recorder and the
+redirector on loopback (support/recorder.py), through transport.request or GitHub's client, which
+is transport.request with GitHub's headers. Each client's own headers, names and retries:
+test_clients_github.py, test_clients_digitalocean.py; the waker's and autodown's copies of the
+URL and Retry-After rules answer as transport.py does: test_layout.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from recorder import Recorder
+from test_clients_github import AGENT, TOKEN
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "scripts"))
+
+from clients import github, transport  # noqa: E402
+
+
+def test_a_redirect_is_an_answer_and_the_token_stays_home(redirect_to: str) -> None:
+    answer = github.get(f"{redirect_to}/repos/old/name", TOKEN, AGENT, 5)
+    assert answer.status_code == 302
+    assert Recorder.seen == [], "nothing reached the redirect's target"
+
+
+@pytest.mark.parametrize("where", ["http://localhost:1", "http://127.0.0.1:1@example.com",
+                                   "http://api.github.com"])  # fmt: skip
+def test_the_token_goes_over_https_or_to_127_0_0_1_only(where: str) -> None:
+    with pytest.raises(ValueError, match="HTTPS only"):
+        github.get(f"{where}/repos/me/llm", TOKEN, AGENT, 5)
+
+
+def test_an_answer_is_read_to_a_bound(recorder: str) -> None:
+    Recorder.body = b"[" + b"0," * 600 + b"0]"
+    with pytest.raises(transport.FailedError, match="over 1000 bytes"):
+        transport.request("GET", f"{recorder}/big", {}, 5, limit=1000)
+    assert transport.request("GET", f"{recorder}/big", {}, 5, limit=5000).json() == [0] * 601
