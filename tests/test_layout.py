@@ -267,7 +267,6 @@ PENDING = {
     "scripts/phases/wake/waker.py",
     "scripts/wake.py",
     # test_phase_scripts.py (and test_bootstrap.py, test_phases.py)
-    "components/host/phase_settings.py",
     "components/render.py",
 }  # fmt: skip
 
