@@ -90,6 +90,8 @@ LEVELS: dict[str, tuple[str, ...]] = {
     # The phase scripts for real under bash, in a mount namespace with fake hardware.
     "test_phase_scripts": ("sandbox",),
     "test_pool_scripts": ("sandbox",),
+    # pool.py's own (its tests came from test_pool_scripts.py and keep its level).
+    "test_pool": ("sandbox",),
     "test_cache_script": ("sandbox",),
     "test_bootstrap_ssh": ("sandbox",),
     # The real Caddy with the program's Caddyfiles.

@@ -259,7 +259,6 @@ PENDING = {
     "scripts/phases/autodown.py",
     # test_wake.py (the waker, the tool by hand), test_pool_scripts.py
     "components/host/wake.py",
-    "components/host/pool.py",
     "scripts/phases/wake/log.py",
     "scripts/phases/wake/looks.py",
     "scripts/phases/wake/pipeline.py",

@@ -89,32 +89,6 @@ def health(url: str) -> int:
     return requests.get(f"{url}/health", timeout=5).status_code
 
 
-def test_replica_settings_listen_privately_and_drain() -> None:
-    raw = stack_config("dev")
-    raw["replicas"] = 3
-    cfg = config.parse(raw, "dev")
-    s = phase_settings_for(cfg, "gateway")
-    assert "\tbind 10.110.0.3\n" in str(s["NEMO_CADDYFILE"])
-    assert "http://:8080 {" in str(s["NEMO_CADDYFILE"])
-    assert s["NEMO_HOST"] == "10.110.0.3"
-    service = phase_settings_for(cfg, "service")
-    assert service["NEMO_DRAIN_FILE"] == pool.drain_file()
-    # Caddy's checks: out after 2 failures 2 s apart, plus one interval for the cycle's phase.
-    assert service["NEMO_DRAIN_NOTICE_SECONDS"] == 6
-    ready = phase_settings_for(cfg, "ready")
-    # Back in the pool after 2 passes 2 s apart, plus one interval.
-    assert ready["NEMO_REJOIN_SECONDS"] == 6
-    assert ready["NEMO_PROBE_URL"] == "http://10.110.0.3:8080/v1/chat/completions"
-    assert ready["NEMO_ACME_PATIENCE"] == 0, "no certificate on a replica"
-    # The managed Load Balancer checks every 15 s (a look waits 15 s: a busy vLLM answers
-    # late): its notice is 2 failures plus one interval.
-    raw["access"] = {**raw["access"], "domain": "api.example.com", "dnsZone": "example.com"}
-    raw["access"]["acmeEmail"] = "ops@example.com"
-    managed = config.parse(raw, "dev")
-    assert managed.balancer_kind == "managed"
-    assert phase_settings_for(managed, "service")["NEMO_DRAIN_NOTICE_SECONDS"] == 45
-
-
 def phase_settings_for(cfg: config.StackConfig, phase: str) -> dict[str, Any]:
     return dict(
         phases.settings(
@@ -443,20 +417,6 @@ def test_every_phase_bound_holds_what_it_waits_for() -> None:
     lib = (phase_settings.PHASES_DIR / "lib.sh").read_text()
     assert re.search(rf"^METRICS_READ_SECONDS={pool.METRICS_READ_SECONDS}$", lib, re.M)
     assert re.search(rf"^DRAIN_POLL_SECONDS={pool.DRAIN_POLL_SECONDS}$", lib, re.M)
-
-
-def test_the_stall_window_covers_the_longest_prefill() -> None:
-    """vLLM counts a prompt's tokens once its prefill ends: a drain must not call a long
-    prefill stuck."""
-    lone, caddy, managed = configs()
-    for cfg in (caddy, managed):
-        for phase in ("reboot", "service"):
-            s = phase_settings_for(cfg, phase)
-            assert s["NEMO_DRAIN_STALL_SECONDS"] == pool.stall_seconds(cfg)
-            assert s["NEMO_DRAIN_SECONDS"] == pool.DRAIN_SECONDS == 600
-    assert pool.stall_seconds(caddy) == 60, "32k tokens prefill in well under a minute"
-    assert pool.stall_seconds(managed) == 66, "131k tokens at 2000 tokens/s"
-    assert phase_settings.drain_settings(lone)["NEMO_DRAIN_FILE"] == ""
 
 
 def test_a_drain_ends_on_stuck_gauges_and_a_stopped_drain_ends_itself(
