@@ -92,6 +92,8 @@ LEVELS: dict[str, tuple[str, ...]] = {
     "test_pool_scripts": ("sandbox",),
     # pool.py's own (its tests came from test_pool_scripts.py and keep its level).
     "test_pool": ("sandbox",),
+    # render.py's own: its first test came from test_phase_scripts.py and keeps its level.
+    "test_render": ("sandbox",),
     "test_cache_script": ("sandbox",),
     "test_bootstrap_ssh": ("sandbox",),
     # The real Caddy with the program's Caddyfiles.

@@ -265,8 +265,6 @@ PENDING = {
     "scripts/phases/wake/relay.py",
     "scripts/phases/wake/waker.py",
     "scripts/wake.py",
-    # test_phase_scripts.py (and test_bootstrap.py, test_phases.py)
-    "components/render.py",
 }  # fmt: skip
 
 

@@ -22,7 +22,6 @@ from fake_acme import RefusingCA
 from pulumi_harness import stack_config
 from sandbox import CADDY, FAKES, Downloads, PhaseRun, Sandbox, caddy_release_tarball
 
-from components import render
 from components.host import gateway, phase_settings, phases, vllm_service
 from components.render import render_stack
 from components.spec import catalog, config, schema
@@ -1375,28 +1374,6 @@ def test_shellcheck_passes_on_every_rendered_phase(
         check=False,
     )
     assert proc.returncode == 0, proc.stdout
-
-
-def test_the_rendered_replica_gateway_admits_render_from_the_front_only_with_the_router() -> None:
-    """scripts rendered for reading (components/render.py) show what a replica's gateway is
-    deployed with: the render route for the front's private address when the front runs the
-    cache-aware router, and no render route without it."""
-    for routing, client in (
-        ("cache-aware", render.FRONT_PRIVATE_PLACEHOLDER_IP),
-        ("least-conn", ""),
-    ):
-        raw = {**stack_config("dev"), "replicas": 3, "balancer": {"routing": routing}}
-        cfg = config.parse(raw, "dev")
-        values = render.placeholders(cfg, False, render.HOST_PLACEHOLDER_IP)
-        assert values["render_client"] == client
-        row = phases.row("gateway")
-        inputs = {name: values[name] for name in phases.wanted(row, 0)}
-        caddyfile = str(
-            row.settings(cfg, phase_settings.Inputs(**inputs, replica=0))["NEMO_CADDYFILE"]
-        )
-        assert ("/v1/chat/completions/render" in caddyfile) == bool(client), routing
-        front_only = f"@render_client remote_ip {render.FRONT_PRIVATE_PLACEHOLDER_IP}"
-        assert (front_only in caddyfile) == bool(client), routing
 
 
 # ---- autodown --------------------------------------------------------------------------------
