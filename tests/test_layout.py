@@ -258,7 +258,6 @@ PENDING = {
     "components/host/autodown.py",
     "scripts/phases/autodown.py",
     # test_wake.py (the waker, the tool by hand), test_pool_scripts.py
-    "components/host/wake.py",
     "scripts/phases/wake/log.py",
     "scripts/phases/wake/looks.py",
     "scripts/phases/wake/pipeline.py",
