@@ -263,7 +263,6 @@ PENDING = {
     "scripts/phases/wake/pipeline.py",
     "scripts/phases/wake/relay.py",
     "scripts/phases/wake/waker.py",
-    "scripts/wake.py",
 }  # fmt: skip
 
 

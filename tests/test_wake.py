@@ -999,29 +999,6 @@ def wake_tool(front: Front, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_the_wake_tool_shows_the_state_and_wakes_by_hand_within_the_guards(
-    front_factory: Callable[..., Front],
-) -> None:
-    github = FakeGitHub(token_expires=expires_in(5))
-    front = front_factory(github, WAKE_MAX_PER_DAY="1")
-    pipeline_of(front)
-    shown = wake_tool(front)
-    assert shown.returncode == 0 and "mode: asleep" in shown.stdout, shown.stderr
-    assert "wakes in the last 24 h: 0 of 1" in shown.stdout
-    assert "): warning: wake.token expires on " in shown.stdout, shown.stdout
-    woken = wake_tool(front, "--now")
-    assert woken.returncode == 0 and "waking" in woken.stdout, woken.stderr
-    github.wait_dispatches(1)
-    front.start_replica()
-    front.wait_mode("awake")
-    front.stop_replicas()
-    front.wait_mode("asleep")
-    refused = wake_tool(front, "--now")
-    assert refused.returncode == 1 and "wake.maxPerDay (1)" in refused.stdout
-    assert "retry after" in refused.stdout
-    assert API_KEY not in shown.stdout + woken.stdout + refused.stdout + refused.stderr
-
-
 def test_the_fields_the_waker_reads_are_the_ones_githubs_description_requires() -> None:
     """The REST description (tests/support/stack/github_api_schema.json, extracted from
     github/rest-api-description): the run fields, query parameters and dispatch keys the waker
