@@ -4,11 +4,13 @@ bash (the member phase, a drain for real) are test_pool_scripts.py's."""
 
 from __future__ import annotations
 
+import fnmatch
+
 from pulumi_harness import stack_config
 from test_pool_scripts import configs, phase_settings_for
 
-from components.host import phase_settings, pool
-from components.spec import config
+from components.host import gateway, phase_settings, phases, pool
+from components.spec import catalog, config
 
 
 def test_replica_settings_listen_privately_and_drain() -> None:
@@ -49,3 +51,22 @@ def test_the_stall_window_covers_the_longest_prefill() -> None:
     assert pool.stall_seconds(caddy) == 60, "32k tokens prefill in well under a minute"
     assert pool.stall_seconds(managed) == 66, "131k tokens at 2000 tokens/s"
     assert phase_settings.drain_settings(lone)["NEMO_DRAIN_FILE"] == ""
+
+
+def test_a_replicas_upstream_file_is_its_droplets_and_its_join_mark_is_never_imported() -> None:
+    """A new Droplet at the same index never writes (so a leave never removes) an old one's file;
+    the join mark sits beside the file but out of the gateway's `*.caddy` import, and both reach
+    the member phase as rendered (balancer_member)."""
+    old, new = pool.upstream_file(1, "111"), pool.upstream_file(1, "222")
+    assert old != new
+    imported = gateway.Listen().upstreams
+    assert fnmatch.fnmatch(old, imported) and fnmatch.fnmatch(new, imported)
+    joined = pool.joined_file(1, "111")
+    assert joined.startswith(old) and not fnmatch.fnmatch(joined, imported)
+    assert pool.metrics_url("10.110.0.3") == f"http://10.110.0.3:{catalog.REPLICA_PORT}/metrics"
+    cfg = configs()[1]
+    member = phases.balancer_settings(
+        cfg, "member", private_ip="10.110.0.3", droplet_id="111", replica=1
+    )
+    assert member["NEMO_UPSTREAM_FILE"] == old
+    assert member["NEMO_UPSTREAM_JOINED_FILE"] == joined
