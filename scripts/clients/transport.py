@@ -74,6 +74,9 @@ class Answer:
     status_code: int
     headers: email.message.Message
     body: bytes
+    # False when the body is cut: over its limit, or still arriving at its deadline
+    # (request_cut alone returns such an answer).
+    complete: bool = True
 
     def json(self) -> Any:
         return json.loads(self.body or b"null")
@@ -95,21 +98,68 @@ def request(
     headers: dict[str, str],
     timeout: float = TIMEOUT_SECONDS,
     limit: int = MAX_ANSWER_BYTES,
+    data: bytes | None = None,
+    within: float | None = None,
 ) -> Answer:
-    """One HTTP call; any status is an answer (a 3xx too). A dropped connection or a timeout
-    raises OSError (or http.client.HTTPException); a body over `limit` bytes, FailedError."""
+    """One HTTP call (with `data` as its body if given); any status is an answer (a 3xx too).
+    A dropped connection or a timeout raises OSError (or http.client.HTTPException); a body over
+    `limit` bytes, or one still arriving after `within` seconds, FailedError."""
+    answer = _call(method, url, headers, timeout, limit, data, within)
+    if not answer.complete:
+        raise FailedError(f"{method} {path_of(url)}: an answer over {limit} bytes or "
+                          f"{within} s")  # fmt: skip
+    return answer
+
+
+def request_cut(
+    method: str, url: str, headers: dict[str, str], timeout: float, limit: int, within: float
+) -> Answer:
+    """`request` for an answer whose beginning is worth having (a job's log): what came within
+    `limit` bytes and `within` seconds, `complete` False when that was not all of it."""
+    return _call(method, url, headers, timeout, limit, None, within)
+
+
+def _call(
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    timeout: float,
+    limit: int,
+    data: bytes | None,
+    within: float | None,
+) -> Answer:
     if problem := token_url_problem(url):
         raise ValueError(problem)
-    call = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310 (https, above)
+    call = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 (https, above)
+    deadline = None if within is None else time.monotonic() + within
     try:
         with _OPENER.open(call, timeout=timeout) as answer:
-            status, got, body = answer.status, answer.headers, answer.read(limit + 1)
+            status, got = answer.status, answer.headers
+            body, in_time = read_bounded(answer, limit, deadline)
     except urllib.error.HTTPError as err:
         with err:
-            status, got, body = err.code, err.headers, err.read(limit + 1)
-    if len(body) > limit:
-        raise FailedError(f"{method} {path_of(url)}: an answer over {limit} bytes")
-    return Answer(status, got, body)
+            status, got = err.code, err.headers
+            body, in_time = read_bounded(err, limit, deadline)
+    return Answer(status, got, body[:limit], complete=in_time and len(body) <= limit)
+
+
+def read_bounded(answer: Any, limit: int, deadline: float | None) -> tuple[bytes, bool]:
+    """At most `limit` + 1 bytes of an answer (one more says it was over), read in chunks until
+    `deadline` (time.monotonic) when given: a socket timeout bounds one read only, and an answer
+    that trickles would never end. Whether it was read before the deadline."""
+    if deadline is None:
+        return answer.read(limit + 1), True
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        if time.monotonic() >= deadline:
+            return b"".join(chunks), False
+        chunk = answer.read(min(65536, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), True
 
 
 def path_of(url: str) -> str:
