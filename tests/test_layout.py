@@ -189,9 +189,9 @@ RETRY_AFTERS = {"30": 30.0, " 7 ": 7.0, "soon": None, "": None, "-5": None,
 
 def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_them() -> None:
     """scripts/clients/transport.py is the rule (the clients, so lease.py, tested.py,
-    validate.py and the real run's clean-up, use it); the
-    waker's URL guard and autodown's Retry-After reader are copies in scripts a phase sends
-    whole, and answer as it does."""
+    validate.py, the real run's clean-up and the front's waker, use it); the waker's settings
+    refuse at start what the rule refuses (they ask it), and autodown's Retry-After reader is a
+    copy in a script a phase sends whole, and answers as it does."""
     wake = script_module.load_package(ROOT / "scripts/phases/wake", "wake_copy", "settings")
     keys = dict.fromkeys(wake.settings.KEYS, "")
     for url, allowed in TOKEN_URLS.items():
@@ -229,11 +229,11 @@ def test_the_clients_need_the_standard_library_alone() -> None:
 
 
 def test_no_other_code_opens_its_own_connection_to_an_api_that_takes_a_token() -> None:
-    """The program's tools and the CI scripts reach GitHub and DigitalOcean through
-    scripts/clients/ alone: no redirect handler, GitHub media type or Bearer header of their own.
-    (The hosts' scripts, sent as one file each, keep theirs until a phase can send the folder:
-    scripts/clients/__init__.py.)"""
-    for base in ("components", "scripts/ci"):
+    """The program's tools, the CI scripts and the front's waker (shipped with the clients
+    beside it) reach GitHub and DigitalOcean through scripts/clients/ alone: no redirect
+    handler, GitHub media type or Bearer header of their own. (autodown, sent as one file,
+    keeps its own until it ships as a package: scripts/clients/__init__.py.)"""
+    for base in ("components", "scripts/ci", "scripts/phases/wake"):
         for path in sorted((ROOT / base).rglob("*.py")):
             name, text = str(path.relative_to(ROOT)), path.read_text()
             assert "HTTPRedirectHandler" not in text, name
@@ -264,7 +264,6 @@ PENDING = {
     "components/host/pool.py",
     "scripts/phases/wake/log.py",
     "scripts/phases/wake/looks.py",
-    "scripts/phases/wake/pipeline.py",
     "scripts/phases/wake/relay.py",
     "scripts/phases/wake/waker.py",
     "scripts/wake.py",

@@ -1022,43 +1022,6 @@ def test_the_wake_tool_shows_the_state_and_wakes_by_hand_within_the_guards(
     assert API_KEY not in shown.stdout + woken.stdout + refused.stdout + refused.stderr
 
 
-def test_the_fields_the_waker_reads_are_the_ones_githubs_description_requires() -> None:
-    """The REST description (tests/support/stack/github_api_schema.json, extracted from
-    github/rest-api-description): the run fields, query parameters and dispatch keys the waker
-    uses are ones GitHub documents, so the strict fake's answers are GitHub's shape."""
-    described = github_api.schema()
-    waker = WAKE_SOURCE
-    read = set(re.findall(r'run\.get\("(\w+)"', waker)) | set(
-        re.findall(r'found\.get\("(\w+)"', waker)
-    )
-    assert read and read <= set(described["workflow_run_required"]), read
-    # Each URL's query against its own operation: a workflow's runs, a run's jobs.
-    urls = re.findall(r'"((?:workflows/\{[^}]+\}/)?runs[^"?]*)\?([^"]+)"', waker)
-    assert len(urls) == 3, urls  # the runs by title, the runs of the group, a run's jobs
-    for url, query in urls:
-        names = set(re.findall(r"(?:^|&)(\w+)=", query))
-        allowed = "jobs_list" if url.endswith("/jobs") else "runs_list"
-        assert names <= set(described[f"{allowed}_query_parameters"]), (url, names)
-    assert "filter" in described["jobs_list_query_parameters"]
-    assert "latest" in described["jobs_list_filter_enum"]
-    # A job: the fields the waker reads are required of every job; its log is a redirect.
-    # (`steps` is not required of a job: the waker reads it as `.get("steps") or []`.)
-    job_fields = set(re.findall(r"""(?:\bj|failed\[0\])\.get\(["'](\w+)["']""", waker))
-    assert 'get("steps") or []' in waker
-    assert {"conclusion", "name", "steps"} <= job_fields, job_fields
-    assert job_fields - {"steps"} <= set(described["job_required"]), job_fields
-    assert described["job_logs"]["responses"] == ["302"]
-    sent = set(
-        re.findall(
-            r'^\s+"(\w+)": ',
-            waker[waker.index("def dispatch_github") : waker.index("    def check_pipeline")],
-            re.M,
-        )
-    )
-    assert sent == set(described["dispatch_request"]["properties"]), sent
-    assert "workflow_run_id" in described["dispatch_response_200_required"]
-
-
 def test_the_waker_and_the_program_share_their_names() -> None:
     """The gate's route to the waker and the hold file: the program's (components/host/wake.py), the
     waker's own (it runs on the front on Ubuntu's Python and aiohttp, without the program) and

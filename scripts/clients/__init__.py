@@ -16,9 +16,10 @@ Where each runs, and what it uses:
 - a CI runner's system python3, nothing installed (lease.yml checks out only the files it
   needs, these among them): scripts/ci/lease.py (digitalocean.api and pages, github.api),
   scripts/ci/tested.py (github.get), scripts/ci/realrun/cleanup.py (digitalocean.api, pages).
-- a host (Ubuntu's python3, no virtualenv): scripts/phases/autodown.py and the front's waker
-  (scripts/phases/wake.py) are sent to the Droplet as one file each, so they keep their own
-  HTTP code and autodown its own /metrics parser until a phase can send this folder with them;
-  tests/test_layout.py holds their copies of the transport rules to these, and
-  tests/test_clients_prometheus.py autodown's sums to prometheus.totals.
+- a host (Ubuntu's python3, no virtualenv): the front's waker (scripts/phases/wake/) is
+  shipped as one folder holding its package and this one side by side (wake/ and clients/,
+  components/host/wake.py TREE_DIR), and imports `from clients import github, transport`.
+  scripts/phases/autodown.py, sent as one file, keeps its own HTTP code and /metrics parser
+  until it ships so too; tests/test_layout.py holds its Retry-After copy to transport's, and
+  tests/test_clients_prometheus.py its sums to prometheus.totals.
 """

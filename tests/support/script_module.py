@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-
 # scripts/: where the one client set (clients/) sits, which a host gets beside each package.
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
