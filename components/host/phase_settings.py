@@ -10,6 +10,7 @@ render.py writes them out for review.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,46 @@ def shipped(name: str) -> str:
     (script_text: a fixed comment is no re-run on a live stack)."""
     text = (PHASES_DIR / name).read_text()
     return script_text.python(text) if name.endswith(".py") else script_text.bash(text)
+
+
+# A shipped tree's file: a relative path of plain names (install_tree checks it again on the host).
+TREE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
+# What a folder holds that is not shipped: what Python writes where it imports from.
+TREE_SKIPPED = ("__pycache__", ".pyc")
+
+
+def shipped_tree(folder: str, extra: Mapping[str, Path] | None = None) -> str:
+    """A folder of scripts/phases/ (a daemon's package) as one setting: every file of it, and
+    each of `extra` at its own sub-path (another folder's modules shipped with it, as
+    {"clients/github.py": SCRIPTS/clients/github.py}), each as `shipped` sends a file (its
+    behaviour, not its comments). In path order, each file a line `file PATH LINES` and then
+    its LINES lines: the same tree is the same bytes, and lib.sh install_tree writes it back."""
+    root = PHASES_DIR / folder
+    files = {
+        path.relative_to(root).as_posix(): path
+        for path in root.rglob("*")
+        if path.is_file() and not any(part.endswith(TREE_SKIPPED) for part in path.parts)
+    }
+    for sub, source in (extra or {}).items():
+        if sub in files:
+            raise ValueError(f"{folder}: {sub} is in the folder already")
+        files[sub] = source
+    if not files:
+        raise ValueError(f"{root}: no files to ship")
+    parts = []
+    for sub in sorted(files):
+        if not TREE_PATH.fullmatch(sub) or ".." in sub.split("/"):
+            raise ValueError(f"{folder}: {sub!r} is not a plain relative path")
+        text = files[sub].read_text()
+        if sub.endswith(".py"):
+            text = script_text.python(text)
+        elif sub.endswith(".sh"):
+            text = script_text.bash(text)
+        sent = text
+        if sent and not sent.endswith("\n"):
+            sent += "\n"
+        parts.append(f"file {sub} {sent.count(chr(10))}\n{sent}")
+    return "".join(parts).removesuffix("\n")
 
 
 SECRET_PLACEHOLDER = "<secret: set at deploy time>"  # noqa: S105 (a placeholder)

@@ -150,6 +150,53 @@ install_file() {
   return 0
 }
 
+# install_tree DIR: stdin, a tree as components/host/phase_settings.py shipped_tree sends one
+# (per file a line `file PATH LINES`, then its LINES lines), as the root-owned folder DIR: files
+# 644, folders 755. Built whole beside DIR and compared with it; only when a file's content or
+# mode differs, or DIR holds a file the tree no longer has, it takes DIR's place (two renames: a
+# cut between them leaves no DIR, which the next run installs, never a mix of two trees). Says
+# whether it changed.
+install_tree() {
+  local dir=$1 tmp header path count
+  local -a lines
+  rm -rf "${dir}".new.* "${dir}.old"  # a run cut before it put its tree in place
+  mkdir -p "$(dirname "$dir")"
+  tmp=$(mktemp -d "${dir}.new.XXXXXX")
+  mapfile -t lines
+  local i=0 n=${#lines[@]}
+  while (( i < n )); do
+    header=${lines[i]}
+    read -r _ path count <<<"$header"
+    if [[ $header != "file $path $count" || ! $count =~ ^[0-9]+$ \
+          || ! $path =~ ^[A-Za-z0-9_][A-Za-z0-9_./-]*$ || /$path/ == */../* ]] \
+       || (( i + 1 + count > n )); then
+      rm -rf "$tmp"
+      fail "install_tree ${dir}: line $((i + 1)) is not a file's header (file PATH LINES)" \
+           "a bug in the program's shipped_tree: report it"
+    fi
+    mkdir -p "$(dirname "$tmp/$path")"
+    if (( count > 0 )); then
+      printf '%s\n' "${lines[@]:i+1:count}" > "$tmp/$path"
+    else
+      : > "$tmp/$path"
+    fi
+    (( i += 1 + count ))
+  done
+  find "$tmp" -type d -exec chmod 755 {} +
+  find "$tmp" -type f -exec chmod 644 {} +
+  # Python's byte code (a run of the package as root writes it) is not the tree's.
+  if [[ -d $dir ]] && diff -r -q -x __pycache__ "$tmp" "$dir" >/dev/null \
+     && [[ $(cd "$tmp" && find . -path '*/__pycache__' -prune -o -printf '%p %m\n' | sort) \
+           == $(cd "$dir" && find . -path '*/__pycache__' -prune -o -printf '%p %m\n' | sort) ]]; then
+    rm -rf "$tmp"
+    return 1
+  fi
+  if [[ -e $dir ]]; then mv -T "$dir" "${dir}.old"; fi
+  mv -T "$tmp" "$dir"
+  rm -rf "${dir}.old"
+  return 0
+}
+
 # install_unit NAME: stdin as /etc/systemd/system/NAME (install_file), systemd told when it
 # changed; says whether it changed.
 install_unit() {
