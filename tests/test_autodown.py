@@ -85,6 +85,7 @@ class Cloud:
         self.metrics_key = metrics_key
         self.auth_seen: list[str] = []
         self.metrics_status = 200
+        self.metrics_headers: dict[str, str] = {}  # sent with /metrics (a redirect's Location)
         self.hang_seconds = 0.0  # how long /metrics takes to answer
         self.droplet_id = DROPLET
         # Statuses the metadata service answers first, one a request, before the id; and how
@@ -110,7 +111,7 @@ class Cloud:
                     self._send(401, "unauthorized")
                 elif self.path == "/metrics" and cloud.metrics is not None:
                     cloud.stop.wait(cloud.hang_seconds)
-                    self._send(cloud.metrics_status, cloud.metrics)
+                    self._send(cloud.metrics_status, cloud.metrics, cloud.metrics_headers)
                 elif self.path == "/metadata/v1/id":
                     cloud.metadata_asked += 1
                     if cloud.metadata_failures:
@@ -1143,3 +1144,77 @@ def test_a_rule_new_to_a_serving_droplet_gives_it_a_bootstrap_window_of_its_own(
     state["started_at"] -= 61 * 60
     autodown.state.write_text(json.dumps(state))
     assert "not serving by its bootstrap deadline: deleted" in autodown.run().stdout
+
+
+# ---- where a secret may go: never on along a redirect -------------------------------------------
+
+
+class Catcher:
+    """Another loopback port, where a redirect points: it records what reaches it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+        catcher = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                auth = self.headers.get("Authorization", "")
+                catcher.seen.append((self.command, self.path, auth))
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_DELETE(self) -> None:
+                self.do_GET()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = loopback.serve(Handler)
+        self.url = loopback.url(self.server)
+
+    def close(self) -> None:
+        loopback.stop(self.server)
+
+
+@pytest.fixture
+def catcher() -> Iterator[Catcher]:
+    c = Catcher()
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_delete_answered_with_a_redirect_sends_the_token_nowhere_else(
+    autodown: Autodown, cloud: Cloud, catcher: Catcher, status: int
+) -> None:
+    """The DigitalOcean token goes to the API it was given and nowhere else: a DELETE answered
+    with a redirect to another port is an answer (an error the next run tries again), never
+    followed there with the token."""
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    cloud.delete_fails(*[status] * 4, Location=f"{catcher.url}/v2/droplets/{DROPLET}")
+    proc = autodown.run()
+    assert proc.returncode == 1, proc.stdout
+    assert catcher.seen == [], "nothing reached the redirect's target"
+    assert f"HTTP {status}" in proc.stdout
+    assert autodown.run().returncode == 0, "the next run deletes it through the API"
+    assert all(d["auth"] == f"Bearer {TOKEN}" for d in cloud.deletes)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_replica_answering_its_metrics_with_a_redirect_gets_no_key_sent_on(
+    cloud: Cloud, tmp_path: Path, peers: list[Cloud], catcher: Catcher, status: int
+) -> None:
+    """A replica's /metrics is read with the stack's API key: a redirect from there is no
+    reading (the set counts as busy, within its bound), and the key never goes to its target."""
+    rule = set_rule(cloud, tmp_path, peers)
+    rule.run()
+    rule.age(idle_minutes=120)
+    peers[0].metrics_status = status
+    peers[0].metrics = ""
+    peers[0].metrics_headers = {"Location": f"{catcher.url}/metrics"}
+    proc = rule.run()
+    assert catcher.seen == [], "the API key went on to the redirect's target"
+    assert f"replica metrics unreadable at {peers[0].url}/metrics" in proc.stdout
+    assert "keep: metrics unreadable, counted as busy" in proc.stdout

@@ -98,6 +98,18 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an answer, never followed: urllib sends the request's headers on to the
+    Location, Authorization included (CPython Lib/urllib/request.py redirect_request), so a
+    replica's gateway answering its /metrics with a redirect would carry the API key elsewhere."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def log(message: str) -> None:
     print(f"autodown: {message}", flush=True)
 
@@ -168,7 +180,7 @@ def read_metrics(url: str, deadline: Deadline, key: str = "") -> dict[str, float
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     request = urllib.request.Request(url, headers=headers)  # noqa: S310 (URLs from config)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        with _OPENER.open(request, timeout=timeout) as response:
             if response.status != 200:
                 return None
             body: bytes = response.read(MAX_METRICS_BYTES + 1)
@@ -240,7 +252,7 @@ def droplet_id(
             log("metadata service: no time left in this run to ask it")
             return None
         try:
-            with urllib.request.urlopen(metadata_url, timeout=timeout) as response:  # noqa: S310 (link-local metadata service)
+            with _OPENER.open(metadata_url, timeout=timeout) as response:
                 body: bytes = response.read(64)
             text = body.decode("ascii", "replace").strip()
         except urllib.error.HTTPError as err:
@@ -299,7 +311,7 @@ def delete(
             return f"{result}; the next run tries again"
         wait = delay
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            with _OPENER.open(request, timeout=timeout) as response:
                 if response.status in (200, 202, 204):
                     return "deleted"
                 result = f"error: HTTP {response.status}"
