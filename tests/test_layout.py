@@ -188,9 +188,8 @@ RETRY_AFTERS = {"30": 30.0, " 7 ": 7.0, "soon": None, "": None, "-5": None,
 
 def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_them() -> None:
     """scripts/clients/transport.py is the rule (the clients, so lease.py, tested.py,
-    validate.py and the real run's clean-up, use it); the
-    waker's URL guard and autodown's Retry-After reader are copies in scripts a phase sends
-    whole, and answer as it does."""
+    validate.py, the real run's clean-up and autodown, use it); the waker's URL guard is a copy
+    in a script a phase sends whole, and answers as it does."""
     wake = _script("scripts/phases/wake.py")
     for url, allowed in TOKEN_URLS.items():
         assert (transport.token_url_problem(url) is None) == allowed, url
@@ -200,10 +199,8 @@ def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_
         except SystemExit:
             waker_allows = False
         assert waker_allows == allowed, url
-    autodown = _script("scripts/phases/autodown.py")
     for header, seconds in RETRY_AFTERS.items():
         assert transport.retry_after_seconds(header, now=60.0) == seconds, header
-        assert autodown.retry_after(header, 60.0) == seconds, header
 
 
 # The one client of each outside service: where it lives, and who may import it.
@@ -229,9 +226,9 @@ def test_the_clients_need_the_standard_library_alone() -> None:
 def test_no_other_code_opens_its_own_connection_to_an_api_that_takes_a_token() -> None:
     """The program's tools and the CI scripts reach GitHub and DigitalOcean through
     scripts/clients/ alone: no redirect handler, GitHub media type or Bearer header of their own.
-    (The hosts' scripts, sent as one file each, keep theirs until a phase can send the folder:
-    scripts/clients/__init__.py.)"""
-    for base in ("components", "scripts/ci"):
+    Nor does autodown, shipped with the clients in its folder. (The waker, sent as one file,
+    keeps its own until a phase sends it with them: scripts/clients/__init__.py.)"""
+    for base in ("components", "scripts/ci", "scripts/phases/autodown"):
         for path in sorted((ROOT / base).rglob("*.py")):
             name, text = str(path.relative_to(ROOT)), path.read_text()
             assert "HTTPRedirectHandler" not in text, name

@@ -21,7 +21,8 @@ from components.host.phase_settings import PHASES_DIR, Inputs
 from components.spec import config
 
 BASH_SCRIPTS = sorted(p.name for p in PHASES_DIR.glob("*.sh"))
-PYTHON_SCRIPTS = sorted(p.name for p in PHASES_DIR.glob("*.py"))
+# A daemon shipped as a folder (shipped_tree): each module of it, by its path in scripts/phases.
+PYTHON_SCRIPTS = sorted(p.relative_to(PHASES_DIR).as_posix() for p in PHASES_DIR.rglob("*.py"))
 
 
 def parsed_by_bash(text: str) -> str:
@@ -201,9 +202,11 @@ def rendered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: tuple[str, s
     of scripts/phases with `edit` (old, new) made once in `name`."""
     folder = tmp_path / ("edited" if edit else "as-is")
     folder.mkdir()
-    for path in PHASES_DIR.iterdir():
-        if path.is_file():
-            (folder / path.name).write_text(path.read_text())
+    for path in PHASES_DIR.rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            copy = folder / path.relative_to(PHASES_DIR)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(path.read_text())
     if edit:
         text = (folder / name).read_text()
         assert edit[0] in text, f"{edit[0]!r} is not in {name}"
@@ -227,7 +230,7 @@ COMMENT_EDITS = [
     ("vllm.sh", "# Settings: NEMO_VLLM_INSTALL", "# Settings (each one): NEMO_VLLM_INSTALL"),
     ("lib.sh", "\n# ", "\n#  "),
     ("wake.py", "\n# ", "\n# (reworded) "),
-    ("autodown.py", "\n# ", "\n\n\n# a new paragraph: "),
+    ("autodown/metrics.py", "\n# ", "\n\n\n# a new paragraph: "),
     (
         "wake.py",
         '"""Until the mode changes, the deadline, or the next tick."""',

@@ -100,7 +100,22 @@ def request(
     raises OSError (or http.client.HTTPException); a body over `limit` bytes, FailedError."""
     if problem := token_url_problem(url):
         raise ValueError(problem)
-    call = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310 (https, above)
+    return _open(method, url, headers, timeout, limit)
+
+
+def private_get(url: str, key: str, timeout: float, limit: int) -> Answer:
+    """One GET of a page on this host or its private network: vLLM's /metrics on loopback, a
+    replica's through its private gateway (with `key`, the stack's API key, which that gateway
+    asks for; "": none), the metadata service. Plain HTTP is allowed here, as no API token goes
+    here; the opener is the same: a redirect is an answer, never followed with the key. Raises
+    as `request` does."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return _open("GET", url, headers, timeout, limit)
+
+
+def _open(method: str, url: str, headers: dict[str, str], timeout: float, limit: int) -> Answer:
+    """The call itself, through the opener that follows no redirect; the body read to `limit`."""
+    call = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310 (callers' rules)
     try:
         with _OPENER.open(call, timeout=timeout) as answer:
             status, got, body = answer.status, answer.headers, answer.read(limit + 1)

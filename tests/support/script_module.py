@@ -20,3 +20,28 @@ def load(path: Path, name: str) -> ModuleType:
     finally:
         del sys.modules[name]
     return module
+
+
+def load_package(folder: Path, name: str, *modules: str) -> ModuleType:
+    """The package in `folder` as a fresh package called `name`, with its submodules `modules`
+    imported (each call its own: state does not leak)."""
+    spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    assert spec and spec.loader, folder
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    try:
+        spec.loader.exec_module(package)
+        for module in modules:
+            importlib.import_module(f"{name}.{module}")
+    finally:
+        for key in [k for k in sys.modules if k == name or k.startswith(f"{name}.")]:
+            del sys.modules[key]
+    return package
+
+
+def package_command(folder: Path) -> tuple[list[str], dict[str, str]]:
+    """The command that runs the package in `folder` as its unit does (`python3 -P -m NAME`),
+    and the environment it needs for that (its parent on PYTHONPATH)."""
+    return [sys.executable, "-P", "-m", folder.name], {"PYTHONPATH": str(folder.parent)}
