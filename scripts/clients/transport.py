@@ -104,11 +104,10 @@ def request(
     """One HTTP call (with `data` as its body if given); any status is an answer (a 3xx too).
     A dropped connection or a timeout raises OSError (or http.client.HTTPException); a body over
     `limit` bytes, or one still arriving after `within` seconds, FailedError."""
-    answer = _call(method, url, headers, timeout, limit, data, within)
-    if not answer.complete:
-        raise FailedError(f"{method} {path_of(url)}: an answer over {limit} bytes or "
-                          f"{within} s")  # fmt: skip
-    return answer
+    if problem := token_url_problem(url):
+        raise ValueError(problem)
+    answer = _open(method, url, headers, timeout, limit, data, within)
+    return _whole(method, url, answer, limit, within)
 
 
 def request_cut(
@@ -116,21 +115,41 @@ def request_cut(
 ) -> Answer:
     """`request` for an answer whose beginning is worth having (a job's log): what came within
     `limit` bytes and `within` seconds, `complete` False when that was not all of it."""
-    return _call(method, url, headers, timeout, limit, None, within)
+    if problem := token_url_problem(url):
+        raise ValueError(problem)
+    return _open(method, url, headers, timeout, limit, None, within)
 
 
-def _call(
+def private_get(url: str, key: str, timeout: float, limit: int) -> Answer:
+    """One GET of a page on this host or its private network: vLLM's /metrics on loopback, a
+    replica's through its private gateway (with `key`, the stack's API key, which that gateway
+    asks for; "": none), the metadata service. Plain HTTP is allowed here, as no API token goes
+    here; the opener is the same: a redirect is an answer, never followed with the key. Raises
+    as `request` does."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return _whole("GET", url, _open("GET", url, headers, timeout, limit), limit, None)
+
+
+def _whole(method: str, url: str, answer: Answer, limit: int, within: float | None) -> Answer:
+    """The answer when it came whole; FailedError when it was cut."""
+    if not answer.complete:
+        slow = f", or still coming after {within:g} s" if within is not None else ""
+        raise FailedError(f"{method} {path_of(url)}: an answer over {limit} bytes{slow}")
+    return answer
+
+
+def _open(
     method: str,
     url: str,
     headers: dict[str, str],
     timeout: float,
     limit: int,
-    data: bytes | None,
-    within: float | None,
+    data: bytes | None = None,
+    within: float | None = None,
 ) -> Answer:
-    if problem := token_url_problem(url):
-        raise ValueError(problem)
-    call = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 (https, above)
+    """The call itself, through the opener that follows no redirect; the body read to `limit`
+    (and until `within` seconds from now, when given)."""
+    call = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 (callers' rules)
     deadline = None if within is None else time.monotonic() + within
     try:
         with _OPENER.open(call, timeout=timeout) as answer:
