@@ -486,8 +486,11 @@ def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     token = cfg.wake.token.get_secret_value() if on and cfg.wake.token is not None else ""
     return {
         "NEMO_WAKE_MODE": wake.mode(cfg),
-        "NEMO_WAKE_TREE": shipped_tree(wake.PACKAGE) if on else "",
-        "NEMO_WAKE_DIR": wake.PACKAGE_DIR,
+        # The package and the clients it imports, as one folder (wake.TREE_DIR).
+        "NEMO_WAKE_TREE": (
+            shipped_tree(wake.PACKAGE, wake.tree_extra(), at=wake.PACKAGE) if on else ""
+        ),
+        "NEMO_WAKE_DIR": wake.TREE_DIR,
         # The single-file waker of earlier releases: removed wherever a front still has it.
         "NEMO_WAKE_OLD_SCRIPT": wake.OLD_SCRIPT_PATH,
         "NEMO_WAKE_ENV_FILE": wake.ENV_FILE,
