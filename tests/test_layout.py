@@ -263,10 +263,7 @@ PENDING = {
     # test_wake.py (the waker, the tool by hand), test_pool_scripts.py
     "components/host/wake.py",
     "components/host/pool.py",
-    "scripts/phases/wake/log.py",
-    "scripts/phases/wake/looks.py",
     "scripts/phases/wake/relay.py",
-    "scripts/phases/wake/waker.py",
     "scripts/wake.py",
     # test_real_run.py, test_real_run_kube.py
     "scripts/ci/realrun/cleanup.py",
