@@ -263,7 +263,6 @@ PENDING = {
     # test_wake.py (the waker, the tool by hand), test_pool_scripts.py
     "components/host/wake.py",
     "components/host/pool.py",
-    "scripts/phases/wake/relay.py",
     "scripts/wake.py",
     # test_real_run.py, test_real_run_kube.py
     "scripts/ci/realrun/cleanup.py",
