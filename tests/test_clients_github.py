@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -38,7 +39,7 @@ class Recorder(BaseHTTPRequestHandler):
         type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
         reply(self, 200, type(self).body, "application/json")
 
-    do_PUT = do_GET  # noqa: N815
+    do_PUT = do_POST = do_GET  # noqa: N815
 
 
 @pytest.fixture
@@ -161,3 +162,59 @@ def test_a_refused_token_is_named_and_a_rate_limit_waited_out(
     with pytest.raises(transport.FailedError, match="rate limited"):
         api.call("GET", "/repos/me/llm", "actions: read")
     assert slept == [60.0, 60.0, 60.0], "Retry-After missing: 60 s each, 180 s in all"
+
+
+def test_a_post_sends_githubs_headers_the_token_and_its_json(recorder: str) -> None:
+    """github.post (a workflow_dispatch): GitHub's headers, the token and a JSON body. (A POST
+    answered with a redirect: tests/test_wake_pipeline.py, its one caller.)"""
+    answer = github.post(f"{recorder}/x", TOKEN, AGENT, 5, {"ref": "main"})
+    assert answer.status_code == 200
+    sent = Recorder.seen[-1]
+    assert sent["content-type"] == "application/json" and sent["content-length"] == "15"
+    assert sent["authorization"] == f"Bearer {TOKEN}" and sent["x-github-api-version"]
+
+
+def test_a_job_log_is_fetched_from_its_redirect_without_the_token(
+    recorder: str, redirect_to: str
+) -> None:
+    """GitHub answers a job log's download with a 302 to a signed storage URL: that URL gets
+    the User-Agent alone, never the token; a log longer than its bound comes back cut, not
+    refused (its beginning is worth reading); an answer that is no log is None."""
+    Recorder.body = b"line one\nline two\n"
+    assert (
+        github.job_log(f"{redirect_to}/logs", TOKEN, AGENT, 5, 1000, 10) == Recorder.body.decode()
+    )
+    assert Recorder.seen[-1]["user-agent"] == AGENT and "authorization" not in Recorder.seen[-1]
+    assert github.job_log(f"{redirect_to}/logs", TOKEN, AGENT, 5, 8, 10) == "line one"
+    assert github.job_log(f"{recorder}/logs", TOKEN, AGENT, 5, 1000, 10) == Recorder.body.decode()
+
+
+class Trickle(BaseHTTPRequestHandler):
+    """An answer whose body comes a byte every 0.1 s, for 1.5 s."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "15")
+        self.end_headers()
+        for _ in range(15):
+            self.wfile.write(b"x")
+            self.wfile.flush()
+            time.sleep(0.1)
+
+
+def test_an_answer_that_trickles_is_bounded_in_time() -> None:
+    """A socket timeout bounds one read, so an answer that trickles would never time out:
+    `within` bounds the whole read (FailedError), and request_cut keeps what came by then."""
+    server = serve(Trickle)
+    try:
+        started = time.monotonic()
+        with pytest.raises(transport.FailedError, match=r"still coming after 0\.5 s"):
+            transport.request("GET", f"{url(server)}/t", {}, 5, within=0.5)
+        cut = transport.request_cut("GET", f"{url(server)}/t", {}, 5, 1000, 0.5)
+        assert time.monotonic() - started < 2.5
+        assert not cut.complete and 0 < len(cut.body) < 15
+    finally:
+        stop(server)

@@ -168,12 +168,14 @@ def read_bounded(answer: Any, limit: int, deadline: float | None) -> tuple[bytes
     that trickles would never end. Whether it was read before the deadline."""
     if deadline is None:
         return answer.read(limit + 1), True
+    # read1: what one read of the socket brings (read(n) would wait for all n bytes).
+    read = getattr(answer, "read1", answer.read)
     chunks: list[bytes] = []
     size = 0
     while size <= limit:
         if time.monotonic() >= deadline:
             return b"".join(chunks), False
-        chunk = answer.read(min(65536, limit + 1 - size))
+        chunk = read(min(65536, limit + 1 - size))
         if not chunk:
             break
         chunks.append(chunk)
