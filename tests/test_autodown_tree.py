@@ -61,3 +61,20 @@ def test_the_installed_folder_runs_as_the_unit_runs_it_on_the_standard_library(
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("autodown: keep: bootstrapping: this replica has not served")
+
+
+def test_where_no_rule_runs_no_folder_is_sent() -> None:
+    """Off (a stack without autodown, a replica other than 0): the setting is empty, so a new
+    release of the rule runs no phase there; the phase removes a folder an earlier run left."""
+    raw = {**stack_config("dev"), "replicas": 2}
+    cfg = config.parse(raw, "dev", frozenset())
+    first = phase_settings.autodown_phase(cfg, phase_settings.Inputs(replica=0))
+    other = phase_settings.autodown_phase(cfg, phase_settings.Inputs(replica=1))
+    assert first["NEMO_AUTODOWN_MODE"] != "off" and first["NEMO_AUTODOWN_TREE"]
+    assert (other["NEMO_AUTODOWN_MODE"], other["NEMO_AUTODOWN_TREE"]) == ("off", "")
+    lone_off = config.parse({**stack_config("dev"), "autodown": {}}, "dev", frozenset())
+    assert phase_settings.autodown_phase(lone_off, phase_settings.Inputs()) == {
+        **phase_settings.autodown_phase(lone_off, phase_settings.Inputs()),
+        "NEMO_AUTODOWN_MODE": "off",
+        "NEMO_AUTODOWN_TREE": "",
+    }
