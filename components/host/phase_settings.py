@@ -339,9 +339,10 @@ def gateway_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
 def autodown_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     from . import phases  # noqa: PLC0415 (its rows name this module's functions)
 
+    # With replicas, replica 0 watches the set; the others run no rule of their own.
+    mode = cfg.autodown.mode if not i.replica else "off"
     return {
-        # With replicas, replica 0 watches the set; the others run no rule of their own.
-        "NEMO_AUTODOWN_MODE": (cfg.autodown.mode if not i.replica else "off"),
+        "NEMO_AUTODOWN_MODE": mode,
         "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(
             cfg,
             "" if cfg.pooled else i.dns_record,
@@ -354,9 +355,12 @@ def autodown_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
         "NEMO_AUTODOWN_OLD_SCRIPT": autodown.OLD_SCRIPT_PATH,
         "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
         "NEMO_AUTODOWN_TIMER_TEXT": autodown.timer_text(),
-        # The package and the clients it imports, as one folder (autodown.TREE_DIR).
-        "NEMO_AUTODOWN_TREE": shipped_tree(
-            autodown.PACKAGE, autodown.tree_extra(), at=autodown.PACKAGE
+        # The package and the clients it imports, as one folder (autodown.TREE_DIR). Off, none:
+        # a new rule changes nothing where none runs.
+        "NEMO_AUTODOWN_TREE": (
+            shipped_tree(autodown.PACKAGE, autodown.tree_extra(), at=autodown.PACKAGE)
+            if mode != "off"
+            else ""
         ),
     }
 

@@ -33,12 +33,6 @@ fi
 reload=false
 step package "${dir}: the rule's package and the clients it uses (replaced only when a file changed)"
 if printf '%s\n' "$NEMO_AUTODOWN_TREE" | install_tree "$dir"; then changed; fi
-# The rule was one file before it was a package: a host upgraded from it keeps none.
-if [[ -e $old_script ]]; then
-  rm -f "$old_script"
-  log "removed ${old_script} (the single-file rule of earlier releases)"
-  changed
-fi
 
 step env-file "root-only ${env_file}"
 if printf '%s\n' "$NEMO_AUTODOWN_ENV_TEXT" | install_secret "$env_file"; then changed; fi
@@ -55,6 +49,13 @@ if printf '%s\n' "$NEMO_AUTODOWN_TIMER_TEXT" | install_file "$timer" 644; then
   changed
 fi
 [[ $reload == true ]] && systemctl daemon-reload >&2
+# The rule was one file before it was a package: a host upgraded from it keeps none, once the
+# unit runs the package (a minute's run between the two would find no file).
+if [[ -e $old_script ]]; then
+  rm -f "$old_script"
+  log "removed ${old_script} (the single-file rule of earlier releases)"
+  changed
+fi
 
 step enable "start the timer"
 if ! systemctl is-enabled --quiet nemotron-autodown.timer; then
