@@ -79,7 +79,7 @@ def placeholders(cfg: StackConfig, has_hf_token: bool, host_ip: str) -> dict[str
         # Replica 0 reads every replica's /metrics (autodown).
         "metrics_reader": PRIVATE_PLACEHOLDER_IPS[0] if cfg.pooled else "",
         "render_client": FRONT_PRIVATE_PLACEHOLDER_IP if cfg.routing == "cache-aware" else "",
-        # Each other replica: its Droplet id (a number, as autodown.py requires) and address.
+        # Each other replica: its Droplet id (a number, as autodown requires) and address.
         "peers": [
             autodown.Peer(f"{PLACEHOLDER_DROPLET_ID}{i}", PRIVATE_PLACEHOLDER_IPS[i])
             for i in range(1, cfg.replicas)

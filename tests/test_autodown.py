@@ -1,11 +1,13 @@
-"""autodown.py for real, against a fake metrics endpoint, metadata service and DigitalOcean API
-on loopback (their addresses injected through its environment, as the phase's env file does)."""
+"""autodown for real, against a fake metrics endpoint, metadata service and DigitalOcean API
+on loopback (their addresses injected through its environment, as the phase's env file does):
+the folder the phase ships (the package and its clients), installed by lib.sh install_tree and
+run as its unit runs it, `python3 -m autodown` in that folder."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
+import os
 import re
 import socket
 import subprocess
@@ -20,14 +22,17 @@ from typing import Any
 
 import loopback
 import pytest
+import script_module
 from pulumi_harness import stack_config
 
-from components.host import phases
+from components.host import autodown as autodown_host
+from components.host import phase_settings, phases
 from components.host.autodown import Peer, env_text, token_scopes
 from components.spec import config
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "phases" / "autodown.py"
+PACKAGE = ROOT / "scripts" / "phases" / "autodown"
+sys.path.append(str(ROOT / "scripts"))  # the clients the package imports, in-process
 TOKEN = "dop_v1_FAKEautodownTOKEN0123456789"
 DROPLET = "424242"
 
@@ -85,6 +90,7 @@ class Cloud:
         self.metrics_key = metrics_key
         self.auth_seen: list[str] = []
         self.metrics_status = 200
+        self.metrics_headers: dict[str, str] = {}  # sent with /metrics (a redirect's Location)
         self.hang_seconds = 0.0  # how long /metrics takes to answer
         self.droplet_id = DROPLET
         # Statuses the metadata service answers first, one a request, before the id; and how
@@ -110,7 +116,7 @@ class Cloud:
                     self._send(401, "unauthorized")
                 elif self.path == "/metrics" and cloud.metrics is not None:
                     cloud.stop.wait(cloud.hang_seconds)
-                    self._send(cloud.metrics_status, cloud.metrics)
+                    self._send(cloud.metrics_status, cloud.metrics, cloud.metrics_headers)
                 elif self.path == "/metadata/v1/id":
                     cloud.metadata_asked += 1
                     if cloud.metadata_failures:
@@ -199,6 +205,25 @@ class Garbage:
         self.sock.close()
 
 
+# The folder of the session's `shipped` fixture, for the helpers that make a rule.
+SHIPPED: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the autodown phase installs (autodown.TREE_DIR), as lib.sh install_tree
+    writes it from the setting the program sends."""
+    folder = tmp_path_factory.mktemp("lib") / autodown_host.PACKAGE
+    tree = phase_settings.autodown_phase(
+        config.parse(stack_config("dev"), "dev", frozenset()), phase_settings.Inputs()
+    )["NEMO_AUTODOWN_TREE"]
+    program = f'source {phase_settings.PHASES_DIR / "lib.sh"}\nprintf "%s\\n" "$TREE" | install_tree {folder}'
+    subprocess.run(["bash", "-c", program], env={"PATH": os.environ["PATH"], "PHASE": "test",
+                   "TREE": str(tree)}, check=True, timeout=60)  # fmt: skip
+    SHIPPED[:] = [folder]
+    return folder
+
+
 @pytest.fixture
 def cloud() -> Iterator[Cloud]:
     c = Cloud()
@@ -207,10 +232,11 @@ def cloud() -> Iterator[Cloud]:
 
 
 class Autodown:
-    """autodown.py as the timer runs it: a fresh process each minute, its settings in the
+    """autodown as the timer runs it: a fresh process each minute, its settings in the
     environment, its state and the first-bootstrap record in files."""
 
-    def __init__(self, cloud: Cloud, state: Path, **env: str) -> None:
+    def __init__(self, cloud: Cloud, state: Path, folder: Path, **env: str) -> None:
+        self.folder = folder
         self.state = state
         self.first_bootstrap = state.parent / "first-bootstrap"
         self.first_bootstrap.write_text(f"{int(time.time())}\n")
@@ -232,7 +258,8 @@ class Autodown:
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            [sys.executable, str(SCRIPT), *args],
+            [sys.executable, "-m", autodown_host.PACKAGE, *args],
+            cwd=self.folder,
             env=self.env,
             capture_output=True,
             text=True,
@@ -256,8 +283,8 @@ class Autodown:
 
 
 @pytest.fixture
-def autodown(cloud: Cloud, tmp_path: Path) -> Autodown:
-    return Autodown(cloud, tmp_path / "autodown.json")
+def autodown(cloud: Cloud, tmp_path: Path, shipped: Path) -> Autodown:
+    return Autodown(cloud, tmp_path / "autodown.json", shipped)
 
 
 def test_busy_keeps_the_droplet(autodown: Autodown, cloud: Cloud) -> None:
@@ -720,7 +747,7 @@ def test_dry_run_logs_and_deletes_nothing(autodown: Autodown, cloud: Cloud) -> N
     autodown.age(idle_minutes=31)
     proc = autodown.run("--dry-run")
     assert "dry run: would delete this Droplet" in proc.stdout
-    no_token = Autodown(cloud, autodown.state, AUTODOWN_TOKEN="")
+    no_token = Autodown(cloud, autodown.state, autodown.folder, AUTODOWN_TOKEN="")
     assert "dry run: would delete this Droplet" in no_token.run().stdout
     assert cloud.deletes == []
 
@@ -744,12 +771,9 @@ class FakeClock:
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("nemotron_autodown", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """The package's run (__main__.py), imported from the repository as a fresh package."""
+    main: ModuleType = script_module.load_package(PACKAGE, "nemotron_autodown", "__main__").__main__
+    return main
 
 
 @pytest.fixture
@@ -954,6 +978,7 @@ def set_rule(cloud: Cloud, tmp_path: Path, peers: list[Cloud], key: str = PEER_K
     return Autodown(
         cloud,
         tmp_path / "autodown.json",
+        SHIPPED[0],
         AUTODOWN_PEER_METRICS_URLS=" ".join(f"{p.url}/metrics" for p in peers),
         AUTODOWN_PEER_METRICS_KEY=key,
         AUTODOWN_PEER_DROPLET_IDS=" ".join(PEER_IDS),
@@ -1143,3 +1168,77 @@ def test_a_rule_new_to_a_serving_droplet_gives_it_a_bootstrap_window_of_its_own(
     state["started_at"] -= 61 * 60
     autodown.state.write_text(json.dumps(state))
     assert "not serving by its bootstrap deadline: deleted" in autodown.run().stdout
+
+
+# ---- where a secret may go: never on along a redirect -------------------------------------------
+
+
+class Catcher:
+    """Another loopback port, where a redirect points: it records what reaches it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+        catcher = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                auth = self.headers.get("Authorization", "")
+                catcher.seen.append((self.command, self.path, auth))
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_DELETE(self) -> None:
+                self.do_GET()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = loopback.serve(Handler)
+        self.url = loopback.url(self.server)
+
+    def close(self) -> None:
+        loopback.stop(self.server)
+
+
+@pytest.fixture
+def catcher() -> Iterator[Catcher]:
+    c = Catcher()
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_delete_answered_with_a_redirect_sends_the_token_nowhere_else(
+    autodown: Autodown, cloud: Cloud, catcher: Catcher, status: int
+) -> None:
+    """The DigitalOcean token goes to the API it was given and nowhere else: a DELETE answered
+    with a redirect to another port is an answer (an error the next run tries again), never
+    followed there with the token."""
+    autodown.run()
+    autodown.age(idle_minutes=31)
+    cloud.delete_fails(*[status] * 4, Location=f"{catcher.url}/v2/droplets/{DROPLET}")
+    proc = autodown.run()
+    assert proc.returncode == 1, proc.stdout
+    assert catcher.seen == [], "nothing reached the redirect's target"
+    assert f"HTTP {status}" in proc.stdout
+    assert autodown.run().returncode == 0, "the next run deletes it through the API"
+    assert all(d["auth"] == f"Bearer {TOKEN}" for d in cloud.deletes)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_replica_answering_its_metrics_with_a_redirect_gets_no_key_sent_on(
+    cloud: Cloud, tmp_path: Path, peers: list[Cloud], catcher: Catcher, status: int
+) -> None:
+    """A replica's /metrics is read with the stack's API key: a redirect from there is no
+    reading (the set counts as busy, within its bound), and the key never goes to its target."""
+    rule = set_rule(cloud, tmp_path, peers)
+    rule.run()
+    rule.age(idle_minutes=120)
+    peers[0].metrics_status = status
+    peers[0].metrics = ""
+    peers[0].metrics_headers = {"Location": f"{catcher.url}/metrics"}
+    proc = rule.run()
+    assert catcher.seen == [], "the API key went on to the redirect's target"
+    assert f"replica metrics unreadable at {peers[0].url}/metrics" in proc.stdout
+    assert "keep: metrics unreadable, counted as busy" in proc.stdout

@@ -109,3 +109,50 @@ def test_the_token_goes_over_https_or_to_127_0_0_1_only(api: DigitalOceanAPI) ->
     with pytest.raises(ValueError, match="HTTPS only"):
         digitalocean.get(local, "/v2/sizes", "dop_v1_secret", 5)
     assert api.requests == []
+
+
+def test_delete_is_one_call_with_the_token_and_any_status_an_answer(api: DigitalOceanAPI) -> None:
+    """autodown's DELETE: one call (its caller keeps its own retries within its run), 204 then
+    404 for a Droplet already gone, 403 for a token without the scope; HTTPS or 127.0.0.1."""
+    droplet = api.account.add_droplet("gpu", GPU).id
+    token = api.account.add_token("autodown", ["droplet:delete"])
+    reader = api.account.add_token("reader", ["droplet:read"])
+    assert digitalocean.delete(api.url, f"/v2/droplets/{droplet}", reader, 5).status_code == 403
+    assert digitalocean.delete(api.url, f"/v2/droplets/{droplet}", token, 5).status_code == 204
+    assert digitalocean.delete(api.url, f"/v2/droplets/{droplet}", token, 5).status_code == 404
+    api.fail(1, status=503)
+    assert digitalocean.delete(api.url, "/v2/droplets/1", token, 5).status_code == 503
+    with pytest.raises(ValueError, match="HTTPS only"):
+        digitalocean.delete(api.url.replace("127.0.0.1", "localhost"), "/v2/droplets/1", token, 5)
+
+
+def test_a_private_page_is_read_over_plain_http_and_a_redirect_takes_no_key_on() -> None:
+    """transport.private_get (a host's /metrics and metadata reads): plain HTTP to a private
+    name is allowed, as no API token goes there; a 3xx is the answer, and its target never
+    sees the key."""
+    seen: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization", "")))
+            if self.path == "/metrics":
+                self.send_response(307)
+                self.send_header("Location", "/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                reply(self, 200, b"elsewhere")
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = serve(Handler)
+    try:
+        base = url(server).replace("127.0.0.1", "localhost")
+        answer = transport.private_get(f"{base}/metrics", "the-api-key", 5, 1024)
+        assert answer.status_code == 307
+        assert seen == [("/metrics", "Bearer the-api-key")], "the redirect was not followed"
+        with pytest.raises(transport.FailedError):
+            transport.private_get(f"{base}/elsewhere", "", 5, 4)  # over its bound
+    finally:
+        stop(server)

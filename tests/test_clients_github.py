@@ -78,3 +78,28 @@ def test_a_refused_token_is_named_and_a_rate_limit_waited_out(
     with pytest.raises(transport.FailedError, match="rate limited"):
         api.call("GET", "/repos/me/llm", "actions: read")
     assert slept == [60.0, 60.0, 60.0], "Retry-After missing: 60 s each, 180 s in all"
+
+
+def test_a_post_sends_githubs_headers_the_token_and_its_json(recorder: str) -> None:
+    """github.post (a workflow_dispatch): GitHub's headers, the token and a JSON body. (A POST
+    answered with a redirect: tests/test_wake_pipeline.py, its one caller.)"""
+    answer = github.post(f"{recorder}/x", TOKEN, AGENT, 5, {"ref": "main"})
+    assert answer.status_code == 200
+    sent = Recorder.seen[-1]
+    assert sent["content-type"] == "application/json" and sent["content-length"] == "15"
+    assert sent["authorization"] == f"Bearer {TOKEN}" and sent["x-github-api-version"]
+
+
+def test_a_job_log_is_fetched_from_its_redirect_without_the_token(
+    recorder: str, redirect_to: str
+) -> None:
+    """GitHub answers a job log's download with a 302 to a signed storage URL: that URL gets
+    the User-Agent alone, never the token; a log longer than its bound comes back cut, not
+    refused (its beginning is worth reading); an answer that is no log is None."""
+    Recorder.body = b"line one\nline two\n"
+    assert (
+        github.job_log(f"{redirect_to}/logs", TOKEN, AGENT, 5, 1000, 10) == Recorder.body.decode()
+    )
+    assert Recorder.seen[-1]["user-agent"] == AGENT and "authorization" not in Recorder.seen[-1]
+    assert github.job_log(f"{redirect_to}/logs", TOKEN, AGENT, 5, 8, 10) == "line one"
+    assert github.job_log(f"{recorder}/logs", TOKEN, AGENT, 5, 1000, 10) == Recorder.body.decode()

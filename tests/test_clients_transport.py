@@ -9,9 +9,12 @@ URL and Retry-After rules answer as transport.py does: test_layout.py."""
 from __future__ import annotations
 
 import sys
+import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from loopback import serve, stop, url
 from recorder import Recorder
 from test_clients_github import AGENT, TOKEN
 
@@ -39,3 +42,34 @@ def test_an_answer_is_read_to_a_bound(recorder: str) -> None:
     with pytest.raises(transport.FailedError, match="over 1000 bytes"):
         transport.request("GET", f"{recorder}/big", {}, 5, limit=1000)
     assert transport.request("GET", f"{recorder}/big", {}, 5, limit=5000).json() == [0] * 601
+
+
+class Trickle(BaseHTTPRequestHandler):
+    """An answer whose body comes a byte every 0.1 s, for 1.5 s."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "15")
+        self.end_headers()
+        for _ in range(15):
+            self.wfile.write(b"x")
+            self.wfile.flush()
+            time.sleep(0.1)
+
+
+def test_an_answer_that_trickles_is_bounded_in_time() -> None:
+    """A socket timeout bounds one read, so an answer that trickles would never time out:
+    `within` bounds the whole read (FailedError), and request_cut keeps what came by then."""
+    server = serve(Trickle)
+    try:
+        started = time.monotonic()
+        with pytest.raises(transport.FailedError, match=r"still coming after 0\.5 s"):
+            transport.request("GET", f"{url(server)}/t", {}, 5, within=0.5)
+        cut = transport.request_cut("GET", f"{url(server)}/t", {}, 5, 1000, 0.5)
+        assert time.monotonic() - started < 2.5
+        assert not cut.complete and 0 < len(cut.body) < 15
+    finally:
+        stop(server)

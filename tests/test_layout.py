@@ -189,9 +189,8 @@ RETRY_AFTERS = {"30": 30.0, " 7 ": 7.0, "soon": None, "": None, "-5": None,
 
 def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_them() -> None:
     """scripts/clients/transport.py is the rule (the clients, so lease.py, tested.py,
-    validate.py and the real run's clean-up, use it); the
-    waker's URL guard and autodown's Retry-After reader are copies in scripts a phase sends
-    whole, and answer as it does."""
+    validate.py, the real run's clean-up, autodown and the front's waker, use it); the waker's
+    settings refuse at start what the rule refuses (they ask it)."""
     wake = script_module.load_package(ROOT / "scripts/phases/wake", "wake_copy", "settings")
     keys = dict.fromkeys(wake.settings.KEYS, "")
     for url, allowed in TOKEN_URLS.items():
@@ -202,10 +201,8 @@ def test_the_scripts_a_host_runs_keep_the_transport_rules_as_the_package_writes_
         except SystemExit:
             waker_allows = False
         assert waker_allows == allowed, url
-    autodown = _script("scripts/phases/autodown.py")
     for header, seconds in RETRY_AFTERS.items():
         assert transport.retry_after_seconds(header, now=60.0) == seconds, header
-        assert autodown.retry_after(header, 60.0) == seconds, header
 
 
 # The one client of each outside service: where it lives, and who may import it.
@@ -229,11 +226,11 @@ def test_the_clients_need_the_standard_library_alone() -> None:
 
 
 def test_no_other_code_opens_its_own_connection_to_an_api_that_takes_a_token() -> None:
-    """The program's tools and the CI scripts reach GitHub and DigitalOcean through
-    scripts/clients/ alone: no redirect handler, GitHub media type or Bearer header of their own.
-    (The hosts' scripts, sent as one file each, keep theirs until a phase can send the folder:
-    scripts/clients/__init__.py.)"""
-    for base in ("components", "scripts/ci"):
+    """The program's tools, the CI scripts and the hosts' daemons (autodown and the front's
+    waker, each shipped with the clients beside it) reach GitHub and DigitalOcean through
+    scripts/clients/ alone: no redirect handler, GitHub media type or Bearer header of their
+    own."""
+    for base in ("components", "scripts/ci", "scripts/phases"):
         for path in sorted((ROOT / base).rglob("*.py")):
             name, text = str(path.relative_to(ROOT)), path.read_text()
             assert "HTTPRedirectHandler" not in text, name
@@ -254,15 +251,9 @@ EXEMPT = {"__init__.py", "__main__.py"}
 # change has split yet). This set only shrinks: an entry that has its file fails the test below,
 # so whoever gives a module its file takes it out here.
 PENDING = {
-    # test_autodown.py
-    "components/host/autodown.py",
-    "scripts/phases/autodown.py",
-    # test_wake.py (the waker, the tool by hand), test_pool_scripts.py
-    "scripts/phases/wake/log.py",
-    "scripts/phases/wake/looks.py",
-    "scripts/phases/wake/pipeline.py",
-    "scripts/phases/wake/relay.py",
-    "scripts/phases/wake/waker.py",
+    # test_autodown.py (the modules of the autodown package that have no file of their own yet)
+    "scripts/phases/autodown/metrics.py",
+    "scripts/phases/autodown/run.py",
 }  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from fake_acme import RefusingCA
 from pulumi_harness import stack_config
 from sandbox import CADDY, FAKES, Downloads, PhaseRun, Sandbox, caddy_release_tarball
 
+from components.host import autodown as autodown_host
 from components.host import gateway, phase_settings, phases, vllm_service
 from components.render import render_stack
 from components.spec import catalog, config, schema
@@ -1383,11 +1384,18 @@ def test_autodown_installs_its_timer_once_with_the_token_root_only_then_removes_
     box: Sandbox, downloads: Downloads
 ) -> None:
     token = "dop_v1_SANDBOXtoken0123"
+    # A host upgraded from the release whose rule was one file.
+    old_script = box.file(autodown_host.OLD_SCRIPT_PATH)
+    old_script.parent.mkdir(parents=True, exist_ok=True)
+    old_script.write_text("# the single-file rule\n")
     on = Phases(box, downloads, autodown={"idleMinutes": 30, "maxHours": 8, "token": token})
     run = on.run("autodown")
     assert run.returncode == 0, run.stderr
     assert run.result["changed"] is True and run.result["autodown"] == "delete"
     assert token not in run.stderr
+    assert not old_script.exists(), "the old path does not linger"
+    tree = box.file(autodown_host.TREE_DIR)
+    assert {p.name for p in tree.iterdir()} == {"autodown", "clients"}
     env_file = box.file("/etc/nemotron/autodown.env")
     assert oct(env_file.stat().st_mode & 0o777) == "0o600"
     assert f"AUTODOWN_TOKEN={token}\n" in env_file.read_text()
@@ -1403,10 +1411,11 @@ def test_autodown_installs_its_timer_once_with_the_token_root_only_then_removes_
     assert check.returncode == 0, check.stderr
     assert "autodown: keep: bootstrapping: this replica has not served yet" in check.stdout
     assert token not in check.stdout + check.stderr
+    assert on.ok("autodown")["changed"] is False, "the run's byte code is no change"
 
     off = Phases(box, downloads, autodown={"idleMinutes": None, "maxHours": None})
     result = off.ok("autodown")
     assert result["changed"] is True and result["autodown"] == "off"
     assert not box.file("/etc/systemd/system/nemotron-autodown.timer").exists()
-    assert not env_file.exists()
+    assert not env_file.exists() and not tree.exists()
     assert off.ok("autodown")["changed"] is False

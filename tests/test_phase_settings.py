@@ -137,6 +137,23 @@ def test_another_folders_module_rides_at_its_sub_path(phases_dir: Path, tmp_path
         phase_settings.shipped_tree("pkg", {"../up.py": client})
 
 
+def test_a_package_rides_under_its_own_name_beside_another(
+    phases_dir: Path, tmp_path: Path
+) -> None:
+    """`at`: the folder's files under a sub-path, so the installed folder holds two packages
+    side by side (autodown's: its own and the clients it imports)."""
+    client = tmp_path / "clients" / "github.py"
+    client.parent.mkdir()
+    client.write_text("VALUE = 1\n")
+    tree = phase_settings.shipped_tree("pkg", {"clients/github.py": client}, at="pkg")
+    host = tmp_path / "host" / "app"
+    assert install(tree, host) == "changed"
+    assert set(files(host)) == {"pkg/__init__.py", "pkg/main.py", "pkg/sub/part.py",
+                                "pkg/notes.txt", "clients/github.py"}  # fmt: skip
+    with pytest.raises(ValueError, match="in the folder already"):
+        phase_settings.shipped_tree("pkg", {"pkg/main.py": client}, at="pkg")
+
+
 def test_a_tree_that_is_not_one_fails_the_phase_naming_it(tmp_path: Path) -> None:
     program = f'source {LIB}\nprintf "file a.py 5\\nonly one line\\n" | install_tree {tmp_path}/x'
     proc = subprocess.run(["bash", "-c", program], env={"PATH": os.environ["PATH"], "PHASE": "t"},

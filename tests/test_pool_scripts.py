@@ -489,23 +489,29 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
     raw["access"] = {**raw["access"], "https": False}
     raw["wake"] = {"enabled": True, "githubRepo": "me/llm", "token": WAKE_TOKEN}
     b.cfg = config.parse(raw, "dev", frozenset({"wake"}))
-    # A front upgraded from the single-file waker of earlier releases.
+    # A front upgraded from the single-file waker of earlier releases, and from the package
+    # alone at the folder's path (its parent on PYTHONPATH), with a module since removed.
     old_script = box.file(wake.OLD_SCRIPT_PATH)
     old_script.parent.mkdir(parents=True, exist_ok=True)
     old_script.write_text("# the single-file waker\n")
+    package = box.file(wake.TREE_DIR)
+    package.mkdir()
+    for stale in ("__init__.py", "__main__.py", "hold.py"):
+        (package / stale).write_text("# the package alone, as an earlier release installed it\n")
     on = b.run("wake")
     assert on.returncode == 0, on.stderr
     assert on.result["wake"] == "on" and on.result["changed"] is True
     assert WAKE_TOKEN not in on.stdout + on.stderr
-    # The package, every module as the program ships it, and no stale single file beside it.
+    # The folder: the package and its clients side by side, every module as the program ships
+    # it, and no stale file of an earlier layout in or beside it.
     assert not old_script.exists()
-    package = box.file(wake.PACKAGE_DIR)
+    assert sorted(p.name for p in package.iterdir()) == ["clients", "wake"]
     shipped = phase_settings.balancer_wake(b.cfg, Inputs())["NEMO_WAKE_TREE"]
     assert isinstance(shipped, str)
     assert sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py")) == sorted(
         re.findall(r"^file (\S+) \d+$", shipped, re.M)
     )
-    assert (package / "decision.py").read_text() == script_text.python(
+    assert (package / "wake" / "decision.py").read_text() == script_text.python(
         (phase_settings.PHASES_DIR / "wake" / "decision.py").read_text()
     )
     restarts = box.file("/var/lib/fake-systemd/log")
@@ -514,6 +520,7 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
     assert oct(box.file(wake.ENV_FILE).stat().st_mode & 0o777) == "0o600"
     unit = box.file(f"/etc/systemd/system/{wake.UNIT}").read_text()
     assert f"LoadCredential=token:{wake.TOKEN_FILE}" in unit and "DynamicUser=yes" in unit
+    assert f"WorkingDirectory={wake.TREE_DIR}\n" in unit and "PYTHONPATH" not in unit
     assert WAKE_TOKEN not in unit + box.file(wake.ENV_FILE).read_text()
     assert "the waker answers; the set is asleep" in on.stderr
     # The sandbox has no GitHub: the waker's look at the pipeline is said, and stops nothing.
@@ -525,7 +532,7 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
         "the same tree: no restart"
     )
     # A module that differs from the tree (an upgrade): installed, and the waker restarted.
-    (package / "log.py").write_text("# another release\n")
+    (package / "wake" / "log.py").write_text("# another release\n")
     mended = b.run("wake")
     assert mended.returncode == 0 and mended.result["changed"] is True, mended.stderr
     assert restarts.read_text().count(f"restart {wake.UNIT}") == started + 1
@@ -538,7 +545,7 @@ def test_the_front_installs_its_waker_with_the_token_root_only_then_removes_it_w
     for path in (
         wake.TOKEN_FILE,
         wake.ENV_FILE,
-        wake.PACKAGE_DIR,
+        wake.TREE_DIR,
         f"/etc/systemd/system/{wake.UNIT}",
     ):
         assert not box.file(path).exists(), path

@@ -230,7 +230,7 @@ COMMENT_EDITS = [
     ("vllm.sh", "# Settings: NEMO_VLLM_INSTALL", "# Settings (each one): NEMO_VLLM_INSTALL"),
     ("lib.sh", "\n# ", "\n#  "),
     ("wake/waker.py", "\n# ", "\n# (reworded) "),
-    ("autodown.py", "\n# ", "\n\n\n# a new paragraph: "),
+    ("autodown/metrics.py", "\n# ", "\n\n\n# a new paragraph: "),
     (
         "wake/waker.py",
         '"""Until the mode changes, the deadline, or the next tick."""',

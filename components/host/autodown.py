@@ -1,9 +1,11 @@
-"""The auto-destroy rule on the Droplet: the settings autodown.py reads and the systemd units
-that run it every minute (scripts/phases/autodown.py decides; this module renders its setup)."""
+"""The auto-destroy rule on the Droplet: the settings the autodown package reads, the folder it
+is shipped as and the systemd units that run it every minute (scripts/phases/autodown/ decides;
+this module renders its setup)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 from ..spec import catalog
@@ -22,8 +24,24 @@ class Peer(NamedTuple):
 # One run must end before the next minute's: its own deadline, and systemd's beneath it.
 RUN_SECONDS = 45
 UNIT_TIMEOUT_SECONDS = 55
-SCRIPT_PATH = "/usr/local/lib/nemotron/autodown.py"
+# What the host runs: one folder (lib.sh install_tree) holding two packages, the rule
+# (scripts/phases/autodown/) and the clients it uses (scripts/clients/: the Prometheus parser,
+# the transport, DigitalOcean's API), nothing else. The unit runs `python3 -m autodown` with
+# the folder as its working directory, which `-m` puts first on sys.path: no -P (Python 3.11+)
+# and no PYTHONPATH, as a Droplet on ubuntu-22-04-x64 has Python 3.10 (docs/facts.md).
+LIB_DIR = "/usr/local/lib/nemotron"
+PACKAGE = "autodown"
+TREE_DIR = f"{LIB_DIR}/{PACKAGE}"
+# The single file the rule was before it was a package: a host upgraded from it keeps none.
+OLD_SCRIPT_PATH = f"{LIB_DIR}/autodown.py"
+CLIENTS_DIR = Path(__file__).resolve().parents[2] / "scripts" / "clients"
+CLIENTS = ("__init__.py", "digitalocean.py", "prometheus.py", "transport.py")
 ENV_FILE = "/etc/nemotron/autodown.env"
+
+
+def tree_extra() -> dict[str, Path]:
+    """The clients the rule imports, at their sub-path of the shipped folder (`clients/`)."""
+    return {f"clients/{name}": CLIENTS_DIR / name for name in CLIENTS}
 
 
 def env_text(
@@ -33,13 +51,14 @@ def env_text(
     peer_key: str = "",
     bootstrap_minutes: int | None = None,
 ) -> str:
-    """The rule's settings; `dns_record` ("<zone> <record id>") is the endpoint's A record,
-    deleted before the Droplet. With replicas, the rule runs on replica 0 for the set: idle
-    only when no replica did anything (each of the other `peers`' /metrics through its
-    gateway, with the key), and then it deletes each of them by its Droplet id, itself last
-    (the balancer and its address stay, for the next `pulumi up`). `bootstrap_minutes`: the
-    deadline of a Droplet that never served, and how long a replica's unreadable metrics
-    count as busy (phases.bootstrap_minutes; None: neither bound)."""
+    """The rule's settings (scripts/phases/autodown/settings.py reads them); `dns_record`
+    ("<zone> <record id>") is the endpoint's A record, deleted before the Droplet. With
+    replicas, the rule runs on replica 0 for the set: idle only when no replica did anything
+    (each of the other `peers`' /metrics through its gateway, with the key), and then it
+    deletes each of them by its Droplet id, itself last (the balancer and its address stay,
+    for the next `pulumi up`). `bootstrap_minutes`: the deadline of a Droplet that never
+    served, and how long a replica's unreadable metrics count as busy
+    (phases.bootstrap_minutes; None: neither bound)."""
     rule = cfg.autodown
     token = rule.token.get_secret_value() if rule.token is not None else ""
     return "\n".join([
@@ -80,8 +99,11 @@ After=network-online.target
 [Service]
 Type=oneshot
 EnvironmentFile={ENV_FILE}
-ExecStart=/usr/bin/python3 {SCRIPT_PATH}
-# A run that hangs must not hold the next minute's: autodown.py keeps its own deadline, this
+# `-m` puts the working directory first on sys.path: the folder holds the package and its
+# clients alone, root's. (-P would leave it out, but Python 3.10 has no -P.)
+WorkingDirectory={TREE_DIR}
+ExecStart=/usr/bin/python3 -m {PACKAGE}
+# A run that hangs must not hold the next minute's: the package keeps its own deadline, this
 # one is systemd's, beneath the timer's period.
 TimeoutStartSec={UNIT_TIMEOUT_SECONDS}"""
 

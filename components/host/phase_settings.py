@@ -36,15 +36,17 @@ TREE_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]
 TREE_SKIPPED = ("__pycache__", ".pyc")
 
 
-def shipped_tree(folder: str, extra: Mapping[str, Path] | None = None) -> str:
-    """A folder of scripts/phases/ (a daemon's package) as one setting: every file of it, and
-    each of `extra` at its own sub-path (another folder's modules shipped with it, as
+def shipped_tree(folder: str, extra: Mapping[str, Path] | None = None, at: str = "") -> str:
+    """A folder of scripts/phases/ (a daemon's package) as one setting: every file of it (under
+    the sub-path `at`, when given: the package beside others in one folder), and each of
+    `extra` at its own sub-path (another folder's modules shipped with it, as
     {"clients/github.py": SCRIPTS/clients/github.py}), each as `shipped` sends a file (its
     behaviour, not its comments). In path order, each file a line `file PATH LINES` and then
     its LINES lines: the same tree is the same bytes, and lib.sh install_tree writes it back."""
     root = PHASES_DIR / folder
+    prefix = f"{at}/" if at else ""
     files = {
-        path.relative_to(root).as_posix(): path
+        prefix + path.relative_to(root).as_posix(): path
         for path in root.rglob("*")
         if path.is_file() and not any(part.endswith(TREE_SKIPPED) for part in path.parts)
     }
@@ -337,9 +339,10 @@ def gateway_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
 def autodown_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     from . import phases  # noqa: PLC0415 (its rows name this module's functions)
 
+    # With replicas, replica 0 watches the set; the others run no rule of their own.
+    mode = cfg.autodown.mode if not i.replica else "off"
     return {
-        # With replicas, replica 0 watches the set; the others run no rule of their own.
-        "NEMO_AUTODOWN_MODE": (cfg.autodown.mode if not i.replica else "off"),
+        "NEMO_AUTODOWN_MODE": mode,
         "NEMO_AUTODOWN_ENV_TEXT": autodown.env_text(
             cfg,
             "" if cfg.pooled else i.dns_record,
@@ -348,10 +351,17 @@ def autodown_phase(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
             phases.bootstrap_minutes(cfg),
         ),
         "NEMO_AUTODOWN_ENV_FILE": autodown.ENV_FILE,
-        "NEMO_AUTODOWN_SCRIPT": autodown.SCRIPT_PATH,
+        "NEMO_AUTODOWN_DIR": autodown.TREE_DIR,
+        "NEMO_AUTODOWN_OLD_SCRIPT": autodown.OLD_SCRIPT_PATH,
         "NEMO_AUTODOWN_SERVICE_TEXT": autodown.service_text(),
         "NEMO_AUTODOWN_TIMER_TEXT": autodown.timer_text(),
-        "NEMO_AUTODOWN_PY": shipped("autodown.py"),
+        # The package and the clients it imports, as one folder (autodown.TREE_DIR). Off, none:
+        # a new rule changes nothing where none runs.
+        "NEMO_AUTODOWN_TREE": (
+            shipped_tree(autodown.PACKAGE, autodown.tree_extra(), at=autodown.PACKAGE)
+            if mode != "off"
+            else ""
+        ),
     }
 
 
@@ -480,8 +490,11 @@ def balancer_wake(cfg: StackConfig, i: Inputs) -> dict[str, Setting]:
     token = cfg.wake.token.get_secret_value() if on and cfg.wake.token is not None else ""
     return {
         "NEMO_WAKE_MODE": wake.mode(cfg),
-        "NEMO_WAKE_TREE": shipped_tree(wake.PACKAGE) if on else "",
-        "NEMO_WAKE_DIR": wake.PACKAGE_DIR,
+        # The package and the clients it imports, as one folder (wake.TREE_DIR).
+        "NEMO_WAKE_TREE": (
+            shipped_tree(wake.PACKAGE, wake.tree_extra(), at=wake.PACKAGE) if on else ""
+        ),
+        "NEMO_WAKE_DIR": wake.TREE_DIR,
         # The single-file waker of earlier releases: removed wherever a front still has it.
         "NEMO_WAKE_OLD_SCRIPT": wake.OLD_SCRIPT_PATH,
         "NEMO_WAKE_ENV_FILE": wake.ENV_FILE,

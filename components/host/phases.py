@@ -37,10 +37,12 @@ def shell_value(value: Setting) -> str:
 
 
 def setting_lines(key: str, value: Setting) -> list[str]:
-    """A setting's line; a text that is itself a script (the router's start script) is data
-    here, its `$` expanded only where it runs: shellcheck is told so for that line alone."""
+    """A setting's line; a text that is itself a script (the router's start script, a shipped
+    package's modules, a unit's comments) is data here, its `$` and backticks expanded only
+    where it runs, if ever: shellcheck (SC2016 reads either in single quotes as a mistake) is
+    told so for that line alone."""
     line = f"{key}={shell_value(value)}"
-    if isinstance(value, str) and re.search(r"\$[{A-Za-z_(#]", value):
+    if isinstance(value, str) and re.search(r"\$[{A-Za-z_(#]|`", value):
         return ["# shellcheck disable=SC2016  # a script's text, expanded where it runs", line]
     return [line]
 

@@ -199,7 +199,7 @@ DOC_READERS = frozenset({"__doc__", "getdoc", "help", "pydoc", "doctest"})
 def python(text: str) -> str:
     """`text` less its comments, its functions' and classes' docstrings, and the lines that hold
     nothing else (blank ones too); a `#!` first line and an encoding declaration stay. Other
-    strings are code, and so is the module's docstring (a script may print it: autodown.py's
+    strings are code, and so is the module's docstring (a script may print it, as its
     --help); all docstrings stay when something may read one (`DOC_READERS`)."""
     # The rows tokenize reads: split at \n alone (a form feed or U+2028 is inside a row).
     lines = [line.removesuffix("\n") for line in io.StringIO(text).readlines()]

@@ -6,6 +6,7 @@ it) and every value it reads: the waker has no defaults of its own."""
 from __future__ import annotations
 
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from ..spec import catalog
@@ -14,13 +15,20 @@ from ..spec.schema import StackConfig
 # The waker listens on the front's loopback only; Caddy reaches it, nothing else does.
 PORT = 8092
 ADDRESS = f"127.0.0.1:{PORT}"
-# The waker's package, installed whole (lib.sh install_tree) as PACKAGE_DIR and run as
-# `python3 -m wake` with its parent on PYTHONPATH; the single file that was the waker before
+# What the front runs: one folder (lib.sh install_tree) holding two packages side by side, the
+# waker (scripts/phases/wake/, as wake/) and the clients it uses (scripts/clients/: GitHub's
+# API and the transport), nothing else. The unit runs `python3 -m wake` with the folder as its
+# working directory, which `-m` puts first on sys.path: no -P (Python 3.11+) and no PYTHONPATH,
+# as autodown's unit does (components/host/autodown.py). The folder is where the package alone
+# was before (its parent on PYTHONPATH): install_tree swaps the whole folder, so a front
+# upgraded from it keeps none of its files; the single file that was the waker before that
 # (OLD_SCRIPT_PATH) goes from a front that still has it.
 LIB_DIR = "/usr/local/lib/nemotron"
 PACKAGE = "wake"
-PACKAGE_DIR = f"{LIB_DIR}/{PACKAGE}"
+TREE_DIR = f"{LIB_DIR}/{PACKAGE}"
 OLD_SCRIPT_PATH = f"{LIB_DIR}/wake.py"
+CLIENTS_DIR = Path(__file__).resolve().parents[2] / "scripts" / "clients"
+CLIENTS = ("__init__.py", "github.py", "transport.py")
 ENV_FILE = "/etc/nemotron/wake.env"
 # The pipeline's token: root-only; the unit reads it as a systemd credential (LoadCredential),
 # so the service's own user never needs read access to /etc/nemotron.
@@ -63,6 +71,11 @@ ASLEEP_LOOKS = 3
 RUN_POLL_SECONDS = 10
 MAX_HELD = 2000
 MAX_HELD_BYTES = 200_000_000
+
+
+def tree_extra() -> dict[str, Path]:
+    """The clients the waker imports, at their sub-path of the shipped folder (`clients/`)."""
+    return {f"clients/{name}": CLIENTS_DIR / name for name in CLIENTS}
 
 
 def mode(cfg: StackConfig) -> str:
@@ -129,9 +142,10 @@ RuntimeDirectoryPreserve=restart
 EnvironmentFile={ENV_FILE}
 LoadCredential=token:{TOKEN_FILE}
 Environment=WAKE_TOKEN_FILE=%d/token
-# The package's parent, where `-m` finds it (-P: never the working directory).
-Environment=PYTHONPATH={LIB_DIR}
-ExecStart={PYTHON} -P -m {PACKAGE}
+# `-m` puts the working directory first on sys.path: the folder holds the package and its
+# clients alone, root's. (-P would leave it out, but Python 3.10 has no -P.)
+WorkingDirectory={TREE_DIR}
+ExecStart={PYTHON} -m {PACKAGE}
 Restart=always
 RestartSec=1
 # Held requests: one socket each from Caddy and one to a replica when it is ready.

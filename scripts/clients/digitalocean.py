@@ -28,6 +28,13 @@ def get(api_url: str, path: str, token: str, timeout: float, **params: Any) -> t
     return transport.request("GET", url, {"Authorization": f"Bearer {token}"}, timeout)
 
 
+def delete(api_url: str, path: str, token: str, timeout: float) -> transport.Answer:
+    """One DELETE of `path`, not tried again (the caller keeps its own retry rules and names
+    what a 401 or 403 means for it); any status is an answer, a 3xx too."""
+    url = f"{api_url.rstrip('/')}{path}"
+    return transport.request("DELETE", url, {"Authorization": f"Bearer {token}"}, timeout)
+
+
 def api(url: str, token: str, sleep: transport.Sleep = time.sleep) -> transport.Api:
     """The API at `url` with the retry rules of transport.Api; a refusal names
     DIGITALOCEAN_TOKEN."""

@@ -5,13 +5,16 @@ Every call sends `Accept: application/vnd.github+json` and `X-GitHub-Api-Version
 the one named keeps the answers' shapes), a User-Agent ("Requests with no User-Agent header will
 be rejected": docs.github.com/en/rest/using-the-rest-api/getting-started-with-the-rest-api) and
 the token as `Authorization: Bearer`. No redirect is followed
-(transport.py says why): a 3xx is an answer, which a caller reads as "not this". The front's
-waker (scripts/phases/wake.py) keeps its own copy until a host can be sent this folder.
+(transport.py says why): a 3xx is an answer, which a caller reads as "not this"; the one
+redirect GitHub's API sends on purpose, a job log's to its signed storage URL, is fetched
+without the token (job_log).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 from . import transport
 
@@ -33,6 +36,37 @@ def get(url: str, token: str, user_agent: str, timeout: float) -> transport.Answ
     """One GET, not tried again (its caller bounds the whole); any status is an answer. A
     dropped connection or a timeout raises OSError (or http.client.HTTPException)."""
     return transport.request("GET", url, headers(user_agent, token), timeout)
+
+
+def post(url: str, token: str, user_agent: str, timeout: float, body: Any) -> transport.Answer:
+    """One POST of `body` as JSON, not tried again (a workflow_dispatch sent twice is two
+    runs); any status is an answer. Raises as `get` does."""
+    sent = {**headers(user_agent, token), "Content-Type": "application/json"}
+    return transport.request("POST", url, sent, timeout, data=json.dumps(body).encode())
+
+
+# The statuses a job log's download answers with its storage URL in Location (docs.github.com
+# /en/rest/actions/workflow-jobs "Download job logs for a workflow job": 302; the others are
+# read the same way should GitHub move to them).
+LOG_REDIRECTS = (301, 302, 307, 308)
+
+
+def job_log(
+    url: str, token: str, user_agent: str, timeout: float, limit: int, within: float
+) -> str | None:
+    """A job's log (GET .../actions/jobs/{id}/logs), at most `limit` bytes read within `within`
+    seconds (what came by then: the beginning of a long log is still worth reading); None when
+    GitHub did not give it. GitHub answers 302 to a storage URL signed for a minute, fetched
+    WITHOUT the token, which belongs to GitHub's API alone (and over HTTPS: transport's rule);
+    a GitHub Enterprise Server may answer 200 with the log in place."""
+    answer = transport.request_cut("GET", url, headers(user_agent, token), timeout, limit, within)
+    location = answer.headers.get("Location", "")
+    if answer.status_code in LOG_REDIRECTS and location:
+        plain = {"User-Agent": user_agent}
+        answer = transport.request_cut("GET", location, plain, timeout, limit, within)
+    if answer.status_code != 200:
+        return None
+    return answer.body.decode("utf-8", "replace")
 
 
 def api(

@@ -74,6 +74,9 @@ class Answer:
     status_code: int
     headers: email.message.Message
     body: bytes
+    # False when the body is cut: over its limit, or still arriving at its deadline
+    # (request_cut alone returns such an answer).
+    complete: bool = True
 
     def json(self) -> Any:
         return json.loads(self.body or b"null")
@@ -95,21 +98,89 @@ def request(
     headers: dict[str, str],
     timeout: float = TIMEOUT_SECONDS,
     limit: int = MAX_ANSWER_BYTES,
+    data: bytes | None = None,
+    within: float | None = None,
 ) -> Answer:
-    """One HTTP call; any status is an answer (a 3xx too). A dropped connection or a timeout
-    raises OSError (or http.client.HTTPException); a body over `limit` bytes, FailedError."""
+    """One HTTP call (with `data` as its body if given); any status is an answer (a 3xx too).
+    A dropped connection or a timeout raises OSError (or http.client.HTTPException); a body over
+    `limit` bytes, or one still arriving after `within` seconds, FailedError."""
     if problem := token_url_problem(url):
         raise ValueError(problem)
-    call = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310 (https, above)
+    answer = _open(method, url, headers, timeout, limit, data, within)
+    return _whole(method, url, answer, limit, within)
+
+
+def request_cut(
+    method: str, url: str, headers: dict[str, str], timeout: float, limit: int, within: float
+) -> Answer:
+    """`request` for an answer whose beginning is worth having (a job's log): what came within
+    `limit` bytes and `within` seconds, `complete` False when that was not all of it."""
+    if problem := token_url_problem(url):
+        raise ValueError(problem)
+    return _open(method, url, headers, timeout, limit, None, within)
+
+
+def private_get(url: str, key: str, timeout: float, limit: int) -> Answer:
+    """One GET of a page on this host or its private network: vLLM's /metrics on loopback, a
+    replica's through its private gateway (with `key`, the stack's API key, which that gateway
+    asks for; "": none), the metadata service. Plain HTTP is allowed here, as no API token goes
+    here; the opener is the same: a redirect is an answer, never followed with the key. Raises
+    as `request` does."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return _whole("GET", url, _open("GET", url, headers, timeout, limit), limit, None)
+
+
+def _whole(method: str, url: str, answer: Answer, limit: int, within: float | None) -> Answer:
+    """The answer when it came whole; FailedError when it was cut."""
+    if not answer.complete:
+        slow = f", or still coming after {within:g} s" if within is not None else ""
+        raise FailedError(f"{method} {path_of(url)}: an answer over {limit} bytes{slow}")
+    return answer
+
+
+def _open(
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    timeout: float,
+    limit: int,
+    data: bytes | None = None,
+    within: float | None = None,
+) -> Answer:
+    """The call itself, through the opener that follows no redirect; the body read to `limit`
+    (and until `within` seconds from now, when given)."""
+    call = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 (callers' rules)
+    deadline = None if within is None else time.monotonic() + within
     try:
         with _OPENER.open(call, timeout=timeout) as answer:
-            status, got, body = answer.status, answer.headers, answer.read(limit + 1)
+            status, got = answer.status, answer.headers
+            body, in_time = read_bounded(answer, limit, deadline)
     except urllib.error.HTTPError as err:
         with err:
-            status, got, body = err.code, err.headers, err.read(limit + 1)
-    if len(body) > limit:
-        raise FailedError(f"{method} {path_of(url)}: an answer over {limit} bytes")
-    return Answer(status, got, body)
+            status, got = err.code, err.headers
+            body, in_time = read_bounded(err, limit, deadline)
+    return Answer(status, got, body[:limit], complete=in_time and len(body) <= limit)
+
+
+def read_bounded(answer: Any, limit: int, deadline: float | None) -> tuple[bytes, bool]:
+    """At most `limit` + 1 bytes of an answer (one more says it was over), read in chunks until
+    `deadline` (time.monotonic) when given: a socket timeout bounds one read only, and an answer
+    that trickles would never end. Whether it was read before the deadline."""
+    if deadline is None:
+        return answer.read(limit + 1), True
+    # read1: what one read of the socket brings (read(n) would wait for all n bytes).
+    read = getattr(answer, "read1", answer.read)
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        if time.monotonic() >= deadline:
+            return b"".join(chunks), False
+        chunk = read(min(65536, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), True
 
 
 def path_of(url: str) -> str:

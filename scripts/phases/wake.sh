@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# wake (on the Caddy balancer, the front): the waker (the package wake/) as a service on
-# loopback, to which the gateway sends keyed requests while no replica is ready, and which holds
-# them while the GPU set wakes.
+# wake (on the Caddy balancer, the front): the waker (the package wake/, shipped in one folder
+# with the clients it imports, clients/) as a service on loopback, to which the gateway sends
+# keyed requests while no replica is ready, and which holds them while the GPU set wakes.
 # Its token (the pipeline's) is a root-only file the unit reads as a systemd credential; its
 # settings a root-only env file. Off: removes the service and the token if an earlier run
 # installed them. Runs before the gateway, whose Caddyfile then routes through it.
@@ -46,9 +46,11 @@ else
   restart=true
 fi
 
-step package "${NEMO_WAKE_DIR}: the waker's modules (replaced only when one of them changed)"
+step package "${NEMO_WAKE_DIR}: the waker's package and its clients (replaced only when a file changed)"
 if printf '%s\n' "$NEMO_WAKE_TREE" | install_tree "$NEMO_WAKE_DIR"; then changed; restart=true; fi
-# The waker was one file before it was a package: a front upgraded from it keeps none.
+# install_tree swapped the whole folder: a front upgraded from the package alone at this path
+# keeps none of its files. The waker was one file before that: a front upgraded from it keeps
+# none either.
 if [[ -e $NEMO_WAKE_OLD_SCRIPT ]]; then
   rm -f "$NEMO_WAKE_OLD_SCRIPT"
   log "removed ${NEMO_WAKE_OLD_SCRIPT} (the single-file waker of earlier releases)"

@@ -26,7 +26,7 @@ class Recorder(BaseHTTPRequestHandler):
         type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
         reply(self, 200, type(self).body, "application/json")
 
-    do_PUT = do_GET  # noqa: N815
+    do_PUT = do_POST = do_GET  # noqa: N815
 
 
 @contextmanager

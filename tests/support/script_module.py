@@ -4,9 +4,13 @@ no package module): its dataclasses look their module up in sys.modules while it
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
+
+# scripts/: where the one client set (clients/) sits, which a host gets beside each package.
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def load(path: Path, name: str) -> ModuleType:
@@ -24,7 +28,10 @@ def load(path: Path, name: str) -> ModuleType:
 
 def load_package(folder: Path, name: str, *modules: str) -> ModuleType:
     """The package in `folder` as a fresh package called `name`, with its submodules `modules`
-    imported (each call its own: state does not leak)."""
+    imported (each call its own: state does not leak). Its absolute imports of the clients
+    find scripts/clients/, as the host's package finds the copy shipped beside it."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.append(str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(
         name, folder / "__init__.py", submodule_search_locations=[str(folder)]
     )
@@ -42,6 +49,8 @@ def load_package(folder: Path, name: str, *modules: str) -> ModuleType:
 
 
 def package_command(folder: Path) -> tuple[list[str], dict[str, str]]:
-    """The command that runs the package in `folder` as its unit does (`python3 -P -m NAME`),
-    and the environment it needs for that (its parent on PYTHONPATH)."""
-    return [sys.executable, "-P", "-m", folder.name], {"PYTHONPATH": str(folder.parent)}
+    """The command that runs the package in `folder` as its unit does (`python3 -m NAME`, here
+    with -P: the working directory is never on the path), and the environment it needs for
+    that: its parent and scripts/ on PYTHONPATH, as its unit's folder holds it and clients/."""
+    path = os.pathsep.join([str(folder.parent), str(SCRIPTS)])
+    return [sys.executable, "-P", "-m", folder.name], {"PYTHONPATH": path}

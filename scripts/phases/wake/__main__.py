@@ -1,7 +1,7 @@
-"""wake: the front's waker (`python3 -m wake`, the package's parent on PYTHONPATH: the unit
-components/host/wake.py renders). While no replica answers, it holds the keyed requests Caddy
-sends it, wakes the GPU set (once) when none exists, and relays each held request to the first
-replica that is ready.
+"""wake: the front's waker (`python3 -m wake` in the folder that holds this package and the
+clients it imports, clients/: the unit components/host/wake.py renders). While no replica
+answers, it holds the keyed requests Caddy sends it, wakes the GPU set (once) when none exists,
+and relays each held request to the first replica that is ready.
 
 Runs on the balancer Droplet (the front that holds the endpoint's address) as its own service,
 on loopback, on Ubuntu's Python and aiohttp (stdlib and aiohttp only). It is in the data path

@@ -5,7 +5,9 @@ token limited to Actions on one repository; POST /repos/{repo}/actions/workflows
 dispatches with `return_run_details`, GitHub REST "Create a workflow dispatch event": 200 and
 the run's id, which is then followed by id; 204 from an older GitHub Enterprise: the run is
 found by its display_title), or a generic webhook (WAKE_TRIGGER=webhook: a POST with a secret
-header). It asks and follows; it never saves the waker's state (waker.py does)."""
+header). It asks and follows; it never saves the waker's state (waker.py does). Every call goes
+through the one client set shipped beside the package (scripts/clients/: GitHub's headers, HTTPS
+only, no redirect followed with the token, bounded answers)."""
 
 from __future__ import annotations
 
@@ -14,19 +16,22 @@ import http.client
 import json
 import re
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from clients import github, transport
 
 from .log import iso, log
 from .settings import Settings
 from .state import DAY
 
 API_TIMEOUT = 20.0
+USER_AGENT = "nemotron-droplet-wake"
+# What a call that got no answer raises: no connection, a timeout, an answer over its bound, or
+# a URL the token may not go to (Settings.check refuses those first).
+UNANSWERED = (OSError, http.client.HTTPException, ValueError, transport.FailedError)
 # A run's conclusions that end a wake other than in success (GitHub REST, workflow-run).
 RUN_ENDED = "completed"
 # Why a run failed, from its failed job's log (GitHub REST "Download job logs for a workflow
@@ -96,28 +101,6 @@ def token_expiry(value: str | None) -> float | None:
     return at.timestamp()
 
 
-def read_bounded(resp: Any, limit: int, deadline: float) -> str:
-    """At most `limit` bytes of an answer, read in chunks until `deadline` (a socket timeout
-    bounds one read only: a trickle would not end)."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit and time.monotonic() < deadline:
-        chunk = resp.read(min(65536, limit - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A 302 comes back as an HTTPError with its Location: urllib would follow it carrying our
-    Authorization header to another host."""
-
-    def redirect_request(self, *_: Any) -> None:
-        return None
-
-
 @dataclass
 class Pipeline:
     """The GitHub REST or webhook client of a wake, with the waker's settings and clock."""
@@ -125,35 +108,18 @@ class Pipeline:
     s: Settings
     clock: Callable[[], float] = field(default=time.time)
 
-    def _request(
-        self, method: str, url: str, body: dict[str, Any] | None, headers: dict[str, str]
-    ) -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        # Settings.from_env allows https:// (and http:// to 127.0.0.1 alone) for these URLs.
-        req = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310
+    def _github(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        """One call of GitHub's API with the token: (status, its JSON or None)."""
         try:
-            with urllib.request.urlopen(req, timeout=API_TIMEOUT) as resp:  # noqa: S310
-                raw = resp.read()
-                return resp.status, json.loads(raw) if raw.strip() else None
-        except urllib.error.HTTPError as err:
-            try:
-                detail = json.loads(err.read() or b"null")
-            except ValueError:
-                detail = None
-            return err.code, detail
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
+            if method == "POST":
+                answer = github.post(url, self.s.token, USER_AGENT, API_TIMEOUT, body)
+            else:
+                answer = github.get(url, self.s.token, USER_AGENT, API_TIMEOUT)
+        except UNANSWERED as err:
             raise PipelineError(
                 f"the pipeline could not be reached: {type(err).__name__}"
             ) from None
-
-    def _github_headers(self) -> dict[str, str]:
-        return {
-            "Authorization": f"Bearer {self.s.token}",
-            "Accept": "application/vnd.github+json",
-            "X-GitHub-Api-Version": "2022-11-28",
-            "Content-Type": "application/json",
-            "User-Agent": "nemotron-droplet-wake",
-        }
+        return answer.status_code, _detail(answer)
 
     def _repo_url(self, tail: str) -> str:
         return f"{self.s.github_api}/repos/{self.s.github_repo}/actions/{tail}"
@@ -168,12 +134,12 @@ class Pipeline:
             "inputs": {"stack": self.s.stack, "command": "up", "refresh": "true"},
             "return_run_details": True,
         }
-        status, detail = self._request("POST", url, body, self._github_headers())
+        status, detail = self._github("POST", url, body)
         said = str((detail or {}).get("message", "")) if isinstance(detail, dict) else ""
         if status == 422 and "return_run_details" in said:
             # A GitHub that does not know the parameter yet: the dispatch as it was before.
             del body["return_run_details"]
-            status, detail = self._request("POST", url, body, self._github_headers())
+            status, detail = self._github("POST", url, body)
             said = str((detail or {}).get("message", "")) if isinstance(detail, dict) else ""
         if status == 200 and isinstance(detail, dict) and detail.get("workflow_run_id"):
             return int(detail["workflow_run_id"])
@@ -202,7 +168,7 @@ class Pipeline:
             return found | {"warning": "a webhook is not checked before a wake"}
         try:
             status, body, sent = self._ask_workflow()
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
+        except UNANSWERED as err:
             return found | {"warning": f"GitHub could not be reached ({type(err).__name__})"}
         expires = token_expiry(sent.get("github-authentication-token-expiration"))
         found["token_expires"] = iso(expires)
@@ -245,38 +211,43 @@ class Pipeline:
         return found | {"problem": problem, "warning": "; ".join(warnings) or None}
 
     def _ask_workflow(self) -> tuple[int, Any, Any]:
-        """GET the workflow with the token: (status, JSON body or {}, the answer's headers)."""
-        headers = {k: v for k, v in self._github_headers().items() if k != "Content-Type"}
+        """GET the workflow with the token: (status, JSON body or {}, the answer's headers).
+        A 200 whose body is no JSON raises ValueError (as if GitHub had not answered)."""
         url = self._repo_url(f"workflows/{self.s.github_workflow}")
-        req = urllib.request.Request(url, headers=headers)  # noqa: S310 (from_env: https only)
+        answer = github.get(url, self.s.token, USER_AGENT, API_TIMEOUT)
         try:
-            with urllib.request.urlopen(req, timeout=API_TIMEOUT) as resp:  # noqa: S310
-                return resp.status, json.loads(resp.read(1_000_000) or b"{}"), resp.headers
-        except urllib.error.HTTPError as err:
-            try:
-                said = json.loads(err.read(100_000) or b"{}")
-            except (ValueError, http.client.HTTPException, OSError):
-                said = {}
-            return err.code, said if isinstance(said, dict) else {}, err.headers
+            said = answer.json()
+        except ValueError:
+            if answer.status_code == 200:
+                raise
+            said = {}
+        return answer.status_code, said if isinstance(said, dict) else {}, answer.headers
 
     def ref_missing(self) -> bool:
         """Whether the dispatch's branch is known not to exist (GET .../git/ref/heads/{ref}: 404
         once the repository answered; a token without Contents: read gets 403: not known)."""
         url = f"{self.s.github_api}/repos/{self.s.github_repo}/git/ref/heads/{self.s.github_ref}"
         try:
-            status, _ = self._request("GET", url, None, self._github_headers())
+            status, _ = self._github("GET", url)
         except PipelineError:
             return False
         return status == 404
 
     def call_webhook(self) -> None:
+        """POST the stack to the webhook with its secret header (no redirect followed with it)."""
         headers = {
             "Content-Type": "application/json",
-            "User-Agent": "nemotron-droplet-wake",
+            "User-Agent": USER_AGENT,
             self.s.webhook_header: self.s.token,
         }
-        body = {"stack": self.s.stack, "event": "wake"}
-        status, _ = self._request("POST", self.s.webhook_url, body, headers)
+        data = json.dumps({"stack": self.s.stack, "event": "wake"}).encode()
+        try:
+            answer = transport.request("POST", self.s.webhook_url, headers, API_TIMEOUT, data=data)
+        except UNANSWERED as err:
+            raise PipelineError(
+                f"the pipeline could not be reached: {type(err).__name__}"
+            ) from None
+        status = answer.status_code
         if not 200 <= status < 300:
             raise PipelineError(f"the webhook refused the wake (HTTP {status})")
 
@@ -290,7 +261,7 @@ class Pipeline:
         url = self._repo_url(
             f"workflows/{self.s.github_workflow}/runs?event=workflow_dispatch&per_page=20"
         )
-        status, body = self._request("GET", url, None, self._github_headers())
+        status, body = self._github("GET", url)
         for run in _runs_of(status, body) or []:
             created = _epoch(run.get("created_at"))
             if (
@@ -306,7 +277,7 @@ class Pipeline:
         """The workflow's newest runs, any event (None when GitHub did not answer them)."""
         url = self._repo_url(f"workflows/{self.s.github_workflow}/runs?per_page=20")
         try:
-            status, body = self._request("GET", url, None, self._github_headers())
+            status, body = self._github("GET", url)
         except PipelineError:
             return None
         return _runs_of(status, body)
@@ -342,11 +313,7 @@ class Pipeline:
             try:
                 if run_id is not None:
                     status, run = await asyncio.to_thread(
-                        self._request,
-                        "GET",
-                        self._repo_url(f"runs/{run_id}"),
-                        None,
-                        self._github_headers(),
+                        self._github, "GET", self._repo_url(f"runs/{run_id}")
                     )
                     if status != 200 or not isinstance(run, dict):
                         continue
@@ -379,7 +346,7 @@ class Pipeline:
         not say (the run's link stays the answer)."""
         url = self._repo_url(f"runs/{run.get('id')}/jobs?filter=latest&per_page=100")
         try:
-            status, body = self._request("GET", url, None, self._github_headers())
+            status, body = self._github("GET", url)
             jobs = body.get("jobs") if status == 200 and isinstance(body, dict) else None
             failed = [
                 j
@@ -403,29 +370,27 @@ class Pipeline:
         return where + (f"; billing: {'; '.join(billing)}" if billing else "")
 
     def job_log(self, job_id: int) -> str:
-        """A job's log (GitHub answers 302 to a storage URL signed for a minute; it is fetched
-        without the token, which belongs to GitHub's API alone); '' when it cannot be read."""
-        headers = {k: v for k, v in self._github_headers().items() if k != "Content-Type"}
-        req = urllib.request.Request(self._repo_url(f"jobs/{job_id}/logs"), headers=headers)  # noqa: S310
-        opener = urllib.request.build_opener(_NoRedirect)
+        """A job's log, without the token on its signed redirect (clients/github.py job_log);
+        '' when it cannot be read."""
+        url = self._repo_url(f"jobs/{job_id}/logs")
         try:
-            with opener.open(req, timeout=API_TIMEOUT) as resp:  # a GHES that answers in place
-                return read_bounded(resp, LOG_LIMIT, time.monotonic() + LOG_SECONDS)
-        except urllib.error.HTTPError as err:
-            location = err.headers.get("Location", "") if err.code in (301, 302, 307) else ""
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
+            text = github.job_log(
+                url, self.s.token, USER_AGENT, API_TIMEOUT, LOG_LIMIT, LOG_SECONDS
+            )
+        except UNANSWERED:
             return ""
-        # HTTPS, or plain HTTP to 127.0.0.1 when the API itself is there (the tests' fake).
-        target, api = urllib.parse.urlsplit(location), urllib.parse.urlsplit(self.s.github_api)
-        loopback = target.scheme == api.scheme == "http" and target.hostname == "127.0.0.1"
-        if not (target.scheme == "https" and target.hostname) and not loopback:
-            return ""
-        plain = urllib.request.Request(location, headers={"User-Agent": headers["User-Agent"]})  # noqa: S310
-        try:
-            with urllib.request.urlopen(plain, timeout=API_TIMEOUT) as resp:  # noqa: S310
-                return read_bounded(resp, LOG_LIMIT, time.monotonic() + LOG_SECONDS)
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
-            return ""
+        return text or ""
+
+
+def _detail(answer: transport.Answer) -> Any:
+    """An answer's JSON (None when empty); an error's body that is no JSON is None too, and a
+    success's raises PipelineError (not the answer of GitHub's API)."""
+    try:
+        return answer.json() if answer.body.strip() else None
+    except ValueError:
+        if answer.status_code < 300:
+            raise PipelineError("the pipeline could not be reached: JSONDecodeError") from None
+        return None
 
 
 def _runs_of(status: int, body: Any) -> list[dict[str, Any]] | None:

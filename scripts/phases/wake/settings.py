@@ -5,9 +5,10 @@ that cannot be used, stops the waker with one line that names it."""
 
 from __future__ import annotations
 
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+
+from clients import transport
 
 # Every key the waker reads: env_text renders each but WAKE_TOKEN_FILE, which the unit sets
 # (a systemd credential's path); tests/test_wake_settings.py holds the lists equal.
@@ -115,7 +116,8 @@ class Settings:
 
 def check(env: dict[str, str]) -> None:
     """The trigger one of TRIGGERS, a webhook never called without its secret, and the token
-    sent over HTTPS only (plain HTTP to 127.0.0.1 alone: the tests' fakes)."""
+    sent over HTTPS only (plain HTTP to 127.0.0.1 alone: the tests' fakes), the clients' one
+    rule (clients/transport.py token_url_problem), said at start rather than at a wake."""
     trigger = env["WAKE_TRIGGER"]
     if trigger not in TRIGGERS:
         raise SystemExit(f"WAKE_TRIGGER={trigger!r}: accepted: {', '.join(TRIGGERS)}")
@@ -123,9 +125,8 @@ def check(env: dict[str, str]) -> None:
         # The program sets both (WakeConfig).
         raise SystemExit("WAKE_TRIGGER=webhook needs WAKE_WEBHOOK_URL and WAKE_WEBHOOK_HEADER")
     for url_key in ("WAKE_GITHUB_API", "WAKE_WEBHOOK_URL"):
-        url = urllib.parse.urlsplit(env[url_key])
-        if url.scheme and url.scheme != "https" and url.hostname != "127.0.0.1":
-            raise SystemExit(f"{url_key}: the token goes over HTTPS only")
+        if env[url_key] and (problem := transport.token_url_problem(env[url_key])):
+            raise SystemExit(f"{url_key}: {problem}")
 
 
 def _int(env: dict[str, str], key: str, text: str | None = None) -> int:
