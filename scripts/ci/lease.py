@@ -35,7 +35,7 @@ DigitalOcean created since TIME (the run's start, less a minute for clocks apart
 made and did not bring to serve. The stack's older Droplets stay (they served before; their
 autodown rule and their lease bound them) and are named with their lease. Each line it prints
 for the run's log begins `billing:`, which the front's waker relays to the requests a failed
-wake held (scripts/phases/wake.py). Same token, same scopes.
+wake held (scripts/phases/wake/). Same token, same scopes.
 
 `--status` asks GitHub instead whether the schedule still runs (GitHub REST, github/
 rest-api-description): GET /repos/{repo}/actions/workflows/lease.yml (its `state`: `active`, or
