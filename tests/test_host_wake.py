@@ -46,8 +46,9 @@ def test_the_settings_name_no_secret_and_the_unit_reads_the_token_as_a_credentia
     assert f"LoadCredential=token:{wake.TOKEN_FILE}" in unit
     assert "Environment=WAKE_TOKEN_FILE=%d/token" in unit
     assert f"EnvironmentFile={wake.ENV_FILE}" in unit and "DynamicUser=yes" in unit
-    assert f"ExecStart={wake.PYTHON} -P -m {wake.PACKAGE}" in unit
-    assert f"Environment=PYTHONPATH={wake.PACKAGE_DIR.rsplit('/', 1)[0]}" in unit
+    # The package and its clients side by side in one folder, which `-m` puts first on sys.path.
+    assert f"ExecStart={wake.PYTHON} -m {wake.PACKAGE}" in unit
+    assert f"WorkingDirectory={wake.TREE_DIR}" in unit and "PYTHONPATH" not in "\n".join(unit)
 
 
 def test_a_held_request_goes_to_the_waker_only_while_its_hold_file_exists() -> None:
