@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import script_module
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,31 +180,3 @@ def test_both_parsers_agree_on_thousands_of_damaged_pages() -> None:
         assert answer == reading(prometheus.stdlib_samples, page), repr(page)
         refused += answer == "refused"
     assert 300 < refused < 2700  # both kinds of answer were compared
-
-
-def test_autodown_reads_a_vllm_page_through_the_module_and_refuses_what_it_refuses() -> None:
-    """autodown (scripts/phases/autodown/metrics.py, shipped with this module) sums a valid vLLM
-    page per metric over its label sets, and takes the module's one rule: a page with a bad line
-    or a repeated series anywhere, a metric it does not watch included, is no reading at all
-    (its own parser skipped such lines and summed a repeated series)."""
-    metrics = script_module.load_package(
-        ROOT / "scripts" / "phases" / "autodown", "autodown_sums", "metrics"
-    ).metrics
-    page = VALID["vllm"] + (
-        "# TYPE vllm:num_requests_waiting gauge\n"
-        f"vllm:num_requests_waiting{{{LABELS}}} 4.0\n"
-        f"vllm:generation_tokens_total{{{LABELS}}} 11.0\n"
-        f"vllm:prompt_tokens_total{{{LABELS}}} 5.0\n"
-    )
-    assert metrics.reading(page) == {
-        "vllm:num_requests_running": 3.0,
-        "vllm:request_success_total": 3.0,
-        "vllm:num_requests_waiting": 4.0,
-        "vllm:generation_tokens_total": 11.0,
-        "vllm:prompt_tokens_total": 5.0,
-    }
-    for name, bad in {**BAD, **REPEATED}.items():
-        damaged = page + bad
-        with pytest.raises(prometheus.ParseError):
-            prometheus.totals(damaged, ())
-        assert metrics.reading(damaged) is None, name
