@@ -48,6 +48,12 @@ def subcommand(subparsers: Subparsers, name: str, doc: str | None) -> argparse.A
     return parser
 
 
+def add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    """--json: what the subcommand shows, as one JSON document on stdout and nothing else there
+    (errors stay one line on stderr), for scripts."""
+    parser.add_argument("--json", action="store_true", help=f"one JSON document on stdout: {what}")
+
+
 def version() -> str:
     try:
         return importlib.metadata.version(DISTRIBUTION)
