@@ -745,7 +745,15 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
         "`vllm bench serve --save-result` (one per line)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--json", dest="json_path", help="write the results to this file")
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="write the results to FILE; without FILE: print them on stdout as one JSON "
+        "document, and nothing else there (no tables, no progress)",
+    )
     parser.add_argument(
         "--replicas",
         type=int,
@@ -823,6 +831,10 @@ def check(args: argparse.Namespace) -> None:
             "--trace says when each request starts and its lengths: not with --dataset, "
             "--duration, --find-knee, --turns or --range-ratio",
         ),
+        (
+            args.json_path == "-" and args.format == "vllm",
+            "--format vllm is one line per level, not one document: give --json a FILE",
+        ),
     )
     for broken, message in rules:
         if broken:
@@ -874,6 +886,8 @@ def run(args: argparse.Namespace) -> int:
         trace,
     )
     target = target_mod.resolve(args)
+    on_stdout = args.json_path == "-"  # the document alone on stdout: no progress with it
+    args.no_progress = args.no_progress or on_stdout
     console = Console(stderr=True)
     started = datetime.datetime.now(datetime.UTC)
     requests_out = open(args.save_requests, "w") if args.save_requests else None  # noqa: SIM115
@@ -890,7 +904,8 @@ def run(args: argparse.Namespace) -> int:
     for report in reports:
         report["replicas"] = replicas
         report["output_tokens_per_s_per_replica"] = report["output_tokens_per_s"] / replicas
-    print_report(args, reports, knee)
+    if not on_stdout:
+        print_report(args, reports, knee)
     if args.json_path:
         write_results(args, target, model, started, reports, knee)
     if args.plot:

@@ -390,7 +390,8 @@ def write_results(
     reports: list[dict[str, Any]],
     knee: dict[str, Any],
 ) -> None:
-    """--json: our self-describing file, or vLLM's layout (one line per level)."""
+    """--json: our self-describing file (on stdout for `--json` alone), or vLLM's layout (one
+    line per level)."""
     if args.format == "vllm":
         with open(args.json_path, "w") as f:
             for report in reports:
@@ -408,5 +409,8 @@ def write_results(
         }
         if args.find_knee:
             result["knee"] = {**knee, "slo_ms": args.slo, "slo_target_pct": args.slo_target}
+        if args.json_path == "-":
+            print(json.dumps(result))
+            return
         with open(args.json_path, "w") as f:
             json.dump(result, f, indent=2)

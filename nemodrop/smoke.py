@@ -300,8 +300,8 @@ class Smoke:
         ]
 
 
-def run_checks(target: target_mod.Target, timeout: float, strict: bool = False) -> list[Result]:
-    smoke = Smoke(target, timeout)
+def run_checks(smoke: Smoke, strict: bool = False) -> list[Result]:
+    target, timeout = smoke.target, smoke.timeout
     results = []
     for name, check in smoke.checks():
         start = time.perf_counter()
@@ -334,6 +334,20 @@ def add_parser(subparsers: cli.Subparsers) -> None:
         action="store_true",
         help="a feature the server does not offer (OFF: reasoning, tool calls) fails the run",
     )
+    cli.add_json(parser, "the endpoint, the model and each check's status, time and detail")
+
+
+def document(smoke: Smoke, results: list[Result]) -> dict[str, Any]:
+    """--json: what the lines say, and which failed; never the key."""
+    return {
+        "endpoint": smoke.target.endpoint,
+        "model": smoke.model,  # the one asked for, else the first the server listed
+        "checks": [
+            {"name": r.name, "status": r.status, "ms": round(r.seconds * 1000), "detail": r.detail}
+            for r in results
+        ],
+        "failed": [r.name for r in results if not r.ok],
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -342,10 +356,14 @@ def run(args: argparse.Namespace) -> int:
     target = target_mod.resolve(args)
     # Unreachable, refused, untrusted, the wrong key, not serving yet: one line, not 8 FAILs.
     reach.probe(target, args.timeout)
-    results = run_checks(target, args.timeout, args.strict)
+    smoke = Smoke(target, args.timeout)
+    results = run_checks(smoke, args.strict)
+    failed = [r for r in results if not r.ok]
+    if args.json:
+        print(json.dumps(document(smoke, results)))
+        return 1 if failed else 0
     for r in results:
         print(f"{r.status} {r.name:<12} {r.seconds * 1000:8.0f} ms  {r.detail}")
-    failed = [r for r in results if not r.ok]
     if failed:
         off = [r.name for r in failed if r.status == "OFF"]
         print(

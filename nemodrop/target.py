@@ -122,6 +122,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def pulumi_dir() -> Path:
+    """Where `pulumi stack output` runs: the checkout this package is in (its Pulumi.yaml), else
+    the working directory (a copy installed from git, run from the user's own checkout)."""
+    return PROJECT_DIR if (PROJECT_DIR / "Pulumi.yaml").exists() else Path.cwd()
+
+
 def stack_outputs(
     stack: str, *, show_secrets: bool = True, seconds: float | None = None
 ) -> dict[str, Any]:
@@ -137,7 +143,7 @@ def stack_outputs(
     try:
         proc = subprocess.run(  # noqa: S603 (fixed argv, no shell)
             [pulumi, "stack", "output", "--json", *secrets, "--stack", stack],
-            cwd=PROJECT_DIR,
+            cwd=pulumi_dir(),
             capture_output=True,
             text=True,
             timeout=seconds,

@@ -196,6 +196,47 @@ def add_parser(subparsers: cli.Subparsers) -> None:
         default=LINK_GBPS,
         help=f"the link a download's floor is counted at (default {LINK_GBPS:g})",
     )
+    cli.add_json(parser, "the phases, the critical path, the downloads, disks and vLLM's start")
+
+
+def document(timeline: dict[str, Any], link_gbps: float) -> dict[str, Any]:
+    """--json: what the text shows, in numbers (seconds from the first phase's start)."""
+    timed, untimed = spans(timeline)
+    origin = min((s.start for s in timed), default=0.0)
+    on_path = [s.phase for s in critical_path(timed)]
+    downloads = []
+    for phase, entry in timeline.items():
+        moved, seconds = entry.get("download_bytes"), entry.get("download_seconds")
+        if moved and seconds:
+            floor = moved * 8 / (link_gbps * 1e9)
+            downloads.append({"phase": phase, "bytes": moved, "seconds": seconds,
+                              "floor_seconds": floor})  # fmt: skip
+    return {
+        "wall_seconds": max((s.end for s in timed), default=origin) - origin,
+        "phases": [
+            {
+                "phase": s.phase,
+                "start": s.start - origin,
+                "seconds": s.seconds,
+                "after": list(s.after),
+                "critical": s.phase in on_path,
+            }
+            for s in timed
+        ],
+        "critical_path": on_path,
+        "untimed": untimed,
+        "link_gbps": link_gbps,
+        "downloads": downloads,
+        "disks": {phase: entry["disks"] for phase, entry in timeline.items() if entry.get("disks")},
+    }
+
+
+def startup(journal: str) -> dict[str, Any]:
+    try:
+        with open(journal, errors="replace") as f:
+            return vllm_startup.parse(f.read())
+    except OSError as err:
+        raise target_mod.TargetError(f"--journal {journal}: {err.strerror}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,19 +244,18 @@ def run(args: argparse.Namespace) -> int:
         args.usage_error("--link-gbps: a positive number of Gbit/s")
     timeline = load(args)
     timed, untimed = spans(timeline)
-    print(report(timed, untimed))
-    print("\n".join(["", *budget(timeline, args.link_gbps)]))
-    if seen := disks(timeline):
-        print("\n".join(["", *seen]))
-    if args.journal:
-        try:
-            with open(args.journal, errors="replace") as f:
-                parts = vllm_startup.parse(f.read())
-        except OSError as err:
-            raise target_mod.TargetError(f"--journal {args.journal}: {err.strerror}") from None
-        print(vllm_startup.report(parts))
-        if rate := weights_rate(parts):
-            print(rate)
+    parts = startup(args.journal) if args.journal else None
+    if args.json:
+        print(json.dumps({**document(timeline, args.link_gbps), "vllm_start": parts}))
+    else:
+        print(report(timed, untimed))
+        print("\n".join(["", *budget(timeline, args.link_gbps)]))
+        if seen := disks(timeline):
+            print("\n".join(["", *seen]))
+        if parts is not None:
+            print(vllm_startup.report(parts))
+            if rate := weights_rate(parts):
+                print(rate)
     if args.png and timed:
         gantt(timed, args.png)
     return 0

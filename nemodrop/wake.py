@@ -13,6 +13,7 @@ front said it, with when to come back.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from typing import Any
 
@@ -88,6 +89,33 @@ def add_parser(subparsers: cli.Subparsers) -> None:
     target_mod.add_arguments(parser)
     parser.add_argument("--now", action="store_true", help="wake the set now")
     parser.add_argument("--wait", type=float, default=0, help="with --now: seconds to wait")
+    cli.add_json(parser, "the front's state (with --now: its answer to the wake too)")
+
+
+def wake_now(args: argparse.Namespace, url: str, target: target_mod.Target) -> str | None:
+    """POST the wake, then with --wait follow it until awake or failed: what the front said
+    ("waking", "already awake"), or None when it refused (printed: the reason, when to retry)."""
+    status, body, retry = ask("POST", url, target)
+    if status == 401:
+        raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
+    if status == 404:
+        raise target_mod.TargetError(f"{url}: no waker here: is wake.enabled set?")
+    if status >= 400:
+        message = (body.get("error") or {}).get("message", f"HTTP {status}")
+        refused = {"refused": message, "retry_after": retry or None}
+        retry_text = f" (retry after {retry} s)" if retry else ""
+        print(json.dumps(refused) if args.json else f"refused: {message}{retry_text}")
+        return None
+    said = "waking" if body.get("mode") == "waking" else f"already {body.get('mode')}"
+    if not args.json:
+        print(said)
+    end = time.monotonic() + args.wait
+    while args.wait and time.monotonic() < end:
+        _, body, _ = ask("GET", url, target)
+        if body.get("mode") in ("awake", "failed"):
+            break
+        time.sleep(5)
+    return said
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,27 +123,18 @@ def run(args: argparse.Namespace) -> int:
         target_mod.missing_package(missing)
     target = target_mod.resolve(args)
     url = control_url(target.endpoint)
+    said = None
     if args.now:
-        status, body, retry = ask("POST", url, target)
-        if status == 401:
-            raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
-        if status == 404:
-            raise target_mod.TargetError(f"{url}: no waker here: is wake.enabled set?")
-        if status >= 400:
-            message = (body.get("error") or {}).get("message", f"HTTP {status}")
-            print(f"refused: {message}" + (f" (retry after {retry} s)" if retry else ""))
+        said = wake_now(args, url, target)
+        if said is None:
             return 1
-        print("waking" if body.get("mode") == "waking" else f"already {body.get('mode')}")
-        end = time.monotonic() + args.wait
-        while args.wait and time.monotonic() < end:
-            _, body, _ = ask("GET", url, target)
-            if body.get("mode") in ("awake", "failed"):
-                break
-            time.sleep(5)
     status, state, _ = ask("GET", url, target)
     if status == 401:
         raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
     if status != 200:
         raise target_mod.TargetError(f"{url}: HTTP {status}: is wake.enabled set for this stack?")
-    print(describe(state))
+    if args.json:
+        print(json.dumps({"wake": said, "state": state} if args.now else {"state": state}))
+    else:
+        print(describe(state))
     return 0 if state.get("mode") != "failed" else 1

@@ -368,3 +368,24 @@ def test_bench_with_warmup_0_and_a_model_sends_nothing_before_its_levels() -> No
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "error: all 3 requests of concurrency 2 failed ({'connection:" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_json_alone_prints_the_result_document_and_nothing_else_on_stdout() -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        proc = run_tool(
+            "bench", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+            "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4", "--input-tokens", "8",
+            "--json",
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # the whole of stdout: one document
+    assert [level["concurrency"] for level in result["levels"]] == [1, 2]
+    assert result["tool"] == "nemotron-droplet nemodrop bench"
+    assert "json_path" not in result["settings"] and "usage_error" not in result["settings"]
+    assert KEY not in proc.stdout + proc.stderr
+    refused = run_tool(
+        "bench", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, "--json",
+        "--format", "vllm",
+    )  # fmt: skip
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "--format vllm is one line per level, not one document" in refused.stderr

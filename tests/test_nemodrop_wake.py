@@ -139,3 +139,26 @@ def test_a_refused_wake_says_why_and_when_and_a_front_without_a_waker_is_named(
         assert "Traceback" not in missing.stderr
     endpoint, _ = answering(GET=(401, {}, {}))
     assert "the front refused the key (HTTP 401)" in tool(endpoint).stderr
+
+
+def test_the_state_as_json_is_the_fronts_document_and_a_refusal_too(
+    answering: Callable[..., tuple[str, list[tuple[str, str, str]]]],
+) -> None:
+    endpoint, _ = answering(GET=(200, STATE, {}))
+    shown = tool(endpoint, "--json")
+    assert shown.returncode == 1, shown.stderr  # a failed mode, as the text's
+    assert json.loads(shown.stdout) == {"state": STATE}
+    spent = {"error": {"message": "wake.maxPerDay (1) is spent"}}
+    endpoint, _ = answering(POST=(429, spent, {"Retry-After": "3600"}))
+    refused = tool(endpoint, "--now", "--json")
+    assert refused.returncode == 1, refused.stderr
+    assert json.loads(refused.stdout) == {
+        "refused": "wake.maxPerDay (1) is spent",
+        "retry_after": "3600",
+    }
+    awake = {**STATE, "mode": "waking"}
+    endpoint, _ = answering(POST=(202, {"mode": "waking"}, {}), GET=(200, awake, {}))
+    woken = tool(endpoint, "--now", "--json")
+    assert woken.returncode == 0, woken.stderr
+    assert json.loads(woken.stdout) == {"wake": "waking", "state": awake}
+    assert API_KEY not in shown.stdout + refused.stdout + woken.stdout

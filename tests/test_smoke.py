@@ -5,6 +5,7 @@ offer are OFF (failed by --strict), and a 200 of the wrong shape fails its check
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -148,3 +149,26 @@ def test_smoke_against_a_200_of_the_wrong_shape_fails_its_checks_without_a_trace
     lines = smoke_lines(proc)
     assert len(lines) == 8, proc.stdout
     assert any("not in the OpenAI shape" in line for _, line in lines.values()), proc.stdout
+
+
+def test_smoke_json_is_one_document_of_the_checks_and_nothing_else_on_stdout() -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        proc = smoke(base, "--json", env={"OPENAI_API_KEY": KEY})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads(proc.stdout)  # the whole of stdout: one document
+    assert document["endpoint"] == base and document["model"] == "nemotron"
+    assert [c["name"] for c in document["checks"]][:4] == ["models", "chat", "stream", "auth"]
+    assert {c["status"] for c in document["checks"]} <= {"PASS", "OFF"}  # OFF: no parser here
+    assert document["failed"] == []
+    assert all(isinstance(c["ms"], int) for c in document["checks"])
+    assert KEY not in proc.stdout + proc.stderr
+
+
+def test_smoke_json_names_the_failed_check_and_exits_1() -> None:
+    with fake_server("--mode", "no-auth") as base:
+        proc = smoke(base, "--json", env={"OPENAI_API_KEY": KEY})
+    assert proc.returncode == 1, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document["failed"] == ["auth"]
+    [auth] = [c for c in document["checks"] if c["name"] == "auth"]
+    assert auth["status"] == "FAIL" and "a wrong key got HTTP 200" in auth["detail"]

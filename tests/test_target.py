@@ -8,12 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_pulumi import FakePulumi
 from test_tools import (
     KEY,
     fake_server,
     run_tool,
 )
+
+from nemodrop import target
 
 
 def test_tools_explain_a_missing_endpoint() -> None:
@@ -49,3 +52,17 @@ def test_stack_without_an_endpoint_says_to_deploy_first(tmp_path: Path) -> None:
     assert (
         "stack dev has no endpoint, apiKey output yet: run `pulumi up` for it first" in proc.stderr
     )
+
+
+def test_pulumi_runs_in_the_checkout_or_else_where_the_user_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The package in this checkout asks pulumi here (its Pulumi.yaml); a copy installed from
+    git (site-packages, no Pulumi.yaml beside it) asks it in the working directory."""
+    assert target.pulumi_dir() == target.PROJECT_DIR
+    assert (target.PROJECT_DIR / "Pulumi.yaml").exists()
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    monkeypatch.setattr(target, "PROJECT_DIR", installed)
+    monkeypatch.chdir(tmp_path)
+    assert target.pulumi_dir() == tmp_path

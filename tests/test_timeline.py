@@ -78,3 +78,26 @@ def test_timeline_without_the_output_says_what_to_do(tmp_path: Path) -> None:
     proc = run_tool("timeline", "--outputs", str(outputs))
     assert proc.returncode == 2
     assert "no bootstrapTimeline output: pulumi up with this version first" in proc.stderr
+
+
+def test_timeline_json_is_the_numbers_the_text_shows(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs.json"
+    timeline = {**TIMELINE, "old": {"start": None, "end": None, "seconds": 3.0, "after": []}}
+    timeline["model"] = {**TIMELINE["model"], "download_bytes": 8_000_000_000,
+                         "download_seconds": 90.0}  # fmt: skip
+    outputs.write_text(json.dumps({"bootstrapTimeline": timeline}))
+    proc = run_tool("timeline", "--outputs", str(outputs), "--json")
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document["wall_seconds"] == 400
+    assert document["critical_path"] == [
+        "preflight", "conda", "vllm", "reboot", "reboot-wait", "service", "ready"
+    ]  # fmt: skip
+    [vllm] = [p for p in document["phases"] if p["phase"] == "vllm"]
+    assert vllm == {"phase": "vllm", "start": 70, "seconds": 130, "after": ["conda"],
+                    "critical": True}  # fmt: skip
+    assert document["untimed"] == ["old"]
+    assert document["downloads"] == [
+        {"phase": "model", "bytes": 8_000_000_000, "seconds": 90.0, "floor_seconds": 6.4}
+    ]
+    assert document["vllm_start"] is None
