@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import shutil
@@ -26,13 +27,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from nemodrop import cli
 from nemodrop import target as target_mod
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from components.spec.catalog import CADDY_UNIT, SSH_USER, VLLM_UNIT  # after the path is set
 
 
 def host_of(
@@ -64,6 +63,23 @@ def host_of(
     return str(outputs.get("ipv4") or ""), str(outputs.get("sshHostPublicKey") or "")
 
 
+def catalog() -> ModuleType:
+    """The program's catalog (components/spec/catalog.py: the SSH user, the units a Droplet
+    runs), one place for them, read from the Pulumi project: the checkout this package is in,
+    or the one the user runs it in. Only logs needs it; the other subcommands run anywhere."""
+    project = str(target_mod.pulumi_dir())
+    if project not in sys.path:
+        sys.path.insert(0, project)
+    try:
+        return importlib.import_module("components.spec.catalog")
+    except ModuleNotFoundError:
+        raise target_mod.TargetError(
+            f"logs reads the Droplets' SSH user and units from the project's "
+            f"components/spec/catalog.py, which {project} lacks: run it in your "
+            "nemotron-droplet checkout"
+        ) from None
+
+
 def ssh_argv(
     host: str, port: int, key_file: Path, known_hosts: Path, pinned: bool, remote: list[str]
 ) -> list[str]:
@@ -83,7 +99,7 @@ def ssh_argv(
         "ServerAliveInterval=30",
         "-p",
         str(port),
-        f"{SSH_USER}@{host}",
+        f"{catalog().SSH_USER}@{host}",
         *remote,
     ]
 
@@ -121,11 +137,11 @@ def add_parser(subparsers: cli.Subparsers) -> None:
     )
     parser.add_argument("-n", "--lines", type=int, default=200, help="lines of history first")
     parser.add_argument("--no-follow", action="store_true", help="print and exit")
-    parser.add_argument("--unit", help=f"systemd unit to read (default {VLLM_UNIT})")
+    parser.add_argument("--unit", help="systemd unit to read (default: vLLM's)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--replica", type=int, help="which replica of a set (0: the first)")
     where.add_argument(
-        "--balancer", action="store_true", help=f"the Caddy balancer Droplet ({CADDY_UNIT})"
+        "--balancer", action="store_true", help="the Caddy balancer Droplet (Caddy's unit)"
     )
     cli.add_json(parser, "with --no-follow: the entries read, one document")
     parser.add_argument("--port", type=int, default=22, help=argparse.SUPPRESS)
@@ -213,7 +229,8 @@ def read(argv_: list[str], host: str, unit: str, as_json: bool) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.json and not args.no_follow:
         args.usage_error("--json needs --no-follow: it prints the entries read as one document")
-    unit = args.unit or (CADDY_UNIT if args.balancer else VLLM_UNIT)
+    units = catalog()
+    unit = args.unit or (units.CADDY_UNIT if args.balancer else units.VLLM_UNIT)
     workdir = Path(tempfile.mkdtemp(prefix="nemotron-logs-"))  # mode 0700
     try:
         host, host_key, key_file, name = droplet(args, workdir)

@@ -5,7 +5,9 @@ test_bench*.py, test_logs.py, test_timeline.py, test_nemodrop_wake.py)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -81,3 +83,29 @@ def test_a_flag_refused_after_parsing_shows_the_subcommands_usage(
     err = capsys.readouterr().err
     assert err.startswith("usage: nemodrop timeline ")
     assert "nemodrop timeline: error: --link-gbps: a positive number of Gbit/s" in err
+
+
+def test_a_copy_installed_outside_the_checkout_runs_and_logs_says_where_it_must_run(
+    tmp_path: Path,
+) -> None:
+    """As `pip install git+...` puts it: the package alone in site-packages, the Pulumi program
+    nowhere near. Every subcommand still lists and parses; logs, which needs the program's
+    catalog (the SSH user, the units), says in one line to run it in the checkout."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(
+        ROOT / "nemodrop", site / "nemodrop", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    main = (f"import sys; sys.path.insert(0, {str(site)!r}); from nemodrop.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")  # fmt: skip
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-P", "-c", main, *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+    for name in cli.SUBCOMMANDS:
+        assert run(name, "--help").returncode == 0, name
+    logs = run("logs", "--host", "127.0.0.1", "--key-file", "key", "--no-follow")
+    assert logs.returncode == 2, logs.stderr
+    [line] = logs.stderr.splitlines()
+    assert line.startswith("error: logs reads the Droplets' SSH user and units from the project's")
+    assert f"which {tmp_path} lacks: run it in your nemotron-droplet checkout" in line
