@@ -145,6 +145,34 @@ def weights_rate(parts: dict[str, Any]) -> str | None:
     )
 
 
+# The terminal chart's width: a phase's name, the bar area, its seconds; 80 columns in all.
+CHART_COLUMNS = 80
+NAME_COLUMNS = 12
+
+
+def chart(timed: list[Span], columns: int = CHART_COLUMNS) -> list[str]:
+    """The bootstrap as bars on the terminal: each phase from its start to its end on one time
+    axis (the first phase's start to the last one's end), `#` on the critical path, `=` off
+    it; every line at most `columns` wide."""
+    if not timed:
+        return []
+    origin = min(s.start for s in timed)
+    wall = max(s.end for s in timed) - origin or 1.0
+    on_path = {s.phase for s in critical_path(timed)}
+    width = columns - NAME_COLUMNS - len(" || 99,999 s")
+    lines = [f"{'':<{NAME_COLUMNS}}  0 s{f'{wall:,.0f} s':>{width - 3}}"]  # the axis' ends
+    for s in timed:
+        first = min(int((s.start - origin) / wall * width), width - 1)
+        last = max(first + 1, round((s.end - origin) / wall * width))
+        mark = "#" if s.phase in on_path else "="
+        bar = " " * first + mark * (last - first)
+        lines.append(
+            f"{s.phase[:NAME_COLUMNS]:<{NAME_COLUMNS}} |{bar:<{width}}| {s.seconds:>6,.0f} s"
+        )
+    lines.append(f"{'':<{NAME_COLUMNS}} # critical path  = off it")
+    return lines
+
+
 def gantt(timed: list[Span], path: str) -> None:
     plt = target_mod.pyplot()
 
@@ -248,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**document(timeline, args.link_gbps), "vllm_start": parts}))
     else:
+        print("\n".join([*chart(timed), ""]) if timed else "", end="")
         print(report(timed, untimed))
         print("\n".join(["", *budget(timeline, args.link_gbps)]))
         if seen := disks(timeline):

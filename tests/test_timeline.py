@@ -101,3 +101,26 @@ def test_timeline_json_is_the_numbers_the_text_shows(tmp_path: Path) -> None:
         {"phase": "model", "bytes": 8_000_000_000, "seconds": 90.0, "floor_seconds": 6.4}
     ]
     assert document["vllm_start"] is None
+
+
+def test_timeline_draws_the_phases_as_bars_that_fit_80_columns(tmp_path: Path) -> None:
+    """Each phase a bar from its start to its end on one axis (0 to the wall time): `#` on the
+    critical path, `=` off it; no line over 80 columns, a long phase name cut to fit."""
+    outputs = tmp_path / "outputs.json"
+    timeline = {**TIMELINE, "a-phase-named-at-length": {**TIMELINE["gateway"]}}
+    outputs.write_text(json.dumps({"bootstrapTimeline": timeline}))
+    proc = run_tool("timeline", "--outputs", str(outputs))
+    assert proc.returncode == 0, proc.stderr
+    bars = {line[:12].strip(): line for line in proc.stdout.splitlines() if "|" in line}
+    chart = proc.stdout.split("bootstrap: ")[0].splitlines()  # the picture comes first
+    assert len(chart) == len(timeline) + 2  # the axis, a bar a phase, the legend
+    assert all(len(line) <= 80 for line in chart)
+    inside = {name: line.split("|")[1] for name, line in bars.items()}
+    width = len(inside["ready"])
+    assert len(bars["ready"]) == 80 and width == 56
+    assert inside["preflight"].startswith("#")  # at 0 s, on the path
+    assert inside["ready"].endswith("#") and inside["ready"].strip("# ") == ""  # ends the wall
+    assert set(inside["gateway"].strip()) == {"="}  # off the path
+    assert inside["vllm"].index("#") == int(70 / 400 * width)  # starts at 70 s of 400
+    assert bars["ready"].endswith("   130 s")
+    assert "a-phase-name" in bars  # cut to the name's 12 columns
