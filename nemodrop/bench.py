@@ -481,7 +481,7 @@ async def bench(
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=console,
-            disable=args.no_progress,
+            disable=args.no_progress or not console.is_terminal,  # a log gets no bars
         ) as progress:
 
             async def run(level_index: int, value: float) -> dict[str, Any]:

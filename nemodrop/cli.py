@@ -17,6 +17,7 @@ import argparse
 import importlib
 import importlib.metadata
 import sys
+from collections.abc import Callable
 from typing import Protocol, TypeAlias
 
 # The subcommands, each the module of that name in this package, in the order --help lists them.
@@ -52,6 +53,20 @@ def add_json(parser: argparse.ArgumentParser, what: str) -> None:
     """--json: what the subcommand shows, as one JSON document on stdout and nothing else there
     (errors stay one line on stderr), for scripts."""
     parser.add_argument("--json", action="store_true", help=f"one JSON document on stdout: {what}")
+
+
+def progress(args: argparse.Namespace) -> Callable[[str], None]:
+    """A status line for long work, rewritten in place on stderr: only on a terminal, never
+    with --json (scripts read stdout, and a log is no place for carriage returns). Call it
+    with "" to clear the line."""
+    if getattr(args, "json", False) or not sys.stderr.isatty():
+        return lambda text: None
+
+    def show(text: str) -> None:
+        sys.stderr.write(f"\r\033[K{text}")  # carriage return, then erase the line (ECMA-48 EL)
+        sys.stderr.flush()
+
+    return show
 
 
 def version() -> str:

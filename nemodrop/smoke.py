@@ -300,10 +300,15 @@ class Smoke:
         ]
 
 
-def run_checks(smoke: Smoke, strict: bool = False) -> list[Result]:
+def run_checks(
+    smoke: Smoke, strict: bool = False, show: Callable[[str], None] = lambda text: None
+) -> list[Result]:
+    """Each check in turn; `show` says which one runs (cli.progress: a terminal's status line)."""
     target, timeout = smoke.target, smoke.timeout
     results = []
-    for name, check in smoke.checks():
+    checks = smoke.checks()
+    for number, (name, check) in enumerate(checks, 1):
+        show(f"smoke: {name} ({number} of {len(checks)}) ...")
         start = time.perf_counter()
         status = ""
         try:
@@ -357,7 +362,9 @@ def run(args: argparse.Namespace) -> int:
     # Unreachable, refused, untrusted, the wrong key, not serving yet: one line, not 8 FAILs.
     reach.probe(target, args.timeout)
     smoke = Smoke(target, args.timeout)
-    results = run_checks(smoke, args.strict)
+    show = cli.progress(args)
+    results = run_checks(smoke, args.strict, show)
+    show("")
     failed = [r for r in results if not r.ok]
     if args.json:
         print(json.dumps(document(smoke, results)))

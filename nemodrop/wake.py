@@ -109,12 +109,16 @@ def wake_now(args: argparse.Namespace, url: str, target: target_mod.Target) -> s
     said = "waking" if body.get("mode") == "waking" else f"already {body.get('mode')}"
     if not args.json:
         print(said)
-    end = time.monotonic() + args.wait
-    while args.wait and time.monotonic() < end:
+    show = cli.progress(args)
+    started = time.monotonic()
+    while args.wait and time.monotonic() < started + args.wait:
         _, body, _ = ask("GET", url, target)
         if body.get("mode") in ("awake", "failed"):
             break
+        show(f"wake: {body.get('mode')} after {time.monotonic() - started:,.0f} s "
+             f"(waiting up to {args.wait:,.0f} s)")  # fmt: skip
         time.sleep(5)
+    show("")
     return said
 
 

@@ -6,8 +6,11 @@ offer are OFF (failed by --strict), and a 200 of the wrong shape fails its check
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 
+import nemodrop_cli
 import pytest
 from test_reach import answering
 from test_tools import (
@@ -172,3 +175,45 @@ def test_smoke_json_names_the_failed_check_and_exits_1() -> None:
     assert document["failed"] == ["auth"]
     [auth] = [c for c in document["checks"] if c["name"] == "auth"]
     assert auth["status"] == "FAIL" and "a wrong key got HTTP 200" in auth["detail"]
+
+
+def on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run `argv` with its stderr on a pseudo-terminal (stdout a pipe): its exit code, stdout,
+    and what the terminal got."""
+    main, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=terminal, text=True, env=env)
+        os.close(terminal)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: the process closed the terminal's last end
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out = proc.stdout.read() if proc.stdout else ""
+        return proc.wait(timeout=60), out, seen.decode(errors="replace")
+    finally:
+        os.close(main)
+
+
+def test_smoke_shows_its_progress_on_a_terminal_and_none_with_json() -> None:
+    """The check that runs, as a status line rewritten in place on stderr (a terminal only);
+    stdout keeps its lines, and --json keeps stderr quiet too."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["OPENAI_API_KEY"] = KEY
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        code, out, shown = on_a_terminal([*nemodrop_cli.argv("smoke"), "--endpoint", base], env)
+        assert code == 0, shown
+        assert "\r\x1b[Ksmoke: models (1 of " in shown and "\r\x1b[Ksmoke: auth (4 of " in shown
+        assert shown.endswith("\r\x1b[K")  # cleared at the end
+        assert "\x1b" not in out and out.splitlines()[0].startswith("PASS models")
+        code, out, shown = on_a_terminal(
+            [*nemodrop_cli.argv("smoke"), "--endpoint", base, "--json"], env
+        )
+        assert code == 0 and shown == "", shown
+        json.loads(out)
+        piped = smoke(base, env={"OPENAI_API_KEY": KEY})
+    assert piped.returncode == 0 and piped.stderr == ""  # not a terminal: no status line
