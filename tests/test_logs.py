@@ -1,9 +1,10 @@
-"""scripts/logs.py over a real OpenSSH server on loopback: the vLLM journal read with the stack's
+"""nemodrop/logs.py over a real OpenSSH server on loopback: the vLLM journal read with the stack's
 key and its pinned host key (a host with another key refused, the first one remembered when the
 stack exports none), one replica of a set or the balancer, each with its own host key."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -44,8 +45,13 @@ def sshd(tmp_path: Path) -> Iterator[dict[str, Any]]:
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client")], check=True
     )
     (d / "authorized_keys").write_text((d / "client.pub").read_text())
+    # `--output json`: one object a line, as journalctl(1) writes them (freedesktop.org, "json").
     (d / "bin" / "journalctl").write_text(
-        '#!/bin/sh\necho "2026-12-02T10:00:00+0000 droplet vllm[42]: INFO Started server process"\n'
+        '#!/bin/sh\ncase "$*" in *"--output json"*)\n'
+        """echo '{"__REALTIME_TIMESTAMP":"1796205600000000","_PID":"42","MESSAGE":"INFO Started server process"}'\n"""
+        """echo '{"__REALTIME_TIMESTAMP":"1796205601000000","_PID":"42","MESSAGE":[79,75,255]}'\n"""
+        "exit 0;;\nesac\n"
+        'echo "2026-12-02T10:00:00+0000 droplet vllm[42]: INFO Started server process"\n'
         'echo "2026-12-02T10:00:01+0000 droplet vllm[42]: INFO Application startup complete."\n'
     )
     (d / "bin" / "journalctl").chmod(0o755)
@@ -107,7 +113,7 @@ def run_logs(
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env["TMPDIR"] = str(tmp_path / "tmp")
     return run_tool(
-        "logs.py", "--stack", "dev", "--port", str(sshd["port"]), *args, env=env, timeout=60
+        "logs", "--stack", "dev", "--port", str(sshd["port"]), *args, env=env, timeout=60
     )
 
 
@@ -194,3 +200,75 @@ def test_logs_follows_one_replica_of_a_set_or_the_balancer_each_with_its_own_hos
     alone = run_logs(tmp_path, sshd, lone, "--replica", "1")
     assert alone.returncode == 2 and "has one Droplet (replicas: 1)" in alone.stderr
     assert "has no balancer Droplet" in run_logs(tmp_path, sshd, lone, "--balancer").stderr
+
+
+def no_pulumi_env(tmp_path: Path) -> dict[str, str]:
+    """No `pulumi` anywhere on PATH: what a user without the Pulumi CLI has."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
+
+
+def test_logs_without_pulumi_reads_with_the_host_and_a_key_file(
+    tmp_path: Path, sshd: dict[str, Any]
+) -> None:
+    key = tmp_path / "droplet-key"
+    key.write_text(sshd["client_key"])
+    key.chmod(0o600)
+    proc = run_tool(
+        "logs", "--host", "127.0.0.1", "--key-file", str(key), "--host-key", sshd["host_pub"],
+        "--port", str(sshd["port"]), "--no-follow", env=no_pulumi_env(tmp_path), timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Application startup complete." in proc.stdout
+    command = (sshd["dir"] / "command").read_text().strip()
+    assert command == "journalctl --unit vllm.service --lines 200 --no-pager --output short-iso"
+    assert str(key) not in command
+
+
+def test_logs_json_is_one_document_of_the_entries_read(
+    tmp_path: Path, sshd: dict[str, Any]
+) -> None:
+    outputs = {
+        "ipv4": "127.0.0.1",
+        "sshPrivateKey": sshd["client_key"],
+        "sshHostPublicKey": sshd["host_pub"],
+    }
+    proc = run_logs(tmp_path, sshd, outputs, "-n", "2", "--no-follow", "--json")
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document == {
+        "host": "127.0.0.1",
+        "unit": "vllm.service",
+        "entries": [
+            {
+                "time": "2026-12-02T10:00:00+00:00",
+                "pid": "42",
+                "message": "INFO Started server process",
+            },
+            {"time": "2026-12-02T10:00:01+00:00", "pid": "42", "message": "OK\ufffd"},
+        ],
+    }
+    command = (sshd["dir"] / "command").read_text().strip()
+    assert command == "journalctl --unit vllm.service --lines 2 --no-pager --output json"
+    assert sshd["client_key"].strip() not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ((), "error: no Droplet: pass --stack NAME, or --host ADDR and --key-file FILE"),
+        (("--host", "127.0.0.1", "--key-file", "k", "--json"), "--json needs --no-follow"),
+        (("--host", "127.0.0.1", "--key-file", "k", "--balancer"), "--replica and --balancer pick"),
+    ],
+)
+def test_logs_without_a_droplet_or_with_flags_that_do_not_go_together_is_exit_2(
+    tmp_path: Path, args: tuple[str, ...], error: str
+) -> None:
+    proc = run_tool("logs", *args, env=no_pulumi_env(tmp_path), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert error in proc.stderr

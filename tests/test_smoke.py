@@ -1,12 +1,16 @@
-"""scripts/smoke.py against the fake OpenAI-compatible server on loopback: every check passes on
+"""nemodrop/smoke.py against the fake OpenAI-compatible server on loopback: every check passes on
 a healthy endpoint, a failed one is named with why, Nemotron's reasoning and tool calls the way
 vLLM's parsers return them (and a server whose parsers do not match), checks the server does not
 offer are OFF (failed by --strict), and a 200 of the wrong shape fails its checks, no traceback."""
 
 from __future__ import annotations
 
+import json
+import os
+import pty
 import subprocess
 
+import nemodrop_cli
 import pytest
 from test_reach import answering
 from test_tools import (
@@ -20,7 +24,7 @@ from test_tools import (
 def smoke(
     base: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return run_tool("smoke.py", "--endpoint", base, *args, env=env)
+    return run_tool("smoke", "--endpoint", base, *args, env=env)
 
 
 def test_smoke_passes_against_a_healthy_endpoint_reading_the_key_from_env() -> None:
@@ -148,3 +152,68 @@ def test_smoke_against_a_200_of_the_wrong_shape_fails_its_checks_without_a_trace
     lines = smoke_lines(proc)
     assert len(lines) == 8, proc.stdout
     assert any("not in the OpenAI shape" in line for _, line in lines.values()), proc.stdout
+
+
+def test_smoke_json_is_one_document_of_the_checks_and_nothing_else_on_stdout() -> None:
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        proc = smoke(base, "--json", env={"OPENAI_API_KEY": KEY})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads(proc.stdout)  # the whole of stdout: one document
+    assert document["endpoint"] == base and document["model"] == "nemotron"
+    assert [c["name"] for c in document["checks"]][:4] == ["models", "chat", "stream", "auth"]
+    assert {c["status"] for c in document["checks"]} <= {"PASS", "OFF"}  # OFF: no parser here
+    assert document["failed"] == []
+    assert all(isinstance(c["ms"], int) for c in document["checks"])
+    assert KEY not in proc.stdout + proc.stderr
+
+
+def test_smoke_json_names_the_failed_check_and_exits_1() -> None:
+    with fake_server("--mode", "no-auth") as base:
+        proc = smoke(base, "--json", env={"OPENAI_API_KEY": KEY})
+    assert proc.returncode == 1, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document["failed"] == ["auth"]
+    [auth] = [c for c in document["checks"] if c["name"] == "auth"]
+    assert auth["status"] == "FAIL" and "a wrong key got HTTP 200" in auth["detail"]
+
+
+def on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run `argv` with its stderr on a pseudo-terminal (stdout a pipe): its exit code, stdout,
+    and what the terminal got."""
+    main, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=terminal, text=True, env=env)
+        os.close(terminal)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: the process closed the terminal's last end
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out = proc.stdout.read() if proc.stdout else ""
+        return proc.wait(timeout=60), out, seen.decode(errors="replace")
+    finally:
+        os.close(main)
+
+
+def test_smoke_shows_its_progress_on_a_terminal_and_none_with_json() -> None:
+    """The check that runs, as a status line rewritten in place on stderr (a terminal only);
+    stdout keeps its lines, and --json keeps stderr quiet too."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["OPENAI_API_KEY"] = KEY
+    with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
+        code, out, shown = on_a_terminal([*nemodrop_cli.argv("smoke"), "--endpoint", base], env)
+        assert code == 0, shown
+        assert "\r\x1b[Ksmoke: models (1 of " in shown and "\r\x1b[Ksmoke: auth (4 of " in shown
+        assert shown.endswith("\r\x1b[K")  # cleared at the end
+        assert "\x1b" not in out and out.splitlines()[0].startswith("PASS models")
+        code, out, shown = on_a_terminal(
+            [*nemodrop_cli.argv("smoke"), "--endpoint", base, "--json"], env
+        )
+        assert code == 0 and shown == "", shown
+        json.loads(out)
+        piped = smoke(base, env={"OPENAI_API_KEY": KEY})
+    assert piped.returncode == 0 and piped.stderr == ""  # not a terminal: no status line

@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """Where the bootstrap's minutes went: each phase on a time line, and the critical path.
 
-    python scripts/timeline.py --stack dev --png timeline.png
-    python scripts/timeline.py --outputs outputs.json         # `pulumi stack output --json`
-    python scripts/logs.py --stack dev -n 3000 --no-follow > vllm.log
-    python scripts/timeline.py --stack dev --journal vllm.log # and the service phase's parts
+    nemodrop timeline --stack dev --png timeline.png
+    nemodrop timeline --outputs outputs.json         # `pulumi stack output --json`
+    nemodrop logs --stack dev -n 3000 --no-follow > vllm.log
+    nemodrop timeline --stack dev --journal vllm.log # and the service phase's parts
 
 Reads the stack's `bootstrapTimeline` output (each phase's start and end on the Droplet's clock
 and the phases it waited for). The critical path runs back from the phase that ended last,
@@ -23,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-import target as target_mod
-import vllm_startup
+from nemodrop import cli, vllm_startup
+from nemodrop import target as target_mod
 
 
 @dataclass(frozen=True)
@@ -147,6 +145,34 @@ def weights_rate(parts: dict[str, Any]) -> str | None:
     )
 
 
+# The terminal chart's width: a phase's name, the bar area, its seconds; 80 columns in all.
+CHART_COLUMNS = 80
+NAME_COLUMNS = 12
+
+
+def chart(timed: list[Span], columns: int = CHART_COLUMNS) -> list[str]:
+    """The bootstrap as bars on the terminal: each phase from its start to its end on one time
+    axis (the first phase's start to the last one's end), `#` on the critical path, `=` off
+    it; every line at most `columns` wide."""
+    if not timed:
+        return []
+    origin = min(s.start for s in timed)
+    wall = max(s.end for s in timed) - origin or 1.0
+    on_path = {s.phase for s in critical_path(timed)}
+    width = columns - NAME_COLUMNS - len(" || 99,999 s")
+    lines = [f"{'':<{NAME_COLUMNS}}  0 s{f'{wall:,.0f} s':>{width - 3}}"]  # the axis' ends
+    for s in timed:
+        first = min(int((s.start - origin) / wall * width), width - 1)
+        last = max(first + 1, round((s.end - origin) / wall * width))
+        mark = "#" if s.phase in on_path else "="
+        bar = " " * first + mark * (last - first)
+        lines.append(
+            f"{s.phase[:NAME_COLUMNS]:<{NAME_COLUMNS}} |{bar:<{width}}| {s.seconds:>6,.0f} s"
+        )
+    lines.append(f"{'':<{NAME_COLUMNS}} # critical path  = off it")
+    return lines
+
+
 def gantt(timed: list[Span], path: str) -> None:
     plt = target_mod.pyplot()
 
@@ -183,10 +209,8 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
     return timeline
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "timeline", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--stack", help="read the outputs of this Pulumi stack")
     source.add_argument("--outputs", help="a saved `pulumi stack output --json` file")
@@ -200,28 +224,67 @@ def main(argv: list[str] | None = None) -> int:
         default=LINK_GBPS,
         help=f"the link a download's floor is counted at (default {LINK_GBPS:g})",
     )
-    args = parser.parse_args(argv)
+    cli.add_json(parser, "the phases, the critical path, the downloads, disks and vLLM's start")
+
+
+def document(timeline: dict[str, Any], link_gbps: float) -> dict[str, Any]:
+    """--json: what the text shows, in numbers (seconds from the first phase's start)."""
+    timed, untimed = spans(timeline)
+    origin = min((s.start for s in timed), default=0.0)
+    on_path = [s.phase for s in critical_path(timed)]
+    downloads = []
+    for phase, entry in timeline.items():
+        moved, seconds = entry.get("download_bytes"), entry.get("download_seconds")
+        if moved and seconds:
+            floor = moved * 8 / (link_gbps * 1e9)
+            downloads.append({"phase": phase, "bytes": moved, "seconds": seconds,
+                              "floor_seconds": floor})  # fmt: skip
+    return {
+        "wall_seconds": max((s.end for s in timed), default=origin) - origin,
+        "phases": [
+            {
+                "phase": s.phase,
+                "start": s.start - origin,
+                "seconds": s.seconds,
+                "after": list(s.after),
+                "critical": s.phase in on_path,
+            }
+            for s in timed
+        ],
+        "critical_path": on_path,
+        "untimed": untimed,
+        "link_gbps": link_gbps,
+        "downloads": downloads,
+        "disks": {phase: entry["disks"] for phase, entry in timeline.items() if entry.get("disks")},
+    }
+
+
+def startup(journal: str) -> dict[str, Any]:
+    try:
+        with open(journal, errors="replace") as f:
+            return vllm_startup.parse(f.read())
+    except OSError as err:
+        raise target_mod.TargetError(f"--journal {journal}: {err.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
     if args.link_gbps <= 0:
-        parser.error("--link-gbps: a positive number of Gbit/s")
+        args.usage_error("--link-gbps: a positive number of Gbit/s")
     timeline = load(args)
     timed, untimed = spans(timeline)
-    print(report(timed, untimed))
-    print("\n".join(["", *budget(timeline, args.link_gbps)]))
-    if seen := disks(timeline):
-        print("\n".join(["", *seen]))
-    if args.journal:
-        try:
-            with open(args.journal, errors="replace") as f:
-                parts = vllm_startup.parse(f.read())
-        except OSError as err:
-            raise target_mod.TargetError(f"--journal {args.journal}: {err.strerror}") from None
-        print(vllm_startup.report(parts))
-        if rate := weights_rate(parts):
-            print(rate)
+    parts = startup(args.journal) if args.journal else None
+    if args.json:
+        print(json.dumps({**document(timeline, args.link_gbps), "vllm_start": parts}))
+    else:
+        print("\n".join([*chart(timed), ""]) if timed else "", end="")
+        print(report(timed, untimed))
+        print("\n".join(["", *budget(timeline, args.link_gbps)]))
+        if seen := disks(timeline):
+            print("\n".join(["", *seen]))
+        if parts is not None:
+            print(vllm_startup.report(parts))
+            if rate := weights_rate(parts):
+                print(rate)
     if args.png and timed:
         gantt(timed, args.png)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Check in one command that an endpoint works: models, a chat, a stream, that auth holds, and
 Nemotron 3's own features: reasoning on and off per request, and tool calls (plain and streamed).
 
-    python scripts/smoke.py --stack dev
-    OPENAI_BASE_URL=https://.../v1 OPENAI_API_KEY=$(cat KEYFILE) python scripts/smoke.py
+    nemodrop smoke --stack dev
+    OPENAI_BASE_URL=https://.../v1 OPENAI_API_KEY=$(cat KEYFILE) nemodrop smoke
 
 Each check prints one line with its time: PASS, FAIL with the reason, or OFF when the server
 does not offer the feature (no reasoning parser, no auto tool choice), which fails only with
@@ -15,19 +14,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import target as target_mod
+from nemodrop import cli
+from nemodrop import target as target_mod
 
-try:  # the tools' requirements: a Python without them gets the command that installs them
-    import reach
+# The tools' requirements: a Python without them still lists the subcommand; running it says
+# in one line what is missing and the command that installs it (run()).
+missing: ModuleNotFoundError | None = None
+try:
     import requests
+
+    from nemodrop import reach
 except ModuleNotFoundError as err:
-    target_mod.missing_package(err)
+    missing = err
 
 PROMPT = "Reply with one short sentence about GPUs."
 # Nemotron 3 turns its reasoning on and off per request through its chat template
@@ -297,10 +300,15 @@ class Smoke:
         ]
 
 
-def run(target: target_mod.Target, timeout: float, strict: bool = False) -> list[Result]:
-    smoke = Smoke(target, timeout)
+def run_checks(
+    smoke: Smoke, strict: bool = False, show: Callable[[str], None] = lambda text: None
+) -> list[Result]:
+    """Each check in turn; `show` says which one runs (cli.progress: a terminal's status line)."""
+    target, timeout = smoke.target, smoke.timeout
     results = []
-    for name, check in smoke.checks():
+    checks = smoke.checks()
+    for number, (name, check) in enumerate(checks, 1):
+        show(f"smoke: {name} ({number} of {len(checks)}) ...")
         start = time.perf_counter()
         status = ""
         try:
@@ -322,10 +330,8 @@ def run(target: target_mod.Target, timeout: float, strict: bool = False) -> list
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "smoke", __doc__)
     target_mod.add_arguments(parser)
     parser.add_argument("--timeout", type=float, default=120, help="seconds per request")
     parser.add_argument(
@@ -333,14 +339,38 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a feature the server does not offer (OFF: reasoning, tool calls) fails the run",
     )
-    args = parser.parse_args(argv)
+    cli.add_json(parser, "the endpoint, the model and each check's status, time and detail")
+
+
+def document(smoke: Smoke, results: list[Result]) -> dict[str, Any]:
+    """--json: what the lines say, and which failed; never the key."""
+    return {
+        "endpoint": smoke.target.endpoint,
+        "model": smoke.model,  # the one asked for, else the first the server listed
+        "checks": [
+            {"name": r.name, "status": r.status, "ms": round(r.seconds * 1000), "detail": r.detail}
+            for r in results
+        ],
+        "failed": [r.name for r in results if not r.ok],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if missing is not None:
+        target_mod.missing_package(missing)
     target = target_mod.resolve(args)
     # Unreachable, refused, untrusted, the wrong key, not serving yet: one line, not 8 FAILs.
     reach.probe(target, args.timeout)
-    results = run(target, args.timeout, args.strict)
+    smoke = Smoke(target, args.timeout)
+    show = cli.progress(args)
+    results = run_checks(smoke, args.strict, show)
+    show("")
+    failed = [r for r in results if not r.ok]
+    if args.json:
+        print(json.dumps(document(smoke, results)))
+        return 1 if failed else 0
     for r in results:
         print(f"{r.status} {r.name:<12} {r.seconds * 1000:8.0f} ms  {r.detail}")
-    failed = [r for r in results if not r.ok]
     if failed:
         off = [r.name for r in failed if r.status == "OFF"]
         print(
@@ -350,7 +380,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("all checks passed")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

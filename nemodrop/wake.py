@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """The front's waker by hand: see whether the GPU set is awake, asleep or waking, or wake it now.
 
-    python scripts/wake.py --stack dev            # the state, and the last wake's timeline
-    python scripts/wake.py --stack dev --now      # wake it now (the same guards as a request)
-    python scripts/wake.py --stack dev --now --wait 900   # ... and wait until it answers
+    nemodrop wake --stack dev            # the state, and the last wake's timeline
+    nemodrop wake --stack dev --now      # wake it now (the same guards as a request)
+    nemodrop wake --stack dev --now --wait 900   # ... and wait until it answers
 
 It asks the endpoint's front (wake.enabled) through its gate, with the stack's API key, at
 `/nemotron/wake`: the front holds the pipeline's token; this tool needs none, and no cloud
@@ -14,16 +13,20 @@ front said it, with when to come back.
 from __future__ import annotations
 
 import argparse
-import sys
+import json
 import time
 from typing import Any
 
-import target as target_mod
+from nemodrop import cli
+from nemodrop import target as target_mod
 
-try:  # the tools' requirements: a Python without them gets the command that installs them
+# The tools' requirements: a Python without them still lists the subcommand; running it says
+# in one line what is missing and the command that installs it (run()).
+missing: ModuleNotFoundError | None = None
+try:
     import requests
 except ModuleNotFoundError as err:
-    target_mod.missing_package(err)
+    missing = err
 
 CONTROL_PATH = "/nemotron/wake"  # components/host/wake.py CONTROL_PATH
 TIMEOUT_SECONDS = 20
@@ -81,41 +84,61 @@ def ask(method: str, url: str, target: target_mod.Target) -> tuple[int, dict[str
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "wake", __doc__)
     target_mod.add_arguments(parser)
     parser.add_argument("--now", action="store_true", help="wake the set now")
     parser.add_argument("--wait", type=float, default=0, help="with --now: seconds to wait")
-    args = parser.parse_args(argv)
+    cli.add_json(parser, "the front's state (with --now: its answer to the wake too)")
+
+
+def wake_now(args: argparse.Namespace, url: str, target: target_mod.Target) -> str | None:
+    """POST the wake, then with --wait follow it until awake or failed: what the front said
+    ("waking", "already awake"), or None when it refused (printed: the reason, when to retry)."""
+    status, body, retry = ask("POST", url, target)
+    if status == 401:
+        raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
+    if status == 404:
+        raise target_mod.TargetError(f"{url}: no waker here: is wake.enabled set?")
+    if status >= 400:
+        message = (body.get("error") or {}).get("message", f"HTTP {status}")
+        refused = {"refused": message, "retry_after": retry or None}
+        retry_text = f" (retry after {retry} s)" if retry else ""
+        print(json.dumps(refused) if args.json else f"refused: {message}{retry_text}")
+        return None
+    said = "waking" if body.get("mode") == "waking" else f"already {body.get('mode')}"
+    if not args.json:
+        print(said)
+    show = cli.progress(args)
+    started = time.monotonic()
+    while args.wait and time.monotonic() < started + args.wait:
+        _, body, _ = ask("GET", url, target)
+        if body.get("mode") in ("awake", "failed"):
+            break
+        show(f"wake: {body.get('mode')} after {time.monotonic() - started:,.0f} s "
+             f"(waiting up to {args.wait:,.0f} s)")  # fmt: skip
+        time.sleep(5)
+    show("")
+    return said
+
+
+def run(args: argparse.Namespace) -> int:
+    if missing is not None:
+        target_mod.missing_package(missing)
     target = target_mod.resolve(args)
     url = control_url(target.endpoint)
+    said = None
     if args.now:
-        status, body, retry = ask("POST", url, target)
-        if status == 401:
-            raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
-        if status == 404:
-            raise target_mod.TargetError(f"{url}: no waker here: is wake.enabled set?")
-        if status >= 400:
-            message = (body.get("error") or {}).get("message", f"HTTP {status}")
-            print(f"refused: {message}" + (f" (retry after {retry} s)" if retry else ""))
+        said = wake_now(args, url, target)
+        if said is None:
             return 1
-        print("waking" if body.get("mode") == "waking" else f"already {body.get('mode')}")
-        end = time.monotonic() + args.wait
-        while args.wait and time.monotonic() < end:
-            _, body, _ = ask("GET", url, target)
-            if body.get("mode") in ("awake", "failed"):
-                break
-            time.sleep(5)
     status, state, _ = ask("GET", url, target)
     if status == 401:
         raise target_mod.TargetError(f"{url}: the front refused the key (HTTP 401)")
     if status != 200:
         raise target_mod.TargetError(f"{url}: HTTP {status}: is wake.enabled set for this stack?")
-    print(describe(state))
+    if args.json:
+        print(json.dumps({"wake": said, "state": state} if args.now else {"state": state}))
+    else:
+        print(describe(state))
     return 0 if state.get("mode") != "failed" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
