@@ -181,8 +181,10 @@ def costs(found: inventory.Inventory, now: datetime) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     """The text output, each line at most WIDTH columns."""
+    up = sum(d["role"] == "replica" and d["status"] == "active" for d in report["droplets"])
+    said = f": {up} GPU Droplet(s) active" if report["platform"] == "droplet" else ""
     lines = [f"stack {report['stack']} ({report['platform']}"
-             + (", wake on)" if report["wake"] else ")")]  # fmt: skip
+             + (", wake on)" if report["wake"] else ")") + said]  # fmt: skip
     lines += section("Droplets", [
         f"{d['role']:<7} {d['name']} {d['status']} {d['size']} since {short(d['created_at'])}"
         for d in report["droplets"]
@@ -214,15 +216,15 @@ def section(title: str, items: list[str]) -> list[str]:
 
 
 def cost_lines(c: dict[str, Any]) -> list[str]:
-    out = [f"{'cost, USD':<58}{'month':>10}{'total':>10}"]
-    out += [f"  {clip(x['what'], 56):<56}{x['month']:>10.2f}{x['total']:>10.2f}"
+    out = [f"{'cost so far, USD: hours x price':<56}{'this month':>12}{'since made':>12}"]
+    out += [f"  {clip(x['what'], 54):<54}{x['month']:>12.2f}{x['total']:>12.2f}"
             for x in c["lines"]]  # fmt: skip
     out.append(
-        f"{'the stack, what exists now':<58}{c['stackMonth']:>10.2f}{c['stackTotal']:>10.2f}"
+        f"{'the stack, what exists now':<56}{c['stackMonth']:>12.2f}{c['stackTotal']:>12.2f}"
     )
     account = c["accountMonth"]
     whole = "the whole account (DigitalOcean billing)"
-    out.append(f"{whole:<58}{account:>10.2f}{'-':>10}" if account is not None
+    out.append(f"{whole:<56}{account:>12.2f}{'-':>12}" if account is not None
                else f"the whole account: not read ({c['accountProblem']})")  # fmt: skip
     out.append(f"not counted: {c['notCounted']}")
     return out

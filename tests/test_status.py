@@ -213,13 +213,20 @@ def test_stray_droplet_is_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     awake(account)
-    account.add_droplet("nemotron-dev-old", "gpu-4000adax1-20gb",
+    stray = "nemotron-dev-old-" + "x" * 90  # a long name: the lines still fit 80 columns
+    account.add_droplet(stray, "gpu-4000adax1-20gb",
                         tags=[catalog.PROJECT, "stack:dev", "nemotron-dev:replica"])  # fmt: skip
     token = account.add_full_access_token("user")
+    folder = str(stacks(tmp_path))
     with DigitalOceanAPI(account) as api:
-        _, out, _ = run(["--stack", "dev", "--stacks", str(stacks(tmp_path)),
-                         "--api-url", api.url], capsys, monkeypatch, token)  # fmt: skip
-    assert "differs: nemotron-dev-old: tagged stack:dev, not in the config" in out
+        _, out, _ = run(["--stack", "dev", "--stacks", folder, "--api-url", api.url], capsys,
+                        monkeypatch, token)  # fmt: skip
+        _, doc, _ = run(["--stack", "dev", "--stacks", folder, "--api-url", api.url, "--json"],
+                        capsys, monkeypatch, token)  # fmt: skip
+    assert "  differs: nemotron-dev-old-xxx" in out
+    assert all(len(line) <= status.WIDTH for line in out.splitlines()), out
+    said = f"{stray}: tagged stack:dev, not in the config"
+    assert said in json.loads(doc)["disagree"]
 
 
 def test_pulumi_state_lists_a_droplet_the_cloud_lost(
