@@ -19,17 +19,19 @@ import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from components import validate
-from components.spec.schema import StackConfig
-from nemodrop import cost, inventory, target, wake
+from nemodrop import program, target, wake
 from nemodrop.clients import digitalocean, transport
 
 try:  # the tools' requirements: a Python without them gets the command that installs them
     import requests
 except ModuleNotFoundError as err:
     target.missing_package(err)
+
+if TYPE_CHECKING:  # imported when status runs (nemodrop/program.py says why)
+    from components.spec.schema import StackConfig
+    from nemodrop import inventory
 
 # The variable the program, CI and lease.py read the token from (transport.Api names it).
 TOKEN_ENV = "DIGITALOCEAN_TOKEN"  # noqa: S105 (a variable's name, not a secret)
@@ -49,9 +51,8 @@ def add_parser(subparsers: Any) -> None:
     )  # fmt: skip
     parser.add_argument("--stack", required=True, help="the stack (stacks/Pulumi.NAME.yaml)")
     parser.add_argument(
-        "--stacks", type=Path, default=validate.ROOT / "stacks",
-        help="the folder of the stack files (default: the checkout's stacks/)",
-    )  # fmt: skip
+        "--stacks", type=Path, help="the folder of the stack files (default: the checkout's)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document")
     parser.add_argument("--endpoint", help="base URL ending in /v1 (default: the stack's)")
     parser.add_argument("--cacert", metavar="PEM", help="CA bundle for the endpoint")
@@ -63,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     token = os.environ.get(TOKEN_ENV)
     if not token:
         return fail(f"no DigitalOcean token: set {TOKEN_ENV} (read scopes suffice)", 2)
-    problems, cfg = validate.file_problems(args.stack, args.stacks)
-    if cfg is None:
-        return fail(problems[0] if problems else f"stack {args.stack}: no config", 2)
+    cfg = program.stack_config(args.stack, args.stacks)
+    from nemodrop import inventory  # noqa: PLC0415 (the program's names: nemodrop/program.py)
+
     outputs, pulumi_said = pulumi_view(args.stack)
     try:
         found = inventory.read(digitalocean.api(args.api_url, token), cfg)
@@ -168,6 +169,8 @@ def last_wake(endpoint: str | None, key: str, cacert: str | None) -> dict[str, A
 
 
 def costs(found: inventory.Inventory, now: datetime) -> dict[str, Any]:
+    from nemodrop import cost  # noqa: PLC0415 (the program's prices: nemodrop/program.py)
+
     lines = cost.lines(found, now)
     return {
         "lines": [asdict(x) for x in lines],
