@@ -155,9 +155,9 @@ def last_wake(endpoint: str | None, key: str, cacert: str | None) -> dict[str, A
     if not endpoint or not key:
         return {"said": "not asked: no endpoint and key (Pulumi's outputs or OPENAI_API_KEY)"}
     url = wake.control_url(endpoint)
+    to = target.Target(endpoint, key, None, cacert=cacert)  # its headers: the key as Bearer
     try:
-        answer = requests.get(url, headers={"Authorization": f"Bearer {key}"},
-                              timeout=HEALTH_SECONDS, verify=cacert or True,
+        answer = requests.get(url, headers=to.headers, timeout=HEALTH_SECONDS, verify=to.verify,
                               allow_redirects=False)  # fmt: skip
         state = answer.json() if answer.status_code == 200 else None
     except (requests.RequestException, ValueError) as err:
