@@ -129,6 +129,12 @@ def disagreements(
     there = {d.name for d in found.droplets}
     gone = "asleep (wake on: a request wakes it)" if cfg.wake.enabled else "gone (autodown?)"
     out = [f"{n}: in {whose}, not in DigitalOcean: {gone}" for n in names if n not in there]
+    # The front never sleeps: a Caddy front Pulumi lists (or the config plans) and the cloud
+    # lacks was deleted outside Pulumi.
+    caddy = (outputs.get("balancer") or {}).get("kind") == "caddy" if read else (
+        cfg.pooled and cfg.balancer_kind == "caddy")  # fmt: skip
+    if caddy and cfg.balancer_name not in there:
+        out.append(f"{cfg.balancer_name}: the front, in {whose}, not in DigitalOcean")
     out += [f"{d.name}: tagged {cfg.stack_tag}, not in {whose}"
             for d in found.droplets if d.name not in known]  # fmt: skip
     return out

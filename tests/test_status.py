@@ -235,7 +235,7 @@ def test_pulumi_state_lists_a_droplet_the_cloud_lost(
 ) -> None:  # fmt: skip
     """With the pulumi CLI: its outputs name a replica DigitalOcean no longer has (no wake)."""
     outputs = {"replicas": [{"name": "nemotron-dev"}, {"name": "nemotron-dev-1"}],
-               "apiKey": API_KEY}  # fmt: skip
+               "balancer": {"kind": "caddy"}, "apiKey": API_KEY}  # fmt: skip
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/pulumi")
     monkeypatch.setattr(target, "stack_outputs", lambda *a, **k: outputs)
     awake(account)
@@ -245,6 +245,15 @@ def test_pulumi_state_lists_a_droplet_the_cloud_lost(
                          "--api-url", api.url], capsys, monkeypatch, token)  # fmt: skip
     assert "Pulumi's state: pulumi stack output --stack dev" in out
     assert "nemotron-dev-1: in Pulumi's state, not in DigitalOcean: gone" in out
+    assert "nemotron-dev-lb: the front" not in out
+    front = next(d for d in account.droplets.values() if d.name == "nemotron-dev-lb")
+    account.remove_droplet(front.id)
+    with DigitalOceanAPI(account) as api:
+        _, out, _ = run(["--stack", "dev", "--stacks", str(tmp_path / "stacks"),
+                         "--api-url", api.url, "--json"], capsys, monkeypatch, token)  # fmt: skip
+    said = "nemotron-dev-lb: the front, in Pulumi's state, not in DigitalOcean"
+    assert said in json.loads(out)["disagree"]
+    assert API_KEY not in out and token not in out
     assert API_KEY not in out
 
 
