@@ -103,8 +103,8 @@ LEVELS: dict[str, tuple[str, ...]] = {
     "test_host_router": ("caddy",),
     # The front's waker on loopback with a fake GitHub and replicas, and behind the real Caddy.
     "test_wake": ("caddy",),
-    # The waker by hand (scripts/wake.py): its first test came from test_wake.py, at its level.
-    "test_scripts_wake": ("caddy",),
+    # The waker by hand (nemodrop/wake.py): its first test came from test_wake.py, at its level.
+    "test_nemodrop_wake": ("caddy",),
     # A real ACME CA (pebble, or the emulation's with profiles).
     "test_acme_issuance": ("acme",),
     "test_stack_acme": ("acme", "stack"),
@@ -133,6 +133,7 @@ LEVELS: dict[str, tuple[str, ...]] = {
     "test_logs": ("tools",),
     "test_timeline": ("tools",),
     "test_target": ("tools",),
+    "test_cli": ("tools",),
     "test_reach": ("tools",),
     # The routing measurement: bench through the real Caddy (and vllm-router) to fake replicas.
     "test_router_bench": ("tools", "caddy"),

@@ -13,7 +13,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -28,6 +27,7 @@ from urllib.parse import urlsplit
 
 import fake_openai
 import loopback
+import nemodrop_cli
 import openai
 import pytest
 import requests
@@ -269,7 +269,7 @@ def bench_through(gw: Gateway, tmp_path: Path, replicas: int) -> dict[str, Any]:
     """bench.py at concurrency 12 through the balancer; its one level."""
     out = tmp_path / f"bench-{replicas}.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench.py"), "--endpoint", gw.base, "--model", "nemotron",
+        [*nemodrop_cli.argv("bench"), "--endpoint", gw.base, "--model", "nemotron",
          "--no-progress", "--concurrency", "12", "--requests", "48", "--max-tokens", str(TOKENS),
          "--replicas", str(replicas), "--json", str(out)],
         env={"PATH": os.environ["PATH"], "OPENAI_API_KEY": KEY, "HOME": str(tmp_path)},

@@ -1,4 +1,4 @@
-"""scripts/bench.py against the fake OpenAI-compatible server with real delays: the injected TTFT
+"""nemodrop/bench.py against the fake OpenAI-compatible server with real delays: the injected TTFT
 and ITL read back, tokens from the usage, failures and timeouts counted, 256 streams from one
 process, open-loop arrivals at the rate and burstiness asked, goodput within the SLO, the knee
 of a server of known capacity, datasets and multi-turn sessions, levels for a duration, the
@@ -204,7 +204,7 @@ def test_bench_saves_one_line_per_request_and_describes_the_run(tmp_path: Path) 
     first = lines[0]
     assert first["status"] == "ok" and first["completion_tokens"] == 3
     assert len(first["itl_s"]) == 2 and first["ttft_s"] > 0 and first["e2e_s"] >= first["ttft_s"]
-    assert result["version"] and result["tool"].endswith("bench.py")
+    assert result["version"] and result["tool"].endswith("nemodrop bench")
     assert result["endpoint"] == base and result["model"] == "nemotron" and result["seed"] == 7
     assert result["date"].startswith(("20",))
     settings = result["settings"]
@@ -230,7 +230,7 @@ def test_bench_saves_one_line_per_request_and_describes_the_run(tmp_path: Path) 
 def test_bench_refuses_bad_load_settings_with_the_accepted_form(
     flags: tuple[str, ...], message: str
 ) -> None:
-    proc = run_tool("bench.py", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, *flags)
+    proc = run_tool("bench", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, *flags)
     assert proc.returncode == 2
     assert message in proc.stderr
 
@@ -306,7 +306,7 @@ def test_bench_stops_when_the_error_rate_passes_its_bound(tmp_path: Path) -> Non
     out = tmp_path / "bench.json"
     with fake_server("--fail-every", "2", "--ttft", "0.01", "--itl", "0.001") as base:
         proc = run_tool(
-            "bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+            "bench", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
             "--no-progress", "--concurrency", "1,4", "--requests", "200", "--warmup", "0",
             "--max-tokens", "2", "--input-tokens", "4", "--max-error-rate", "0.2",
             "--json", str(out),
@@ -319,7 +319,7 @@ def test_bench_stops_when_the_error_rate_passes_its_bound(tmp_path: Path) -> Non
 
 def test_bench_rejects_bad_levels() -> None:
     proc = run_tool(
-        "bench.py", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, "--concurrency", "1,x"
+        "bench", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, "--concurrency", "1,x"
     )
     assert proc.returncode == 2
     assert "accepted: a list like 1,8,32" in proc.stderr
@@ -351,7 +351,7 @@ def test_bench_reads_the_prefix_cache_share_and_the_prefill_it_saves(tmp_path: P
 
 def test_bench_where_every_request_failed_exits_non_zero(tmp_path: Path) -> None:
     with fake_server("--fail-every", "1", "--ttft", "0.01", "--itl", "0.001") as base:
-        proc = run_tool("bench.py", "--endpoint", base, "--api-key", KEY, "--no-progress",
+        proc = run_tool("bench", "--endpoint", base, "--api-key", KEY, "--no-progress",
                         "--concurrency", "2", "--requests", "4", "--warmup", "0",
                         "--max-tokens", "4")  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -363,7 +363,7 @@ def test_bench_with_warmup_0_and_a_model_sends_nothing_before_its_levels() -> No
     """No question first (a sleeping set would wake before the measured requests): against a
     closed port the level itself fails, whole, and says so."""
     with closed_port() as base:
-        proc = run_tool("bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+        proc = run_tool("bench", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
                         "--no-progress", "--warmup", "0", "--concurrency", "2", "--requests", "3")  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "error: all 3 requests of concurrency 2 failed ({'connection:" in proc.stderr

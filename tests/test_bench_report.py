@@ -1,4 +1,4 @@
-"""bench.py's report (scripts/bench_report.py): vLLM's `bench serve` field names in the result
+"""bench.py's report (nemodrop/bench_report.py): vLLM's `bench serve` field names in the result
 file, earlier runs compared side by side, the plots (open loop with goodput, throughput and TTFT,
 levels by offered rate with the knee and the SLO, never concurrency and rate on one axis), the
 tables at 80 columns without eliding a number, the cached column only when the server says."""
@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from test_tools import (
     KEY,
-    SCRIPTS,
     bench,
     fake_server,
     run_tool,
@@ -25,7 +24,7 @@ def test_bench_writes_vllm_bench_serve_field_names(tmp_path: Path) -> None:
     out = tmp_path / "vllm.jsonl"
     with fake_server("--ttft", "0.02", "--itl", "0.002") as base:
         run_tool(
-            "bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+            "bench", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
             "--no-progress", "--request-rate", "20,inf", "--requests", "6", "--max-tokens", "4",
             "--input-tokens", "8", "--slo", "ttft=500", "--format", "vllm", "--json", str(out),
         )  # fmt: skip
@@ -51,20 +50,20 @@ def test_bench_compares_earlier_runs_side_by_side(tmp_path: Path) -> None:
         path = tmp_path / f"{name}.json"
         with fake_server("--ttft", ttft, "--itl", "0.002") as base:
             proc = run_tool(
-                "bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+                "bench", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
                 "--no-progress", "--concurrency", "1,2", "--requests", "4", "--max-tokens", "3",
                 "--input-tokens", "8", "--json", str(path),
             )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         runs.append(str(path))
     png = tmp_path / "compare.png"
-    proc = run_tool("bench.py", "--compare", *runs, "--plot", str(png))
+    proc = run_tool("bench", "--compare", *runs, "--plot", str(png))
     assert proc.returncode == 0, proc.stderr
     assert "before" in proc.stdout and "after" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     broken = tmp_path / "broken.json"
     broken.write_text("[]")
-    bad = run_tool("bench.py", "--compare", str(broken))
+    bad = run_tool("bench", "--compare", str(broken))
     assert bad.returncode == 2 and "not a bench.py result file" in bad.stderr
 
 
@@ -96,8 +95,7 @@ def test_bench_plots_throughput_and_ttft(tmp_path: Path) -> None:
 def test_bench_shows_a_cached_column_only_when_the_server_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # bench_report imports its siblings by name
-    report = importlib.import_module("bench_report")
+    report = importlib.import_module("nemodrop.bench_report")
     with fake_server("--ttft", "0.01", "--itl", "0.002") as base:
         plain = bench(base, tmp_path, concurrency=1, requests=2, max_tokens=2)
     with fake_server("--prefix-cache-blocks", "100") as base:
@@ -144,8 +142,7 @@ def render(renderables: list[Any], width: int) -> str:
 def test_the_bench_tables_fit_80_columns_without_eliding_a_number(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    report = importlib.import_module("bench_report")
+    report = importlib.import_module("nemodrop.bench_report")
     levels = [heavy_level(40), {**heavy_level(40), "request_rate": "inf"}, heavy_level(10),
               heavy_level(20)]  # fmt: skip
     text = render(report.tables(levels, (50, 90, 95, 99, 99.9)), width=80)
@@ -187,9 +184,8 @@ def test_the_plot_orders_levels_by_offered_rate_and_marks_the_knee_and_the_slo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Levels as a knee search runs them (10, 20, 40, then bisecting back), one at rate inf."""
-    monkeypatch.syspath_prepend(str(SCRIPTS))
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
-    report = importlib.import_module("bench_report")
+    report = importlib.import_module("nemodrop.bench_report")
     levels = [heavy_level(rate) for rate in (10, 20, 40, 30, 25)]
     levels.append({**heavy_level(50), "request_rate": "inf"})
     fig = report.figure(levels, {"request_rate": 25, "first_failing_rate": 30})
@@ -213,9 +209,8 @@ def test_the_plot_orders_levels_by_offered_rate_and_marks_the_knee_and_the_slo(
 def test_a_comparison_never_puts_concurrency_and_rate_on_one_axis(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.syspath_prepend(str(SCRIPTS))
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
-    report = importlib.import_module("bench_report")
+    report = importlib.import_module("nemodrop.bench_report")
     closed = [heavy_level(c, mode="closed") for c in (8, 1, 32)]
     rated = [heavy_level(r) for r in (20, 5)]
     fig = report.compare_figure([("conc", {}, closed), ("rate", {}, rated), ("both", {}, [

@@ -1,4 +1,4 @@
-"""Prompts sized in the server's tokens (scripts/bench_sizing.py): by its /tokenize, by the usage
+"""Prompts sized in the server's tokens (nemodrop/bench_sizing.py): by its /tokenize, by the usage
 when asked, as words without either (and said so), and a tokenize asked where it cannot be."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def sized_bench(base: str, tmp_path: Path, *flags: str) -> tuple[dict[str, Any],
     """bench.py with 300-token prompts at concurrency 2: its one level and its stdout."""
     out = tmp_path / "sized.json"
     proc = run_tool(
-        "bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron", "--no-progress",
+        "bench", "--endpoint", base, "--api-key", KEY, "--model", "nemotron", "--no-progress",
         "--concurrency", "2", "--requests", "4", "--max-tokens", "4", "--input-tokens", "300",
         "--json", str(out), *flags,
     )  # fmt: skip
@@ -69,7 +69,7 @@ def test_bench_sizes_prompts_by_the_usage_when_asked(tmp_path: Path) -> None:
 def test_bench_asked_to_tokenize_where_it_cannot_stops_and_says_so(tmp_path: Path) -> None:
     with fake_server(*UNLIKE_WORDS) as base:
         proc = run_tool(
-            "bench.py", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
+            "bench", "--endpoint", base, "--api-key", KEY, "--model", "nemotron",
             "--no-progress", "--requests", "2", "--prompt-sizing", "tokenize",
         )  # fmt: skip
     assert proc.returncode == 2, proc.stderr

@@ -1,11 +1,9 @@
-"""bench.py's numbers (scripts/bench_stats.py): the knee search's bisection between the last level
+"""bench.py's numbers (nemodrop/bench_stats.py): the knee search's bisection between the last level
 that held and the first that failed."""
 
 from __future__ import annotations
 
-from test_tools import (
-    bench_stats,
-)
+from nemodrop import bench_stats
 
 
 def test_knee_search_bisects_between_the_last_that_held_and_the_first_that_failed() -> None:

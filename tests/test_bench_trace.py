@@ -1,4 +1,4 @@
-"""bench.py's trace (`--trace`, scripts/bench_workload.py) and the fake vLLM's queue it runs
+"""bench.py's trace (`--trace`, nemodrop/bench_workload.py) and the fake vLLM's queue it runs
 against (fake_openai --max-num-seqs, --kv-cache-tokens: requests past max_num_seqs wait, and
 vLLM's gauges say so), which the balancer and router tests load too."""
 
@@ -7,22 +7,19 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import fake_openai
+import nemodrop_cli
 import pytest
 import requests
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-if str(SCRIPTS) not in sys.path:  # bench's modules import their siblings by name
-    sys.path.insert(0, str(SCRIPTS))
-import bench_workload  # noqa: E402
+from nemodrop import bench_workload
 
 KEY = "sk-bench-trace-test"
-BENCH = SCRIPTS / "bench.py"
+BENCH = nemodrop_cli.argv("bench")
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -147,7 +144,7 @@ def test_a_trace_is_read_back_as_written_and_drives_bench_at_its_times(tmp_path:
     with fake_openai.running("--ttft", "0.01", "--itl", "0.001", "--tokens", "100",
                              key=KEY) as fake:  # fmt: skip
         proc = subprocess.run(
-            [sys.executable, str(BENCH), "--endpoint", f"{fake.url}/v1",
+            [*BENCH, "--endpoint", f"{fake.url}/v1",
              "--api-key", KEY, "--model", "nemotron", "--no-progress", "--warmup", "0",
              "--trace", str(trace), "--json", str(out), "--save-requests", str(saved)],
             capture_output=True, text=True, timeout=60, check=False,
@@ -191,7 +188,7 @@ def test_a_malformed_trace_is_refused_naming_its_line(
     assert f"--trace {trace}: " in str(refused.value) and said in str(refused.value)
     assert '{"at": seconds >= 0' in str(refused.value), "says the accepted form"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--endpoint", "http://127.0.0.1:9/v1",
+        [*BENCH, "--endpoint", "http://127.0.0.1:9/v1",
          "--api-key", KEY, "--trace", str(trace)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -203,7 +200,7 @@ def test_bench_refuses_a_trace_with_what_it_replaces(tmp_path: Path) -> None:
     trace.write_text('{"at": 0, "prompt_tokens": 5, "max_tokens": 2}\n')
     for extra in (["--duration", "5"], ["--turns", "2"], ["--request-rate", "3"]):
         proc = subprocess.run(
-            [sys.executable, str(BENCH), "--endpoint", "http://127.0.0.1:9/v1",
+            [*BENCH, "--endpoint", "http://127.0.0.1:9/v1",
              "--api-key", KEY, "--trace", str(trace), *extra],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip

@@ -1,4 +1,4 @@
-"""What bench.py sends (scripts/bench_workload.py): synthetic lengths spread by the range ratio
+"""What bench.py sends (nemodrop/bench_workload.py): synthetic lengths spread by the range ratio
 (the same for the same seed), a shared prefix in every prompt and only it, a ShareGPT dataset's
 prompts and answer lengths, and a dataset that cannot be used refused before any request."""
 
@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from test_tools import (
     KEY,
-    bench_workload,
     run_tool,
 )
+
+from nemodrop import bench_workload
 
 
 def test_synthetic_lengths_spread_over_the_range_ratio_the_same_for_the_same_seed() -> None:
@@ -86,6 +87,6 @@ def test_a_dataset_that_cannot_be_used_is_refused_before_any_request(
     bad = tmp_path / "bad.json"
     bad.write_text(content)
     proc = run_tool(
-        "bench.py", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, "--dataset", str(bad)
+        "bench", "--endpoint", "http://127.0.0.1:9/v1", "--api-key", KEY, "--dataset", str(bad)
     )
     assert proc.returncode == 2 and message in proc.stderr

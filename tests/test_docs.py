@@ -156,7 +156,7 @@ def test_the_secret_check_finds_what_it_is_for() -> None:
         "pulumi config set --stack dev --secret --path autodown.token dop_v1_...",
         "`pulumi config set --secret --path wake.token <a GitHub token>`",
         "pulumi config set apiKey sk-abc",
-        "python scripts/smoke.py --api-key sk-abc",
+        "nemodrop smoke --api-key sk-abc",
         "curl -H 'Authorization: Bearer sk-abc' https://x/v1/models",
     ]
     passed = [

@@ -109,7 +109,7 @@ def test_three_replicas_behind_a_caddy_droplet_with_a_reserved_ip() -> None:
     assert [r["name"] for r in replicas] == ["nemotron-dev", "nemotron-dev-1", "nemotron-dev-2"]
     assert [r["privateIpv4"] for r in replicas] == ["10.110.0.2", "10.110.0.3", "10.110.0.4"]
     assert all(r["ipv4"] in r["sshCommand"] for r in replicas)
-    assert replicas[2]["logs"] == "python scripts/logs.py --stack dev --replica 2"
+    assert replicas[2]["logs"] == "nemodrop logs --stack dev --replica 2"
     balancer = run.outputs["balancer"].value
     assert balancer["kind"] == "caddy" and "least outstanding" in balancer["routing"]
     assert balancer["address"] == FAKE_RESERVED_IPV4

@@ -82,5 +82,5 @@ def test_the_wake_output_says_the_trigger_the_guards_and_what_sleeping_costs() -
     assert out["idleMonthlyPriceUsd"] == round(front + 5.0, 2)
     assert out["idleCost"].startswith(f"${front:.2f}/month the front")
     assert "+ $5.00/month the cache Volumes" in out["idleCost"]
-    assert out["state"] == "python scripts/wake.py --stack dev"
+    assert out["state"] == "nemodrop wake --stack dev"
     assert TOKEN not in json.dumps(out)

@@ -161,7 +161,7 @@ def test_every_function_of_the_program_and_its_tools_reads_whole() -> None:
     """No function of the program, its tools or the scripts a host runs is over 80 lines: a
     reviewer reads each whole (tests are held to no such bound)."""
     long: list[str] = []
-    for base in ("components", "scripts", "policy"):
+    for base in ("components", "scripts", "nemodrop", "policy"):
         for path in sorted((ROOT / base).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -240,10 +240,10 @@ def test_no_other_code_opens_its_own_connection_to_an_api_that_takes_a_token() -
 
 # ---- a module's tests are found from its name (issue 44; the rule: tests/README.md) ------------
 # The folders whose modules are named by their stem alone: the program's tools and its three
-# layers here, and scripts/'s plain folders (no __init__.py: each file one tool or job). Any
+# layers here, the user's tools (nemodrop/, one module per subcommand and its helpers), and scripts/'s plain folders (no __init__.py: each file one tool or job). Any
 # other package is one program or one platform (cloud/kube/, scripts/ci/realrun/, the waker's
 # scripts/phases/wake/, scripts/clients/): its modules' files carry the package's name.
-STEM_FOLDERS = {COMPONENTS, *(COMPONENTS / p for p in PACKAGES)}
+STEM_FOLDERS = {COMPONENTS, *(COMPONENTS / p for p in PACKAGES), ROOT / "nemodrop"}
 # A package's __init__.py (its docstring, what it gathers) and a program's __main__.py (its
 # wiring) have no tests of their own: they are tested through what they gather and start.
 EXEMPT = {"__init__.py", "__main__.py"}
@@ -259,7 +259,8 @@ PENDING = {
 
 def production_modules() -> list[Path]:
     """Every module of the program and of the scripts, but the exempt ones."""
-    found = [p for base in ("components", "scripts") for p in (ROOT / base).rglob("*.py")]
+    bases = ("components", "scripts", "nemodrop")
+    found = [p for base in bases for p in (ROOT / base).rglob("*.py")]
     return sorted(p for p in found if p.name not in EXEMPT and "__pycache__" not in p.parts)
 
 
@@ -301,7 +302,7 @@ def test_a_modules_tests_are_found_from_its_name() -> None:
 def test_an_exempt_file_holds_no_code_of_its_own_to_test() -> None:
     """A package's __init__.py defines no function or class: what it would define untested has
     a module (and so a test file) of its own."""
-    for base in ("components", "scripts"):
+    for base in ("components", "scripts", "nemodrop"):
         for path in (ROOT / base).rglob("__init__.py"):
             nodes = ast.parse(path.read_text()).body
             defined = [n for n in nodes if isinstance(n, ast.FunctionDef | ast.ClassDef)]

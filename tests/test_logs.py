@@ -1,4 +1,4 @@
-"""scripts/logs.py over a real OpenSSH server on loopback: the vLLM journal read with the stack's
+"""nemodrop/logs.py over a real OpenSSH server on loopback: the vLLM journal read with the stack's
 key and its pinned host key (a host with another key refused, the first one remembered when the
 stack exports none), one replica of a set or the balancer, each with its own host key."""
 
@@ -107,7 +107,7 @@ def run_logs(
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env["TMPDIR"] = str(tmp_path / "tmp")
     return run_tool(
-        "logs.py", "--stack", "dev", "--port", str(sshd["port"]), *args, env=env, timeout=60
+        "logs", "--stack", "dev", "--port", str(sshd["port"]), *args, env=env, timeout=60
     )
 
 

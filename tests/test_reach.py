@@ -1,4 +1,4 @@
-"""An endpoint that cannot be used yet (scripts/reach.py, what smoke.py and bench.py ask first):
+"""An endpoint that cannot be used yet (nemodrop/reach.py, what smoke.py and bench.py ask first):
 one line naming the cause and what to do, no traceback: a refused key and where the key came
 from, nothing listening, a dropped connection, a stalled or cut answer, an untrusted certificate
 (and `--cacert`), the gateway's 502 and 503, no route; the stack's name in the commands it
@@ -12,7 +12,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,11 +19,11 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import nemodrop_cli
 import pytest
 from test_target import dev_stack
 from test_tools import (
     KEY,
-    SCRIPTS,
     fake_server,
     run_tool,
     stats,
@@ -35,9 +34,9 @@ WRONG_KEY = "sk-not-this-servers-key-7f3a9c"
 
 def test_bench_with_a_wrong_key_says_so_and_where_the_key_comes_from(tmp_path: Path) -> None:
     with fake_server("--ttft", "0.01", "--itl", "0.001") as base:
-        found = run_tool("bench.py", "--endpoint", base, "--api-key", WRONG_KEY, "--no-progress",
+        found = run_tool("bench", "--endpoint", base, "--api-key", WRONG_KEY, "--no-progress",
                          "--concurrency", "2", "--requests", "4", "--max-tokens", "4")  # fmt: skip
-        given = run_tool("bench.py", "--endpoint", base, "--api-key", WRONG_KEY, "--model",
+        given = run_tool("bench", "--endpoint", base, "--api-key", WRONG_KEY, "--model",
                          "nemotron", "--no-progress", "--concurrency", "2", "--requests", "40",
                          "--max-tokens", "4", "--json", str(tmp_path / "r.json"))  # fmt: skip
         sent = stats(base)["chat_requests"]
@@ -176,7 +175,7 @@ UNUSABLE = {
     "502": (
         lambda: answering(502, ""),
         "the gateway answers but vLLM behind it does not (HTTP 502): the model may still be "
-        "loading; `python scripts/logs.py --stack NAME`",
+        "loading; `nemodrop logs --stack NAME`",
     ),
     "trickle": (
         lambda: sending(0.2, b" "),
@@ -208,24 +207,24 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize("case", UNUSABLE)
-@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+@pytest.mark.parametrize("tool", ["smoke", "bench"])
 def test_an_endpoint_that_cannot_serve_is_one_line_naming_the_cause(tool: str, case: str) -> None:
     server, expected = UNUSABLE[case]
     with server() as base:
         port = base.rsplit(":", 1)[1].split("/")[0]
         started = time.monotonic()
         proc = run_tool(tool, "--endpoint", base, "--model", "nemotron", "--timeout", "2",
-                        *(["--no-progress"] if tool == "bench.py" else []),
+                        *(["--no-progress"] if tool == "bench" else []),
                         env={"OPENAI_API_KEY": KEY}, timeout=60)  # fmt: skip
     assert expected.format(port=port) in one_error_line(proc)
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+@pytest.mark.parametrize("tool", ["smoke", "bench"])
 def test_an_untrusted_certificate_is_one_line_and_cacert_trusts_it(
     tool: str, self_signed: tuple[Path, Path]
 ) -> None:
-    extra = ["--no-progress"] if tool == "bench.py" else []
+    extra = ["--no-progress"] if tool == "bench" else []
     with answering(401, "unauthorized", cert=self_signed) as base:
         port = base.rsplit(":", 1)[1].split("/")[0]
         untrusted = run_tool(tool, "--endpoint", base, *extra, env={"OPENAI_API_KEY": KEY})
@@ -241,7 +240,7 @@ def test_an_untrusted_certificate_is_one_line_and_cacert_trusts_it(
 def test_the_line_names_the_stack_in_its_commands(tmp_path: Path) -> None:
     with closed_port() as base:
         fake = dev_stack(tmp_path, {"endpoint": base, "apiKey": KEY, "servedModelName": "n"})
-        proc = run_tool("smoke.py", "--stack", "dev", env=fake.env())
+        proc = run_tool("smoke", "--stack", "dev", env=fake.env())
     assert "`pulumi refresh --stack dev --yes && pulumi up --stack dev`" in one_error_line(proc)
 
 
@@ -249,16 +248,16 @@ def test_the_line_names_the_stack_in_its_commands(tmp_path: Path) -> None:
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="a network namespace of its own needs root and unshare",
 )
-@pytest.mark.parametrize("tool", ["smoke.py", "bench.py"])
+@pytest.mark.parametrize("tool", ["smoke", "bench"])
 def test_no_route_to_the_endpoint_is_one_line(tool: str) -> None:
     """In a network namespace of its own (only a loopback, down: no route anywhere), the
     documentation address 192.0.2.1 is unreachable; nothing leaves the namespace."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     env["OPENAI_API_KEY"] = KEY
     proc = subprocess.run(
-        ["unshare", "--net", sys.executable, str(SCRIPTS / tool), "--endpoint",
+        ["unshare", "--net", *nemodrop_cli.argv(tool), "--endpoint",
          "http://192.0.2.1:8443/v1", "--model", "nemotron", "--timeout", "5",
-         *(["--no-progress"] if tool == "bench.py" else [])],
+         *(["--no-progress"] if tool == "bench" else [])],
         capture_output=True, text=True, timeout=60, env=env, check=False,
     )  # fmt: skip
     line = one_error_line(proc)

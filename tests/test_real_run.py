@@ -214,7 +214,7 @@ def test_run_blocks_call_scripts_instead_of_holding_logic() -> None:
             lines = [line for line in s["run"].splitlines() if line.strip()]
             assert len(lines) <= 2, s["name"]
             assert not SHELL_LOGIC.search(s["run"]), s["run"]
-            assert s["run"].split()[0] in ("python", "venv/bin/python"), s["run"]
+            assert s["run"].split()[0] in ("python", "venv/bin/python", "nemodrop"), s["run"]
             assert "${{" not in s["run"], s["run"]  # values come in through env
 
 
@@ -261,7 +261,7 @@ def test_the_run_job_end_to_end_against_fakes(tmp_path: Path, platform: str) -> 
     the digests come from the repository variables, and the timeline step is skipped."""
     project = tmp_path / "project"
     ignore = shutil.ignore_patterns("__pycache__")
-    for folder in ("scripts", "components", "stacks", "locks"):
+    for folder in ("scripts", "components", "stacks", "locks", "nemodrop"):
         shutil.copytree(ROOT / folder, project / folder, ignore=ignore)
     wf = workflow()
     with fake_openai("--ttft", "0.01", "--itl", "0.001", "--thinking", "parsed", "--tools",
@@ -281,6 +281,8 @@ def test_the_run_job_end_to_end_against_fakes(tmp_path: Path, platform: str) -> 
         def run_step(s: dict[str, Any], github_output: Path) -> subprocess.CompletedProcess[str]:
             env = {k: resolve(str(v), values) for k, v in (s.get("env") or {}).items()}
             command = re.sub(r"^(venv/bin/)?python\b", sys.executable, s["run"])
+            # The command the tools' install step puts on PATH: the copy's package, run from it.
+            command = re.sub(r"^nemodrop\b", f"{sys.executable} -m nemodrop", command)
             # What the runner runs: `shell: bash` adds pipefail, the default shell does not.
             flags = "-eo pipefail" if s.get("shell") == "bash" else "-e"
             proc = subprocess.run(
@@ -365,6 +367,6 @@ def test_the_workflow_takes_a_platform_and_the_digests_from_inputs_or_variables(
     assert run_env["CLUSTER"] == "${{ needs.plan.outputs.cluster }}"
     assert '--cluster "$CLUSTER"' in step("run", "cleanup")["run"]
     assert '--platform "$PLATFORM"' in step("run", "init")["run"]
-    [timeline] = [s for s in steps_of("run") if "timeline.py" in s.get("run", "")]
+    [timeline] = [s for s in steps_of("run") if "nemodrop timeline" in s.get("run", "")]
     assert timeline["if"].endswith("&& env.PLATFORM == 'droplet' }}")
     assert "KUBE_IMAGE_DIGEST" in WORKFLOW.read_text().split("name: real-run")[0]

@@ -198,7 +198,7 @@ def test_a_digest_the_stack_file_already_has_is_kept(stacks: Path, tmp_path: Pat
 def test_the_kube_plan_needs_pyyaml_and_pydantic_only(stacks: Path, tmp_path: Path) -> None:
     """The plan job installs PyYAML and pydantic (the same pin as requirements.txt): a kube plan
     imports nothing else but the project's own modules."""
-    own = {p.stem for p in (ROOT / "scripts").glob("*.py")} | {"components", "realrun"}
+    own = {p.stem for p in (ROOT / "scripts").glob("*.py")} | {"components", "realrun", "nemodrop"}
     own |= {p.stem for p in (ROOT / "scripts" / "ci").glob("*.py")}
     own.add("clients")  # scripts/clients/: stdlib only (tests/test_layout.py holds it)
     pydantic = {"pydantic", "pydantic_core", "typing_extensions", "annotated_types",

@@ -242,7 +242,7 @@ runpy.run_path(script, run_name="__main__")
 def test_the_plan_step_needs_python_and_pyyaml_only(stacks: Path, tmp_path: Path) -> None:
     """The plan job has Python and PyYAML: the command line and the plan step import nothing
     else but the project's own modules (the summary's tools, rich among them, come lazily)."""
-    own = {p.stem for p in (ROOT / "scripts").glob("*.py")} | {"components", "realrun"}
+    own = {p.stem for p in (ROOT / "scripts").glob("*.py")} | {"components", "realrun", "nemodrop"}
     own |= {p.stem for p in (ROOT / "scripts" / "ci").glob("*.py")}  # lease.py: stdlib only
     own.add("clients")  # scripts/clients/: stdlib only (tests/test_layout.py holds it)
     proc = subprocess.run(

@@ -32,7 +32,7 @@ LEVEL = {
 
 
 BENCH = {
-    "tool": "nemotron-droplet scripts/bench.py",
+    "tool": "nemotron-droplet nemodrop/bench.py",
     "model": "nemotron",
     "settings": {"requests": 16, "input_tokens": 512, "max_tokens": 128},
     "levels": [LEVEL, {**LEVEL, "concurrency": 8, "errors": 2, "errors_by_kind": {"timeout": 2}}],

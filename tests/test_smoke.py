@@ -1,4 +1,4 @@
-"""scripts/smoke.py against the fake OpenAI-compatible server on loopback: every check passes on
+"""nemodrop/smoke.py against the fake OpenAI-compatible server on loopback: every check passes on
 a healthy endpoint, a failed one is named with why, Nemotron's reasoning and tool calls the way
 vLLM's parsers return them (and a server whose parsers do not match), checks the server does not
 offer are OFF (failed by --strict), and a 200 of the wrong shape fails its checks, no traceback."""
@@ -20,7 +20,7 @@ from test_tools import (
 def smoke(
     base: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return run_tool("smoke.py", "--endpoint", base, *args, env=env)
+    return run_tool("smoke", "--endpoint", base, *args, env=env)
 
 
 def test_smoke_passes_against_a_healthy_endpoint_reading_the_key_from_env() -> None:

@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+import nemodrop_cli
 import pytest
 from conftest import STACK_SUMMARY
 from pulumi_harness import DEFAULT_OFFERS, stack_config
@@ -65,7 +66,7 @@ def client(
         "REQUESTS_CA_BUNDLE": str(bundle),
         "MPLCONFIGDIR": str(emu.workdir / "mpl"),
     }
-    argv = [sys.executable, str(ROOT / "scripts" / tool), *args]
+    argv = [*nemodrop_cli.argv(tool), *args]
     if emu.account.records:
         # The names the account's DNS zones hold, as resolvers on the internet answer them:
         # /etc/hosts of the tool's own mount namespace (this machine's is never touched).
@@ -98,7 +99,7 @@ def bench_through(
     """A short bench.py through the public endpoint: every request answered."""
     result = emu.workdir / "bench.json"
     bench = client(
-        emu, "bench.py", outputs, "--concurrency", str(concurrency), "--requests", str(requests),
+        emu, "bench", outputs, "--concurrency", str(concurrency), "--requests", str(requests),
         "--max-tokens", "16", "--no-progress", "--json", str(result),
     )  # fmt: skip
     assert bench.returncode == 0, bench.stdout + bench.stderr
@@ -132,7 +133,7 @@ def test_dev_from_nothing_to_a_ready_endpoint_then_smoke_bench_and_destroy(
         # The certificate came from "Let's Encrypt" with the IP profile, over http-01.
         assert [i.profile for i in emu.ca.issued] == ["shortlived"]
 
-        smoke = client(emu, "smoke.py", up.outputs)
+        smoke = client(emu, "smoke", up.outputs)
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         assert str(up.outputs["apiKey"]) not in smoke.stdout + smoke.stderr
         bench_through(emu, up.outputs, concurrency=2, requests=6)
@@ -371,7 +372,7 @@ def test_a_cache_volume_brings_a_re_created_droplet_back_warm_and_grows_in_place
         downloaded = {u for u, n in again.items() if n and "miniforge" in u.lower()}
         downloaded |= {u for u, n in again.items() if n and u in emu.model_urls}
         assert downloaded == set(), f"a warm re-create fetched {sorted(downloaded)}"
-        smoke = client(emu, "smoke.py", second.outputs)
+        smoke = client(emu, "smoke", second.outputs)
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
 
         before = filesystem_bytes(disk.image)
@@ -497,7 +498,7 @@ def test_autodown_deletes_the_set_with_the_readme_scopes_and_refresh_then_up_bri
         assert back.error is None, back.error
         assert sorted(back.ops("create", "droplet:Droplet")) == ["gpu", "gpu-1"]
         assert back.outputs["balancer"]["address"] == address, "the endpoint keeps its address"
-        smoke = client(emu, "smoke.py", back.outputs)
+        smoke = client(emu, "smoke", back.outputs)
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         report(request, summary("autodown", emu, results)
                + f"\n  first bootstrap recorded {lag:.1f} s after the first step")  # fmt: skip
@@ -577,7 +578,7 @@ def test_a_driver_that_does_not_build_stops_the_run_and_a_cut_download_resumes(
         assert {"bootstrap-driver", "bootstrap-reboot", "bootstrap-ready"} <= rerun
         assert not rerun & done, "nothing that succeeded ran again"
         assert machine.box.boot_id != boot and machine.box.hw("driver"), "rebooted onto it"
-        smoke = client(emu, "smoke.py", second.outputs)
+        smoke = client(emu, "smoke", second.outputs)
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         report(request, summary("driver-fails-download-cut", emu, results))
 
@@ -643,7 +644,7 @@ def test_scale_to_zero_a_keyed_request_wakes_the_deleted_set_through_the_pipelin
     told so. After it, a keyed request is held and dispatches once more; a second keyed request
     during that wake starts no other. The pipeline runs what the workflow does (refresh, then
     up); the replica comes back, joins the front, and both held requests are answered; the
-    front's timeline of the wake is read with scripts/wake.py."""
+    front's timeline of the wake is read with nemodrop/wake.py."""
     results: list[Result] = []
     with emulation(tmp_path) as emu:
         token = emu.api.account.add_token("readme", sorted(readme_scopes()))
@@ -719,8 +720,8 @@ def test_scale_to_zero_a_keyed_request_wakes_the_deleted_set_through_the_pipelin
         assert [h.stdout.split("\n", 1)[0] for h in held] == ["200", "200"], held
         assert len(emu.github.dispatches) == 2, "one wake, for both requests"
         assert back.outputs["endpoint"] == first.outputs["endpoint"], "the address stayed"
-        # The last wake, as the front logged it: scripts/wake.py through the gate, with the key.
-        state = client(emu, "wake.py", back.outputs)
+        # The last wake, as the front logged it: nemodrop/wake.py through the gate, with the key.
+        state = client(emu, "wake", back.outputs)
         assert state.returncode == 0 and "mode: awake" in state.stdout, state.stdout
         assert "): ok; the token expires never" in state.stdout, "GitHub's answer, looked at"
         last = next(line for line in state.stdout.splitlines() if line.startswith("last wake:"))

@@ -7,7 +7,6 @@ test_reach.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,25 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import fake_openai
+import nemodrop_cli
 import openai
 import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "scripts"
 
 
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_stats = _load("bench_stats")
-bench_workload = _load("bench_workload")
 KEY = "sk-test-0123456789"
 
 
@@ -58,7 +46,7 @@ def run_tool(
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args],
+        [*nemodrop_cli.argv(name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -83,7 +71,7 @@ def bench_result(base: str, tmp_path: Path, **flags: object) -> dict[str, Any]:
     ]
     out = tmp_path / "bench.json"
     proc = run_tool(
-        "bench.py",
+        "bench",
         "--endpoint",
         base,
         "--api-key",
@@ -181,10 +169,10 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.parametrize(
     ("tool", "args", "package"),
     [
-        ("smoke.py", ("--endpoint", "http://127.0.0.1:9/v1"), "requests"),
-        ("bench.py", ("--endpoint", "http://127.0.0.1:9/v1"), "aiohttp"),
-        ("wake.py", ("--stack", "dev"), "requests"),
-        ("timeline.py", ("--outputs", "{outputs}", "--png", "{png}"), "matplotlib"),
+        ("smoke", ("--endpoint", "http://127.0.0.1:9/v1"), "requests"),
+        ("bench", ("--endpoint", "http://127.0.0.1:9/v1"), "aiohttp"),
+        ("wake", ("--stack", "dev"), "requests"),
+        ("timeline", ("--outputs", "{outputs}", "--png", "{png}"), "matplotlib"),
     ],
 )
 def test_a_tool_run_without_its_packages_names_the_one_missing_and_the_install_command(
@@ -194,16 +182,16 @@ def test_a_tool_run_without_its_packages_names_the_one_missing_and_the_install_c
     outputs.write_text(json.dumps({"bootstrapTimeline": TIMELINE}))
     argv = [a.format(outputs=outputs, png=tmp_path / "t.png") for a in args]
     proc = subprocess.run(
-        [bare_python, str(SCRIPTS / tool), *argv],
+        [*nemodrop_cli.argv(tool, bare_python), *argv],
         capture_output=True, text=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     [line] = proc.stderr.splitlines()
-    assert f"error: {tool} needs the Python package {package!r}" in line, line
+    assert f"error: nemodrop needs the Python package {package!r}" in line, line
     assert (
-        f"(cd {ROOT} && python3 -m venv .venv && .venv/bin/pip install -r requirements.txt "
-        f"-r requirements-tools.txt), then .venv/bin/python scripts/{tool} ..."
+        f"(cd {ROOT} && python3 -m venv .venv && .venv/bin/pip install -e .), "
+        "then .venv/bin/nemodrop ..."
     ) in line, line
 
 
@@ -211,7 +199,7 @@ def test_logs_and_timeline_need_no_package_for_their_text(tmp_path: Path, bare_p
     """The journal and the timeline as text run on any Python 3.11: only --png needs one."""
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps({"bootstrapTimeline": TIMELINE}))
-    for argv in (["timeline.py", "--outputs", str(outputs)], ["logs.py", "--help"]):
-        proc = subprocess.run([bare_python, str(SCRIPTS / argv[0]), *argv[1:]],
+    for argv in (["timeline", "--outputs", str(outputs)], ["logs", "--help"]):
+        proc = subprocess.run([*nemodrop_cli.argv(argv[0], bare_python), *argv[1:]],
                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""vLLM's start read from its journal (scripts/vllm_startup.py, timeline.py --journal), with the
+"""vLLM's start read from its journal (nemodrop/vllm_startup.py, timeline.py --journal), with the
 log lines the pinned vLLM itself prints: each is formatted here from that release's own source
 (.vllm-venv, which ./check installs from the lock), so a vLLM that rewords one fails this test
 before it silently drops out of the timeline."""
@@ -10,14 +10,14 @@ import functools
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import nemodrop_cli
 import pytest
 
+from nemodrop import vllm_startup
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import vllm_startup  # noqa: E402 (a script's module, from scripts/)
 
 SITES = sorted((ROOT / ".vllm-venv" / "lib").glob("python*/site-packages/vllm"))
 pytestmark = pytest.mark.skipif(not SITES, reason="no .vllm-venv: ./check installs it")
@@ -147,7 +147,7 @@ def test_timeline_prints_the_start_beside_the_phases(tmp_path: Path) -> None:
     journal = tmp_path / "vllm.log"
     journal.write_text(start(cached=True, weights=2.9, compile_s=4.1, capture=11, init=20.5))
     run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "timeline.py"), "--outputs", str(outputs),
+        [*nemodrop_cli.argv("timeline"), "--outputs", str(outputs),
          "--journal", str(journal)],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
@@ -158,7 +158,7 @@ def test_timeline_prints_the_start_beside_the_phases(tmp_path: Path) -> None:
     # 7.45 GiB in 2.9 s (the weights' own line): 2.76 GB/s.
     assert re.search(r"weights read at +2\.76 GB/s \(7\.5 GiB per GPU in 2\.9 s", run.stdout)
     missing = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "timeline.py"), "--outputs", str(outputs),
+        [*nemodrop_cli.argv("timeline"), "--outputs", str(outputs),
          "--journal", str(tmp_path / "nope.log")],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip

@@ -1,20 +1,19 @@
-"""scripts/vllm_startup.py on real starts of vLLM 0.26.0 on a lent H100 (tests/data/
+"""nemodrop/vllm_startup.py on real starts of vLLM 0.26.0 on a lent H100 (tests/data/
 vllm-0.26.0-h100/runs.json says how each was made): the logs themselves, so no .vllm-venv."""
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nemodrop import vllm_startup
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import vllm_startup  # noqa: E402 (a script's module, from scripts/)
 
 REAL = ROOT / "tests" / "data" / "vllm-0.26.0-h100"
 RUNS = json.loads((REAL / "runs.json").read_text())

@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -33,6 +32,7 @@ import aiohttp
 import fake_openai
 import front_bench
 import loopback
+import nemodrop_cli
 import openai
 import pytest
 import requests
@@ -991,10 +991,10 @@ def test_the_webhook_trigger_posts_the_stack_with_its_secret_header(
 
 
 def wake_tool(front: Front, *args: str) -> subprocess.CompletedProcess[str]:
-    """scripts/wake.py against the front (here the waker itself answers /nemotron/wake)."""
+    """nemodrop/wake.py against the front (here the waker itself answers /nemotron/wake)."""
     env = {"PATH": os.environ["PATH"], "OPENAI_API_KEY": API_KEY}
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "wake.py"), "--endpoint", f"{front.url}/v1",
+        [*nemodrop_cli.argv("wake"), "--endpoint", f"{front.url}/v1",
          *args], env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -1005,7 +1005,7 @@ def test_the_waker_and_the_program_share_their_names() -> None:
     the tool's (the tools' venv has no pydantic, which the program's module needs)."""
     found = {
         path: re.search(r'^CONTROL_PATH = "([^"]+)"', (ROOT / path).read_text(), re.M)
-        for path in ("components/host/wake.py", "scripts/phases/wake/relay.py", "scripts/wake.py")
+        for path in ("components/host/wake.py", "scripts/phases/wake/relay.py", "nemodrop/wake.py")
     }
     assert {path: m.group(1) if m else None for path, m in found.items()} == dict.fromkeys(
         found, "/nemotron/wake"

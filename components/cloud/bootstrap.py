@@ -39,7 +39,7 @@ def parse_result(stdout: str) -> dict[str, Any]:
 
 def timeline(stdouts: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """Each phase's start and end (epoch seconds, as the Droplet's clock read them), its seconds
-    and the phases it waited for: what scripts/timeline.py draws. A phase that did not run on
+    and the phases it waited for: what nemodrop/timeline.py draws. A phase that did not run on
     this `pulumi up` keeps the times of the run that last ran it."""
     out: dict[str, dict[str, Any]] = {}
     for phase in BOOTSTRAP:
@@ -55,7 +55,7 @@ def timeline(stdouts: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-# The result members timeline() keeps beside the times (scripts/timeline.py reads them): what
+# The result members timeline() keeps beside the times (nemodrop/timeline.py reads them): what
 # the model phase moved, and the disks preflight saw (where a size's scratch disk appears).
 MOVED = ("download_bytes", "download_seconds", "disks")
 

@@ -120,7 +120,7 @@ def replica_fields(
         "privateIpv4": private_ipv4,
         "sshCommand": ssh_command(cfg.stack, ipv4, host_public_key),
         "sshHostPublicKey": host_public_key,
-        "logs": f"python scripts/logs.py --stack {cfg.stack} --replica {index}",
+        "logs": f"nemodrop logs --stack {cfg.stack} --replica {index}",
         "bootstrapSeconds": round(sum(seconds.values()), 1),
     }
 
@@ -162,7 +162,7 @@ def balancer_fields(
         out["dropletIpv4"] = ipv4
         out["sshCommand"] = ssh_command(cfg.stack, ipv4, host_public_key)
         out["sshHostPublicKey"] = host_public_key
-        out["logs"] = f"python scripts/logs.py --stack {cfg.stack} --balancer"
+        out["logs"] = f"nemodrop logs --stack {cfg.stack} --balancer"
     else:
         out["nodes"] = cfg.balancer.nodes
     return out

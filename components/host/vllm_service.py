@@ -162,7 +162,7 @@ def compile_cache_env() -> dict[str, str]:
     - TRITON_PRINT_AUTOTUNING=1: Triton logs each kernel it benchmarks and for how long, three
       lines a kernel and only when it benchmarks, so the journal says why a start's warm-up
       was long (on the lent H100, 7 autotuned kernels made 59.5 s of a 62 s warm-up) and
-      scripts/vllm_startup.py adds them up.
+      nemodrop/vllm_startup.py adds them up.
 
     Measured on the lent H100 (docs/cache.md, "vLLM's start on a GPU"): with these set, the
     first warm start after a cold one took 54.9 s to /health (warm-up 1 s); with

@@ -47,7 +47,7 @@ APT_PACKAGE = "python3-aiohttp"
 # removes when the waker stops (unit_text).
 HOLD_DIR = "/run/nemotron-wake"
 HOLD_FILE = f"{HOLD_DIR}/hold"
-# Keyed control of the waker through the gate (scripts/wake.py): its state, or wake now.
+# Keyed control of the waker through the gate (nemodrop/wake.py): its state, or wake now.
 CONTROL_PATH = "/nemotron/wake"
 # A wake's expected length when nothing better is known: the cold path's estimate (docs/cache.md,
 # "Where the minutes go": Droplet, driver and reboot, downloads, load and compile).
@@ -190,7 +190,7 @@ handle {{
 
 
 def control_routes(waker: str = ADDRESS) -> str:
-    """The keyed control of the waker through the gate (scripts/wake.py): GET its state, POST to
+    """The keyed control of the waker through the gate (nemodrop/wake.py): GET its state, POST to
     wake now. Proxied as it came: the waker answers CONTROL_PATH itself."""
     uri = f"{{http.request.uri}} == '{CONTROL_PATH}'"
     methods = "{http.request.method} in ['GET', 'POST']"
@@ -228,7 +228,7 @@ def output(cfg: StackConfig, front_price_hourly: float, volumes_monthly: float) 
         "idleMonthlyPriceUsd": round(front + volumes_monthly, 2),
         "idleCost": f"${front:.2f}/month the front (Droplet; its Reserved IP is free while "
         f"assigned) + ${volumes_monthly:.2f}/month the cache Volumes, while the GPU set sleeps",
-        "state": f"python scripts/wake.py --stack {cfg.stack}",
+        "state": f"nemodrop wake --stack {cfg.stack}",
     }
 
 

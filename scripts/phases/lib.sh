@@ -85,7 +85,7 @@ finish() {
   local now seconds extra=${1:-}
   now=$(date +%s%N)
   seconds=$(( (now - PHASE_STARTED) / 1000000 ))
-  # started_at/ended_at (epoch seconds): scripts/timeline.py draws the bootstrap from them.
+  # started_at/ended_at (epoch seconds): nemodrop/timeline.py draws the bootstrap from them.
   printf '{"phase":"%s","changed":%s,"seconds":%d.%03d,"started_at":%d.%03d,"ended_at":%d.%03d,"boot_id":"%s","run":"%s"%s}\n' \
     "$PHASE" "$CHANGED" $((seconds / 1000)) $((seconds % 1000)) \
     $((PHASE_STARTED / 1000000000)) $((PHASE_STARTED / 1000000 % 1000)) \

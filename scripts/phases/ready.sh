@@ -42,7 +42,7 @@ why() {
     *"No space left on device"*)
       echo "the disk is full: choose a size with a larger disk or a smaller model.id" ;;
     *)
-      echo "read the journal lines above (python scripts/logs.py --stack <stack> shows more)" ;;
+      echo "read the journal lines above (nemodrop logs --stack <stack> shows more)" ;;
   esac
 }
 

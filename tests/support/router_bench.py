@@ -1,6 +1,6 @@
 """Measure cache-aware routing at the front (issue 34) on loopback, with the project's own tools:
 three fake vLLM replicas (tests/support/fake_openai.py with its prefix-cache model), the front's
-own Caddyfile (gateway.balancer_site, the pinned Caddy) and scripts/bench.py as the client:
+own Caddyfile (gateway.balancer_site, the pinned Caddy) and nemodrop/bench.py as the client:
 
     .venv/bin/python tests/support/router_bench.py [--rate 12] [--seconds 15]
         [--modes least-conn,cache-aware,cache-aware-no-render]
@@ -72,6 +72,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+import nemodrop_cli
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -93,7 +94,7 @@ KEY = front_bench.KEY  # a key for this loopback run alone (front_bench.compare 
 MODEL = "nemotron"
 REPLICAS = 3
 ROUTER = ROOT / ".router-venv" / "bin" / "vllm-router"
-BENCH = ROOT / "scripts" / "bench.py"
+BENCH = nemodrop_cli.argv("bench")
 MODES = ("least-conn", "cache-aware", "cache-aware-no-render")
 
 
@@ -323,7 +324,7 @@ def run_bench(
     out, saved = folder / "bench.json", folder / "requests.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     env["MPLCONFIGDIR"] = str(folder / "mpl")
-    argv = [sys.executable, str(BENCH), "--endpoint", f"{url}/v1", "--api-key", KEY,
+    argv = [*BENCH, "--endpoint", f"{url}/v1", "--api-key", KEY,
             "--model", MODEL, "--no-progress", "--warmup", "0", "--seed", str(load.seed),
             "--request-rate", f"{per_s:g}", "--max-concurrency", str(load.max_concurrency),
             "--requests", str(units), "--turns", str(workload.turns), "--timeout", "120",

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import target
+from nemodrop import target
 
 from .runner import github_output, last_line, pulumi_cli, run_bounded
 

@@ -86,7 +86,7 @@ def bench_section(path: Path) -> list[str]:
     levels = data.get("levels") if isinstance(data, dict) else None
     if not isinstance(levels, list) or not levels:
         return [missing("bench", path, "not a bench.py result file (no levels)")]
-    import bench_report  # noqa: PLC0415 (the tools' dependencies, only needed here)
+    from nemodrop import bench_report  # noqa: PLC0415 (the tools' dependencies, only needed here)
 
     try:
         columns, cells = bench_report.rows(levels, BENCH_PERCENTILES)
@@ -133,7 +133,7 @@ GANTT_WIDTH = 40
 
 
 def timeline_section(outputs: Any, png: Path) -> list[str]:
-    import timeline  # noqa: PLC0415 (the tools' dependencies, only needed here)
+    from nemodrop import timeline  # noqa: PLC0415 (the tools' dependencies, only needed here)
 
     entries = outputs.get("bootstrapTimeline") if isinstance(outputs, dict) else None
     if not isinstance(entries, dict):

@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """Where the bootstrap's minutes went: each phase on a time line, and the critical path.
 
-    python scripts/timeline.py --stack dev --png timeline.png
-    python scripts/timeline.py --outputs outputs.json         # `pulumi stack output --json`
-    python scripts/logs.py --stack dev -n 3000 --no-follow > vllm.log
-    python scripts/timeline.py --stack dev --journal vllm.log # and the service phase's parts
+    nemodrop timeline --stack dev --png timeline.png
+    nemodrop timeline --outputs outputs.json         # `pulumi stack output --json`
+    nemodrop logs --stack dev -n 3000 --no-follow > vllm.log
+    nemodrop timeline --stack dev --journal vllm.log # and the service phase's parts
 
 Reads the stack's `bootstrapTimeline` output (each phase's start and end on the Droplet's clock
 and the phases it waited for). The critical path runs back from the phase that ended last,
@@ -23,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-import target as target_mod
-import vllm_startup
+from nemodrop import cli, vllm_startup
+from nemodrop import target as target_mod
 
 
 @dataclass(frozen=True)
@@ -183,10 +181,8 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
     return timeline
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "timeline", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--stack", help="read the outputs of this Pulumi stack")
     source.add_argument("--outputs", help="a saved `pulumi stack output --json` file")
@@ -200,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         default=LINK_GBPS,
         help=f"the link a download's floor is counted at (default {LINK_GBPS:g})",
     )
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.link_gbps <= 0:
-        parser.error("--link-gbps: a positive number of Gbit/s")
+        args.usage_error("--link-gbps: a positive number of Gbit/s")
     timeline = load(args)
     timed, untimed = spans(timeline)
     print(report(timed, untimed))
@@ -221,7 +219,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.png and timed:
         gantt(timed, args.png)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import target as target_mod
-from bench_workload import synthetic_prompt
 
-METHODS = ("auto", "tokenize", "usage", "words")
+from nemodrop import target as target_mod
+from nemodrop.bench_workload import synthetic_prompt
+
 # The samples measured: indices no level uses (levels use 0 and up, warm-up requests -1, -2...).
 SAMPLES = (-1_000_001, -1_000_002, -1_000_003)
 

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """The front's waker by hand: see whether the GPU set is awake, asleep or waking, or wake it now.
 
-    python scripts/wake.py --stack dev            # the state, and the last wake's timeline
-    python scripts/wake.py --stack dev --now      # wake it now (the same guards as a request)
-    python scripts/wake.py --stack dev --now --wait 900   # ... and wait until it answers
+    nemodrop wake --stack dev            # the state, and the last wake's timeline
+    nemodrop wake --stack dev --now      # wake it now (the same guards as a request)
+    nemodrop wake --stack dev --now --wait 900   # ... and wait until it answers
 
 It asks the endpoint's front (wake.enabled) through its gate, with the stack's API key, at
 `/nemotron/wake`: the front holds the pipeline's token; this tool needs none, and no cloud
@@ -14,16 +13,19 @@ front said it, with when to come back.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
-import target as target_mod
+from nemodrop import cli
+from nemodrop import target as target_mod
 
-try:  # the tools' requirements: a Python without them gets the command that installs them
+# The tools' requirements: a Python without them still lists the subcommand; running it says
+# in one line what is missing and the command that installs it (run()).
+missing: ModuleNotFoundError | None = None
+try:
     import requests
 except ModuleNotFoundError as err:
-    target_mod.missing_package(err)
+    missing = err
 
 CONTROL_PATH = "/nemotron/wake"  # components/host/wake.py CONTROL_PATH
 TIMEOUT_SECONDS = 20
@@ -81,14 +83,16 @@ def ask(method: str, url: str, target: target_mod.Target) -> tuple[int, dict[str
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "wake", __doc__)
     target_mod.add_arguments(parser)
     parser.add_argument("--now", action="store_true", help="wake the set now")
     parser.add_argument("--wait", type=float, default=0, help="with --now: seconds to wait")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    if missing is not None:
+        target_mod.missing_package(missing)
     target = target_mod.resolve(args)
     url = control_url(target.endpoint)
     if args.now:
@@ -115,7 +119,3 @@ def main(argv: list[str] | None = None) -> int:
         raise target_mod.TargetError(f"{url}: HTTP {status}: is wake.enabled set for this stack?")
     print(describe(state))
     return 0 if state.get("mode") != "failed" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,11 +13,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import bench_stats as stats
-import target as target_mod
 from rich import box
 from rich.console import Console
 from rich.table import Table
+
+from nemodrop import bench_stats as stats
+from nemodrop import target as target_mod
 
 # The result file's format: bumped when its fields change meaning.
 VERSION = "2.0"
@@ -366,7 +367,15 @@ def compare_plot(runs: list[tuple[str, dict[str, Any], list[dict[str, Any]]]], p
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """Every setting of the run, for the result file; never the key."""
-    hidden = {"api_key", "json_path", "plot", "save_requests", "no_progress", "compare"}
+    hidden = {
+        "api_key",
+        "json_path",
+        "plot",
+        "save_requests",
+        "no_progress",
+        "compare",
+        "usage_error",
+    }
     out = {k: v for k, v in vars(args).items() if k not in hidden}
     if out.get("request_rate"):
         out["request_rate"] = ["inf" if math.isinf(r) else r for r in out["request_rate"]]
@@ -388,7 +397,7 @@ def write_results(
                 f.write(json.dumps(vllm_result(report, args, model, started)) + "\n")
     else:
         result = {
-            "tool": "nemotron-droplet scripts/bench.py",
+            "tool": "nemotron-droplet nemodrop bench",
             "version": VERSION,
             "date": started.isoformat(timespec="seconds"),
             "endpoint": target.endpoint,

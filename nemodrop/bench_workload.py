@@ -40,6 +40,8 @@ WORDS = (  # noqa: SIM905 (a sentence reads better than a hundred quoted words)
 # Conversations whose prompt or answer is shorter than this are skipped (as vLLM's ShareGPT
 # sampler skips them: too short to measure anything).
 MIN_TOKENS = 4
+# How a prompt's length is counted (--prompt-sizing; bench_sizing.py measures all but `words`).
+SIZING_METHODS = ("auto", "tokenize", "usage", "words")
 
 
 class WorkloadError(ValueError):

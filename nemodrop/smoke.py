@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Check in one command that an endpoint works: models, a chat, a stream, that auth holds, and
 Nemotron 3's own features: reasoning on and off per request, and tool calls (plain and streamed).
 
-    python scripts/smoke.py --stack dev
-    OPENAI_BASE_URL=https://.../v1 OPENAI_API_KEY=$(cat KEYFILE) python scripts/smoke.py
+    nemodrop smoke --stack dev
+    OPENAI_BASE_URL=https://.../v1 OPENAI_API_KEY=$(cat KEYFILE) nemodrop smoke
 
 Each check prints one line with its time: PASS, FAIL with the reason, or OFF when the server
 does not offer the feature (no reasoning parser, no auto tool choice), which fails only with
@@ -15,19 +14,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import target as target_mod
+from nemodrop import cli
+from nemodrop import target as target_mod
 
-try:  # the tools' requirements: a Python without them gets the command that installs them
-    import reach
+# The tools' requirements: a Python without them still lists the subcommand; running it says
+# in one line what is missing and the command that installs it (run()).
+missing: ModuleNotFoundError | None = None
+try:
     import requests
+
+    from nemodrop import reach
 except ModuleNotFoundError as err:
-    target_mod.missing_package(err)
+    missing = err
 
 PROMPT = "Reply with one short sentence about GPUs."
 # Nemotron 3 turns its reasoning on and off per request through its chat template
@@ -297,7 +300,7 @@ class Smoke:
         ]
 
 
-def run(target: target_mod.Target, timeout: float, strict: bool = False) -> list[Result]:
+def run_checks(target: target_mod.Target, timeout: float, strict: bool = False) -> list[Result]:
     smoke = Smoke(target, timeout)
     results = []
     for name, check in smoke.checks():
@@ -322,10 +325,8 @@ def run(target: target_mod.Target, timeout: float, strict: bool = False) -> list
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "smoke", __doc__)
     target_mod.add_arguments(parser)
     parser.add_argument("--timeout", type=float, default=120, help="seconds per request")
     parser.add_argument(
@@ -333,11 +334,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a feature the server does not offer (OFF: reasoning, tool calls) fails the run",
     )
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    if missing is not None:
+        target_mod.missing_package(missing)
     target = target_mod.resolve(args)
     # Unreachable, refused, untrusted, the wrong key, not serving yet: one line, not 8 FAILs.
     reach.probe(target, args.timeout)
-    results = run(target, args.timeout, args.strict)
+    results = run_checks(target, args.timeout, args.strict)
     for r in results:
         print(f"{r.status} {r.name:<12} {r.seconds * 1000:8.0f} ms  {r.detail}")
     failed = [r for r in results if not r.ok]
@@ -350,7 +355,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("all checks passed")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

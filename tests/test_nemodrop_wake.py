@@ -1,4 +1,4 @@
-"""scripts/wake.py, the waker by hand: the state through the gate (GET /nemotron/wake, keyed), or a
+"""nemodrop/wake.py, the waker by hand: the state through the gate (GET /nemotron/wake, keyed), or a
 wake now (POST) within the waker's own guards; against the real waker (test_wake.py's fixture,
 with a fake GitHub) and against a front on loopback that answers as told. A stack's wake read
 with it in the offline `pulumi up` is test_stack_scenarios.py's; a Python without its packages,
@@ -9,19 +9,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
+import nemodrop_cli
 import pytest
 from test_wake import API_KEY, FakeGitHub, Front, expires_in, front_factory, pipeline_of, wake_tool
 
 __all__ = ["front_factory"]  # the fixture, used by name
 
-TOOL = Path(__file__).resolve().parent.parent / "scripts" / "wake.py"
+TOOL = nemodrop_cli.argv("wake")
 
 
 def test_the_wake_tool_shows_the_state_and_wakes_by_hand_within_the_guards(
@@ -90,7 +89,7 @@ def answering() -> Iterator[Callable[..., tuple[str, list[tuple[str, str, str]]]
 
 def tool(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"], "OPENAI_API_KEY": API_KEY}
-    return subprocess.run([sys.executable, str(TOOL), "--endpoint", endpoint, *args], env=env,
+    return subprocess.run([*TOOL, "--endpoint", endpoint, *args], env=env,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 

@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import requests
-import target as target_mod
 import urllib3
+
+from nemodrop import target as target_mod
 
 # The most a model list may be: vLLM's is a few hundred bytes a model.
 MAX_BODY_BYTES = 4 * 2**20
@@ -116,13 +117,13 @@ def describe_failure(
         (
             isinstance(err, requests.exceptions.ReadTimeout),
             f"{where} took the request but sent no answer within {seconds:g} s (a sleeping "
-            f"endpoint holds requests while it wakes: `python scripts/wake.py --stack {stack}`)",
+            f"endpoint holds requests while it wakes: `nemodrop wake --stack {stack}`)",
         ),
         (
             any(isinstance(c, urllib3.exceptions.ProtocolError) for c in causes),
             f"{where} closed the connection before its answer ended (a proxy, or the server "
             "restarting mid-request): try again; if it lasts, read the endpoint's logs "
-            f"(`python scripts/logs.py --stack {stack}`)",
+            f"(`nemodrop logs --stack {stack}`)",
         ),
     )
     return next((message for holds, message in cases if holds), f"no answer from {where}: {err}")
@@ -138,12 +139,12 @@ def describe_status(response: requests.Response, target: target_mod.Target) -> s
     if status in (502, 504):
         return (
             f"the gateway answers but vLLM behind it does not (HTTP {status}): the model may "
-            f"still be loading; `python scripts/logs.py --stack {stack}` shows vLLM's start"
+            f"still be loading; `nemodrop logs --stack {stack}` shows vLLM's start"
         )
     if status == 503:
         return (
             f"the endpoint is not ready (HTTP 503: {body or 'no reason given'}): it is starting, "
-            f"waking or being updated; try again in a minute (`python scripts/wake.py --stack "
+            f"waking or being updated; try again in a minute (`nemodrop wake --stack "
             f"{stack}` shows a sleeping set's state)"
         )
     return None

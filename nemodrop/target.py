@@ -1,6 +1,7 @@
 """Which endpoint, key and model a tool talks to: flags, else a stack's outputs, else the env.
 
-Shared by smoke.py, bench.py and logs.py so that all three find a deployment the same way.
+Shared by the subcommands (smoke, bench, wake, logs, timeline) so that all find a deployment
+the same way.
 The key is best passed through OPENAI_API_KEY or --stack: a --api-key flag is visible in the
 process list of the machine that runs the tool.
 """
@@ -17,12 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-# The project's folder, and the one virtualenv a user runs the tools with: ./try makes it with
-# the program's and the tools' requirements (README "Try it"), ./check adds the developers'.
+# The project's folder (a checkout: `pulumi stack output` runs here), and the command that
+# installs the tools with the packages they need (pyproject.toml's [project]; README "Try it").
 PROJECT_DIR = Path(__file__).resolve().parent.parent
-INSTALL = (
-    "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt -r requirements-tools.txt"
-)
+INSTALL = "python3 -m venv .venv && .venv/bin/pip install -e ."
 # The import name of each package the tools need, where pip knows it by another name.
 PIP_NAMES = {"yaml": "PyYAML"}
 
@@ -36,14 +35,14 @@ class TargetError(SystemExit):
 
 
 def missing_package(err: ModuleNotFoundError) -> NoReturn:
-    """A tool run by a Python without one of its packages (not the project's .venv): one line
-    that names the package and the command that installs it, exit 2, no traceback."""
+    """A subcommand run by a Python without one of its packages (not the one `nemodrop` was
+    installed into): one line that names the package and the command that installs it, exit 2,
+    no traceback."""
     module = (err.name or "?").split(".")[0]
-    tool = os.path.basename(sys.argv[0]) or "this tool"
     print(
-        f"error: {tool} needs the Python package {PIP_NAMES.get(module, module)!r}, which "
-        f"{sys.executable} lacks: run the tools with the project's virtualenv (cd {PROJECT_DIR} "
-        f"&& {INSTALL}), then .venv/bin/python scripts/{tool} ...",
+        f"error: nemodrop needs the Python package {PIP_NAMES.get(module, module)!r}, which "
+        f"{sys.executable} lacks: install the command with its packages (cd {PROJECT_DIR} "
+        f"&& {INSTALL}), then .venv/bin/nemodrop ...",
         file=sys.stderr,
     )
     raise SystemExit(2)

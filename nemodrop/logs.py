@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """Follow the vLLM service's journal on a stack's Droplet, without handling the key by hand.
 
-    python scripts/logs.py --stack dev            # last 200 lines, then follow (Ctrl-C stops)
-    python scripts/logs.py --stack dev -n 50 --no-follow
-    python scripts/logs.py --stack dev --replica 2   # one replica of a set (replicas >= 2)
-    python scripts/logs.py --stack dev --balancer    # the Caddy balancer Droplet's gateway
+    nemodrop logs --stack dev            # last 200 lines, then follow (Ctrl-C stops)
+    nemodrop logs --stack dev -n 50 --no-follow
+    nemodrop logs --stack dev --replica 2   # one replica of a set (replicas >= 2)
+    nemodrop logs --stack dev --balancer    # the Caddy balancer Droplet's gateway
 
 The stack's private key goes to a file readable only by you in a temporary folder that is
 removed on exit; it never appears on a command line. When the stack exports the Droplet's SSH
@@ -22,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import target as target_mod
+from nemodrop import cli
+from nemodrop import target as target_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from components.spec.catalog import CADDY_UNIT, SSH_USER, VLLM_UNIT  # after the path is set
@@ -95,10 +95,8 @@ def journal_command(unit: str, lines: int, follow: bool) -> list[str]:
     return [*command, "--follow"] if follow else command
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "logs", __doc__)
     parser.add_argument("--stack", required=True, help="the Pulumi stack whose Droplet to read")
     parser.add_argument("-n", "--lines", type=int, default=200, help="lines of history first")
     parser.add_argument("--no-follow", action="store_true", help="print and exit")
@@ -109,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         "--balancer", action="store_true", help=f"the Caddy balancer Droplet ({CADDY_UNIT})"
     )
     parser.add_argument("--port", type=int, default=22, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
 
     outputs = target_mod.stack_outputs(args.stack)
     key = outputs.get("sshPrivateKey")
@@ -151,7 +151,3 @@ def main(argv: list[str] | None = None) -> int:
         return code
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,14 @@
-#!/usr/bin/env python3
 """Load-test an OpenAI-compatible endpoint the way `vllm bench serve` reports it.
 
-    python scripts/bench.py --stack dev --concurrency 1,8,32 --requests 64 \\
+    nemodrop bench --stack dev --concurrency 1,8,32 --requests 64 \\
         --input-tokens 512 --max-tokens 128 --json bench.json --plot bench.png
-    python scripts/bench.py --stack dev --request-rate 5,10,20 --slo ttft=500,tpot=50
+    nemodrop bench --stack dev --request-rate 5,10,20 --slo ttft=500,tpot=50
 
 Closed loop (`--concurrency N`): N streamed chat completions stay in flight until `--requests`
 have finished. Open loop (`--request-rate R`): requests start at R per second whatever the
 server's pace, Poisson arrivals by default (`--burstiness`), optionally capped at
 `--max-concurrency` in flight. A trace (`--trace FILE`, JSONL lines {"at": seconds,
-"prompt_tokens": N, "max_tokens": M}: scripts/bench_workload.py) is one open-loop level that
+"prompt_tokens": N, "max_tokens": M}: nemodrop/bench_workload.py) is one open-loop level that
 starts each request at its line's time with its lengths. Each level reports TTFT, inter-token
 latency (ITL), time per output token (TPOT) and end-to-end latency (mean, std, min, max and
 `--percentiles`, in ms), requests/s, token throughput and, with `--slo`, goodput: the
@@ -44,15 +43,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-import bench_stats as stats
-import target as target_mod
-from bench_workload import Workload, WorkloadError, load_dataset, load_trace, synthetic_prompt
+from nemodrop import bench_stats as stats
+from nemodrop import cli
+from nemodrop import target as target_mod
+from nemodrop.bench_workload import (
+    SIZING_METHODS,
+    Workload,
+    WorkloadError,
+    load_dataset,
+    load_trace,
+    synthetic_prompt,
+)
 
-try:  # the tools' requirements: a Python without them gets the command that installs them
+# The tools' requirements: a Python without them still lists the subcommand; running it says
+# in one line what is missing and the command that installs it (run()).
+missing: ModuleNotFoundError | None = None
+try:
     import aiohttp
-    import reach
-    from bench_report import compare, plot, tables, write_results
-    from bench_sizing import METHODS, Sizing, SizingError, size, tokenize_counter, usage_counter
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -61,8 +68,18 @@ try:  # the tools' requirements: a Python without them gets the command that ins
         TextColumn,
         TimeElapsedColumn,
     )
+
+    from nemodrop import reach
+    from nemodrop.bench_report import compare, plot, tables, write_results
+    from nemodrop.bench_sizing import (
+        Sizing,
+        SizingError,
+        size,
+        tokenize_counter,
+        usage_counter,
+    )
 except ModuleNotFoundError as err:
-    target_mod.missing_package(err)
+    missing = err
 
 
 @dataclass
@@ -573,16 +590,13 @@ def _checked(parse: Any) -> Any:
     return convert
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "bench", __doc__)
     target_mod.add_arguments(parser)
     _load_arguments(parser)
     _workload_arguments(parser)
     _run_arguments(parser)
     _report_arguments(parser)
-    return parser
 
 
 def _load_arguments(parser: argparse.ArgumentParser) -> None:
@@ -653,7 +667,7 @@ def _workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prompt-sizing",
-        choices=METHODS,
+        choices=SIZING_METHODS,
         default="auto",
         help="how synthetic prompts are sized in tokens: the server's /tokenize, its usage, or "
         "a word as a token; auto: the first that answers (bench_sizing.py)",
@@ -742,7 +756,7 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", help="draw throughput and TTFT per level to this PNG")
 
 
-def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check(args: argparse.Namespace) -> None:
     """Refuse contradictory or out-of-range settings before any request is sent."""
     rates = args.request_rate or []
     closed = not rates and not args.trace
@@ -812,9 +826,9 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     )
     for broken, message in rules:
         if broken:
-            parser.error(message)
+            args.usage_error(message)
     if args.replicas is not None and args.replicas < 1:
-        parser.error("--replicas is the number of replicas behind the endpoint, 1 or more")
+        args.usage_error("--replicas is the number of replicas behind the endpoint, 1 or more")
     if closed and args.concurrency is None:
         args.concurrency = [1, 8, 32]
 
@@ -839,17 +853,17 @@ def print_report(
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    if missing is not None:
+        target_mod.missing_package(missing)
     if args.compare:
         return compare(args.compare, args.plot)
-    check(parser, args)
+    check(args)
     try:
         dataset = tuple(load_dataset(args.dataset)) if args.dataset else ()
         trace = tuple(load_trace(args.trace)) if args.trace else ()
     except WorkloadError as err:
-        parser.error(str(err))
+        args.usage_error(str(err))
     workload = Workload(
         args.input_tokens,
         args.max_tokens,
@@ -896,12 +910,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"error: all {r['requests']} requests of {level} failed ({r['errors_by_kind']}): "
-            "see `python scripts/smoke.py` with the same endpoint",
+            "see `nemodrop smoke` with the same endpoint",
             file=sys.stderr,
         )
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
