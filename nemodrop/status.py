@@ -1,7 +1,7 @@
 """`nemodrop status`: what a stack runs now, since when, and what it has cost, read from the
 cloud with the user's DigitalOcean token, beside Pulumi's view of it and the endpoint's own.
 
-    nemodrop status --stack dev          # the Droplets or the cluster, health, wake, cost
+    nemodrop status --stack dev          # its Droplets or cluster, health, waker, cost
     nemodrop status --stack dev --json   # the same, one JSON document
 
 Honest about what it does not know: Pulumi's state when no pulumi CLI is there, the account's
@@ -21,13 +21,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemodrop import program, target, wake
+from nemodrop import cli, program, target, wake
 from nemodrop.clients import digitalocean, transport
 
-try:  # the tools' requirements: a Python without them gets the command that installs them
+# The tools' requirements: a Python without them still lists the subcommand; running it says
+# in one line what is missing and the command that installs it (run(), as wake.py does).
+missing: ModuleNotFoundError | None = None
+try:
     import requests
 except ModuleNotFoundError as err:
-    target.missing_package(err)
+    missing = err
 
 if TYPE_CHECKING:  # imported when status runs (nemodrop/program.py says why)
     from components.spec.schema import StackConfig
@@ -44,11 +47,8 @@ API_ERRORS = (OSError, http.client.HTTPException, transport.FailedError, ValueEr
               transport.RefusedError)  # fmt: skip
 
 
-def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "status", help="what a stack runs now, since when, and what it has cost",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+def add_parser(subparsers: cli.Subparsers) -> None:
+    parser = cli.subcommand(subparsers, "status", __doc__)
     parser.add_argument("--stack", required=True, help="the stack (stacks/Pulumi.NAME.yaml)")
     parser.add_argument(
         "--stacks", type=Path, help="the folder of the stack files (default: the checkout's)"
@@ -57,10 +57,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--endpoint", help="base URL ending in /v1 (default: the stack's)")
     parser.add_argument("--cacert", metavar="PEM", help="CA bundle for the endpoint")
     parser.add_argument("--api-url", default=digitalocean.API_URL, help=argparse.SUPPRESS)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if missing is not None:
+        target.missing_package(missing)
     token = os.environ.get(TOKEN_ENV)
     if not token:
         return fail(f"no DigitalOcean token: set {TOKEN_ENV} (read scopes suffice)", 2)

@@ -3,22 +3,23 @@ fake DigitalOcean API on loopback (tests/support/stack/do_api.py) and a fake fro
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
+import nemodrop_cli
 import pytest
 import yaml
 from loopback import reply, serve, stop, url
 from stack.do_api import Account, DigitalOceanAPI
 
 from components.spec import catalog
-from nemodrop import status, target
+from nemodrop import cli, status, target
 from nemodrop.clients import digitalocean, transport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,10 +101,7 @@ def run(
         monkeypatch.delenv(status.TOKEN_ENV, raising=False)
     else:
         monkeypatch.setenv(status.TOKEN_ENV, token)
-    parser = argparse.ArgumentParser()
-    status.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["status", *argv])
-    code = args.run(args)
+    code = cli.main(["status", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -330,3 +328,16 @@ def test_token_without_billing_read_still_reports_the_rest(
     assert "nemotron-dev" in out
     assert "the whole account: not read (the token lacks billing:read)" in out
     assert all(len(line) <= status.WIDTH for line in out.splitlines()), out
+
+
+def test_the_command_without_a_token_is_one_line_and_exit_2() -> None:
+    """Through the command as a user runs it (a process, tests/support/nemodrop_cli.py)."""
+    env = {"PATH": "/usr/bin:/bin", "MPLCONFIGDIR": "/nonexistent"}
+    proc = subprocess.run(
+        [*nemodrop_cli.argv("status"), "--stack", "dev"],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: no DigitalOcean token: set DIGITALOCEAN_TOKEN (read scopes suffice)"
+    ]
