@@ -5,6 +5,7 @@
     nemodrop logs --stack dev           # vLLM's journal on the Droplet
     nemodrop timeline --stack dev       # where the bootstrap's minutes went
     nemodrop wake --stack dev           # a sleeping endpoint's state, or --now
+    nemodrop status --stack dev         # what runs in the cloud, since when, what it cost
 
 Each subcommand is a module with `add_parser(subparsers)` and `run(args)`; `nemodrop COMMAND
 --help` shows its flags. Something missing (a stack's output, the key, a Python package) is one
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeAlias
 
 # The subcommands, each the module of that name in this package, in the order --help lists them.
-SUBCOMMANDS = ("smoke", "bench", "logs", "timeline", "wake")
+SUBCOMMANDS = ("smoke", "bench", "logs", "timeline", "wake", "status")
 # The distribution's name (pyproject [project] name), for --version.
 DISTRIBUTION = "nemodrop"
 

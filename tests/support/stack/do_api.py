@@ -75,6 +75,9 @@ OPERATIONS = (
     ("GET", "/v2/kubernetes/options"),
     # And the real run's last resort for a cluster `pulumi destroy` left (realrun/cleanup.py).
     ("GET", "/v2/kubernetes/clusters"),
+    # What `nemodrop status` reads besides: the Volumes and the account's balance.
+    ("GET", "/v2/volumes"),
+    ("GET", "/v2/customers/my/balance"),
     ("DELETE", "/v2/kubernetes/clusters/{cluster_id}/destroy_with_associated_resources/dangerous"),
 )
 
@@ -266,6 +269,20 @@ class Volume:
     size_gigabytes: int
     droplet_ids: list[int] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    created_at: str = "2026-01-01T00:00:00Z"
+
+    def as_json(self) -> dict[str, Any]:
+        """volumes/models/volume_full.yml (the fields callers read)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "region": {"slug": self.region, "name": self.region},
+            "size_gigabytes": self.size_gigabytes,
+            "droplet_ids": list(self.droplet_ids),
+            "tags": list(self.tags),
+            "created_at": self.created_at,
+            "filesystem_type": "ext4",
+        }
 
 
 @dataclass(frozen=True)
@@ -298,6 +315,12 @@ class Account:
         self.kube_regions: list[str] = []
         # DOKS clusters (GET /v2/kubernetes/clusters): id -> the fields a caller reads.
         self.clusters: dict[str, dict[str, Any]] = {}
+        # Reserved IPs and Load Balancers as their list answers hold them
+        # (reserved_ips/models/reserved_ip.yml, load_balancers/models/load_balancer.yml).
+        self.reserved_ips: list[dict[str, Any]] = []
+        self.load_balancers: list[dict[str, Any]] = []
+        # billing/models/balance.yml: amounts as strings.
+        self.month_to_date_usage = "0.00"
         self._ids = itertools.count(400_000_001)
         self._hosts = itertools.count(10)
         # Called with a Droplet's id once a DELETE removed it (the emulation powers it off).
@@ -363,7 +386,14 @@ class Account:
             return record
 
     def add_volume(
-        self, name: str, size_gigabytes: int, region: str = "tor1", droplet_id: int | None = None
+        self,
+        name: str,
+        size_gigabytes: int,
+        region: str = "tor1",
+        droplet_id: int | None = None,
+        *,
+        tags: list[str] | None = None,
+        created_at: datetime | None = None,
     ) -> Volume:
         with self.lock:
             volume = Volume(
@@ -372,6 +402,8 @@ class Account:
                 region,
                 size_gigabytes,
                 [] if droplet_id is None else [droplet_id],
+                list(tags or []),
+                _timestamp(created_at or datetime.now(UTC)),
             )
             self.volumes[volume.id] = volume
             return volume
@@ -669,8 +701,10 @@ class DigitalOceanAPI:
             ("GET", "/v2/account/keys"): self._empty("ssh_keys", "/v2/account/keys"),
             ("GET", "/v2/firewalls"): self._empty("firewalls", "/v2/firewalls"),
             ("GET", "/v2/tags"): self._list_tags,
-            ("GET", "/v2/reserved_ips"): self._empty("reserved_ips", "/v2/reserved_ips"),
-            ("GET", "/v2/load_balancers"): self._empty("load_balancers", "/v2/load_balancers"),
+            ("GET", "/v2/reserved_ips"): self._listed("reserved_ips", "/v2/reserved_ips"),
+            ("GET", "/v2/load_balancers"): self._listed("load_balancers", "/v2/load_balancers"),
+            ("GET", "/v2/volumes"): self._list_volumes,
+            ("GET", "/v2/customers/my/balance"): self._get_balance,
             ("GET", "/v2/kubernetes/options"): self._kube_options,
             ("GET", "/v2/kubernetes/clusters"): self._list_clusters,
             (
@@ -752,6 +786,39 @@ class DigitalOceanAPI:
             return _page(key, [], query, f"http://{host}{path}")
 
         return handler
+
+    def _listed(self, key: str, path: str) -> Handler:
+        """A collection the account keeps as its list answer holds it (self.account.<key>)."""
+
+        def handler(
+            params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+        ) -> Reply:
+            items = [dict(item) for item in getattr(self.account, key)]
+            return _page(key, items, query, f"http://{host}{path}")
+
+        return handler
+
+    def _list_volumes(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        """volumes/volumes_list.yml: `volumes`, paginated; `name` (and `region`) filter."""
+        name, region = _one(query, "name"), _one(query, "region")
+        items = [
+            v.as_json()
+            for v in self.account.volumes.values()
+            if (name is None or v.name == name) and (region is None or v.region == region)
+        ]
+        return _page("volumes", items, query, f"http://{host}/v2/volumes")
+
+    def _get_balance(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        """billing/balance_get.yml, models/balance.yml: strings, `generated_at` a time."""
+        usage = self.account.month_to_date_usage
+        return Reply(200, {
+            "month_to_date_balance": usage, "account_balance": "0.00",
+            "month_to_date_usage": usage, "generated_at": _timestamp(datetime.now(UTC)),
+        })  # fmt: skip
 
     def _get_account(
         self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
