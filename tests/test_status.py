@@ -93,6 +93,20 @@ def no_pulumi(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
 
+class _Frozen(datetime):
+    """status's clock at the module's NOW: the hours a test expects do not grow while the
+    suite runs (a day's 24 h x $3.39 is 81.36 only within 5 s of NOW)."""
+
+    @classmethod
+    def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+        return NOW
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(status, "datetime", _Frozen)
+
+
 def run(
     argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     token: str | None,
