@@ -11,6 +11,7 @@ billing when the token lacks billing:read, the hours of Droplets that no longer 
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -41,6 +42,16 @@ TOKEN_ENV = "DIGITALOCEAN_TOKEN"  # noqa: S105 (a variable's name, not a secret)
 WIDTH = 80  # every line of the text output fits a terminal of this width
 HEALTH_SECONDS = 10.0
 PULUMI_SECONDS = 60.0
+KUBE_SECONDS = 10.0
+KUBE_ANSWER_BYTES = 1024 * 1024  # one object of the cluster's API
+# DigitalOcean's kubeconfig (kubernetes/kubernetes_get_kubeconfig.yml, openapi at 7c1300c):
+# YAML with the API server's URL, its CA and, for clusters with token auth, a token.
+KUBECONFIG_PATH = "/v2/kubernetes/clusters/{id}/kubeconfig"
+KUBECONFIG_SCOPE = "kubernetes:access_cluster"
+# The model servers' StatefulSet and the KEDA ScaledObject that scales it: both named
+# manifests.NAME in manifests.NAMESPACE (manifests.model_server, scaling.py's ScaledObject).
+STATEFULSET_PATH = "/apis/apps/v1/namespaces/{ns}/statefulsets/{name}"
+SCALEDOBJECT_PATH = "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects/{name}"
 # What reading the cloud can raise besides an answer: no connection, a time-out, a cut or
 # oversized answer, a body that is not JSON (validate.ASK_ERRORS), and a refusal.
 API_ERRORS = (OSError, http.client.HTTPException, transport.FailedError, ValueError,
@@ -69,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     from nemodrop import inventory  # noqa: PLC0415 (the program's names: nemodrop/program.py)
 
     outputs, pulumi_said = pulumi_view(args.stack)
+    api = digitalocean.api(args.api_url, token)
     try:
-        found = inventory.read(digitalocean.api(args.api_url, token), cfg)
+        found = inventory.read(api, cfg)
     except API_ERRORS as err:
         return fail(f"DigitalOcean: {err}", 1)
     now = datetime.now(UTC)
@@ -82,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         "volumes": [asdict(v) for v in found.volumes],
         "reservedIps": found.reserved_ips, "loadBalancers": found.load_balancers,
         "clusters": [asdict(c) for c in found.clusters],
+        "servers": servers(api, found) if cfg.platform == "kubernetes" else None,
         "pulumi": pulumi_said, "disagree": disagreements(cfg, found, outputs, bool(pulumi_said)),
         "health": health(endpoint, args.cacert),
         "lastWake": last_wake(endpoint, key, args.cacert) if cfg.wake.enabled else None,
@@ -139,6 +152,82 @@ def disagreements(
     out += [f"{d.name}: tagged {cfg.stack_tag}, not in {whose}"
             for d in found.droplets if d.name not in known]  # fmt: skip
     return out
+
+
+def servers(api: transport.Api, found: inventory.Inventory) -> dict[str, Any]:
+    """The model servers on the stack's cluster: the StatefulSet's wanted and ready counts and
+    the ScaledObject's state, read from the cluster's API with the kubeconfig DigitalOcean gives
+    the user's token. Any failure is one line of why; the kubeconfig's token is never shown."""
+    if not found.clusters:
+        return {"said": "not read: no cluster"}
+    try:
+        server, ca, kube_token = kubeconfig(api, found.clusters[0].id)
+        sts = kube_get(server, ca, kube_token, STATEFULSET_PATH)
+    except transport.RefusedError:  # a 403 (a 401 refused the inventory already)
+        return {"said": f"not read: the token lacks {KUBECONFIG_SCOPE}"}
+    except (*API_ERRORS, KeyError, TypeError, StopIteration) as err:
+        return {"said": f"not read: {why(err)}"}
+    wanted = int((sts.get("spec") or {}).get("replicas") or 0)
+    ready = int((sts.get("status") or {}).get("readyReplicas") or 0)
+    state = "asleep: 0 wanted" if wanted == 0 else "waking" if ready < wanted else ""
+    said = f"{ready} of {wanted} ready" + (f" ({state})" if state else "")
+    try:  # KEDA's view, when it is there (CRD keda.sh/v1alpha1: status.conditions)
+        scaled = kube_get(server, ca, kube_token, SCALEDOBJECT_PATH).get("status") or {}
+    except (*API_ERRORS, KeyError, TypeError) as err:
+        return {"said": said, "wanted": wanted, "ready": ready,
+                "scaler": f"not read: {why(err)}"}  # fmt: skip
+    conditions = {c.get("type"): c.get("status") for c in scaled.get("conditions") or []}
+    scaler = f"Ready {conditions.get('Ready')}, Active {conditions.get('Active')}, " + (
+        f"last active {scaled.get('lastActiveTime') or 'never'}")  # fmt: skip
+    return {"said": said, "wanted": wanted, "ready": ready, "scaler": scaler}
+
+
+def why(err: BaseException) -> str:
+    """An error as one short reason: urllib's URLError by its reason (a refused connection,
+    a certificate that the cluster's CA did not sign), the others by their message."""
+    reason = getattr(err, "reason", None)
+    text = str(reason if reason is not None else err) or type(err).__name__
+    return text if isinstance(err, transport.FailedError) else f"{type(err).__name__}: {text}"
+
+
+def kubeconfig(api: transport.Api, cluster_id: str) -> tuple[str, str, str]:
+    """(API server URL, CA PEM, token) of the cluster's current context, from DigitalOcean's
+    kubeconfig. A kubeconfig without a token (certificate auth) is a KeyError."""
+    import yaml  # noqa: PLC0415 (the program's requirement: nemodrop/program.py)
+
+    path = KUBECONFIG_PATH.format(id=cluster_id)
+    answer = api.call("GET", path, KUBECONFIG_SCOPE)
+    if answer.status_code != 200:
+        raise transport.FailedError(f"the kubeconfig: HTTP {answer.status_code}")
+    try:
+        doc = yaml.safe_load(answer.body)
+    except yaml.YAMLError:
+        raise ValueError("the kubeconfig is not YAML") from None
+    context = next(c["context"] for c in doc["contexts"] if c["name"] == doc["current-context"])
+    cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == context["cluster"])
+    user = next(u["user"] for u in doc["users"] if u["name"] == context["user"])
+    if "token" not in user:
+        raise KeyError("the kubeconfig has no token (certificate auth is not read)")
+    ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
+    return str(cluster["server"]), ca, str(user["token"])
+
+
+def kube_get(server: str, ca: str, token: str, template: str) -> dict[str, Any]:
+    """One object of the cluster's API: HTTPS verified against the cluster's CA alone, the
+    token as Bearer, no redirect followed (transport.request), bounded and timed."""
+    from components.cloud.kube import manifests  # noqa: PLC0415 (nemodrop/program.py)
+
+    path = template.format(ns=manifests.NAMESPACE, name=manifests.NAME)
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    answer = transport.request("GET", server.rstrip("/") + path, headers, KUBE_SECONDS,
+                               KUBE_ANSWER_BYTES, cadata=ca)  # fmt: skip
+    kind = path.split("/")[-2]  # statefulsets, scaledobjects
+    if answer.status_code != 200:
+        raise transport.FailedError(f"the cluster's API: HTTP {answer.status_code} ({kind})")
+    obj = answer.json()
+    if not isinstance(obj, dict):
+        raise ValueError(f"the cluster's API: not an object ({kind})")
+    return obj
 
 
 def health(endpoint: str | None, cacert: str | None) -> dict[str, Any]:
@@ -202,6 +291,10 @@ def render(report: dict[str, Any]) -> str:
     for c in report["clusters"]:
         lines.append(f"cluster {c['name']} {c['status']} since {short(c['created_at'])}")
         lines += [f"  pool {p['name']}: {p['size']} x {p['count']}" for p in c["pools"]]
+    if report["servers"] is not None:
+        lines.append(f"servers: {report['servers']['said']}")
+        if report["servers"].get("scaler"):
+            lines.append(f"  scaler: {report['servers']['scaler']}")
     lines += section("Volumes", [
         f"{v['name']} {v['size_gigabytes']} GiB {'attached' if v['attached'] else 'detached'}"
         f" since {short(v['created_at'])}" for v in report["volumes"]

@@ -3,8 +3,10 @@ fake DigitalOcean API on loopback (tests/support/stack/do_api.py) and a fake fro
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
+import ssl
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,7 +19,9 @@ import pytest
 import yaml
 from loopback import reply, serve, stop, url
 from stack.do_api import Account, DigitalOceanAPI
+from stack.pki import Authority
 
+from components.cloud.kube import manifests
 from components.spec import catalog
 from nemodrop import cli, status, target
 from nemodrop.clients import digitalocean, transport
@@ -294,6 +298,151 @@ def test_kube_stack_cluster_and_pools(
     assert "another" not in out
     price = catalog.SIZES["gpu-h100x1-80gb"].list_price_usd_hour
     assert price is not None and f"{24 * price:.2f}" in out
+
+
+KUBE_TOKEN = "kube-token-of-the-kubeconfig-0123456789abcdef"
+STATEFULSET = f"/apis/apps/v1/namespaces/{manifests.NAMESPACE}/statefulsets/{manifests.NAME}"
+SCALEDOBJECT = (
+    f"/apis/keda.sh/v1alpha1/namespaces/{manifests.NAMESPACE}/scaledobjects/{manifests.NAME}"
+)
+
+
+class Cluster(BaseHTTPRequestHandler):
+    """The cluster's API server: the objects at their paths, 401 without the kubeconfig's
+    token, 404 for the rest (an object of another name or namespace)."""
+
+    objects: ClassVar[dict[str, Any]] = {}
+    seen: ClassVar[list[str]] = []
+    token = KUBE_TOKEN  # the one it accepts
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.path)
+        if self.headers.get("Authorization") != f"Bearer {self.token}":
+            reply(self, 401, b'{"kind":"Status","code":401}', "application/json")
+        elif self.path in self.objects:
+            reply(self, 200, json.dumps(self.objects[self.path]).encode(), "application/json")
+        else:
+            reply(self, 404, b'{"kind":"Status","code":404}', "application/json")
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def kube_api(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The cluster's API over TLS on loopback, its certificate from a CA of its own: (URL,
+    the CA's PEM), as a DOKS kubeconfig gives them."""
+    ca = Authority("Cluster test")
+    chain, key = ca.issue(["127.0.0.1"])
+    (tmp_path / "chain.pem").write_text(chain)
+    (tmp_path / "key.pem").write_bytes(key)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "chain.pem", tmp_path / "key.pem")
+    Cluster.objects, Cluster.seen, Cluster.token = {}, [], KUBE_TOKEN
+    server = serve(Cluster, tls=tls)
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}", ca.root_pem
+    finally:
+        stop(server)
+
+
+def kube_stack(account: Account, server: str, ca_pem: str) -> None:
+    """The kube stack's cluster, and its kubeconfig (responses/kubeconfig.yml's shape)."""
+    cluster = account.add_cluster("nemotron-dev", [catalog.PROJECT])
+    account.clusters[cluster].update(status={"state": "running"}, created_at=NOW.isoformat(),
+                                     node_pools=[])  # fmt: skip
+    ca = base64.b64encode(ca_pem.encode()).decode()
+    account.kubeconfigs[cluster] = yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "do-tor1-nemotron-dev",
+        "clusters": [{"name": "do-tor1-nemotron-dev",
+                      "cluster": {"certificate-authority-data": ca, "server": server}}],
+        "contexts": [{"name": "do-tor1-nemotron-dev", "context": {
+            "cluster": "do-tor1-nemotron-dev", "user": "do-tor1-nemotron-dev-admin"}}],
+        "users": [{"name": "do-tor1-nemotron-dev-admin", "user": {"token": KUBE_TOKEN}}],
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("wanted", "ready", "said"),
+    [(1, 1, "servers: 1 of 1 ready"), (0, 0, "servers: 0 of 0 ready (asleep: 0 wanted)"),
+     (1, 0, "servers: 0 of 1 ready (waking)")],
+)  # fmt: skip
+def test_kube_stack_model_servers_ready_of_wanted(
+    wanted: int, ready: int, said: str, tmp_path: Path, account: Account,
+    kube_api: tuple[str, str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    kube_stack(account, *kube_api)
+    Cluster.objects[STATEFULSET] = {
+        "spec": {"replicas": wanted},
+        "status": {"replicas": wanted, "readyReplicas": ready},
+    }
+    if ready == 0:  # the API leaves readyReplicas out at 0
+        del Cluster.objects[STATEFULSET]["status"]["readyReplicas"]
+    Cluster.objects[SCALEDOBJECT] = {"status": {
+        "lastActiveTime": "2026-12-05T22:00:00Z",
+        "conditions": [{"type": "Ready", "status": "True"},
+                       {"type": "Active", "status": "True" if wanted else "False"}]}}  # fmt: skip
+    token = account.add_full_access_token("user")
+    argv = ["--stack", "dev", "--stacks", str(stacks(tmp_path, kube=True))]
+    with DigitalOceanAPI(account) as api:
+        code, out, _ = run([*argv, "--api-url", api.url], capsys, monkeypatch, token)
+        code_json, doc, _ = run([*argv, "--api-url", api.url, "--json"], capsys, monkeypatch,
+                                token)  # fmt: skip
+    assert (code, code_json) == (0, 0)
+    assert said in out.splitlines()
+    active = "True" if wanted else "False"
+    assert f"  scaler: Ready True, Active {active}, last active 2026-12-05T22:00:00Z" in out
+    servers = json.loads(doc)["servers"]
+    assert (servers["wanted"], servers["ready"], servers["said"]) == (
+        wanted, ready, said.removeprefix("servers: "))  # fmt: skip
+    assert Cluster.seen[:2] == [STATEFULSET, SCALEDOBJECT]
+    assert all(len(line) <= status.WIDTH for line in out.splitlines()), out
+    assert KUBE_TOKEN not in out + doc
+
+
+@pytest.mark.parametrize("case", ["401", "no statefulset", "untrusted CA", "no kubeconfig",
+                                  "no access_cluster scope", "unreachable"])  # fmt: skip
+def test_kube_servers_not_read_is_one_line_and_the_rest_holds(
+    case: str, tmp_path: Path, account: Account, kube_api: tuple[str, str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    server, ca = kube_api
+    if case == "untrusted CA":
+        ca = Authority("Another").root_pem
+    if case == "unreachable":
+        server = "https://127.0.0.1:1"
+    kube_stack(account, server, ca)
+    if case != "no statefulset":
+        Cluster.objects[STATEFULSET] = {"spec": {"replicas": 1}, "status": {"readyReplicas": 1}}
+    if case == "401":  # the kubeconfig's token expired (7 days, kubernetes_get_kubeconfig.yml)
+        Cluster.token = "another-token"
+    if case == "no kubeconfig":
+        account.kubeconfigs.clear()
+    token = account.add_full_access_token("user")
+    if case == "no access_cluster scope":
+        token = account.add_token("read", ["droplet:read", "tag:read", "block_storage:read",
+                                           "reserved_ip:read", "load_balancer:read",
+                                           "kubernetes:read", "sizes:read", "billing:read",
+                                           "regions:read", "api:read", "api:write"])  # fmt: skip
+    with DigitalOceanAPI(account) as api:
+        code, out, err = run(["--stack", "dev", "--stacks", str(stacks(tmp_path, kube=True)),
+                              "--api-url", api.url], capsys, monkeypatch, token)  # fmt: skip
+    assert code == 0, err
+    lines = [x for x in out.splitlines() if x.startswith("servers:")]
+    assert len(lines) == 1 and lines[0].startswith("servers: not read: "), out
+    why = {
+        "401": "the cluster's API: HTTP 401 (statefulsets)",
+        "no statefulset": "the cluster's API: HTTP 404 (statefulsets)",
+        "untrusted CA": "CERTIFICATE_VERIFY_FAILED",
+        "no kubeconfig": "the kubeconfig: HTTP 404",
+        "no access_cluster scope": "the token lacks kubernetes:access_cluster",
+        "unreachable": "Connection refused",
+    }[case]
+    assert why in lines[0], lines[0]
+    assert "cluster nemotron-dev running" in out
+    assert KUBE_TOKEN not in out + err
+    assert "scaler" not in out
 
 
 def test_no_token_is_one_line_naming_the_variable(

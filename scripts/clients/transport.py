@@ -13,6 +13,7 @@ import email.message
 import email.utils
 import http.client
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -92,6 +93,15 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect)
 
 
+def _opener(cadata: str | None) -> urllib.request.OpenerDirector:
+    """The opener that follows no redirect; with `cadata`, one whose HTTPS trusts that CA
+    alone (ssl.create_default_context: the hostname checked, the certificate required)."""
+    if cadata is None:
+        return _OPENER
+    tls = urllib.request.HTTPSHandler(context=ssl.create_default_context(cadata=cadata))
+    return urllib.request.build_opener(_NoRedirect, tls)
+
+
 def request(
     method: str,
     url: str,
@@ -100,13 +110,15 @@ def request(
     limit: int = MAX_ANSWER_BYTES,
     data: bytes | None = None,
     within: float | None = None,
+    cadata: str | None = None,
 ) -> Answer:
     """One HTTP call (with `data` as its body if given); any status is an answer (a 3xx too).
     A dropped connection or a timeout raises OSError (or http.client.HTTPException); a body over
-    `limit` bytes, or one still arriving after `within` seconds, FailedError."""
+    `limit` bytes, or one still arriving after `within` seconds, FailedError. `cadata`: the PEM
+    CA(s) that alone are trusted for HTTPS (a cluster's own CA, from its kubeconfig)."""
     if problem := token_url_problem(url):
         raise ValueError(problem)
-    answer = _open(method, url, headers, timeout, limit, data, within)
+    answer = _open(method, url, headers, timeout, limit, data, within, cadata)
     return _whole(method, url, answer, limit, within)
 
 
@@ -146,13 +158,14 @@ def _open(
     limit: int,
     data: bytes | None = None,
     within: float | None = None,
+    cadata: str | None = None,
 ) -> Answer:
     """The call itself, through the opener that follows no redirect; the body read to `limit`
     (and until `within` seconds from now, when given)."""
     call = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 (callers' rules)
     deadline = None if within is None else time.monotonic() + within
     try:
-        with _OPENER.open(call, timeout=timeout) as answer:
+        with _opener(cadata).open(call, timeout=timeout) as answer:
             status, got = answer.status, answer.headers
             body, in_time = read_bounded(answer, limit, deadline)
     except urllib.error.HTTPError as err:

@@ -78,6 +78,8 @@ OPERATIONS = (
     # What `nemodrop status` reads besides: the Volumes and the account's balance.
     ("GET", "/v2/volumes"),
     ("GET", "/v2/customers/my/balance"),
+    # And, for a kube stack, the cluster's kubeconfig: its API server, CA and a token.
+    ("GET", "/v2/kubernetes/clusters/{cluster_id}/kubeconfig"),
     ("DELETE", "/v2/kubernetes/clusters/{cluster_id}/destroy_with_associated_resources/dangerous"),
 )
 
@@ -315,6 +317,8 @@ class Account:
         self.kube_regions: list[str] = []
         # DOKS clusters (GET /v2/kubernetes/clusters): id -> the fields a caller reads.
         self.clusters: dict[str, dict[str, Any]] = {}
+        # A cluster's kubeconfig (GET .../kubeconfig answers it as YAML): id -> the YAML text.
+        self.kubeconfigs: dict[str, str] = {}
         # Reserved IPs and Load Balancers as their list answers hold them
         # (reserved_ips/models/reserved_ip.yml, load_balancers/models/load_balancer.yml).
         self.reserved_ips: list[dict[str, Any]] = []
@@ -528,6 +532,7 @@ class Reply:
     status: int
     body: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    yaml: str | None = None  # a YAML body instead of JSON (the kubeconfig)
 
 
 class BadRequestError(Exception):
@@ -707,6 +712,7 @@ class DigitalOceanAPI:
             ("GET", "/v2/customers/my/balance"): self._get_balance,
             ("GET", "/v2/kubernetes/options"): self._kube_options,
             ("GET", "/v2/kubernetes/clusters"): self._list_clusters,
+            ("GET", "/v2/kubernetes/clusters/{cluster_id}/kubeconfig"): self._kubeconfig,
             (
                 "DELETE",
                 "/v2/kubernetes/clusters/{cluster_id}/destroy_with_associated_resources/dangerous",
@@ -750,6 +756,17 @@ class DigitalOceanAPI:
         """kubernetes/kubernetes_list_clusters.yml: `kubernetes_clusters`, paginated."""
         items = [dict(c) for c in self.account.clusters.values()]
         return _page("kubernetes_clusters", items, query, f"http://{host}/v2/kubernetes/clusters")
+
+    def _kubeconfig(
+        self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
+    ) -> Reply:
+        """kubernetes/kubernetes_get_kubeconfig.yml, responses/kubeconfig.yml: the kubeconfig
+        as application/yaml (server, certificate-authority-data, a user's token); 404 for an
+        unknown cluster."""
+        text = self.account.kubeconfigs.get(params["cluster_id"])
+        if params["cluster_id"] not in self.account.clusters or text is None:
+            return Reply(404, NOT_FOUND)
+        return Reply(200, yaml=text)
 
     def _delete_cluster(
         self, params: dict[str, str], query: dict[str, list[str]], token: Token, host: str
@@ -1024,6 +1041,9 @@ def _server(
             headers = dict(reply.headers)
             if reply.body is not None:
                 headers.setdefault("content-type", "application/json; charset=utf-8")
+            if reply.yaml is not None:
+                data = reply.yaml.encode()
+                headers.setdefault("content-type", "application/yaml")
             for name, value in headers.items():
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
