@@ -163,20 +163,20 @@ def servers(api: transport.Api, found: inventory.Inventory) -> dict[str, Any]:
     try:
         server, ca, kube_token = kubeconfig(api, found.clusters[0].id)
         sts = kube_get(server, ca, kube_token, STATEFULSET_PATH)
+        wanted = int((sts.get("spec") or {}).get("replicas") or 0)
+        ready = int((sts.get("status") or {}).get("readyReplicas") or 0)
     except transport.RefusedError:  # a 403 (a 401 refused the inventory already)
         return {"said": f"not read: the token lacks {KUBECONFIG_SCOPE}"}
-    except (*API_ERRORS, KeyError, TypeError, StopIteration) as err:
+    except (*API_ERRORS, KeyError, TypeError, AttributeError, StopIteration) as err:
         return {"said": f"not read: {why(err)}"}
-    wanted = int((sts.get("spec") or {}).get("replicas") or 0)
-    ready = int((sts.get("status") or {}).get("readyReplicas") or 0)
     state = "asleep: 0 wanted" if wanted == 0 else "waking" if ready < wanted else ""
     said = f"{ready} of {wanted} ready" + (f" ({state})" if state else "")
     try:  # KEDA's view, when it is there (CRD keda.sh/v1alpha1: status.conditions)
         scaled = kube_get(server, ca, kube_token, SCALEDOBJECT_PATH).get("status") or {}
-    except (*API_ERRORS, KeyError, TypeError) as err:
+        conditions = {c.get("type"): c.get("status") for c in scaled.get("conditions") or []}
+    except (*API_ERRORS, KeyError, TypeError, AttributeError) as err:
         return {"said": said, "wanted": wanted, "ready": ready,
                 "scaler": f"not read: {why(err)}"}  # fmt: skip
-    conditions = {c.get("type"): c.get("status") for c in scaled.get("conditions") or []}
     scaler = f"Ready {conditions.get('Ready')}, Active {conditions.get('Active')}, " + (
         f"last active {scaled.get('lastActiveTime') or 'never'}")  # fmt: skip
     return {"said": said, "wanted": wanted, "ready": ready, "scaler": scaler}

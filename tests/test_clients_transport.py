@@ -73,3 +73,18 @@ def test_an_answer_that_trickles_is_bounded_in_time() -> None:
         assert not cut.complete and 0 < len(cut.body) < 15
     finally:
         stop(server)
+
+
+@pytest.mark.parametrize("ending", ["\r", "\n", "\r\n", "\0"])
+def test_a_token_with_a_line_ending_is_refused_in_words_that_hold_no_token(
+    recorder: str, ending: str
+) -> None:
+    """A token pasted with its line ending (a .env with CRLF): http.client's own error quotes
+    the whole header, and the callers print what they catch (nemodrop status did)."""
+    secret = "dop_v1_FAKESECRETtoken0123456789"
+    with pytest.raises(transport.FailedError) as caught:
+        transport.request(
+            "GET", f"{recorder}/v2/account", {"Authorization": f"Bearer {secret}{ending}"}, 5
+        )
+    assert secret not in str(caught.value) and "Authorization header" in str(caught.value)
+    assert Recorder.seen == [], "nothing was sent"

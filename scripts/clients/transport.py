@@ -162,6 +162,13 @@ def _open(
 ) -> Answer:
     """The call itself, through the opener that follows no redirect; the body read to `limit`
     (and until `within` seconds from now, when given)."""
+    # A value with a line break or NUL (a token pasted with its line ending) is refused here, in
+    # words that hold no value: http.client's own ValueError quotes the whole header, the token
+    # with it, and callers print what they catch.
+    for name, value in headers.items():
+        if any(ch in value for ch in "\r\n\0"):
+            raise FailedError(f"{method} {path_of(url)}: the {name} header holds a line break or "
+                              "NUL (a token copied with its line ending?)")  # fmt: skip
     call = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 (callers' rules)
     deadline = None if within is None else time.monotonic() + within
     try:
