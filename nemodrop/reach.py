@@ -91,6 +91,12 @@ def describe_failure(
     # The first that holds names the cause: TLS and DNS before refused, refused before timeout.
     cases = (
         (
+            # requests' own message quotes the whole header, the key with it: never shown.
+            isinstance(err, requests.exceptions.InvalidHeader),
+            "the API key holds a line break or another character a header cannot carry (copied "
+            "with its line ending?): set it again (OPENAI_API_KEY, or the stack's apiKey output)",
+        ),
+        (
             isinstance(err, requests.exceptions.SSLError) or tls is not None,
             f"TLS with {where} failed ({reason}): the endpoint's certificate is not one this "
             "machine trusts, or not there yet (a fresh Droplet gets its own while `pulumi up` "

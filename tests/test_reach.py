@@ -262,3 +262,15 @@ def test_no_route_to_the_endpoint_is_one_line(tool: str) -> None:
     )  # fmt: skip
     line = one_error_line(proc)
     assert "no route from this machine to 192.0.2.1:8443: its network cannot reach" in line
+
+
+@pytest.mark.parametrize("tool", ["smoke", "bench"])
+def test_a_key_with_a_line_break_is_one_line_that_holds_no_key(tmp_path: Path, tool: str) -> None:
+    """requests refuses such a header with a message that quotes it whole: the key stays out."""
+    with closed_port() as base:
+        fake = dev_stack(
+            tmp_path, {"endpoint": base, "apiKey": KEY + "\rX", "servedModelName": "n"}
+        )
+        proc = run_tool(tool, "--stack", "dev", env=fake.env())
+    line = one_error_line(proc)
+    assert "the API key holds a line break" in line and KEY not in proc.stdout + proc.stderr, line
