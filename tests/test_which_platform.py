@@ -94,3 +94,23 @@ def test_a_stack_without_a_file_is_refused_naming_those_there(tmp_path: Path) ->
     proc = run("nope", tmp_path)
     assert proc.returncode == 2
     assert "no stack file" in proc.stderr and "Pulumi.dev.yaml" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ('config:\n  "nemotron-droplet:platform": kubernetes\n', 3),
+        ("config: {nemotron-droplet:platform: kubernetes}\n", 2),
+    ],
+)
+def test_the_key_in_a_form_it_does_not_take_is_refused_not_guessed(
+    tmp_path: Path, text: str, line: int
+) -> None:
+    """The program reads both as kubernetes; a guess of droplet would skip a Kubernetes stack's
+    refresh through its program (its kubeconfig a week old: 401). Refused, naming the line."""
+    stack = tmp_path / "Pulumi.x.yaml"
+    stack.write_text(f"# a stack\n{text}")
+    assert programs_platform(stack) == "kubernetes"
+    proc = run("x", tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert f"Pulumi.x.yaml:{line}: nemotron-droplet:platform in a form" in proc.stderr, proc.stderr

@@ -42,11 +42,20 @@ def platform(path: Path) -> str:
     if not path.exists():
         there = sorted(p.name for p in path.parent.glob("Pulumi.*.yaml"))
         raise PlatformError(f"no stack file {path} (there: {', '.join(there) or 'none'})")
-    found = [
-        (number, m["value"].strip())
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if (m := _KEY.match(line))
+    numbered = list(enumerate(path.read_text(encoding="utf-8").splitlines(), 1))
+    found = [(number, m["value"].strip()) for number, line in numbered if (m := _KEY.match(line))]
+    # The key in a form this reader does not take (quoted, in a flow mapping): a wrong guess of
+    # droplet would skip a Kubernetes stack's refresh through its program, so none is made.
+    odd = [
+        number
+        for number, line in numbered
+        if f"{NAMESPACE}:platform" in line.split("#", 1)[0] and not _KEY.match(line)
     ]
+    if odd:
+        raise PlatformError(
+            f"{path}:{odd[0]}: {NAMESPACE}:platform in a form this reader does not take: write "
+            f"it as `  {NAMESPACE}:platform: kubernetes` under `config:`"
+        )
     if not found:
         return DEFAULT
     if len(found) > 1:
