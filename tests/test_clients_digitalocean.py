@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -154,5 +155,34 @@ def test_a_private_page_is_read_over_plain_http_and_a_redirect_takes_no_key_on()
         assert seen == [("/metrics", "Bearer the-api-key")], "the redirect was not followed"
         with pytest.raises(transport.FailedError):
             transport.private_get(f"{base}/elsewhere", "", 5, 4)  # over its bound
+    finally:
+        stop(server)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"droplets": [{"id": 1}], "links": {"pages": {"next": "/v2/droplets?page=1"}}},
+         "its pages do not end"),
+        ([{"id": 1}], "not a page of droplets"),
+        ({"droplets": {"id": 1}}, "not a page of droplets"),
+    ],
+)  # fmt: skip
+def test_a_page_that_comes_round_again_or_is_no_page_is_refused(body: Any, says: str) -> None:
+    """A next link that names a page already read would loop for ever; a body that is not the
+    list asked for would end in an AttributeError no caller catches."""
+
+    class Odd(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            reply(self, 200, json.dumps(body).encode(), "application/json")
+
+    server = serve(Odd)
+    try:
+        client = digitalocean.api(url(server), "dop_v1_x")
+        with pytest.raises(transport.FailedError, match=says):
+            digitalocean.pages(client, "/v2/droplets?page=1", "droplets", "droplet:read")
     finally:
         stop(server)

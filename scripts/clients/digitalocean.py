@@ -17,6 +17,8 @@ from typing import Any
 from . import transport
 
 API_URL = "https://api.digitalocean.com"
+# More pages than any list of one account (PER_PAGE each) could fill: a bound on a loop.
+MAX_PAGES = 1000
 PER_PAGE = 200  # the most DigitalOcean gives per page (description.yml, "Links & Pagination")
 
 
@@ -48,11 +50,18 @@ def pages(api: transport.Api, path: str, key: str, scope: str) -> list[dict[str,
     split = urllib.parse.urlsplit(path)
     query = [*urllib.parse.parse_qsl(split.query), ("per_page", str(PER_PAGE))]
     target: str | None = f"{split.path}?{urllib.parse.urlencode(query)}"
+    seen: set[str] = set()
     while target:
+        # A next link that comes round again would loop for ever: FailedError instead.
+        if target in seen or len(seen) >= MAX_PAGES:
+            raise transport.FailedError(f"GET {split.path}: its pages do not end")
+        seen.add(target)
         answer = api.call("GET", target, scope)
         if answer.status_code != 200:
             raise transport.FailedError(f"GET {split.path}: HTTP {answer.status_code}")
         body = answer.json() or {}
+        if not isinstance(body, dict) or not isinstance(body.get(key) or [], list):
+            raise transport.FailedError(f"GET {split.path}: not a page of {key}")
         items += body.get(key) or []
         target = ((body.get("links") or {}).get("pages") or {}).get("next")
         if target:
